@@ -1,0 +1,805 @@
+"""Capture: run a model's forward pass on meta tensors and record every torch call.
+
+A `TorchFunctionMode` sees each call the user's code makes into torch (`x * 2`,
+`F.gelu(x)`, `self.proj(x)` -> `linear`), before torch decomposes it, so the graph speaks
+the user's vocabulary.  Tensors live on the meta device: shapes, strides and dtypes are
+exact, no memory is touched, and a 65536x4096 input costs nothing.
+
+Provenance comes from the Python stack at the moment of the call: the innermost frame
+in the user's code is the op's source line; module forward hooks give the instance path
+(`blocks.3.mlp`) so repeated layers can be recognised.
+
+Meta tensors have no values.  When the user's code asks for one (`if h.mean() > 0:`,
+`.item()`), that is exactly where torch.compile breaks the graph too: a branch is
+recorded as a graph break and the trace follows the branch taken when the condition
+holds (or the one `decisions` picks); reading a number stops the trace there, and what
+was captured so far is still analysed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+import sysconfig
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .graph import Frame, Graph, Node, Ref, TensorMeta
+from .ops import ALIASES, CASTS, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
+from .report import GraphBreak
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SYSTEM_DIRS = tuple(
+    {p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}
+)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(int(d) for d in t.shape), tuple(int(s) for s in t.stride()),
+                      dtype_name(t.dtype), int(t.storage_offset()))
+
+
+class CaptureError(Exception):
+    """The user's forward pass failed; `frame` is the user's line it failed at."""
+
+    def __init__(self, message: str, frame: Frame | None, kind: str = "trace"):
+        super().__init__(message)
+        self.frame = frame
+        self.kind = kind
+
+
+class _StopTrace(Exception):
+    pass
+
+
+@dataclass
+class UserCode:
+    """Decides which source files are the user's (vs torch, the stdlib, site-packages)."""
+
+    roots: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._cache: dict[str, bool] = {}
+
+    def __call__(self, filename: str) -> bool:
+        hit = self._cache.get(filename)
+        if hit is None:
+            hit = self._cache[filename] = self._decide(filename)
+        return hit
+
+    def _decide(self, filename: str) -> bool:
+        if filename.startswith("<"):
+            return False
+        path = os.path.abspath(filename)
+        if path.startswith(_TORCH_DIR) or path.startswith(_FUSELENS_DIR + os.sep + "analysis"):
+            return False
+        if self.roots and any(path.startswith(r) for r in self.roots):
+            return True
+        return not any(path.startswith(d) for d in _SYSTEM_DIRS)
+
+
+def _callable_name(func: Callable) -> str:
+    name = getattr(func, "__name__", None) or type(func).__name__
+    if name == "__get__":  # a property such as x.T or x.mT
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+_OPERATORS = {
+    "__add__": "+", "__radd__": "+", "__iadd__": "+=", "__sub__": "-", "__rsub__": "-",
+    "__isub__": "-=", "__mul__": "*", "__rmul__": "*", "__imul__": "*=", "__truediv__": "/",
+    "__rtruediv__": "/", "__pow__": "**", "__rpow__": "**", "__neg__": "unary -",
+    "__matmul__": "@", "__getitem__": "[]", "__setitem__": "[]=", "__lt__": "<", "__le__": "<=",
+    "__gt__": ">", "__ge__": ">=", "__eq__": "==", "__ne__": "!=", "__and__": "&", "__or__": "|",
+    "__invert__": "~", "__floordiv__": "//", "__mod__": "%",
+}
+
+
+def _display(func: Callable, name: str) -> str:
+    if name in _OPERATORS:
+        return f"operator {_OPERATORS[name]}"
+    module = getattr(func, "__module__", None) or ""
+    qual = getattr(func, "__qualname__", name)
+    if qual.startswith(("TensorBase.", "Tensor.", "_TensorBase.")) or module == "torch._tensor":
+        return "Tensor." + name
+    if "getset_descriptor" in qual:
+        return "Tensor." + name
+    if module.startswith("torch.nn.functional") or module == "torch._C._nn":
+        return "torch.nn.functional." + name
+    if module in ("torch", "torch.functional", "torch._C._VariableFunctions") or qual.startswith("_VariableFunctionsClass"):
+        return "torch." + name
+    return f"{module}.{name}" if module else name
+
+
+def _bind(func: Callable, args: Sequence, kwargs: dict, names: Sequence[str]) -> dict[str, Any]:
+    """Name the arguments of a call: by signature for Python functions, else by `names`."""
+    if inspect.isfunction(func):
+        try:
+            sig = inspect.signature(func)
+            bound = sig.bind_partial(*args, **kwargs)
+            out = dict(bound.arguments)
+            params = list(sig.parameters)
+            if params and params[0] != "input" and params[0] in out:
+                out["input"] = out.pop(params[0])
+            return out
+        except (TypeError, ValueError):
+            pass
+    out = dict(zip(names, args))
+    out.update(kwargs)
+    if "self" in out:
+        out["input"] = out.pop("self")
+    return out
+
+
+def _norm_dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def _norm_dims(dim: Any, ndim: int) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(ndim))
+    if isinstance(dim, (list, tuple)):
+        return sorted(_norm_dim(int(d), ndim) for d in dim)
+    return [_norm_dim(int(dim), max(ndim, 1))]
+
+
+class Recorder(TorchFunctionMode):
+    """Records torch calls into a `Graph` while the user's forward runs."""
+
+    def __init__(self, user_code: UserCode, sources: dict[int, tuple[str, str]],
+                 module_paths: dict[int, str], stop_at: Any, decisions: Sequence[bool] = ()):
+        super().__init__()
+        self.graph = Graph()
+        self.user_code = user_code
+        self.sources = sources  # id(tensor) -> (kind, name) for parameters and buffers
+        self.module_paths = module_paths
+        self.module_stack: list[str] = []
+        self.stop_at = stop_at  # code object of the driver frame: stack walks stop there
+        self.decisions = list(decisions)
+        self.branches_taken: list[bool] = []
+        self.piece = 0
+        self.stopped: GraphBreak | None = None
+        self._values: dict[int, int] = {}
+        self._keep: list[Any] = []
+        self._invocations: dict[int, int] = {}
+        self._frame_refs: list[Any] = []
+        self._caller = None
+
+    # ---- inputs -------------------------------------------------------------------
+    def add_input(self, tensor: torch.Tensor, name: str) -> int:
+        node = self._new("input", OpClass.SOURCE, meta=tensor_meta(tensor), name=name, call="input")
+        self._bind_value(tensor, node.id)
+        return node.id
+
+    def mark_outputs(self, out: Any) -> None:
+        refs = [Ref(self._ref(t)) for t in _tensors(out)]
+        self._new("output", OpClass.OPAQUE, args=refs, call="return")
+
+    # ---- the mode -----------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _callable_name(func)
+        if name in METADATA:
+            return func(*args, **kwargs)
+        if name in DATA_DEPENDENT:
+            return self._data_dependent(name, args)
+        out = func(*args, **kwargs)
+        if not _tensors(out) and name not in ("__setitem__",):
+            return out
+        try:
+            self._record(func, name, args, kwargs, out)
+        except _StopTrace:
+            raise
+        except Exception as exc:  # a normalisation gap must never fail the user's trace
+            self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
+        return out
+
+    # ---- provenance ---------------------------------------------------------------
+    def _frames(self) -> tuple[Frame, ...]:
+        frames = []
+        self._caller = None
+        f = sys._getframe(2)
+        while f is not None and f.f_code is not self.stop_at:
+            code = f.f_code
+            if self.user_code(code.co_filename):
+                if self._caller is None:
+                    self._caller = f
+                frames.append(Frame(code.co_filename, f.f_lineno, code.co_qualname, self._invocation(f)))
+            f = f.f_back
+        return tuple(frames)
+
+    def _invocation(self, frame) -> int:
+        known = self._invocations.get(id(frame))
+        if known is not None and self._frame_refs[known] is frame:
+            return known
+        self._frame_refs.append(frame)  # keeps the frame alive so its id is not reused
+        self._invocations[id(frame)] = len(self._frame_refs) - 1
+        return len(self._frame_refs) - 1
+
+    def _new(self, op: str, cls: OpClass, **fields) -> Node:
+        stack = fields.pop("stack", None)
+        if stack is None:
+            stack = self._frames()
+        node = Node(id=len(self.graph.nodes), op=op, cls=cls, stack=stack,
+                    source=stack[0] if stack else None,
+                    module=self.module_stack[-1] if self.module_stack else "",
+                    piece=self.piece, **fields)
+        if stack and self._caller is not None and node.inputs:
+            self._name_operands(node, self._caller)
+        return self.graph.add(node)
+
+    def _name_operands(self, node: Node, frame) -> None:
+        """Record what the calling frame calls each operand: a local name or `self.<param>`."""
+        wanted = set(node.inputs)
+        names: dict[int, str] = {}
+        owner = frame.f_locals.get("self")
+        owner_path = self.module_paths.get(id(owner)) if isinstance(owner, torch.nn.Module) else None
+        if owner_path is not None:
+            node.owner = owner_path
+        for name, value in frame.f_locals.items():
+            if isinstance(value, torch.Tensor) and name != "self":
+                vid = self._values.get(id(value))
+                if vid in wanted and vid not in names:
+                    names[vid] = name
+        if owner_path is not None:
+            prefix = owner_path + "." if owner_path else ""
+            for vid in wanted - set(names):
+                src = self.graph.nodes[vid]
+                if src.op in ("param", "buffer") and src.name.startswith(prefix):
+                    names[vid] = "self." + src.name[len(prefix):]
+        node.operand_names = names
+
+    def _bind_value(self, tensor: Any, node_id: int) -> None:
+        self._values[id(tensor)] = node_id
+        self._keep.append(tensor)
+
+    def _ref(self, tensor: torch.Tensor) -> int:
+        node_id = self._values.get(id(tensor))
+        if node_id is None:
+            kind, name = self.sources.get(id(tensor), ("const", ""))
+            node = self._new(kind, OpClass.SOURCE, meta=tensor_meta(tensor), name=name, call=kind, stack=())
+            node_id = node.id
+            self._bind_value(tensor, node_id)
+        return node_id
+
+    def _arg(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return Ref(self._ref(value))
+        if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+            return [self._arg(v) for v in value]
+        if isinstance(value, torch.dtype):
+            return dtype_name(value)
+        if isinstance(value, (torch.device, torch.memory_format, torch.layout)):
+            return str(value)
+        if isinstance(value, (int, float, bool, str, type(None))):
+            return value
+        if isinstance(value, torch.Size):
+            return [int(d) for d in value]
+        return repr(value)
+
+    # ---- data-dependent values ----------------------------------------------------
+    def _data_dependent(self, name: str, args: Sequence) -> Any:
+        stack = self._frames()
+        frame = stack[0] if stack else None
+        code = _source_line(frame)
+        if name == "__bool__":
+            take = self.decisions[len(self.branches_taken)] if len(self.branches_taken) < len(self.decisions) else True
+            self.branches_taken.append(take)
+            self.graph.breaks.append(GraphBreak(
+                file=frame.file if frame else "", line=frame.line if frame else 0, code=code,
+                reason=("data-dependent branch: the condition needs a tensor's value, so torch.compile "
+                        f"splits the graph here; analysed the path where it is {take}")))
+            self.piece += 1
+            return take
+        self.stopped = GraphBreak(
+            file=frame.file if frame else "", line=frame.line if frame else 0, code=code,
+            reason=(f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
+                    "so the ops after this line are not analysed"))
+        self.graph.breaks.append(self.stopped)
+        raise _StopTrace()
+
+    # ---- recording ----------------------------------------------------------------
+    def _record(self, func, name: str, args, kwargs, out) -> None:
+        alias = ALIASES.get(name, name)
+        swapped = False
+        if isinstance(alias, tuple):
+            alias, swapped = alias
+        inplace = alias.endswith("_") and not alias.startswith("_")
+        canon = alias[:-1] if inplace else alias
+        call = _display(func, name)
+        first = args[0] if args else next(iter(kwargs.values()), None)
+
+        if canon in FACTORIES:
+            self._output(out, canon, OpClass.SOURCE, [], {}, call)
+            return
+        if canon in ("split", "chunk", "unbind", "split_with_sizes", "unsafe_split", "tensor_split", "hsplit", "vsplit"):
+            if canon != "tensor_split" and isinstance(out, (tuple, list)) and isinstance(first, torch.Tensor):
+                self._record_split(canon, args, kwargs, out, call)
+                return
+        if isinstance(out, torch.Tensor) and out is first and not inplace:
+            cls = op_class(canon)
+            if cls.free or canon in ("to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"):
+                return  # returned its input unchanged: nothing happened
+            inplace = cls.absorbable  # F.relu(x, inplace=True) and friends
+        normalised = _normalise(canon, func, args, kwargs, out, swapped)
+        if normalised is None:
+            self._record_opaque(func, name, args, kwargs, out)
+            return
+        op, cls, op_args, params = normalised
+        op_args = [self._arg(a) for a in op_args]
+        if inplace:
+            target = op_args[0]
+            params = dict(params, mutates=target.node if isinstance(target, Ref) else None)
+        node = self._output(out if out is not None else first, op, cls, op_args, params, call, inplace=inplace)
+        if inplace and isinstance(first, torch.Tensor):
+            self._bind_value(first, node.id)
+
+    def _output(self, out, op, cls, op_args, params, call, inplace=False) -> Node:
+        if isinstance(out, torch.Tensor):
+            node = self._new(op, cls, args=op_args, params=params, meta=tensor_meta(out), call=call, inplace=inplace)
+            self._bind_value(out, node.id)
+            return node
+        tensors = _tensors(out)
+        node = self._new(op, cls if cls is not OpClass.VIEW else OpClass.OPAQUE, args=op_args,
+                         params=dict(params, outputs=[tensor_meta(t) for t in tensors]), call=call)
+        for i, t in enumerate(tensors):
+            item = self._new("item", OpClass.IDENTITY, args=[Ref(node.id)], params={"index": i},
+                             meta=tensor_meta(t), call=call, stack=node.stack)
+            self._bind_value(t, item.id)
+        return node
+
+    def _record_opaque(self, func, name, args, kwargs, out, note: str = "") -> None:
+        refs = [self._arg(t) for t in _tensors((args, kwargs))]
+        canon = ALIASES.get(name, name)
+        canon = canon[0] if isinstance(canon, tuple) else canon
+        params = {"note": note} if note else {}
+        if out is None and args and isinstance(args[0], torch.Tensor):  # __setitem__ and other in-place writes
+            node = self._new(canon, OpClass.OPAQUE, args=refs, params=params, meta=tensor_meta(args[0]),
+                             call=_display(func, name), inplace=True)
+            self._bind_value(args[0], node.id)
+            return
+        self._output(out, canon, OpClass.OPAQUE, refs, params, _display(func, name))
+
+    def _record_split(self, canon, args, kwargs, out, call) -> None:
+        bound = _bind(None, args, kwargs, ["input", "split_size", "dim"])
+        src = bound["input"]
+        ndim = src.dim()
+        if canon == "chunk":
+            dim = bound.get("dim", kwargs.get("dim", 0))
+        elif canon == "unbind":
+            dim = bound.get("split_size", kwargs.get("dim", 0))  # unbind(input, dim)
+        else:
+            dim = bound.get("dim", 0)
+        dim = _norm_dim(int(dim), ndim)
+        ref = [Ref(self._ref(src))]
+        stack = self._frames()
+        offset = 0
+        for i, piece in enumerate(out):
+            if canon == "unbind":
+                steps = [("select", dim, i)]
+            else:
+                steps = [("slice", dim, offset, 1)]
+                offset += int(piece.shape[dim])
+            node = self._new("getitem" if canon != "unbind" else "select", OpClass.VIEW, args=list(ref),
+                             params={"steps": steps, "from": canon}, meta=tensor_meta(piece), call=call, stack=stack)
+            self._bind_value(piece, node.id)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _source_line(frame: Frame | None) -> str:
+    if frame is None:
+        return ""
+    import linecache
+
+    return linecache.getline(frame.file, frame.line).strip()
+
+
+# ---- normalisation: torch call -> (op, class, operands, params) ---------------------
+
+_UNARY_PARAMS: dict[str, list[tuple[str, Any]]] = {
+    "gelu": [("approximate", "none")],
+    "softplus": [("beta", 1.0), ("threshold", 20.0)],
+    "elu": [("alpha", 1.0)],
+    "celu": [("alpha", 1.0)],
+    "leaky_relu": [("negative_slope", 0.01)],
+    "hardtanh": [("min_val", -1.0), ("max_val", 1.0)],
+    "nan_to_num": [("nan", 0.0), ("posinf", None), ("neginf", None)],
+    "round": [("decimals", 0)],
+}
+
+
+def _normalise(canon: str, func, args, kwargs, out, swapped: bool):
+    cls = op_class(canon)
+    out_t = out if isinstance(out, torch.Tensor) else None
+
+    if canon in CASTS or canon in ("to", "type", "type_as"):
+        return _normalise_cast(canon, func, args, kwargs, out_t)
+    if canon in ("max", "min"):
+        bound = _bind(func, args, kwargs, ["input", "dim", "keepdim"])
+        other = bound.get("dim", bound.get("other"))
+        if isinstance(other, torch.Tensor):
+            return ("maximum" if canon == "max" else "minimum", OpClass.BINARY, [bound["input"], other], {})
+        if other is None and out_t is not None:
+            x = bound["input"]
+            return ("amax" if canon == "max" else "amin", OpClass.REDUCTION, [x],
+                    {"dims": list(range(x.dim())), "keepdim": False})
+        return None  # max(dim) -> (values, indices): opaque
+    if canon in ("clamp", "clamp_min", "clamp_max"):
+        names = {"clamp": ["input", "min", "max"], "clamp_min": ["input", "min"], "clamp_max": ["input", "max"]}[canon]
+        bound = _bind(func, args, kwargs, names)
+        lo, hi = bound.get("min"), bound.get("max")
+        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+            return "clamp_tensor", OpClass.TERNARY, [bound["input"], lo, hi], {}
+        return "clamp", OpClass.UNARY, [bound["input"]], {"min": lo, "max": hi}
+    if canon == "relu6":
+        bound = _bind(func, args, kwargs, ["input"])
+        return "hardtanh", OpClass.UNARY, [bound["input"]], {"min_val": 0.0, "max_val": 6.0}
+    if canon == "dropout":
+        bound = _bind(func, args, kwargs, ["input", "p", "train"])
+        training = bound.get("training", bound.get("train", True))
+        if training and bound.get("p", 0.5) > 0:
+            return None  # random masking: opaque
+        return "dropout", OpClass.IDENTITY, [bound["input"]], {"p": bound.get("p", 0.5)}
+    if canon in ("detach", "alias", "clone"):
+        return canon, OpClass.IDENTITY, [args[0]], {}
+    if canon == "contiguous":
+        x = args[0]
+        if x.is_contiguous():
+            return "contiguous", OpClass.IDENTITY, [x], {}
+        return "copy", OpClass.UNARY, [x], {"from": "contiguous"}
+    if cls is OpClass.UNARY:
+        bound = _bind(func, args, kwargs, ["input"] + [n for n, _ in _UNARY_PARAMS.get(canon, [])])
+        params = {n: bound.get(n, d) for n, d in _UNARY_PARAMS.get(canon, [])}
+        return canon, cls, [bound["input"]], params
+    if cls is OpClass.BINARY:
+        return _normalise_binary(canon, func, args, kwargs, swapped)
+    if cls is OpClass.TERNARY:
+        names = {"where": ["condition", "input", "other"], "masked_fill": ["input", "mask", "value"],
+                 "lerp": ["input", "end", "weight"], "addcmul": ["input", "tensor1", "tensor2", "value"],
+                 "addcdiv": ["input", "tensor1", "tensor2", "value"]}[canon]
+        bound = _bind(func, args, kwargs, names)
+        if canon == "where" and "other" not in bound:
+            return None  # where(cond) -> indices
+        operands = [bound.get(n) for n in names[:3]]
+        params = {"value": bound.get("value", 1)} if canon in ("addcmul", "addcdiv") else {}
+        return canon, cls, operands, params
+    if canon == "cat":
+        bound = _bind(func, args, kwargs, ["tensors", "dim"])
+        tensors = [t for t in bound["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
+        return "cat", OpClass.CONCAT, [list(tensors)], {"dim": _norm_dim(int(bound.get("dim", 0)), out_t.dim())}
+    if cls is OpClass.REDUCTION:
+        return _normalise_reduction(canon, func, args, kwargs, out_t)
+    if cls is OpClass.VIEW or canon == "mT":
+        return _normalise_view(canon, func, args, kwargs, out_t)
+    return None
+
+
+def _normalise_cast(canon, func, args, kwargs, out_t):
+    x = args[0]
+    if out_t is None:
+        return None
+    if out_t.dtype == x.dtype:
+        return "to_same", OpClass.IDENTITY, [x], {}
+    return "cast", OpClass.UNARY, [x], {"dtype": dtype_name(out_t.dtype), "from": canon}
+
+
+def _normalise_binary(canon, func, args, kwargs, swapped):
+    names = {"pow": ["input", "exponent"]}.get(canon, ["input", "other", "alpha"])
+    bound = _bind(func, args, kwargs, names)
+    a = bound.get("input", bound.get("self"))
+    b = bound.get(names[1])
+    if swapped:
+        a, b = b, a
+    params: dict[str, Any] = {}
+    if canon in ("add", "sub") and bound.get("alpha", 1) != 1:
+        params["alpha"] = bound["alpha"]
+    if canon == "div" and bound.get("rounding_mode"):
+        params["rounding_mode"] = bound["rounding_mode"]
+    return canon, OpClass.BINARY, [a, b], params
+
+
+def _normalise_reduction(canon, func, args, kwargs, out_t):
+    if canon in ("softmax", "log_softmax"):
+        bound = _bind(func, args, kwargs, ["input", "dim", "dtype"])
+        x = bound["input"]
+        dim = bound.get("dim")
+        if dim is None:
+            dim = 0 if x.dim() in (0, 1, 3) else 1  # torch's legacy implicit dim
+        return canon, OpClass.REDUCTION, [x], {"dims": [_norm_dim(int(dim), x.dim())], "keepdim": True,
+                                                "dtype": dtype_name(out_t.dtype)}
+    if canon == "layer_norm":
+        bound = _bind(func, args, kwargs, ["input", "normalized_shape", "weight", "bias", "eps"])
+        x = bound["input"]
+        k = len(bound["normalized_shape"])
+        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
+            "dims": list(range(x.dim() - k, x.dim())), "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
+    if canon == "rms_norm":
+        bound = _bind(func, args, kwargs, ["input", "normalized_shape", "weight", "eps"])
+        x = bound["input"]
+        k = len(bound["normalized_shape"])
+        eps = bound.get("eps")
+        if eps is None:
+            eps = float(torch.finfo(x.dtype).eps) if x.is_floating_point() else 1e-6
+        return canon, OpClass.REDUCTION, [x, bound.get("weight")], {
+            "dims": list(range(x.dim() - k, x.dim())), "eps": float(eps), "keepdim": True}
+    if canon == "group_norm":
+        bound = _bind(func, args, kwargs, ["input", "num_groups", "weight", "bias", "eps"])
+        x = bound["input"]
+        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
+            "dims": list(range(1, x.dim())), "groups": int(bound["num_groups"]),
+            "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
+    if canon in ("var", "std"):
+        bound = _bind(func, args, kwargs, ["input", "dim", "unbiased", "keepdim"])
+        x = bound["input"]
+        dim = bound.get("dim")
+        unbiased = bound.get("unbiased", True)
+        if isinstance(dim, bool):  # var(input, unbiased)
+            unbiased, dim = dim, None
+        correction = bound.get("correction")
+        if correction is None:
+            correction = 1 if unbiased else 0
+        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(dim, x.dim()),
+                                                "keepdim": bool(bound.get("keepdim", False)),
+                                                "correction": float(correction)}
+    if canon == "norm":
+        bound = _bind(func, args, kwargs, ["input", "p", "dim", "keepdim"])
+        x = bound["input"]
+        p = bound.get("p", bound.get("ord", 2))
+        if p in (None, "fro"):
+            p = 2
+        if not isinstance(p, (int, float)):
+            return None
+        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(bound.get("dim"), x.dim()),
+                                                "keepdim": bool(bound.get("keepdim", False)), "p": float(p)}
+    if canon in ("cumsum", "cumprod"):
+        bound = _bind(func, args, kwargs, ["input", "dim"])
+        x = bound["input"]
+        return canon, OpClass.REDUCTION, [x], {"dims": [_norm_dim(int(bound["dim"]), x.dim())], "keepdim": True,
+                                                "scan": True}
+    bound = _bind(func, args, kwargs, ["input", "dim", "keepdim", "dtype"])
+    x = bound["input"]
+    params = {"dims": _norm_dims(bound.get("dim"), x.dim()), "keepdim": bool(bound.get("keepdim", False))}
+    if out_t is not None:
+        params["dtype"] = dtype_name(out_t.dtype)
+    return canon, OpClass.REDUCTION, [x], params
+
+
+def _normalise_view(canon, func, args, kwargs, out_t):
+    x = args[0] if args else kwargs.get("input")
+    if out_t is None or not isinstance(x, torch.Tensor):
+        return None
+    shape = tuple(int(d) for d in out_t.shape)
+    ndim = x.dim()
+    rest = list(args[1:])
+    steps: list[tuple]
+    if canon in ("transpose",):
+        bound = _bind(func, args, kwargs, ["input", "dim0", "dim1"])
+        perm = list(range(ndim))
+        d0, d1 = _norm_dim(int(bound["dim0"]), ndim), _norm_dim(int(bound["dim1"]), ndim)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        steps = [("permute", perm)]
+    elif canon == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest or kwargs.get("dims")
+        steps = [("permute", [_norm_dim(int(d), ndim) for d in dims])]
+    elif canon == "t":
+        steps = [("permute", list(reversed(range(ndim))))]
+    elif canon == "mT":
+        perm = list(range(ndim))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        steps = [("permute", perm)]
+    elif canon == "movedim":
+        bound = _bind(func, args, kwargs, ["input", "source", "destination"])
+        src = bound["source"] if isinstance(bound["source"], (list, tuple)) else [bound["source"]]
+        dst = bound["destination"] if isinstance(bound["destination"], (list, tuple)) else [bound["destination"]]
+        src = [_norm_dim(int(d), ndim) for d in src]
+        dst = [_norm_dim(int(d), ndim) for d in dst]
+        perm = [-1] * ndim
+        for s, d in zip(src, dst):
+            perm[d] = s
+        others = iter(d for d in range(ndim) if d not in src)
+        perm = [p if p >= 0 else next(others) for p in perm]
+        steps = [("permute", perm)]
+    elif canon == "unsqueeze":
+        bound = _bind(func, args, kwargs, ["input", "dim"])
+        steps = [("unsqueeze", _norm_dim(int(bound["dim"]), ndim + 1))]
+    elif canon == "squeeze":
+        bound = _bind(func, args, kwargs, ["input", "dim"])
+        dim = bound.get("dim")
+        candidates = range(ndim) if dim is None else _norm_dims(dim, ndim)
+        removed = [d for d in candidates if int(x.shape[d]) == 1]
+        steps = [("squeeze", d) for d in sorted(removed, reverse=True)]
+    elif canon == "expand":
+        steps = [("expand", list(shape))]
+    elif canon == "narrow":
+        bound = _bind(func, args, kwargs, ["input", "dim", "start", "length"])
+        dim = _norm_dim(int(bound["dim"]), ndim)
+        start = int(bound["start"])
+        start = start + int(x.shape[dim]) if start < 0 else start
+        steps = [("slice", dim, start, 1)]
+    elif canon == "select":
+        bound = _bind(func, args, kwargs, ["input", "dim", "index"])
+        dim = _norm_dim(int(bound["dim"]), ndim)
+        index = int(bound["index"])
+        steps = [("select", dim, index + int(x.shape[dim]) if index < 0 else index)]
+    elif canon == "getitem":
+        steps = _index_steps(x, args[1] if len(args) > 1 else kwargs.get("indices"))
+        if steps is None:
+            return None  # advanced indexing: a gather
+    else:  # view, reshape, flatten, unflatten, view_as, reshape_as
+        if not out_t._is_view() and not (out_t.untyped_storage() is x.untyped_storage()):
+            return "reshape", OpClass.OPAQUE, [x], {"shape": list(shape), "copies": True}
+        steps = [("reshape", list(shape))]
+    return canon, OpClass.VIEW, [x], {"steps": steps}
+
+
+def _index_steps(x: torch.Tensor, index: Any) -> list[tuple] | None:
+    """Basic indexing (ints, slices, None, ...) as a list of view steps; None if advanced."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if any(isinstance(i, (torch.Tensor, list)) or (isinstance(i, bool)) for i in items):
+        return None
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    if consumed > x.dim():
+        return None
+    steps: list[tuple] = []
+    d = 0  # dim of the input being indexed
+    od = 0  # dim in the evolving result
+    for item in items:
+        if item is Ellipsis:
+            skip = x.dim() - consumed
+            d += skip
+            od += skip
+        elif item is None:
+            steps.append(("unsqueeze", od))
+            od += 1
+        elif isinstance(item, int):
+            size = int(x.shape[d])
+            steps.append(("select", od, item + size if item < 0 else item))
+            d += 1
+        elif isinstance(item, slice):
+            size = int(x.shape[d])
+            start, stop, step = item.indices(size)
+            if step <= 0:
+                return None
+            if (start, step) != (0, 1) or stop != size:
+                steps.append(("slice", od, start, step))
+            d += 1
+            od += 1
+        else:
+            return None
+    return steps
+
+
+# ---- driving a trace ----------------------------------------------------------------
+
+
+class _DynamoStandIn(types.ModuleType):
+    """Answers `torch._dynamo.disable` without importing torch._dynamo.
+
+    Meta kernels written in Python are wrapped in `torch._disable_dynamo`, whose first
+    call imports all of torch._dynamo (over a second) only to mark them untraceable.
+    Capture never runs dynamo, so until something really needs it this stand-in
+    answers; any other attribute loads the real module.
+    """
+
+    @staticmethod
+    def disable(fn=None, recursive=True, wrapping=True, reason=None):
+        return fn if fn is not None else (lambda f: f)
+
+    @staticmethod
+    def is_compiling() -> bool:
+        return False
+
+    def __getattr__(self, name: str):
+        _drop_stand_in(self)
+        return getattr(importlib.import_module("torch._dynamo"), name)
+
+
+def _drop_stand_in(stand_in) -> None:
+    if sys.modules.get("torch._dynamo") is stand_in:
+        del sys.modules["torch._dynamo"]
+    if torch.__dict__.get("_dynamo") is stand_in:
+        del torch._dynamo
+
+
+@contextlib.contextmanager
+def _without_dynamo_import():
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    stand_in = _DynamoStandIn("torch._dynamo")
+    sys.modules["torch._dynamo"] = stand_in
+    try:
+        yield
+    finally:
+        _drop_stand_in(stand_in)
+
+
+@dataclass
+class Trace:
+    graph: Graph
+    complete: bool  # False when a data-dependent value stopped the trace early
+    branches: list[bool]  # the branch taken at each data-dependent `if`
+
+
+def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
+          user_code: UserCode, decisions: Sequence[bool] = ()) -> Trace:
+    """Run `model(*inputs)` on meta tensors and record the graph."""
+    sources: dict[int, tuple[str, str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        sources.setdefault(id(p), ("param", name))
+    for name, b in model.named_buffers(remove_duplicate=True):
+        sources.setdefault(id(b), ("buffer", name))
+    module_paths = {id(m): name for name, m in model.named_modules()}
+    recorder = Recorder(user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions)
+    for tensor, name in zip(inputs, input_names):
+        recorder.add_input(tensor, name)
+
+    def push(module, _args):
+        path = module_paths.get(id(module))
+        if path is not None:
+            recorder.module_stack.append(path)
+
+    def pop(module, _args, _out):
+        if module_paths.get(id(module)) is not None and recorder.module_stack:
+            recorder.module_stack.pop()
+
+    from torch.nn.modules import module as module_hooks
+
+    pre = module_hooks.register_module_forward_pre_hook(push)
+    post = module_hooks.register_module_forward_hook(pop, always_call=True)
+    complete = True
+    try:
+        with _without_dynamo_import(), torch.no_grad(), torch.device("meta"), recorder:
+            try:
+                out = model(*inputs)
+            except _StopTrace:
+                complete = False
+                out = None
+            except CaptureError:
+                raise
+            except Exception as exc:
+                raise CaptureError(_describe_failure(exc), _failure_frame(exc, user_code)) from exc
+        if out is not None:
+            with recorder:
+                recorder.mark_outputs(out)
+    finally:
+        pre.remove()
+        post.remove()
+    return Trace(recorder.graph, complete, recorder.branches_taken)
+
+
+def _failure_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if user_code(f.filename)]
+    if not frames:
+        return None
+    last = frames[-1]
+    return Frame(last.filename, last.lineno or 0, last.name)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "meta" in text.lower() and ("data" in text.lower() or "item" in text.lower() or "numpy" in text.lower()):
+        return f"{type(exc).__name__}: {text} (fuselens traces on meta tensors, which have shapes but no values)"
+    return f"{type(exc).__name__}: {text}"

@@ -1,0 +1,118 @@
+"""The cost model: DRAM bytes moved with and without fusion, and the regime a cluster is in.
+
+Unfused, each compute op reads its tensor operands and writes its result (an upper
+bound: no cache model).  Fused, the kernel reads each external input once and writes
+each escaping output once; inputs that are views of one tensor are counted once, at
+most that tensor's size.  Views and identities move nothing.
+
+The regime says how to read the ratio on a given device:
+- `launch-bound`  the fused kernel moves so little that launch overhead dominates;
+- `l2-resident`   every unfused intermediate fits in L2, so the DRAM saving is overstated;
+- `dram-bound`    the traffic ratio is the speedup to expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .graph import DTYPE_BYTES, Graph, Node
+from .ops import OpClass
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    peak_gbps: float  # practical DRAM bandwidth the best kernels reach, GB/s
+    l2_bytes: int
+    launch_us: float  # per-kernel launch overhead seen by a stream of small kernels
+
+    def dram_us(self, nbytes: int) -> float:
+        return nbytes / (self.peak_gbps * 1e3)
+
+
+# Practical ceilings (what well-written streaming kernels reach), not datasheet peaks.
+DEVICES = {
+    "h200": DeviceProfile("NVIDIA H200", 4300.0, 50 * 2**20, 2.5),
+    "h100": DeviceProfile("NVIDIA H100 SXM", 3000.0, 50 * 2**20, 2.5),
+    "a100": DeviceProfile("NVIDIA A100 80GB", 1800.0, 40 * 2**20, 3.0),
+    "rtx4090": DeviceProfile("NVIDIA RTX 4090", 950.0, 72 * 2**20, 3.0),
+}
+DEFAULT_DEVICE = "h200"
+
+
+def device_profile(name: str | None = None, peak_gbps: float | None = None,
+                   l2_mb: float | None = None) -> DeviceProfile:
+    key = (name or DEFAULT_DEVICE).lower().replace("-", "").replace(" ", "")
+    if key not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+    base = DEVICES[key]
+    return DeviceProfile(base.name, peak_gbps or base.peak_gbps,
+                         int(l2_mb * 2**20) if l2_mb else base.l2_bytes, base.launch_us)
+
+
+def value_bytes(node: Node) -> int:
+    if node.meta is not None:
+        return node.meta.nbytes
+    outs = node.params.get("outputs") or []
+    return sum(_nbytes(o) for o in outs)
+
+
+def _nbytes(meta) -> int:
+    shape = meta.shape if hasattr(meta, "shape") else meta["shape"]
+    dtype = meta.dtype if hasattr(meta, "dtype") else meta["dtype"]
+    n = 1
+    for d in shape:
+        n *= d
+    return n * DTYPE_BYTES.get(dtype, 4)
+
+
+def op_bytes(graph: Graph, node: Node) -> int:
+    """Bytes one op moves when it runs as its own kernel."""
+    if node.cls.free or node.cls is OpClass.SOURCE and node.op in ("input", "param", "buffer", "const"):
+        return 0
+    if node.op == "output":
+        return 0
+    reads = sum(value_bytes(graph[i]) for i in node.inputs)
+    return reads + value_bytes(node)
+
+
+def model_bytes(graph: Graph) -> int:
+    return sum(op_bytes(graph, n) for n in graph)
+
+
+def cluster_bytes(graph: Graph, compute: list[int], inputs: list[int], outputs: list[int]) -> tuple[int, int]:
+    """(unfused, fused) bytes for a cluster with the given external inputs and escaping outputs."""
+    unfused = sum(op_bytes(graph, graph[i]) for i in compute)
+    by_root: dict[int, list[int]] = {}
+    for i in inputs:
+        by_root.setdefault(graph.view_root(i), []).append(i)
+    reads = 0
+    for root, views in by_root.items():
+        total = sum(value_bytes(graph[v]) for v in views)
+        root_bytes = value_bytes(graph[root])
+        reads += min(total, root_bytes) if root_bytes else total
+    writes = sum(value_bytes(graph[o]) for o in outputs)
+    return unfused, reads + writes
+
+
+def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> str:
+    if device.dram_us(fused) < device.launch_us:
+        return "launch-bound"
+    largest = max((op_bytes(graph, graph[i]) for i in compute), default=0)
+    if largest <= device.l2_bytes:
+        return "l2-resident"
+    return "dram-bound"
+
+
+def bytes_label(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def dtype_size(dtype: str) -> int:
+    return DTYPE_BYTES.get(dtype, 4)

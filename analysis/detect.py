@@ -1,0 +1,273 @@
+"""Detection: group absorbable ops into fusable clusters, and say why the rest were not.
+
+The pass walks the graph in execution order and grows clusters greedily, the way a
+fusing compiler does: each absorbable op tries to join the clusters that produce its
+operands (through any views between them); the join happens if the grown group is
+still legal.  Legality, in the order it is checked:
+
+- `aliasing`    an in-place write whose buffer other views can observe;
+- `no-lowering` an op (or op/dtype combination) without a Triton lowering;
+- `reduction`   a reduction over something other than trailing dims of its input;
+- `graph-break` members would sit on both sides of a data-dependent break;
+- `convexity`   a dependency path leaves the group and re-enters it;
+- `fan-out` / `shape` / `reduction` / `no-lowering` from the kernel planner (injected
+  by the caller, so analysis knows what codegen can express without importing it):
+  an escaping value one kernel cannot write, two iteration spaces, two row spaces.
+
+No silent drops: every absorbable op ends in exactly one cluster (of two or more
+compute ops) or in exactly one rejection with a reason code and a sentence.  A failed
+join never discards work: the op starts its own cluster, and every legal sub-group
+survives.  Views and identities (eval dropout, `contiguous` on a contiguous tensor,
+same-dtype casts) move no data: they join clusters as glue but never count as ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .graph import Graph, Node
+from .ops import OpClass
+
+# A planner answers: can one kernel compute `members` of `graph`?  (ok, reason, detail)
+Planner = Callable[[Graph, frozenset[int]], tuple[bool, str, str]]
+
+# View steps a kernel can follow with index arithmetic (reshape needs the sizes of both
+# sides at run time, so it ends a cluster instead).
+KERNEL_VIEW_STEPS = {"permute", "unsqueeze", "squeeze", "expand", "slice", "select"}
+
+
+@dataclass
+class Split:
+    """A join that was refused: `node` stayed out of `cluster` for `reason`."""
+
+    node: int
+    reason: str
+    detail: str
+
+
+@dataclass
+class Group:
+    members: set[int]  # compute ops and the views/identities between them
+    splits: list[Split] = field(default_factory=list)
+
+    def compute(self, graph: Graph) -> list[int]:
+        return sorted(m for m in self.members if graph[m].cls.absorbable)
+
+
+@dataclass
+class Rejected:
+    node: int
+    reason: str
+    detail: str
+
+
+@dataclass
+class Detection:
+    clusters: list[Group]
+    rejected: list[Rejected]
+    functionalised: list[int]  # in-place ops proven safe to treat as out-of-place
+
+
+def describe(node: Node) -> str:
+    where = f" (line {node.line})" if node.line else ""
+    return f"`{node.op}`{where}"
+
+
+def shape_text(node: Node) -> str:
+    return "[" + ", ".join(map(str, node.meta.shape)) + "]" if node.meta else "[?]"
+
+
+class _Reach:
+    """Ancestor/descendant sets as bit masks, for convexity checks."""
+
+    def __init__(self, graph: Graph):
+        n = len(graph)
+        self.anc = [0] * n
+        for node in graph:
+            mask = 0
+            for i in node.inputs:
+                mask |= self.anc[i] | (1 << i)
+            self.anc[node.id] = mask
+        self.desc = [0] * n
+        for node in reversed(graph.nodes):
+            for i in node.inputs:
+                self.desc[i] |= self.desc[node.id] | (1 << node.id)
+
+    def escapee(self, members: set[int]) -> int | None:
+        """A non-member on a path from the group back into it, if any."""
+        mask = 0
+        for m in members:
+            mask |= 1 << m
+        down = up = 0
+        for m in members:
+            down |= self.desc[m]
+            up |= self.anc[m]
+        bad = down & up & ~mask
+        if not bad:
+            return None
+        return (bad & -bad).bit_length() - 1
+
+
+def detect(graph: Graph, planner: Planner) -> Detection:
+    reach = _Reach(graph)
+    functionalised = _functionalise_inplace(graph)
+    cluster_of: dict[int, int] = {}
+    groups: list[Group | None] = []
+    rejected: list[Rejected] = []
+    failed_join: dict[int, tuple[str, str]] = {}
+
+    for node in graph:
+        if not node.cls.absorbable or node.meta is None:
+            continue
+        blocker = _intrinsic_blocker(graph, node, functionalised)
+        if blocker:
+            rejected.append(Rejected(node.id, *blocker))
+            continue
+        glue, producers = _producer_clusters(graph, node, cluster_of)
+        joined = _try_join(graph, reach, planner, node, glue, producers, groups, cluster_of, failed_join)
+        if not joined:
+            cluster_of[node.id] = len(groups)
+            groups.append(Group({node.id}))
+
+    clusters: list[Group] = []
+    for group in groups:
+        if group is None:
+            continue
+        compute = group.compute(graph)
+        if len(compute) >= 2:
+            clusters.append(group)
+            continue
+        only = compute[0]
+        reason, detail = failed_join.get(only, ("", ""))
+        if not reason:
+            reason, detail = _why_alone(graph, only)
+        rejected.append(Rejected(only, reason, detail))
+    rejected.sort(key=lambda r: r.node)
+    return Detection(clusters, rejected, functionalised)
+
+
+def _functionalise_inplace(graph: Graph) -> list[int]:
+    """In-place ops on private, unaliased intermediates are safe to treat as out-of-place."""
+    safe = []
+    for node in graph:
+        if not node.inplace or not node.cls.absorbable:
+            continue
+        target = node.params.get("mutates")
+        if target is None:
+            continue
+        victim = graph[target]
+        aliased = victim.cls in (OpClass.SOURCE, OpClass.VIEW) or any(
+            graph[u].cls in (OpClass.VIEW, OpClass.IDENTITY) for u in graph.users(target) if u != node.id)
+        if not aliased:
+            safe.append(node.id)
+    return safe
+
+
+def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> tuple[str, str] | None:
+    if node.inplace and node.id not in functionalised:
+        victim = graph[node.params["mutates"]] if node.params.get("mutates") is not None else None
+        what = f"{victim.cls.value} `{victim.name or victim.op}`" if victim else "its input"
+        return ("aliasing", f"{describe(node)} writes in place into {what}, which other views or the caller "
+                            "can observe; a fused kernel would change what they see")
+    if node.cls is OpClass.REDUCTION:
+        if node.params.get("scan"):
+            return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
+        x = graph[node.inputs[0]] if node.inputs else None
+        dims = node.params.get("dims", [])
+        if x is not None and x.meta is not None and node.op != "group_norm":
+            ndim = len(x.meta.shape)
+            trailing = list(range(ndim - len(dims), ndim))
+            if dims != trailing:
+                return ("reduction", f"{describe(node)} reduces dim {', '.join(map(str, dims))} of a "
+                                     f"{shape_text(x)} tensor; a row-per-program kernel reduces trailing dims only")
+            if ndim and len(dims) == ndim and x.meta.numel > 1:
+                return ("reduction", f"{describe(node)} reduces all of {shape_text(x)} to one value; "
+                                     "a row-per-program kernel would run it in a single program")
+    return None
+
+
+def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> tuple[set[int], list[int]]:
+    """Clusters that produce `node`'s operands through kernel-followable views, and those views."""
+    glue: set[int] = set()
+    producers: list[int] = []
+    for operand in node.inputs:
+        chain = []
+        current = graph[operand]
+        while current.cls.free and current.inputs and _followable(current):
+            chain.append(current.id)
+            current = graph[current.inputs[0]]
+        cid = cluster_of.get(current.id)
+        if cid is None:
+            continue
+        glue.update(chain)
+        if cid not in producers:
+            producers.append(cid)
+    return glue, producers
+
+
+def _followable(node: Node) -> bool:
+    if node.cls is OpClass.IDENTITY:
+        return node.op != "item"
+    return all(step[0] in KERNEL_VIEW_STEPS for step in node.params.get("steps", [("opaque",)]))
+
+
+def _try_join(graph, reach, planner, node, glue, producers, groups, cluster_of, failed_join) -> bool:
+    if not producers:
+        return False
+    # Everything at once first, then each producer cluster alone, largest first.
+    attempts = [list(producers)]
+    if len(producers) > 1:
+        attempts += [[p] for p in sorted(producers, key=lambda p: -len(groups[p].members))]
+    first_failure: tuple[str, str, int] | None = None
+    for attempt in attempts:
+        members = {node.id} | {m for p in attempt for m in groups[p].members}
+        members |= {g for g in glue if any(_reaches_group(graph, g, groups[p].members) for p in attempt)}
+        verdict = _legal(graph, reach, planner, members)
+        if verdict is None:
+            target = attempt[0]
+            group = groups[target]
+            for other in attempt[1:]:
+                group.splits += groups[other].splits
+                groups[other] = None
+            group.members = members
+            for m in members:
+                cluster_of[m] = target
+            return True
+        if first_failure is None:
+            first_failure = (*verdict, attempt[0])
+    reason, detail, cid = first_failure
+    failed_join[node.id] = (reason, detail)
+    groups[cid].splits.append(Split(node.id, reason, detail))
+    return False
+
+
+def _reaches_group(graph: Graph, view_id: int, members: set[int]) -> bool:
+    current = graph[view_id]
+    while current.cls.free and current.inputs:
+        current = graph[current.inputs[0]]
+    return current.id in members
+
+
+def _legal(graph: Graph, reach: _Reach, planner: Planner, members: set[int]) -> tuple[str, str] | None:
+    pieces = {graph[m].piece for m in members}
+    if len(pieces) > 1:
+        brk = graph.breaks[min(pieces)] if graph.breaks and min(pieces) < len(graph.breaks) else None
+        where = f" at line {brk.line}" if brk else ""
+        return "graph-break", f"the ops sit on both sides of the graph break{where}"
+    outsider = reach.escapee(members)
+    if outsider is not None:
+        return ("convexity", f"{describe(graph[outsider])} depends on the group and feeds it; "
+                             "fusing around it would need its result before it can run")
+    ok, reason, detail = planner(graph, frozenset(members))
+    return None if ok else (reason, detail)
+
+
+def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:
+    node = graph[node_id]
+    neighbours = [graph[i] for i in node.inputs] + [graph[u] for u in graph.users(node_id)]
+    barriers = [n for n in neighbours if n.cls is OpClass.OPAQUE and n.op != "output"]
+    if barriers:
+        names = ", ".join(sorted({describe(n) for n in barriers}))
+        return "no-neighbour", f"{describe(node)} sits between ops that cannot be fused ({names}); nothing to fuse it with"
+    return "no-neighbour", f"{describe(node)} has no adjacent fusable op"

@@ -1,0 +1,151 @@
+"""The graph IR the analysis passes work on.
+
+A `Graph` is what capture records from one forward pass: a list of `Node`s in execution
+(hence topological) order.  Each node is one call the user's code made into torch,
+normalised to a canonical op name (`ops.py`), with its tensor operands as `Ref`s to
+earlier nodes, its other arguments as plain values, the metadata of the tensor it
+produced, and where in the user's source it was called from.
+
+Plain data only: no torch import, so passes can be unit-tested on hand-built graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .ops import OpClass
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16,
+}
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor operand: the value produced by node `node`."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str  # qualified name, e.g. "RMSNorm.forward"
+    invocation: int = 0  # which call of that function (ops of one call share it)
+
+
+@dataclass
+class TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    storage_offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+
+@dataclass
+class Node:
+    id: int
+    op: str  # canonical name from ops.py ("mul", "softmax", "linear", "input", ...)
+    cls: OpClass
+    args: list[Any] = field(default_factory=list)  # Ref for tensors, plain values otherwise
+    params: dict[str, Any] = field(default_factory=dict)
+    meta: TensorMeta | None = None  # None for tuple-producing or non-tensor nodes
+    call: str = ""  # what the user called: "torch.nn.functional.gelu", "Tensor.mul", "x * y"
+    source: Frame | None = None  # innermost frame in the user's code
+    stack: tuple[Frame, ...] = ()  # every user frame, innermost first
+    module: str = ""  # module instance path ("blocks.3.attn"), "" for the root
+    piece: int = 0  # which graph piece (between data-dependent breaks)
+    inplace: bool = False  # writes into its first operand
+    name: str = ""  # for sources: the input/parameter name ("x", "proj1.weight")
+    operand_names: dict[int, str] = field(default_factory=dict)  # operand id -> the caller's name for it
+    owner: str = ""  # module path of `self` in the calling frame ("blocks.3"), "" for the root
+
+    @property
+    def refs(self) -> list[Ref]:
+        return [a for a in _flatten(self.args) if isinstance(a, Ref)]
+
+    @property
+    def inputs(self) -> list[int]:
+        """Ids of the distinct nodes this one reads, in argument order."""
+        seen: list[int] = []
+        for r in self.refs:
+            if r.node not in seen:
+                seen.append(r.node)
+        return seen
+
+    @property
+    def line(self) -> int | None:
+        return self.source.line if self.source else None
+
+
+def _flatten(values: Any) -> Iterator[Any]:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flatten(v)
+        else:
+            yield v
+
+
+@dataclass
+class Graph:
+    nodes: list[Node] = field(default_factory=list)
+    breaks: list[Any] = field(default_factory=list)  # report.GraphBreak, in trace order
+
+    def __post_init__(self) -> None:
+        self._users: dict[int, list[int]] | None = None
+
+    def add(self, node: Node) -> Node:
+        assert node.id == len(self.nodes), "node ids are positions"
+        self.nodes.append(node)
+        self._users = None
+        return node
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self.nodes[node_id]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def users(self, node_id: int) -> list[int]:
+        """Ids of the nodes that read `node_id`, in execution order."""
+        if self._users is None:
+            users: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+            for n in self.nodes:
+                for i in n.inputs:
+                    users[i].append(n.id)
+            self._users = users
+        return self._users[node_id]
+
+    def view_root(self, node_id: int) -> int:
+        """The non-view, non-identity node whose storage `node_id` reads."""
+        node = self.nodes[node_id]
+        while node.cls in (OpClass.VIEW, OpClass.IDENTITY) and node.inputs:
+            node = self.nodes[node.inputs[0]]
+        return node.id

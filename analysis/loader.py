@@ -1,0 +1,234 @@
+"""Load the user's file and build its models: the only place user code is imported.
+
+Every call imports the file afresh under a unique module name, so an edit is always
+seen (the worker forks per job, so nothing leaks between jobs).  Models are built on
+the meta device, so constructing a 48-layer GPT allocates nothing; code that needs real
+values while constructing falls back to a CPU build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import linecache
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from .capture import UserCode, dtype_name
+from .graph import Frame
+from .inputs import InputSpec
+
+
+class LoadError(Exception):
+    """Loading or building failed in user code; `frame` is the user's line."""
+
+    def __init__(self, kind: str, message: str, frame: Frame | None = None, hint: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.frame = frame
+        self.hint = hint
+
+
+def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if user_code(f.filename)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return Frame(f.filename, f.lineno or 0, f.name)
+
+
+def import_file(path: str, user_code: UserCode, text: str | None = None) -> ModuleType:
+    """Execute the file (or `text` as if it were the file) as a fresh module.
+
+    Its directory goes on sys.path so its local imports resolve.
+    """
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+    name = f"fuselens_user_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
+    for stale in [m for m in sys.modules if m == name]:
+        del sys.modules[stale]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LoadError("import", f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        if text is None:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        # The text may be an editor buffer newer than the disk: make tracebacks quote it.
+        linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+        code = compile(text, path, "exec")  # importing the user's module, as `import` would
+        with torch.device("meta"):
+            exec(code, module.__dict__)
+    except SyntaxError as exc:
+        frame = Frame(exc.filename or path, exc.lineno or 1, "<module>")
+        raise LoadError("syntax", f"SyntaxError: {exc.msg}", frame) from exc
+    except SystemExit as exc:
+        raise LoadError("import", f"the module called sys.exit({exc.code!r}) while being imported",
+                        user_frame(exc, user_code) or Frame(path, 1, "<module>"),
+                        hint="guard script code with `if __name__ == \"__main__\":`") from exc
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        frame = user_frame(exc, user_code) or Frame(path, 1, "<module>")
+        kind = "import" if isinstance(exc, ImportError) else "import"
+        raise LoadError(kind, f"importing the file failed: {type(exc).__name__}: {exc}", frame) from exc
+    return module
+
+
+def model_classes(module: ModuleType) -> dict[str, type]:
+    return {
+        name: obj for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
+    }
+
+
+@dataclass
+class Built:
+    model: torch.nn.Module
+    on_meta: bool
+    note: str = ""
+
+
+def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) -> Built:
+    """Instantiate `cls(**init)` in eval mode, on the meta device when the code allows it."""
+    missing = _missing_arguments(cls, init)
+    if missing:
+        raise LoadError(
+            "construct", f"{cls.__name__}(...) needs constructor arguments: {', '.join(missing)}",
+            _class_frame(cls), hint=init_hint)
+    try:
+        with torch.device("meta"):
+            model = cls(**init)
+        return Built(model.eval(), on_meta=True)
+    except Exception as meta_exc:
+        meta_error = meta_exc
+    try:
+        model = cls(**init)
+        model = model.to("meta")
+        return Built(model.eval(), on_meta=False,
+                     note=f"built on the CPU: constructing on the meta device failed ({type(meta_error).__name__}: {meta_error})")
+    except Exception as exc:
+        raise LoadError("construct", f"{cls.__name__}() failed: {type(exc).__name__}: {exc}",
+                        user_frame(exc, user_code) or _class_frame(cls)) from exc
+
+
+def build_real(cls: type, init: dict[str, Any], seed: int = 0) -> torch.nn.Module:
+    """A CPU instance with real (seeded) weights, for numerical validation."""
+    torch.manual_seed(seed)
+    return cls(**init).eval()
+
+
+def _missing_arguments(cls: type, init: dict[str, Any]) -> list[str]:
+    try:
+        sig = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return []
+    missing = []
+    for i, (name, p) in enumerate(sig.parameters.items()):
+        if i == 0 or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is p.empty and name not in init:
+            missing.append(name)
+    return missing
+
+
+def _class_frame(cls: type) -> Frame | None:
+    try:
+        file = inspect.getsourcefile(cls)
+        _, line = inspect.getsourcelines(cls)
+        return Frame(file or "", line, cls.__name__)
+    except (OSError, TypeError):
+        return None
+
+
+# ---- example inputs ------------------------------------------------------------------
+
+
+def meta_inputs(specs: list[InputSpec]) -> list[torch.Tensor]:
+    tensors = []
+    for spec in specs:
+        dtype = getattr(torch, spec.dtype)
+        tensors.append(torch.empty(spec.shape, dtype=dtype, device="meta"))
+    return tensors
+
+
+def specs_of(tensors: list[torch.Tensor]) -> list[InputSpec]:
+    return [InputSpec([int(d) for d in t.shape], dtype_name(t.dtype)) for t in tensors]
+
+
+def user_example_inputs(module: ModuleType, cls: type, is_top_level: bool, user_code: UserCode):
+    """Inputs from an `example_inputs()` classmethod or module function, as meta tensors."""
+    provider = None
+    source = ""
+    if "example_inputs" in vars(cls) or any("example_inputs" in vars(b) for b in cls.__mro__[1:-1]
+                                             if b.__module__ == cls.__module__):
+        provider = getattr(cls, "example_inputs")
+        source = f"{cls.__name__}.example_inputs()"
+    elif callable(getattr(module, "example_inputs", None)):
+        provider = module.example_inputs
+        source = "example_inputs()"
+    if provider is None:
+        return None, ""
+    try:
+        with torch.device("meta"):
+            value = provider()
+    except Exception as exc:
+        raise LoadError("inputs", f"{source} failed: {type(exc).__name__}: {exc}",
+                        user_frame(exc, user_code)) from exc
+    if isinstance(value, dict) and source == "example_inputs()":
+        if cls.__name__ not in value:
+            return None, ""
+        value = value[cls.__name__]
+    elif source == "example_inputs()" and not is_top_level:
+        return None, ""
+    tensors = _as_tensors(value, source)
+    return tensors, source
+
+
+def _as_tensors(value: Any, source: str) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not value:
+        raise LoadError("inputs", f"{source} must return a tensor or a tuple of tensors, got {type(value).__name__}")
+    out = []
+    for v in value:
+        if isinstance(v, torch.Tensor):
+            out.append(v if v.device.type == "meta" else v.to("meta"))
+        elif isinstance(v, (tuple, list, torch.Size)) and all(isinstance(d, int) for d in v):
+            out.append(torch.empty(tuple(v), device="meta"))
+        else:
+            raise LoadError("inputs", f"{source} returned a {type(v).__name__}; return tensors (or shapes)")
+    return out
+
+
+def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params][:count]
+    return names + [f"input{i}" for i in range(len(names), count)]
+
+
+def hint_for_inputs(class_name: str) -> str:
+    return (f"give example inputs: `# fuselens: input=(16384, 1024) float32` on the `class {class_name}` line, "
+            f"[tool.fuselens.models.{class_name}] inputs = [[16384, 1024]] in pyproject.toml, "
+            "an example_inputs() classmethod, or --input-shape on the command line")
+
+
+def hint_for_init(class_name: str) -> str:
+    return (f"give constructor arguments: [tool.fuselens.models.{class_name}] init = {{ ... }} in pyproject.toml, "
+            f"or `# fuselens: init=(name=value, ...)` on the `class {class_name}` line, or give them defaults")

@@ -1,0 +1,336 @@
+"""Named compound patterns a kernel library would fuse, costed with an HBM roofline.
+
+Clusters answer "which ops can share one generated kernel".  Patterns answer a
+different question an engineer asks about a transformer: "is there an RMSNorm here, a
+SwiGLU, a residual-add + norm, a GEMM -> residual -> RMSNorm -> GEMM block, and what
+would a fused kernel for it save?"  They are recognised structurally, whether written
+as one op (`F.rms_norm`) or spelled out (`x.pow(2).mean(-1) ... rsqrt ... * w`).
+
+Every estimate is bytes a kernel must move (each input read once, each escaping value
+written once) against what eager moves; `speedup_bound` is their ratio, the best a
+bandwidth-bound kernel can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cost import op_bytes, value_bytes
+from .graph import DTYPE_BYTES, Graph, Node, Ref
+from .ops import GEMMS, OpClass
+
+
+@dataclass
+class Match:
+    name: str
+    nodes: list[int]  # the ops of the pattern (compute and opaque), in graph order
+    bytes_before: int
+    bytes_after: int
+    dims: dict = field(default_factory=dict)
+    summary: str = ""
+    output: int | None = None  # the value the pattern produces
+
+    @property
+    def speedup(self) -> float | None:
+        return round(self.bytes_before / self.bytes_after, 2) if self.bytes_after else None
+
+
+def _through_free(graph: Graph, node_id: int) -> int:
+    node = graph[node_id]
+    while node.cls.free and node.inputs:
+        node = graph[node.inputs[0]]
+    return node.id
+
+
+def _consumers(graph: Graph, node_id: int) -> list[int]:
+    """Users of a value, looking through views and identities."""
+    out = []
+    for u in graph.users(node_id):
+        if graph[u].cls.free:
+            out += _consumers(graph, u)
+        else:
+            out.append(u)
+    return out
+
+
+def _scalar_arg(node: Node):
+    scalars = [a for a in node.args if not isinstance(a, Ref)]
+    return scalars[0] if scalars else None
+
+
+def _tensor_args(graph: Graph, node: Node) -> list[int]:
+    return [_through_free(graph, r.node) for r in node.refs]
+
+
+def find_patterns(graph: Graph) -> list[Match]:
+    matches: list[Match] = []
+    norms = _rmsnorms(graph) + _layernorms(graph)
+    matches += norms
+    matches += _swiglu(graph)
+    matches += _rope(graph)
+    matches += _softmax(graph)
+    matches += _residual_norm(graph, norms)
+    matches += _gemm_block(graph, norms)
+    matches.sort(key=lambda m: m.nodes[0])
+    return matches
+
+
+def _bytes(graph: Graph, ids) -> int:
+    return sum(op_bytes(graph, graph[i]) for i in ids)
+
+
+def _io_bytes(graph: Graph, reads: list[int], writes: list[int]) -> int:
+    return sum(value_bytes(graph[i]) for i in set(reads)) + sum(value_bytes(graph[i]) for i in set(writes))
+
+
+# ---- RMSNorm -------------------------------------------------------------------------------
+
+
+def _rmsnorms(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op == "rms_norm":
+            x, *rest = node.inputs
+            out.append(Match("rmsnorm", [node.id], op_bytes(graph, node), op_bytes(graph, node),
+                             summary="RMSNorm as one op (already one kernel in eager)", output=node.id))
+            continue
+        if node.op != "rsqrt":
+            continue
+        m = _decomposed_rmsnorm(graph, node)
+        if m:
+            out.append(m)
+    return out
+
+
+def _decomposed_rmsnorm(graph: Graph, rsqrt: Node) -> Match | None:
+    add = graph[_through_free(graph, rsqrt.inputs[0])]
+    if add.op != "add" or len(add.inputs) != 1:
+        return None
+    mean = graph[_through_free(graph, add.inputs[0])]
+    if mean.op != "mean" or not mean.params.get("keepdim"):
+        return None
+    square = graph[_through_free(graph, mean.inputs[0])]
+    if square.op == "pow" and _scalar_arg(square) == 2:
+        x = _through_free(graph, square.inputs[0])
+    elif square.op == "mul" and len(set(_tensor_args(graph, square))) == 1 and len(square.refs) == 2:
+        x = _through_free(graph, square.inputs[0])
+    else:
+        return None
+    scale = None
+    for u in _consumers(graph, rsqrt.id):
+        if graph[u].op == "mul" and x in _tensor_args(graph, graph[u]):
+            scale = graph[u]
+            break
+    if scale is None:
+        return None
+    nodes = [square.id, mean.id, add.id, rsqrt.id, scale.id]
+    tail = scale
+    weight = None
+    for _ in range(2):  # optional cast back (`type_as`), then `* weight`
+        nxt = [graph[u] for u in _consumers(graph, tail.id)]
+        if len(nxt) != 1:
+            break
+        n = nxt[0]
+        if n.op == "cast":
+            nodes.append(n.id)
+            tail = n
+        elif n.op == "mul" and len(n.inputs) == 2:
+            other = [i for i in _tensor_args(graph, n) if i != tail.id]
+            if other and graph[other[0]].op in ("param", "buffer"):
+                weight = other[0]
+                nodes.append(n.id)
+                tail = n
+            break
+        else:
+            break
+    # the leading upcast of x (x.float()) belongs to the norm when only the norm reads it
+    xnode = graph[x]
+    if xnode.op == "cast" and all(u in nodes or graph[u].cls.free for u in _consumers(graph, x)):
+        nodes.insert(0, x)
+        x = _through_free(graph, xnode.inputs[0])
+    before = _bytes(graph, nodes)
+    after = _io_bytes(graph, [x] + ([weight] if weight is not None else []), [tail.id])
+    return Match("rmsnorm", sorted(nodes), before, after, output=tail.id,
+                 summary=f"RMSNorm spelled out as {len(nodes)} ops ({' → '.join(graph[i].op for i in sorted(nodes))})")
+
+
+def _layernorms(graph: Graph) -> list[Match]:
+    return [Match("layernorm", [n.id], op_bytes(graph, n), op_bytes(graph, n), output=n.id,
+                  summary="LayerNorm as one op (already one kernel in eager)")
+            for n in graph if n.op == "layer_norm"]
+
+
+# ---- SwiGLU --------------------------------------------------------------------------------
+
+
+def _swiglu(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op != "mul" or len(node.refs) != 2:
+            continue
+        a, b = _tensor_args(graph, node)
+        for gate_act, up in ((a, b), (b, a)):
+            act = graph[gate_act]
+            if act.op == "silu" and graph[up].op in GEMMS:
+                gate = _through_free(graph, act.inputs[0])
+                if graph[gate].op not in GEMMS:
+                    continue
+                before = _bytes(graph, [act.id, node.id])
+                after = _io_bytes(graph, [gate, up], [node.id])
+                g = graph[gate].meta
+                dims = {"tokens": g.numel // g.shape[-1], "hidden": g.shape[-1], "dtype": g.dtype} if g else {}
+                out.append(Match("swiglu", [act.id, node.id], before, after, dims, output=node.id,
+                                 summary="SwiGLU: silu(gate) * up; a GEMM epilogue could also skip writing gate/up"))
+                break
+    return out
+
+
+# ---- RoPE ----------------------------------------------------------------------------------
+
+
+def _rope(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op != "add" or len(node.refs) != 2:
+            continue
+        terms = [graph[i] for i in _tensor_args(graph, node)]
+        if not all(t.op == "mul" and len(t.refs) == 2 for t in terms):
+            continue
+        rotated = None
+        for t in terms:
+            for i in _tensor_args(graph, t):
+                if graph[i].op == "cat" and _is_rotate_half(graph, graph[i]):
+                    rotated = (t, graph[i])
+        if rotated is None:
+            continue
+        mul_rot, cat = rotated
+        other = terms[0] if terms[1] is mul_rot else terms[1]
+        x = _rotated_source(graph, cat)
+        if x is None or x not in _tensor_args(graph, other):
+            continue
+        neg = [graph[_through_free(graph, r.node)] for r in cat.args[0] if graph[_through_free(graph, r.node)].op == "neg"]
+        nodes = sorted({other.id, mul_rot.id, cat.id, node.id} | {n.id for n in neg})
+        cos = [i for i in _tensor_args(graph, other) if i != x]
+        sin = [i for i in _tensor_args(graph, mul_rot) if i != cat.id]
+        before = _bytes(graph, nodes)
+        after = _io_bytes(graph, [x] + cos + sin, [node.id])
+        meta = graph[x].meta
+        dims = {"shape": list(meta.shape), "dtype": meta.dtype} if meta else {}
+        out.append(Match("rope", nodes, before, after, dims, output=node.id,
+                         summary="rotary embedding: x * cos + rotate_half(x) * sin"))
+    return out
+
+
+def _is_rotate_half(graph: Graph, cat: Node) -> bool:
+    pieces = [graph[r.node] for r in cat.args[0]] if cat.args and isinstance(cat.args[0], list) else []
+    return len(pieces) == 2 and any(graph[_through_free(graph, p.id)].op == "neg" for p in pieces)
+
+
+def _rotated_source(graph: Graph, cat: Node) -> int | None:
+    roots = set()
+    for r in cat.args[0]:
+        node = graph[r.node]
+        while node.cls.absorbable and node.op == "neg":
+            node = graph[node.inputs[0]]
+        roots.add(_through_free(graph, node.id))
+    return roots.pop() if len(roots) == 1 else None
+
+
+# ---- softmax -------------------------------------------------------------------------------
+
+
+def _softmax(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op not in ("softmax", "log_softmax"):
+            continue
+        nodes = [node.id]
+        kinds = []
+        current = graph[_through_free(graph, node.inputs[0])]
+        while current.cls.absorbable and len(_consumers(graph, current.id)) == 1:
+            if current.op in ("mul", "div") and len(current.refs) == 1:
+                kinds.append("scaled")
+            elif current.op in ("add", "masked_fill", "where"):
+                kinds.append("masked")
+            elif current.op != "cast":
+                break
+            nodes.insert(0, current.id)
+            current = graph[_through_free(graph, current.inputs[0])]
+        tail = node.id
+        for u in _consumers(graph, node.id):
+            if graph[u].op == "cast" and len(_consumers(graph, node.id)) == 1:
+                nodes.append(u)
+                tail = u
+        reads = [i for n in nodes for i in _tensor_args(graph, graph[n]) if i not in nodes]
+        before = _bytes(graph, nodes)
+        after = _io_bytes(graph, reads, [tail])
+        label = " and ".join(sorted(set(kinds))) or "plain"
+        out.append(Match("softmax", nodes, before, after, {"variant": label}, output=tail,
+                         summary=f"{label} {node.op} over the last dim"))
+    return out
+
+
+# ---- residual + norm, GEMM -> residual -> RMSNorm -> GEMM ------------------------------------
+
+
+def _norm_input(graph: Graph, m: Match) -> int:
+    first = graph[m.nodes[0]]
+    return _through_free(graph, first.inputs[0])
+
+
+def _residual_norm(graph: Graph, norms: list[Match]) -> list[Match]:
+    out = []
+    for norm in norms:
+        add = graph[_norm_input(graph, norm)]
+        if add.op != "add" or len(add.refs) != 2:
+            continue
+        escapes = [u for u in _consumers(graph, add.id) if u not in norm.nodes]
+        nodes = sorted([add.id] + norm.nodes)
+        before = _bytes(graph, nodes)
+        reads = _tensor_args(graph, add) + [i for n in norm.nodes for i in _tensor_args(graph, graph[n])
+                                           if graph[i].op in ("param", "buffer")]
+        writes = [norm.output] + ([add.id] if escapes else [])
+        after = _io_bytes(graph, reads, writes)
+        out.append(Match(f"residual-{norm.name}", nodes, before, after, output=norm.output,
+                         summary="residual add feeding a norm" + (" (the sum is also kept)" if escapes else "")))
+    return out
+
+
+def _gemm_block(graph: Graph, norms: list[Match]) -> list[Match]:
+    out = []
+    for norm in norms:
+        if norm.name != "rmsnorm":
+            continue
+        add = graph[_norm_input(graph, norm)]
+        if add.op != "add" or len(add.refs) != 2:
+            continue
+        args = _tensor_args(graph, add)
+        gemm1 = next((graph[a] for a in args if graph[a].op in GEMMS), None)
+        if gemm1 is None:
+            continue
+        residual = next(a for a in args if a != gemm1.id)
+        gemm2 = next((graph[u] for u in _consumers(graph, norm.output) if graph[u].op in GEMMS), None)
+        if gemm2 is None or gemm1.meta is None or gemm2.meta is None:
+            continue
+        a_in = graph[_through_free(graph, gemm1.inputs[0])]
+        w1 = graph[gemm1.inputs[1]] if len(gemm1.inputs) > 1 else None
+        w2 = graph[gemm2.inputs[1]] if len(gemm2.inputs) > 1 else None
+        n_dim = gemm1.meta.shape[-1]
+        m_dim = gemm1.meta.numel // n_dim
+        k0 = a_in.meta.shape[-1] if a_in.meta else None
+        k1 = gemm2.meta.shape[-1]
+        dtype = gemm1.meta.dtype
+        size = DTYPE_BYTES.get(dtype, 4)
+        nodes = sorted({gemm1.id, add.id, gemm2.id, *norm.nodes})
+        before = _bytes(graph, nodes)
+        escapes = [u for u in _consumers(graph, add.id) if u not in nodes]
+        reads = [a_in.id, residual] + [w.id for w in (w1, w2) if w is not None]
+        reads += [i for n in norm.nodes for i in _tensor_args(graph, graph[n]) if graph[i].op in ("param", "buffer")]
+        writes = [gemm2.id] + ([add.id] if escapes else [])
+        after = _io_bytes(graph, reads, writes)
+        out.append(Match("gemm-residual-rmsnorm-gemm", nodes, before, after,
+                         {"M": m_dim, "N": n_dim, "K0": k0, "K1": k1, "dtype": dtype, "bytes_per_element": size},
+                         output=gemm2.id,
+                         summary=f"GEMM [{m_dim}×{k0}]·[{k0}×{n_dim}] → + residual → RMSNorm → GEMM [{n_dim}×{k1}]; "
+                                 "one kernel keeps each N-wide row on chip between the GEMMs"))
+    return out

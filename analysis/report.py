@@ -1,0 +1,262 @@
+"""The analysis report: the one data contract shared by the CLI, the worker and the server.
+
+Everything here is plain data (no torch), so the language server can import it.
+`Report.to_dict()` is exactly what `fuselens analyze --json` writes and what the
+worker sends back over its pipe; `Report.from_dict()` reads it back.  The JSON Schema
+in `schema/report.schema.json` describes the same shape and is checked in the tests.
+
+Conventions: lines are 1-based and inclusive, byte counts are integers, and a cost
+that cannot be known (symbolic or unknown shape) is `None`, never a guess.
+Bump SCHEMA_VERSION on any change that could break a reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Stable reason codes for ops that could have been fused but were not.
+REJECTION_REASONS = {
+    "fan-out": "a value escapes the group in a form one kernel cannot write",
+    "convexity": "a dependency path leaves the group and re-enters it",
+    "shape": "the group would need two different iteration spaces",
+    "aliasing": "an in-place write that other views of the buffer would observe",
+    "reduction": "a reduction a row-per-program kernel cannot express",
+    "no-lowering": "no Triton lowering exists for this op",
+    "graph-break": "the values cross a graph break",
+    "no-neighbour": "no other fusable op is adjacent",
+}
+
+MAPPINGS = ("exact", "pointer", "unavailable")
+REGIMES = ("launch-bound", "l2-resident", "dram-bound")
+
+
+@dataclass
+class TensorInfo:
+    shape: list[int] | None
+    dtype: str
+    name: str | None = None  # the user's expression for it, when known ("x", "self.weight")
+
+
+@dataclass
+class OpRef:
+    target: str  # canonical op name, e.g. "mul", "softmax", "linear"
+    file: str
+    line: int
+    shape: list[int] | None
+    dtype: str | None
+    module: str = ""  # module instance path, e.g. "blocks.3.mlp"
+    call: str = ""  # what the user called, e.g. "torch.nn.functional.gelu"
+
+
+@dataclass
+class Boundary:
+    """Why a neighbouring op was left out of a cluster."""
+
+    op: OpRef
+    reason: str
+    detail: str
+    cluster: str | None = None  # the cluster that op ended up in, if any
+
+
+@dataclass
+class Kernel:
+    name: str  # launcher name, e.g. "cluster0"
+    path: str  # the kernel module file it is written to
+    source: str  # the @triton.jit kernel plus its launcher
+    strategy: str = ""  # e.g. "elementwise-2d", "row-single-block", "row-looped"
+
+
+@dataclass
+class Edit:
+    """Replace whole lines `start_line..end_line` (1-based, inclusive) with `text`."""
+
+    start_line: int
+    end_line: int
+    text: str
+    import_line: str  # the import statement the edit needs
+    call: str  # the new call, for display: "x = cluster0(x)"
+
+
+@dataclass
+class Cluster:
+    id: str
+    kind: str  # "elementwise" | "reduction"
+    ops: list[OpRef]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    file: str
+    lines: list[int]  # [first, last]
+    function: str
+    mapping: str  # "exact" | "pointer" | "unavailable"
+    mapping_detail: str
+    bytes_unfused: int | None
+    bytes_fused: int | None
+    regime: str | None
+    multiplicity: int = 1
+    instances: list[str] = field(default_factory=list)
+    kernel: Kernel | None = None
+    edit: Edit | None = None
+    boundaries: list[Boundary] = field(default_factory=list)
+    lowering: str = "ok"  # "ok" or why codegen could not lower it
+    branch: str = ""  # set when the cluster is on a branch path the main trace did not take
+    total_bytes_unfused: int | None = None  # times multiplicity
+    total_bytes_fused: int | None = None
+
+    @property
+    def bytes_saved(self) -> int | None:
+        if self.bytes_unfused is None or self.bytes_fused is None:
+            return None
+        return self.bytes_unfused - self.bytes_fused
+
+    @property
+    def op_chain(self) -> str:
+        return " → ".join(op.target for op in self.ops)
+
+
+@dataclass
+class Rejection:
+    ops: list[OpRef]
+    reason: str  # a code from REJECTION_REASONS
+    detail: str
+    file: str
+    lines: list[int]
+    multiplicity: int = 1
+
+
+@dataclass
+class PatternEstimate:
+    bytes_before: int | None
+    bytes_after: int | None
+    speedup_bound: float | None
+
+
+@dataclass
+class Pattern:
+    name: str  # "rmsnorm", "swiglu", "gemm-residual-rmsnorm-gemm", ...
+    ops: list[OpRef]
+    file: str
+    lines: list[int]
+    estimate: PatternEstimate
+    dims: dict[str, Any] = field(default_factory=dict)
+    clusters: list[str] = field(default_factory=list)
+    multiplicity: int = 1
+    summary: str = ""
+
+
+@dataclass
+class GraphBreak:
+    file: str
+    line: int
+    reason: str
+    code: str = ""  # the source line that caused it
+
+
+@dataclass
+class Problem:
+    """An error that stopped part of the analysis, placed at the user's line."""
+
+    kind: str  # "syntax" | "import" | "construct" | "inputs" | "trace" | "timeout" | "memory" | "crash"
+    message: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    hint: str = ""
+
+
+@dataclass
+class Totals:
+    clusters: int = 0
+    bytes_total: int | None = None  # all ops of the model, unfused
+    bytes_avoidable: int | None = None  # saved by fusing every cluster
+
+
+@dataclass
+class Model:
+    name: str
+    file: str
+    line: int
+    status: str  # "analysed" | "skipped" | "error"
+    inputs: list[TensorInfo] = field(default_factory=list)
+    inputs_source: str = ""  # where the example inputs came from
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    patterns: list[Pattern] = field(default_factory=list)
+    problem: Problem | None = None
+    totals: Totals = field(default_factory=Totals)
+    ops_total: int = 0
+    kernel_module: str = ""  # file name of the generated module, e.g. "example_net_kernels.py"
+    notes: list[str] = field(default_factory=list)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    peak_gbps: float
+    l2_bytes: int
+    launch_us: float
+
+
+@dataclass
+class Report:
+    file: str
+    source_sha256: str
+    models: list[Model] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # file-level (syntax, import)
+    device: DeviceInfo | None = None
+    torch_version: str = ""
+    tool_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
+        return _from_plain(cls, data)
+
+    def clusters(self):
+        for model in self.models:
+            for cluster in model.clusters:
+                yield model, cluster
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_plain(v) for k, v in value.items()}
+    return value
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _from_plain(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from_plain(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_from_plain(item, v) for v in value]
+    if dataclasses.is_dataclass(tp):
+        hints = _HINTS.get(tp)
+        if hints is None:
+            hints = _HINTS[tp] = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        return tp(**{k: _from_plain(hints[k], v) for k, v in value.items() if k in names})
+    return value

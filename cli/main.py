@@ -1,0 +1,125 @@
+"""`fuselens`: the command line.
+
+    fuselens analyze FILE [--model-class C] [--input-shape 16384,1024 ...] [--dtype float32]
+                          [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
+    fuselens apply FILE ... [--yes]
+    fuselens validate FILE ... [--interpret] [--json OUT]
+    fuselens serve [--stdio]
+
+torch is imported only by the commands that run models, so `serve` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="Python file that defines nn.Module classes")
+    parser.add_argument("--model-class", help="analyse only this class")
+    parser.add_argument("--input-shape", action="append", metavar="SHAPE",
+                        help="example input shape, e.g. 16384,1024 (repeat for several inputs)")
+    parser.add_argument("--dtype", action="append", metavar="DTYPE",
+                        help="input dtype (float32, bfloat16, int64, ...): one for all inputs or one per input")
+    parser.add_argument("--param-dtype", help="cast the model's parameters, e.g. bfloat16")
+    parser.add_argument("--device", help="device profile for regimes: h200 (default), h100, a100, rtx4090")
+    parser.add_argument("--peak-gbps", type=float, help="override the device's DRAM bandwidth (GB/s)")
+    parser.add_argument("--out-dir", help="where the kernel module goes (default: beside FILE)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fuselens", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    analyze = sub.add_parser("analyze", help="find fusable clusters and print a report")
+    _analysis_arguments(analyze)
+    analyze.add_argument("--json", metavar="OUT", help="write the JSON report to OUT ('-' for stdout)")
+    analyze.add_argument("--explain-rejections", action="store_true", help="list ops left unfused and why")
+    analyze.add_argument("--show-kernels", action="store_true", help="print each generated kernel")
+
+    apply = sub.add_parser("apply", help="write the kernel module and replace exact clusters in FILE")
+    _analysis_arguments(apply)
+    apply.add_argument("--cluster", action="append", help="apply only these cluster ids (c0, c1, ...)")
+    apply.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    validate = sub.add_parser("validate", help="check generated kernels against eager (and time them on a GPU)")
+    _analysis_arguments(validate)
+    validate.add_argument("--interpret", action="store_true", help="run kernels in the Triton interpreter on CPU")
+    validate.add_argument("--cluster", action="append", help="validate only these cluster ids")
+    validate.add_argument("--json", metavar="OUT", help="write the validation results as JSON")
+    validate.add_argument("--benchmark", action="store_true", help="also time kernels (GPU only)")
+
+    serve = sub.add_parser("serve", help="run the language server")
+    serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    serve.add_argument("--log-file", help="also write the server log here")
+    return parser
+
+
+def _options(args):
+    from fuselens.worker.analyze import AnalyzeOptions
+
+    return AnalyzeOptions(model_class=args.model_class, input_shapes=args.input_shape, dtypes=args.dtype,
+                          param_dtype=args.param_dtype, device=args.device, peak_gbps=args.peak_gbps,
+                          out_dir=args.out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from fuselens.server.app import run
+
+        return run(log_file=args.log_file)
+    if not os.path.isfile(args.file):
+        print(f"fuselens: no such file: {args.file}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.command == "analyze":
+        return _analyze(args)
+    if args.command == "apply":
+        from fuselens.cli.apply import run_apply
+
+        return run_apply(args, _options(args))
+    if args.command == "validate":
+        from fuselens.cli.validate import run_validate
+
+        return run_validate(args, _options(args))
+    return 2
+
+
+def _analyze(args) -> int:
+    from fuselens.analysis.inputs import InputSpecError
+    from fuselens.cli.render import render_report
+    from fuselens.worker.analyze import analyze_file
+
+    try:
+        report = analyze_file(args.file, _options(args))
+    except (InputSpecError, ValueError) as exc:
+        print(f"fuselens: {exc}", file=sys.stderr)
+        return 2
+    data = report.to_dict()
+    if args.json:
+        from fuselens.analysis.schema import validate_report
+
+        validate_report(data)
+        text = json.dumps(data, indent=2)
+        if args.json == "-":
+            print(text)
+            return _exit_code(report)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    render_report(report, explain_rejections=args.explain_rejections, show_kernels=args.show_kernels)
+    return _exit_code(report)
+
+
+def _exit_code(report) -> int:
+    """1 when the file could not be analysed at all, 0 otherwise (findings are not failures)."""
+    if report.problems or any(m.status == "error" for m in report.models):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

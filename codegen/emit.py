@@ -1,0 +1,383 @@
+"""Emission: a `KernelPlan` -> the text of its `@triton.jit` kernel(s) and its launcher.
+
+Elementwise plans get one kernel over a 2-D tile of (rows, columns).  Reduction plans
+get two kernels: `_block`, which holds a whole row in registers and reads it once, and
+`_loop`, which walks the row in column blocks, once per reduction level (for rows too
+wide for registers); the launcher picks one from the row length it sees.
+
+The launcher reads every size and stride at call time, so one generated kernel serves
+every shape; the only constants are the model's own (slice offsets, head splits), and
+the launcher checks those before launching.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .lowering import FLOAT, TL_DTYPES
+from .plan import KernelPlan, Stmt
+
+MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
+LOOP_BLOCK = 2048  # column block of the `_loop` variant
+
+_COORD = re.compile(r"\bc(\d+)\b")
+_IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+_COMBINE = {"sum": "{acc} + {x}", "max": "tl.maximum({acc}, {x})", "min": "tl.minimum({acc}, {x})"}
+_FINAL = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+@dataclass
+class Emitted:
+    kernels: str  # the @triton.jit function(s)
+    launcher: str  # the Python launcher, autograd wrapper and public function
+    strategy: str
+    helpers: list[str]
+
+
+def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list[str],
+         doc: str, comments: dict[str, str]) -> Emitted:
+    kernel_name = f"_{name}_kernel"
+    if plan.kind == "elementwise":
+        kernels = _elementwise(plan, kernel_name, comments)
+        strategy = "elementwise-2d"
+    else:
+        kernels = _rows(plan, kernel_name + "_block", comments, looped=False)
+        kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, looped=True)
+        strategy = "row-block/row-loop"
+    launcher = _launcher(plan, name, kernel_name, input_names, output_names, doc)
+    from .lowering import helpers_used
+
+    return Emitted(kernels, launcher, strategy, helpers_used(kernels))
+
+
+# ---- kernel text --------------------------------------------------------------------------
+
+
+def _signature(plan: KernelPlan, kernel_name: str) -> str:
+    args = [f"in{k}_ptr" for k in range(len(plan.inputs))]
+    args += [f"out{k}_ptr" for k in range(len(plan.outputs))]
+    args += [f"d{i}" for i in range(len(plan.domain))]
+    for k, slot in enumerate(plan.inputs):
+        args += [f"in{k}_s{j}" for j in sorted(slot.strides_used)]
+    args += ["R", "C"]
+    if plan.groups:
+        args += ["G"]
+    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr"]
+    lines, line = [], f"def {kernel_name}("
+    for a in args:
+        piece = a + ", "
+        if len(line) + len(piece) > 96:
+            lines.append(line.rstrip())
+            line = "    "
+        line += piece
+    lines.append(line.rstrip(", ") + "):")
+    return "@triton.jit\n" + "\n".join(lines)
+
+
+def _coords(plan: KernelPlan, used: set[int], axis: str) -> list[str]:
+    """Statements defining the domain coordinates `used` that derive from `axis` ("r"/"c")."""
+    n = len(plan.domain)
+    k = plan.row_dims
+    out = []
+    if plan.groups:
+        if axis == "r":
+            if 0 in used:
+                out.append("c0 = rows // G")
+            if 1 in used:
+                out.append("g = rows % G")
+            return out
+        # Columns run over (channel-in-group, *spatial); the channel is g * (C / G) + that.
+        spatial = list(range(2, n))
+        hw = " * ".join(f"d{i}" for i in spatial) or "1"
+        if 1 in used:
+            out.append(f"c1 = g * (d1 // G) + cols // ({hw})")
+        wanted = [i for i in used if i >= 2]
+        if wanted:
+            out.append(f"hw = cols % ({hw})")
+            out += _delinearize("hw", spatial, wanted)
+        return out
+    dims = list(range(0, k)) if axis == "r" else list(range(k, n))
+    index = "rows" if axis == "r" else "cols"
+    if plan.kind == "elementwise" and axis == "r" and n == 0:
+        return out
+    return out + _delinearize(index, dims, [i for i in used if i in dims])
+
+
+def _delinearize(index: str, dims: list[int], wanted: list[int]) -> list[str]:
+    out = []
+    for i in sorted(wanted):
+        inner = [f"d{j}" for j in dims if j > i]
+        value = f"{index} // ({' * '.join(inner)})" if inner else index
+        if i != dims[0]:
+            value = f"({value}) % d{i}" if inner else f"{index} % d{i}"
+        out.append(f"c{i} = {value}")
+    return out
+
+
+def _used_coords(stmts: list[Stmt]) -> set[int]:
+    used: set[int] = set()
+    for s in stmts:
+        used |= {int(m) for m in _COORD.findall(s.expr)}
+    return used
+
+
+def _mask_for(axes: frozenset) -> str | None:
+    if axes >= {"r", "c"}:
+        return "mask"
+    if axes == {"r"}:
+        return "rmask"
+    if axes == {"c"}:
+        return "cmask"
+    return None
+
+
+def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str:
+    note = comments.get(s.name) or s.comment
+    tail = f"  # {note}" if note else ""
+    if s.load_input is not None:
+        slot = plan.inputs[s.load_input]
+        mask = _mask_for(s.axes)
+        masked = f", mask={mask}, other=0" if mask else ""
+        convert = ".to(tl.float32)" if s.kind == FLOAT else ""
+        return f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
+    return f"{s.name} = {s.expr}{tail}"
+
+
+def _store(plan: KernelPlan, k: int, value: Stmt) -> str:
+    out = plan.outputs[k]
+    cast = f".to(out{k}_ptr.dtype.element_ty)"
+    if out.row_only:
+        v = value.name if value.axes == {"r"} else f"tl.broadcast_to({value.name}, [BLOCK_R, 1])"
+        return f"tl.store(out{k}_ptr + rows, {v}{cast}, mask=rmask)"
+    v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
+    return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
+
+
+def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
+    """The statements `targets` need, in order, not looking past those `keep` rejects."""
+    by_name = {s.name: s for s in plan.stmts}
+    seen: set[str] = set()
+    stack = list(targets)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if keep(by_name[name]):
+            stack.extend(by_name[name].deps)
+    return [s for s in plan.stmts if s.name in seen and keep(s)]
+
+
+def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str]) -> str:
+    body = [
+        "pid = tl.program_id(0)",
+        "n_col_blocks = tl.cdiv(C, BLOCK_C)",
+        "rows = (pid // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        "cols = (pid % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+        "if INDEX_64:",
+        "    rows = rows.to(tl.int64)",
+        "    cols = cols.to(tl.int64)",
+        "rmask = rows < R",
+        "cmask = cols < C",
+        "mask = rmask & cmask",
+    ]
+    stmts = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
+    used = _used_coords(stmts)
+    body += _coords(plan, used, "r") + _coords(plan, used, "c")
+    body += [_stmt_line(plan, s, comments) for s in stmts]
+    by_name = {s.name: s for s in plan.stmts}
+    body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs)]
+    return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in body)
+
+
+def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: bool) -> str:
+    by_name = {s.name: s for s in plan.stmts}
+    head = [
+        "pid = tl.program_id(0)",
+        "rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        "if INDEX_64:",
+        "    rows = rows.to(tl.int64)",
+        "rmask = rows < R",
+    ]
+    targets = [o.stmt for o in plan.outputs]
+    every = _closure(plan, targets, lambda s: True)
+    used = _used_coords(every)
+    head += _coords(plan, used, "r")
+    col_coords = _coords(plan, used, "c")
+    is_row = lambda s: "c" not in s.axes  # noqa: E731
+    body: list[str] = []
+    if not looped:
+        body += ["cols = tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
+        body += col_coords
+        for s in every:
+            if s.reduce:
+                fill = "0.0" if s.reduce == "sum" else _IDENTITY[s.reduce]
+                line = f"{s.name} = {_FINAL[s.reduce]}(tl.where(mask, {s.expr}, {fill}), axis=1)[:, None]"
+                note = comments.get(s.name) or s.comment
+                body.append(line + (f"  # {note}" if note else ""))
+            else:
+                body.append(_stmt_line(plan, s, comments))
+        body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs)]
+        return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in head + body)
+
+    done: set[str] = set()
+
+    def emit_rows(level: int) -> None:
+        for s in every:
+            if is_row(s) and not s.reduce and s.level <= level and s.name not in done:
+                if all(d in done or not is_row(by_name[d]) for d in s.deps):
+                    body.append(_stmt_line(plan, s, comments))
+                    done.add(s.name)
+
+    emit_rows(0)
+    for level in range(1, plan.levels + 1):
+        reductions = [s for s in every if s.reduce and s.level == level]
+        if not reductions:
+            emit_rows(level)
+            continue
+        for s in reductions:
+            body.append(f"{s.name}_acc = tl.full([BLOCK_R, BLOCK_C], {_IDENTITY[s.reduce]}, tl.float32)")
+        loop_stmts = _closure(plan, [s.expr for s in reductions], lambda s: not is_row(s))
+        body.append("for col0 in range(0, C, BLOCK_C):")
+        inner = ["cols = col0 + tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
+        inner += col_coords
+        inner += [_stmt_line(plan, s, comments) for s in loop_stmts]
+        for s in reductions:
+            combine = _COMBINE[s.reduce].format(acc=f"{s.name}_acc", x=f"tl.where(mask, {s.expr}, {_IDENTITY[s.reduce]})")
+            inner.append(f"{s.name}_acc = {combine}")
+        body += ["    " + i for i in inner]
+        for s in reductions:
+            note = comments.get(s.name) or s.comment
+            body.append(f"{s.name} = {_FINAL[s.reduce]}({s.name}_acc, axis=1)[:, None]" + (f"  # {note}" if note else ""))
+            done.add(s.name)
+        emit_rows(level)
+    full_outputs = [(k, o) for k, o in enumerate(plan.outputs) if not o.row_only]
+    if full_outputs:
+        final = _closure(plan, [o.stmt for _, o in full_outputs], lambda s: not is_row(s))
+        body.append("for col0 in range(0, C, BLOCK_C):")
+        inner = ["cols = col0 + tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
+        inner += col_coords
+        inner += [_stmt_line(plan, s, comments) for s in final]
+        inner += [_store(plan, k, by_name[o.stmt]) for k, o in full_outputs]
+        body += ["    " + i for i in inner]
+    body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs) if o.row_only]
+    return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in head + body)
+
+
+# ---- launcher text ------------------------------------------------------------------------
+
+
+def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
+    """Each domain dim as an expression over the inputs' run-time shapes."""
+    exprs = []
+    for i, size in enumerate(plan.domain):
+        found = None
+        for s in plan.stmts:
+            if s.load_input is None:
+                continue
+            slot = plan.inputs[s.load_input]
+            for j, c in enumerate(s.load_coords):
+                if c == f"c{i}" and slot.shape[j] == size:
+                    found = f"{names[s.load_input]}.shape[{j}]"
+                    break
+            if found:
+                break
+        exprs.append(found or str(size))
+    return exprs
+
+
+def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[str],
+              output_names: list[str], doc: str) -> str:
+    params = ", ".join(input_names)
+    n = len(plan.domain)
+    sizes = _size_exprs(plan, input_names)
+    lines = [f"def _{name}_launch({params}):"]
+    body = []
+    for k, slot in enumerate(plan.inputs):
+        for j in sorted(slot.guarded_dims):
+            body.append(f"if {input_names[k]}.shape[{j}] != {slot.shape[j]}:")
+            body.append(f"    raise ValueError(\"{name}: input {input_names[k]!s} needs size {slot.shape[j]} in dim {j} "
+                        f"(the model's own constant), got %d\" % {input_names[k]}.shape[{j}])")
+    for i in range(n):
+        body.append(f"d{i} = {sizes[i]}")
+    device = f"{input_names[0]}.device" if input_names else "'cuda'"
+    k_rows = plan.row_dims
+    for k, out in enumerate(plan.outputs):
+        if out.row_only:
+            dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
+        else:
+            dims = [f"d{i}" for i in range(n)]
+        shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+        body.append(f"out{k} = torch.empty({shape}, device={device}, dtype=torch.{out.dtype})")
+    if plan.groups:
+        body.append(f"G = {plan.groups}")
+        body.append("R = d0 * G")
+        body.append("C = (" + " * ".join(f"d{i}" for i in range(1, n)) + ") // G")
+    else:
+        rows = " * ".join(f"d{i}" for i in range(k_rows)) or "1"
+        cols = " * ".join(f"d{i}" for i in range(k_rows, n)) or "1"
+        body.append(f"R = {rows}")
+        body.append(f"C = {cols}")
+    body.append("if R == 0 or C == 0:")
+    body.append("    return " + _returns(plan))
+    big = " or ".join([f"{a}.numel() >= 2**31" for a in input_names] + [f"out{k}.numel() >= 2**31" for k in range(len(plan.outputs))])
+    body.append(f"index_64 = {big}")
+    strides = []
+    for k, slot in enumerate(plan.inputs):
+        strides += [f"{input_names[k]}.stride({j})" for j in sorted(slot.strides_used)]
+    args = input_names + [f"out{k}" for k in range(len(plan.outputs))] + [f"d{i}" for i in range(n)] + strides + ["R", "C"]
+    if plan.groups:
+        args.append("G")
+    call_args = ", ".join(args)
+    if plan.kind == "elementwise":
+        body.append("block_r, block_c, warps = _pointwise_tile(R, C)")
+        body.append("grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)")
+        body.append(f"{kernel_name}[grid]({call_args},")
+        body.append("    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, num_warps=warps)")
+    else:
+        body.append("block_r, block_c, warps, whole_row = _row_tile(R, C)")
+        body.append("grid = (triton.cdiv(R, block_r),)")
+        body.append(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
+        body.append(f"kernel[grid]({call_args},")
+        body.append("    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, num_warps=warps)")
+    body.append("return " + _returns(plan))
+    lines += ["    " + b for b in body]
+    cls = "_" + "".join(p.capitalize() for p in name.split("_")) + "Function"
+    lines += [
+        "",
+        "",
+        f"class {cls}(torch.autograd.Function):",
+        "    @staticmethod",
+        f"    def forward(ctx, {params}):",
+        f"        return _{name}_launch({params})",
+        "",
+        "    @staticmethod",
+        "    def backward(ctx, *grads):",
+        f"        raise RuntimeError(\"{name} is an inference-only fused kernel: run the model under torch.no_grad() \"",
+        "                           \"or keep the original code where gradients are needed\")",
+        "",
+        "",
+        f"def {name}({params}):",
+        _docstring(doc),
+        f"    if torch.is_grad_enabled() and any(t.requires_grad for t in ({params}{',' if len(input_names) == 1 else ''})):",
+        f"        return {cls}.apply({params})",
+        f"    return _{name}_launch({params})",
+    ]
+    return "\n".join(lines)
+
+
+def _returns(plan: KernelPlan) -> str:
+    outs = [f"out{k}" for k in range(len(plan.outputs))]
+    return outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+
+
+def _docstring(doc: str) -> str:
+    lines = doc.strip().splitlines() or [""]
+    if len(lines) == 1:
+        return f'    """{lines[0]}"""'
+    return '    """' + lines[0] + "\n" + "\n".join(("    " + l) if l else "" for l in lines[1:]) + '\n    """'
+
+
+def tl_dtype(dtype: str) -> str:
+    return TL_DTYPES[dtype]

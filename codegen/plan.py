@@ -1,0 +1,537 @@
+"""Kernel planning: a cluster of graph nodes -> a `KernelPlan`, or why one kernel can't do it.
+
+A kernel iterates over a *domain*: the shape every escaping output has (elementwise), or
+the shape its reductions read, split into rows (leading dims) and columns (the reduced
+trailing dims).  Programs own a [BLOCK_R, BLOCK_C] tile of (row, column) positions;
+domain coordinates `c0..c{n-1}` are derived from them.
+
+Values are pulled from the outputs backwards: evaluating node N at coordinates C
+evaluates its operands at the coordinates they broadcast or view to (`permute`, `slice`,
+`unsqueeze`, ... are index arithmetic), down to loads of external inputs through their
+run-time strides.  Every value becomes one `Stmt`; reductions split into primitive
+sum/max statements, so a plan can be emitted straight-line (whole row in registers) or
+as one loop per reduction level (wide rows).
+
+The same code answers the detector's question "can one kernel do this?": `check()`
+turns a `PlanError` into a (reason, detail) verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fuselens.analysis.graph import Graph, Node, Ref
+from fuselens.analysis.ops import OpClass
+
+from .lowering import (
+    BOOL, FLOAT, LoweringError, Operand, convert, kind_of, literal, lower, operand_kind,
+)
+
+
+class PlanError(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Coord:
+    text: str
+    axes: frozenset = frozenset()  # tile axes it varies along: "r" (rows), "c" (columns)
+
+    @staticmethod
+    def const(value: int) -> "Coord":
+        return Coord(str(value))
+
+
+ZERO = Coord("0")
+
+
+@dataclass
+class Stmt:
+    name: str
+    expr: str
+    kind: str  # FLOAT | INT | BOOL
+    axes: frozenset
+    level: int = 0  # reduction phases it depends on
+    reduce: str | None = None  # "sum" | "max" | "min": expr is the operand's name
+    comment: str = ""
+    deps: tuple[str, ...] = ()
+    load_input: int | None = None
+    load_coords: tuple[str, ...] = ()
+
+
+@dataclass
+class InputSlot:
+    node: int
+    shape: tuple[int, ...]
+    dtype: str
+    strides_used: set[int] = field(default_factory=set)
+    guarded_dims: set[int] = field(default_factory=set)  # dims read through a fixed offset
+
+
+@dataclass
+class OutputSlot:
+    node: int
+    stmt: str
+    shape: tuple[int, ...]
+    dtype: str
+    row_only: bool  # written once per row (a reduction's result)
+
+
+@dataclass
+class KernelPlan:
+    kind: str  # "elementwise" | "reduction"
+    members: list[int]
+    compute: list[int]
+    domain: tuple[int, ...]
+    row_dims: int  # leading domain dims that make up a row index
+    inputs: list[InputSlot]
+    outputs: list[OutputSlot]
+    stmts: list[Stmt]
+    groups: int | None = None  # group norm: rows are (batch, group)
+
+    @property
+    def levels(self) -> int:
+        return max((s.level for s in self.stmts), default=0)
+
+    @property
+    def row_length(self) -> int:
+        n = 1
+        for d in self.domain[self.row_dims:]:
+            n *= d
+        return n // (self.groups or 1) if self.groups else n
+
+
+def check(graph: Graph, members: frozenset[int]) -> tuple[bool, str, str]:
+    try:
+        plan_cluster(graph, set(members))
+    except PlanError as exc:
+        return False, exc.reason, exc.detail
+    return True, "", ""
+
+
+def plan_cluster(graph: Graph, members: set[int]) -> KernelPlan:
+    return _Planner(graph, members).plan()
+
+
+def _describe(node: Node) -> str:
+    return f"`{node.op}` (line {node.line})" if node.line else f"`{node.op}`"
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+class _Planner:
+    def __init__(self, graph: Graph, members: set[int]):
+        self.g = graph
+        self.members = members
+        self.compute = sorted(m for m in members if graph[m].cls.absorbable)
+        self.stmts: list[Stmt] = []
+        self.memo: dict[tuple, Stmt] = {}
+        self.inputs: list[InputSlot] = []
+        self.input_index: dict[int, int] = {}
+
+    # ---- structure --------------------------------------------------------------------
+    def plan(self) -> KernelPlan:
+        g = self.g
+        outputs = self._escaping()
+        reductions = [m for m in self.compute if g[m].cls is OpClass.REDUCTION]
+        self.groups = None
+        if reductions:
+            kind = "reduction"
+            self.domain, self.row_dims = self._row_space(reductions)
+        else:
+            kind = "elementwise"
+            shapes = {g[o].meta.shape for o in outputs}
+            if len(shapes) > 1:
+                small = min(outputs, key=lambda o: g[o].meta.numel)
+                big = max(outputs, key=lambda o: g[o].meta.numel)
+                if g[small].meta.numel < g[big].meta.numel:
+                    raise PlanError("fan-out", f"{_describe(g[small])} produces a {_shape(g[small].meta.shape)} value "
+                                               f"used outside the group, but the kernel runs over "
+                                               f"{_shape(g[big].meta.shape)}; it cannot be written once")
+                raise PlanError("shape", "the group's outputs have different shapes: "
+                                         + ", ".join(_shape(s) for s in sorted(shapes)))
+            self.domain = next(iter(shapes))
+            self.row_dims = max(len(self.domain) - 1, 0)
+        n = len(self.domain)
+        full = tuple(Coord(f"c{i}", frozenset({"r" if i < self.row_dims else "c"})) for i in range(n))
+        if self.groups and n > 1:  # the channel coordinate mixes the group (row) and the column
+            full = full[:1] + (Coord("c1", frozenset({"r", "c"})),) + full[2:]
+        self.full = full
+        out_slots = []
+        for o in outputs:
+            node = g[o]
+            shape = node.meta.shape
+            if shape == self.domain:
+                stmt = self.value(o, full)
+                row_only = False
+            elif kind == "reduction" and self._is_row_shape(shape):
+                stmt = self.value(o, self._row_coords_for(shape))
+                row_only = True
+            else:
+                raise PlanError("fan-out", f"{_describe(node)} produces a {_shape(shape)} value used outside the "
+                                           f"group; a kernel over {_shape(self.domain)} cannot write it once")
+            try:
+                kind_of(node.meta.dtype)
+            except LoweringError as exc:
+                raise PlanError("no-lowering", str(exc)) from None
+            out_slots.append(OutputSlot(o, stmt.name, shape, node.meta.dtype, row_only))
+        return KernelPlan(kind, sorted(self.members), self.compute, self.domain, self.row_dims, self.inputs,
+                          out_slots, self.stmts, self.groups)
+
+    def _escaping(self) -> list[int]:
+        g = self.g
+        out = []
+        for m in sorted(self.members):
+            outside = [u for u in g.users(m) if u not in self.members]
+            if not outside:
+                continue
+            if not g[m].cls.absorbable:
+                raise PlanError("fan-out", f"the view {_describe(g[m])} of a fused value is also used outside the group")
+            out.append(m)
+        if not out:
+            raise PlanError("shape", "the group has no output")
+        return out
+
+    def _row_space(self, reductions: list[int]) -> tuple[tuple[int, ...], int]:
+        g = self.g
+        spaces = set()
+        for r in reductions:
+            node = g[r]
+            x = g[node.inputs[0]]
+            if node.op == "group_norm":
+                if len(reductions) > 1:
+                    raise PlanError("reduction", f"{_describe(node)} reduces over channel groups; it cannot share "
+                                                 "a kernel with another reduction")
+                groups = node.params["groups"]
+                if x.meta.shape[1] % groups:
+                    raise PlanError("reduction", f"{_describe(node)}: channels are not divisible by groups")
+                self.groups = groups
+                return x.meta.shape, 1
+            dims = node.params["dims"]
+            spaces.add((x.meta.shape, len(x.meta.shape) - len(dims)))
+        if len(spaces) > 1:
+            listed = ", ".join(f"{_shape(s)} over its last {len(s) - k} dim(s)" for s, k in sorted(spaces))
+            raise PlanError("reduction", f"the reductions run over different rows ({listed})")
+        return next(iter(spaces))
+
+    def _is_row_shape(self, shape: tuple[int, ...]) -> bool:
+        k = self.row_dims
+        lead = tuple(self.domain[:k])
+        if self.groups:
+            return False
+        return shape == lead or shape == lead + (1,) * (len(self.domain) - k)
+
+    def _row_coords_for(self, shape) -> tuple[Coord, ...]:
+        k = self.row_dims
+        coords = list(self.full[:k])
+        coords += [ZERO] * (len(shape) - k)
+        return tuple(coords)
+
+    # ---- evaluation -------------------------------------------------------------------
+    def value(self, node_id: int, coords: tuple[Coord, ...]) -> Stmt:
+        key = (node_id, tuple(c.text for c in coords))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        node = self.g[node_id]
+        if node_id not in self.members:
+            stmt = self._load(node, coords)
+        elif node.cls is OpClass.VIEW:
+            stmt = self.value(node.inputs[0], self._view_back(node, coords))
+        elif node.cls is OpClass.IDENTITY:
+            stmt = self.value(node.inputs[0], coords)
+        elif node.cls is OpClass.REDUCTION:
+            stmt = self._reduction(node, coords)
+        elif node.cls is OpClass.CONCAT:
+            stmt = self._concat(node, coords)
+        else:
+            stmt = self._pointwise(node, coords)
+        self.memo[key] = stmt
+        return stmt
+
+    def _emit(self, expr: str, kind: str, deps: list[Stmt], comment: str = "", reduce: str | None = None,
+              axes: frozenset | None = None, load_input: int | None = None) -> Stmt:
+        level = max((d.level for d in deps), default=0) + (1 if reduce else 0)
+        if axes is None:
+            axes = frozenset().union(*(d.axes for d in deps)) if deps else frozenset()
+        stmt = Stmt(f"v{len(self.stmts)}", expr, kind, axes, level, reduce, comment,
+                    tuple(d.name for d in deps), load_input)
+        self.stmts.append(stmt)
+        return stmt
+
+    def _load(self, node: Node, coords: tuple[Coord, ...]) -> Stmt:
+        if node.meta is None:
+            raise PlanError("no-lowering", f"{_describe(node)} does not produce a single tensor")
+        try:
+            kind = kind_of(node.meta.dtype)
+        except LoweringError as exc:
+            raise PlanError("no-lowering", str(exc)) from None
+        slot_index = self.input_index.get(node.id)
+        if slot_index is None:
+            slot_index = len(self.inputs)
+            self.input_index[node.id] = slot_index
+            self.inputs.append(InputSlot(node.id, node.meta.shape, node.meta.dtype))
+        slot = self.inputs[slot_index]
+        terms = []
+        axes: set = set()
+        for j, (c, size) in enumerate(zip(coords, node.meta.shape)):
+            if size == 1 or c.text == "0":
+                continue
+            slot.strides_used.add(j)
+            terms.append(f"{c.text} * in{slot_index}_s{j}")
+            axes |= c.axes
+            if not c.text.startswith("c") or not c.text[1:].isdigit():
+                slot.guarded_dims.add(j)
+        address = " + ".join(terms) if terms else "0"
+        stmt = self._emit(f"in{slot_index}_ptr + ({address})", kind, [], comment=self._input_comment(node),
+                          axes=frozenset(axes), load_input=slot_index)
+        stmt.load_coords = tuple(c.text for c in coords)
+        return stmt
+
+    def _input_comment(self, node: Node) -> str:
+        return node.name or node.op
+
+    def _view_back(self, node: Node, coords: tuple[Coord, ...]) -> tuple[Coord, ...]:
+        """Coordinates of the view's input that hold the view's element at `coords`."""
+        src = self.g[node.inputs[0]]
+        shapes = [tuple(src.meta.shape)]
+        for step in node.params.get("steps", []):
+            shapes.append(_step_shape(shapes[-1], step))
+        current = list(coords)
+        for step, before in zip(reversed(node.params.get("steps", [])), reversed(shapes[:-1])):
+            current = _step_back(step, before, current)
+        return tuple(current)
+
+    def _broadcast(self, coords: tuple[Coord, ...], out_shape, in_shape) -> tuple[Coord, ...]:
+        offset = len(out_shape) - len(in_shape)
+        if offset < 0:
+            raise PlanError("shape", f"an operand of shape {_shape(in_shape)} is larger than its result")
+        return tuple(ZERO if in_shape[j] == 1 else coords[j + offset] for j in range(len(in_shape)))
+
+    def _operand(self, node: Node, arg, coords) -> Operand:
+        if isinstance(arg, Ref):
+            src = self.g[arg.node]
+            stmt = self.value(arg.node, self._broadcast(coords, node.meta.shape, src.meta.shape))
+            return Operand(stmt.name, stmt.kind)
+        if arg is None:
+            return Operand("None", FLOAT, True)
+        if isinstance(arg, bool):
+            return Operand(literal(arg), BOOL, True)
+        if isinstance(arg, (int, float)):
+            return Operand(literal(arg), FLOAT if isinstance(arg, float) else "int", True)
+        raise PlanError("no-lowering", f"{_describe(node)} takes a {type(arg).__name__} argument")
+
+    def _pointwise(self, node: Node, coords) -> Stmt:
+        out_kind = self._kind(node)
+        operands = [self._operand(node, a, coords) for a in node.args]
+        deps = [self._stmt(o.text) for o in operands if not o.is_scalar]
+        compute_kind = operand_kind(node.op, [o.kind for o in operands if not o.is_scalar] or [out_kind], out_kind)
+        if node.op in ("where",):
+            operands = [Operand(convert(operands[0], BOOL), BOOL)] + [
+                Operand(convert(o, compute_kind), compute_kind, o.is_scalar) for o in operands[1:]]
+        elif node.op == "masked_fill":
+            operands = [Operand(convert(operands[0], compute_kind), compute_kind),
+                        Operand(convert(operands[1], BOOL), BOOL),
+                        Operand(convert(operands[2], compute_kind), compute_kind, operands[2].is_scalar)]
+        elif node.op != "cast":
+            operands = [o if o.text == "None" else Operand(convert(o, compute_kind), compute_kind, o.is_scalar)
+                        for o in operands]
+        try:
+            expr = lower(node.op, operands, node.params, out_kind, node.meta.dtype)
+        except LoweringError as exc:
+            raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
+        return self._emit(expr, out_kind, deps, comment=self._comment(node))
+
+    def _concat(self, node: Node, coords) -> Stmt:
+        dim = node.params["dim"]
+        pieces = node.args[0]
+        c = coords[dim]
+        offset = 0
+        chosen: list[tuple[int, int, Stmt]] = []
+        for piece in pieces:
+            src = self.g[piece.node]
+            size = src.meta.shape[dim]
+            shifted = list(coords)
+            if offset:
+                text = f"tl.minimum(tl.maximum({c.text} - {offset}, 0), {size - 1})"
+            else:
+                text = f"tl.minimum({c.text}, {size - 1})"
+            shifted[dim] = Coord(text, c.axes)
+            stmt = self.value(piece.node, tuple(shifted))
+            chosen.append((offset, size, stmt))
+            offset += size
+        out_kind = self._kind(node)
+        expr = convert(Operand(chosen[-1][2].name, chosen[-1][2].kind), out_kind)
+        for start, size, stmt in reversed(chosen[:-1]):
+            expr = f"tl.where({c.text} < {start + size}, {convert(Operand(stmt.name, stmt.kind), out_kind)}, {expr})"
+        return self._emit(expr, out_kind, [s for _, _, s in chosen], comment=self._comment(node),
+                          axes=frozenset().union(c.axes, *(s.axes for _, _, s in chosen)))
+
+    def _reduction(self, node: Node, coords) -> Stmt:
+        x = self.g[node.inputs[0]]
+        op = node.op
+        k = self.row_dims
+        full_out = op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
+        if full_out:
+            if tuple(c.text for c in coords) != tuple(c.text for c in self.full):
+                raise PlanError("shape", f"{_describe(node)} is read through a view that reorders its rows")
+        else:
+            lead = tuple(c.text for c in coords[:k])
+            if lead != tuple(c.text for c in self.full[:k]) or any(c.text != "0" for c in coords[k:]):
+                raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
+        if x.meta.shape != self.domain:
+            raise PlanError("reduction", f"{_describe(node)} reads {_shape(x.meta.shape)}, not the kernel's rows "
+                                         f"{_shape(self.domain)}")
+        xs = self.value(x.id, self.full)
+        if xs.kind != FLOAT:
+            raise PlanError("no-lowering", f"{_describe(node)} on {x.meta.dtype} values")
+        comment = self._comment(node)
+        n = "C"  # the runtime number of elements per row
+        r = self._reduce
+        if op == "sum":
+            return r("sum", xs, comment)
+        if op == "mean":
+            return self._mean(xs, comment)
+        if op in ("amax", "amin"):
+            return r("max" if op == "amax" else "min", xs, comment)
+        if op in ("var", "std"):
+            mean = self._mean(xs, comment + " (mean)")
+            d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
+            sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
+            ss = r("sum", sq, comment + " (squares)")
+            corr = node.params.get("correction", 1.0)
+            denom = f"({n} - {literal(float(corr))})" if corr else n
+            var = self._emit(f"{ss.name} / {denom}", FLOAT, [ss], comment)
+            return var if op == "var" else self._emit(f"tl.sqrt({var.name})", FLOAT, [var], comment)
+        if op == "logsumexp":
+            m = r("max", xs, comment + " (max)")
+            e = self._emit(f"tl.exp({xs.name} - {m.name})", FLOAT, [xs, m])
+            s = r("sum", e, comment + " (sum)")
+            return self._emit(f"{m.name} + tl.log({s.name})", FLOAT, [m, s], comment)
+        if op == "norm":
+            p = node.params.get("p", 2.0)
+            if p == 2.0:
+                sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
+                ss = r("sum", sq, comment + " (squares)")
+                return self._emit(f"tl.sqrt({ss.name})", FLOAT, [ss], comment)
+            if p in (1.0, float("inf")):
+                a = self._emit(f"tl.abs({xs.name})", FLOAT, [xs])
+                return r("sum" if p == 1.0 else "max", a, comment)
+            raise PlanError("no-lowering", f"{_describe(node)}: p={p} norm")
+        if op in ("softmax", "log_softmax"):
+            m = r("max", xs, comment + " (row max)")
+            shifted = self._emit(f"{xs.name} - {m.name}", FLOAT, [xs, m])
+            e = self._emit(f"tl.exp({shifted.name})", FLOAT, [shifted])
+            s = r("sum", e, comment + " (row sum)")
+            if op == "softmax":
+                return self._emit(f"{e.name} / {s.name}", FLOAT, [e, s], comment)
+            return self._emit(f"{shifted.name} - tl.log({s.name})", FLOAT, [shifted, s], comment)
+        if op in ("layer_norm", "group_norm"):
+            mean = self._mean(xs, comment + " (mean)")
+            d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
+            sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
+            var = self._mean(sq, comment + " (variance)")
+            inv = self._emit(f"tl.rsqrt({var.name} + {literal(float(node.params['eps']))})", FLOAT, [var])
+            y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
+            return self._affine(node, y, comment)
+        if op == "rms_norm":
+            sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
+            ms = self._mean(sq, comment + " (mean square)")
+            inv = self._emit(f"tl.rsqrt({ms.name} + {literal(float(node.params['eps']))})", FLOAT, [ms])
+            y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
+            return self._affine(node, y, comment)
+        raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _affine(self, node: Node, y: Stmt, comment: str) -> Stmt:
+        out = y
+        for arg, sym in zip(node.args[1:], ("*", "+")):
+            if not isinstance(arg, Ref):
+                continue
+            w = self.g[arg.node]
+            if node.op == "group_norm":
+                coords = (self.full[1],)  # weight/bias are per channel
+            else:
+                coords = self._broadcast(self.full, self.domain, w.meta.shape)
+            ws = self.value(arg.node, coords)
+            wv = convert(Operand(ws.name, ws.kind), FLOAT)
+            out = self._emit(f"{out.name} {sym} {wv}", FLOAT, [out, ws])
+        out.comment = comment
+        return out
+
+    def _mean(self, operand: Stmt, comment: str) -> Stmt:
+        total = self._reduce("sum", operand, comment + " (sum)")
+        return self._emit(f"{total.name} / C", FLOAT, [total], comment)
+
+    def _reduce(self, how: str, operand: Stmt, comment: str) -> Stmt:
+        if "c" not in operand.axes:
+            raise PlanError("reduction", "the reduced value does not vary along the row")
+        return self._emit(operand.name, FLOAT, [operand], comment=comment, reduce=how,
+                          axes=frozenset(operand.axes - {"c"}))
+
+    def _stmt(self, name: str) -> Stmt:
+        return self.stmts[int(name[1:])]
+
+    def _kind(self, node: Node) -> str:
+        try:
+            return kind_of(node.meta.dtype)
+        except LoweringError as exc:
+            raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
+
+    def _comment(self, node: Node) -> str:
+        where = f"line {node.line}: " if node.line else ""
+        return f"{where}{node.op}"
+
+
+def _step_shape(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
+    kind = step[0]
+    s = list(shape)
+    if kind == "permute":
+        return tuple(s[p] for p in step[1])
+    if kind == "unsqueeze":
+        s.insert(step[1], 1)
+        return tuple(s)
+    if kind == "squeeze":
+        del s[step[1]]
+        return tuple(s)
+    if kind == "expand":
+        return tuple(step[1])
+    if kind == "slice":
+        _, dim, start, stepsize = step
+        s[dim] = max(0, (s[dim] - start + stepsize - 1) // stepsize)
+        return tuple(s)
+    if kind == "select":
+        del s[step[1]]
+        return tuple(s)
+    raise PlanError("shape", f"a `{kind}` view changes the iteration space")
+
+
+def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> list[Coord]:
+    kind = step[0]
+    if kind == "permute":
+        out = [ZERO] * len(coords)
+        for i, p in enumerate(step[1]):
+            out[p] = coords[i]
+        return out
+    if kind == "unsqueeze":
+        return coords[: step[1]] + coords[step[1] + 1:]
+    if kind == "squeeze":
+        return coords[: step[1]] + [ZERO] + coords[step[1]:]
+    if kind == "expand":
+        offset = len(coords) - len(before)
+        return [ZERO if before[j] == 1 else coords[j + offset] for j in range(len(before))]
+    if kind == "slice":
+        _, dim, start, stepsize = step
+        c = coords[dim]
+        text = c.text if stepsize == 1 else f"{c.text} * {stepsize}"
+        text = f"({text} + {start})" if start else text
+        out = list(coords)
+        out[dim] = Coord(text, c.axes)
+        return out
+    if kind == "select":
+        return coords[: step[1]] + [Coord.const(step[2])] + coords[step[1]:]
+    raise PlanError("shape", f"a `{kind}` view changes the iteration space")
