@@ -160,8 +160,11 @@ class Recorder(TorchFunctionMode):
     """Records torch calls into a `Graph` while the user's forward runs."""
 
     def __init__(self, user_code: UserCode, sources: dict[int, tuple[str, str]],
-                 module_paths: dict[int, str], stop_at: Any, decisions: Sequence[bool] = ()):
+                 module_paths: dict[int, str], stop_at: Any, decisions: Sequence[bool] = (),
+                 retain: bool = False):
         super().__init__()
+        self.retain = retain  # keep a copy of every value (validation runs on real tensors)
+        self.values: dict[int, torch.Tensor] = {}
         self.graph = Graph()
         self.user_code = user_code
         self.sources = sources  # id(tensor) -> (kind, name) for parameters and buffers
@@ -195,7 +198,7 @@ class Recorder(TorchFunctionMode):
         if name in METADATA:
             return func(*args, **kwargs)
         if name in DATA_DEPENDENT:
-            return self._data_dependent(name, args)
+            return self._data_dependent(func, name, args, kwargs)
         out = func(*args, **kwargs)
         if not _tensors(out) and name not in ("__setitem__",):
             return out
@@ -239,6 +242,8 @@ class Recorder(TorchFunctionMode):
                     piece=self.piece, **fields)
         if stack and self._caller is not None and node.inputs:
             self._name_operands(node, self._caller)
+            if cls is OpClass.VIEW and node.inputs[0] in node.operand_names:
+                node.expr = _expression_at(self._caller)
         return self.graph.add(node)
 
     def _name_operands(self, node: Node, frame) -> None:
@@ -265,6 +270,8 @@ class Recorder(TorchFunctionMode):
     def _bind_value(self, tensor: Any, node_id: int) -> None:
         self._values[id(tensor)] = node_id
         self._keep.append(tensor)
+        if self.retain:
+            self.values[node_id] = tensor.detach().clone()
 
     def _ref(self, tensor: torch.Tensor) -> int:
         node_id = self._values.get(id(tensor))
@@ -291,12 +298,19 @@ class Recorder(TorchFunctionMode):
         return repr(value)
 
     # ---- data-dependent values ----------------------------------------------------
-    def _data_dependent(self, name: str, args: Sequence) -> Any:
+    def _data_dependent(self, func, name: str, args: Sequence, kwargs: dict) -> Any:
         stack = self._frames()
         frame = stack[0] if stack else None
         code = _source_line(frame)
+        if self.retain and name != "__bool__":
+            return func(*args, **kwargs)  # real values: nothing to assume
         if name == "__bool__":
-            take = self.decisions[len(self.branches_taken)] if len(self.branches_taken) < len(self.decisions) else True
+            if len(self.branches_taken) < len(self.decisions):
+                take = self.decisions[len(self.branches_taken)]
+            elif self.retain:
+                take = bool(func(*args, **kwargs))
+            else:
+                take = True
             self.branches_taken.append(take)
             self.graph.breaks.append(GraphBreak(
                 file=frame.file if frame else "", line=frame.line if frame else 0, code=code,
@@ -406,6 +420,20 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     return []
+
+
+def _expression_at(frame) -> str:
+    """The source text of the expression the frame is evaluating right now (one line only)."""
+    try:
+        positions = list(frame.f_code.co_positions())
+        line, end_line, col, end_col = positions[frame.f_lasti // 2]
+    except (IndexError, ValueError, TypeError):
+        return ""
+    if line is None or line != end_line or col is None or end_col is None:
+        return ""
+    import linecache
+
+    return linecache.getline(frame.f_code.co_filename, line)[col:end_col]
 
 
 def _source_line(frame: Frame | None) -> str:
@@ -741,18 +769,20 @@ class Trace:
     graph: Graph
     complete: bool  # False when a data-dependent value stopped the trace early
     branches: list[bool]  # the branch taken at each data-dependent `if`
+    values: dict[int, torch.Tensor] | None = None  # node id -> value, when traced on real tensors
 
 
 def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
-          user_code: UserCode, decisions: Sequence[bool] = ()) -> Trace:
-    """Run `model(*inputs)` on meta tensors and record the graph."""
+          user_code: UserCode, decisions: Sequence[bool] = (), real: bool = False) -> Trace:
+    """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`)
+    keeping every value, for validation."""
     sources: dict[int, tuple[str, str]] = {}
     for name, p in model.named_parameters(remove_duplicate=True):
         sources.setdefault(id(p), ("param", name))
     for name, b in model.named_buffers(remove_duplicate=True):
         sources.setdefault(id(b), ("buffer", name))
     module_paths = {id(m): name for name, m in model.named_modules()}
-    recorder = Recorder(user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions)
+    recorder = Recorder(user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions, retain=real)
     for tensor, name in zip(inputs, input_names):
         recorder.add_input(tensor, name)
 
@@ -771,7 +801,8 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
     post = module_hooks.register_module_forward_hook(pop, always_call=True)
     complete = True
     try:
-        with _without_dynamo_import(), torch.no_grad(), torch.device("meta"), recorder:
+        device = contextlib.nullcontext() if real else torch.device("meta")
+        with _without_dynamo_import(), torch.no_grad(), device, recorder:
             try:
                 out = model(*inputs)
             except _StopTrace:
@@ -787,7 +818,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
     finally:
         pre.remove()
         post.remove()
-    return Trace(recorder.graph, complete, recorder.branches_taken)
+    return Trace(recorder.graph, complete, recorder.branches_taken, recorder.values if real else None)
 
 
 def _failure_frame(exc: BaseException, user_code: UserCode) -> Frame | None:

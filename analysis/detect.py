@@ -265,9 +265,16 @@ def _legal(graph: Graph, reach: _Reach, planner: Planner, members: set[int]) -> 
 
 def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:
     node = graph[node_id]
-    neighbours = [graph[i] for i in node.inputs] + [graph[u] for u in graph.users(node_id)]
+    neighbours = [graph[graph.view_root(i)] for i in node.inputs] + [graph[u] for u in _users_through_free(graph, node_id)]
     barriers = [n for n in neighbours if n.cls is OpClass.OPAQUE and n.op != "output"]
     if barriers:
         names = ", ".join(sorted({describe(n) for n in barriers}))
         return "no-neighbour", f"{describe(node)} sits between ops that cannot be fused ({names}); nothing to fuse it with"
     return "no-neighbour", f"{describe(node)} has no adjacent fusable op"
+
+
+def _users_through_free(graph: Graph, node_id: int) -> list[int]:
+    out = []
+    for u in graph.users(node_id):
+        out += _users_through_free(graph, u) if graph[u].cls.free else [u]
+    return out

@@ -83,6 +83,7 @@ class Node:
     name: str = ""  # for sources: the input/parameter name ("x", "proj1.weight")
     operand_names: dict[int, str] = field(default_factory=dict)  # operand id -> the caller's name for it
     owner: str = ""  # module path of `self` in the calling frame ("blocks.3"), "" for the root
+    expr: str = ""  # for views of a named value: the source text that made it ("e[:, :, None]")
 
     @property
     def refs(self) -> list[Ref]:

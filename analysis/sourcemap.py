@@ -76,26 +76,56 @@ def _statement_blocks(fn: ast.AST):
             yield handler.body
 
 
+@dataclass
+class Place:
+    """Where a group of ops shows up: the innermost call all of them happen inside."""
+
+    file: str
+    function: str
+    invocation: int
+    lines: tuple[int, int]
+    innermost: bool  # every op is called directly from that function (no helper calls in between)
+    functions: list[str]  # the functions the ops are called from directly
+
+
+def common_place(graph: Graph, node_ids: list[int]) -> Place | None:
+    stacks = [graph[i].stack for i in node_ids if graph[i].stack]
+    if not stacks:
+        return None
+    shared = {f.invocation for f in stacks[0]}
+    for stack in stacks[1:]:
+        shared &= {f.invocation for f in stack}
+    if not shared:
+        return None
+    invocation = next(f.invocation for f in stacks[0] if f.invocation in shared)
+    frames = [next(f for f in stack if f.invocation == invocation) for stack in stacks]
+    lines = [f.line for f in frames]
+    direct = sorted({stack[0].function for stack in stacks})
+    return Place(frames[0].file, frames[0].function, invocation, (min(lines), max(lines)),
+                 all(stack[0].invocation == invocation for stack in stacks), direct)
+
+
 def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: list[int], outputs: list[int],
                 source: SourceIndex | None) -> Mapping:
-    frames = [graph[i].source for i in compute if graph[i].source]
-    if not frames:
-        return Mapping("unavailable", "no op of this cluster was called from your code")
-    files = {f.file for f in frames}
-    lines = [f.line for f in frames]
-    first_frame = min(frames, key=lambda f: f.line)
-    file = first_frame.file
-    base = Mapping("pointer", "", file, first_frame.function, (min(lines), max(lines)))
-    if len(files) > 1:
-        return _with(base, "its ops are spread over several files")
-    if len({(f.function, f.invocation) for f in frames}) > 1:
-        functions = sorted({f.function for f in frames})
-        if len(functions) > 1:
-            return _with(base, f"its ops come from several functions ({', '.join(functions)})")
-        return _with(base, f"its ops come from different calls of {functions[0]} (for example two layers)")
+    place = common_place(graph, compute)
+    if place is None:
+        located = [graph[i].source for i in compute if graph[i].source]
+        if not located:
+            return Mapping("unavailable", "no op of this cluster was called from your code")
+        first = min(located, key=lambda f: f.line)
+        return Mapping("pointer", "its ops are not called from one place in your code", first.file, first.function,
+                       (first.line, first.line))
+    base = Mapping("pointer", "", place.file, place.function, place.lines)
+    if not place.innermost:
+        if len(place.functions) > 1:
+            return _with(base, f"its ops come from several functions ({', '.join(place.functions)}); "
+                               f"shown where {place.function} calls them")
+        return _with(base, f"its ops come from different calls of {place.functions[0]} (for example two layers); "
+                           f"shown where {place.function} makes those calls")
+    file = place.file
     if source is None or os.path.abspath(file) != source.path:
         return _with(base, f"its code is in {os.path.basename(file)}, not in this file")
-    fn = source.function_at(base.lines[0], first_frame.function)
+    fn = source.function_at(base.lines[0], place.function)
     if fn is None:
         return _with(base, "the function holding it could not be found in the source")
     block = _enclosing_block(fn, base.lines)
@@ -104,8 +134,8 @@ def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: lis
     statements, start, end = block
     base.lines = (start, end)
     base.indent = _indent(source.line_text(start))
-    invocation = first_frame.invocation
-    intruder = _intruder(graph, members, file, invocation, start, end)
+    invocation = place.invocation
+    intruder = _intruder(graph, members, inputs, file, invocation, start, end)
     if intruder is not None:
         return _with(base, f"line {intruder.line} also runs `{intruder.op}`, which is not part of the cluster")
     names_in = _input_names(graph, compute, members, inputs)
@@ -115,9 +145,9 @@ def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: lis
     base.input_names = names_in
     stored = _stored_names(statements)
     for name in names_in:
-        root = name.split(".")[0]
-        if root in stored and _assigned_before_use(statements, root):
-            return _with(base, f"`{name}` is reassigned before the cluster reads it")
+        for root in _names_in(name):
+            if root in stored and _assigned_before_use(statements, root):
+                return _with(base, f"`{root}` is reassigned before the cluster reads it")
     last = statements[-1]
     if isinstance(last, ast.Return):
         if len(outputs) != 1 or not _returned(graph, outputs[0], last):
@@ -140,6 +170,7 @@ def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: lis
     base.quality = "exact"
     base.detail = "the lines can be replaced by one kernel call"
     return base
+
 
 
 def _with(mapping: Mapping, detail: str) -> Mapping:
@@ -170,10 +201,13 @@ def _enclosing_block(fn: ast.AST, lines: tuple[int, int]):
     return None
 
 
-def _intruder(graph: Graph, members: set[int], file: str, invocation: int, start: int, end: int) -> Node | None:
+def _intruder(graph: Graph, members: set[int], inputs: list[int], file: str, invocation: int,
+              start: int, end: int) -> Node | None:
     for node in graph:
         if node.id in members or node.source is None or node.cls is OpClass.SOURCE:
             continue
+        if node.id in inputs and node.cls is OpClass.VIEW and node.expr:
+            continue  # an inline view of a named value (`e[:, :, None, None]`): passed as an argument
         if node.cls is OpClass.IDENTITY and node.op in ("dropout", "to_same", "detach", "contiguous", "alias"):
             continue  # moves nothing: replacing its line loses nothing
         src = node.source
@@ -191,8 +225,18 @@ def _input_names(graph: Graph, compute: list[int], members: set[int], inputs: li
             if value in node.inputs and value in node.operand_names:
                 name = node.operand_names[value]
                 break
+        if name is None and graph[value].cls is OpClass.VIEW and graph[value].expr:
+            name = graph[value].expr
         names.append(name)
     return names
+
+
+def _names_in(expression: str) -> set[str]:
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return {expression}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _output_names(graph: Graph, members: set[int], outputs: list[int]) -> list[str | None]:

@@ -319,7 +319,8 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
         cols = " * ".join(f"d{i}" for i in range(k_rows, n)) or "1"
         body.append(f"R = {rows}")
         body.append(f"C = {cols}")
-    body.append("if R == 0 or C == 0:")
+    meta = f"{input_names[0]}.device.type == 'meta' or " if input_names else ""
+    body.append(f"if {meta}R == 0 or C == 0:  # shapes only (re-analysis) or nothing to do")
     body.append("    return " + _returns(plan))
     big = " or ".join([f"{a}.numel() >= 2**31" for a in input_names] + [f"out{k}.numel() >= 2**31" for k in range(len(plan.outputs))])
     body.append(f"index_64 = {big}")

@@ -280,11 +280,21 @@ def _findings(model: R.Model, paths, source, profile) -> list[_Found]:
     groups = group_repeats(found, _signature)
     model.clusters = [_cluster(group, profile) for group in groups]
     model.rejections = [_rejection(group) for group in group_repeats(rejected, _rejection_signature)]
-    model.patterns = [_pattern(group) for group in group_repeats(matches, _pattern_signature)]
+    pattern_groups = group_repeats(matches, _pattern_signature)
+    model.patterns = [_pattern(group) for group in pattern_groups]
+    # Which clusters each pattern overlaps, by op identity within the same trace.
+    for pattern, group in zip(model.patterns, pattern_groups):
+        graph, match, _ = group[0]
+        pattern.clusters = [str(i) for i, f in enumerate(found_first(groups))
+                            if f.graph is graph and set(f.plan.compute) & set(match.nodes)]
     model.totals.clusters = len(model.clusters)
     saved = [c.bytes_saved * c.multiplicity for c in model.clusters if c.bytes_saved is not None and not c.branch]
     model.totals.bytes_avoidable = sum(saved)
     return [group[0] for group in groups]
+
+
+def found_first(groups: list[list[_Found]]) -> list[_Found]:
+    return [g[0] for g in groups]
 
 
 def _signature(f: _Found):
@@ -309,9 +319,7 @@ def _cluster(group: list[_Found], profile: cost.DeviceProfile) -> R.Cluster:
     names_out = mapping.output_names or [None] * len(plan.outputs)
     outputs = [R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
                for k, o in enumerate(plan.outputs)]
-    lines = [min(op.line for op in ops), max(op.line for op in ops)]
-    if mapping.quality == "exact":
-        lines = list(mapping.lines)
+    lines = list(mapping.lines) if mapping.lines != (0, 0) else [min(op.line for op in ops), max(op.line for op in ops)]
     boundaries = []
     for split in first.splits:
         node = g[split.node]
@@ -357,8 +365,9 @@ def _pattern_signature(item):
 def _pattern(group) -> R.Pattern:
     graph, m, _ = group[0]
     ops = [_op_ref(graph[i]) for i in m.nodes]
-    lines = [o.line for o in ops if o.line]
-    return R.Pattern(m.name, ops, ops[0].file if ops else "", [min(lines), max(lines)] if lines else [0, 0],
+    place = sourcemap.common_place(graph, m.nodes)
+    lines = list(place.lines) if place else [0, 0]
+    return R.Pattern(m.name, ops, place.file if place else (ops[0].file if ops else ""), lines,
                      R.PatternEstimate(m.bytes_before, m.bytes_after, m.speedup), dict(m.dims),
                      multiplicity=len(group), summary=m.summary)
 
@@ -393,14 +402,8 @@ def _generate(report: R.Report, found: list[list[_Found]], source: sourcemap.Sou
                 call = sourcemap.replacement(instance.mapping, name, args)
                 cluster.edit = R.Edit(cluster.lines[0], cluster.lines[1], call + "\n",
                                       edits_mod.import_statement(report.file, module_path, [name]), call.strip())
-        _link_patterns(model)
-
-
-def _link_patterns(model: R.Model) -> None:
-    """Name the clusters each pattern overlaps, now that clusters have ids."""
-    by_op = {(op.file, op.line, op.target): c.id for c in model.clusters for op in c.ops}
-    for p in model.patterns:
-        p.clusters = sorted({by_op[k] for k in ((o.file, o.line, o.target) for o in p.ops) if k in by_op})
+        for pattern in model.patterns:  # indexes into model.clusters become cluster ids
+            pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
 
 
 def _launcher_params(cluster: R.Cluster) -> list[str]:

@@ -1,0 +1,85 @@
+"""`fuselens validate`: check kernels against eager and print one row per cluster."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from fuselens.validate.results import ValidationReport
+
+
+def run_validate(args, analyze_options) -> int:
+    from fuselens.validate.runner import ValidateOptions, validate_file
+
+    console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(width=160)
+    options = ValidateOptions(interpret=args.interpret, clusters=args.cluster, benchmark=args.benchmark)
+
+    def progress(message: str, fraction=None) -> None:
+        console.print(f"[dim]… {message}[/]")
+
+    report = validate_file(args.file, analyze_options, options, progress)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report.to_dict(), fh, indent=2)
+            fh.write("\n")
+    render_validation(report, console)
+    return 0 if report.ok else 1
+
+
+def _err(value) -> str:
+    return "—" if value is None else f"{value:.2e}"
+
+
+def render_validation(report: ValidationReport, console: Console) -> None:
+    for problem in report.problems:
+        console.print(f"[bold red]error[/] {problem}")
+    where = "Triton interpreter on CPU" if report.mode == "interpret" else report.device
+    for model in report.models:
+        shapes = ", ".join(f"({', '.join(map(str, s))}) {d}" for s, d in zip(model.inputs, model.dtypes))
+        console.print(f"[bold]{model.name}[/] validated at {shapes} · {where}")
+        table = Table(show_edge=True, header_style="bold")
+        for col in ("cluster", "kernel", "status", "instances", "max |err|", "max rel", "tolerance", "note"):
+            table.add_column(col)
+        timed = any(c.timing for c in model.clusters)
+        if timed:
+            for col in ("eager µs", "compile µs", "fused µs", "GB/s", "% peak", "vs eager", "vs compile"):
+                table.add_column(col, justify="right")
+        for c in model.clusters:
+            style = {"verified": "green", "not-reached": "yellow"}.get(c.status, "bold red")
+            row = [c.id, c.kernel, f"[{style}]{c.status}[/]", str(c.instances), _err(c.max_abs), _err(c.max_rel),
+                   f"{c.atol:g}/{c.rtol:g}" if c.atol is not None else "—", c.message]
+            if timed:
+                t = c.timing
+                row += ["—"] * 7 if t is None else [
+                    _num(t.eager_us), _num(t.compiled_us), _num(t.fused_us), _num(t.achieved_gbps, 0),
+                    _num(t.pct_of_peak, 0), _x(t.speedup_vs_eager), _x(t.speedup_vs_compiled)]
+            table.add_row(*row)
+        console.print(table)
+        m = model.model
+        if m is not None:
+            style = {"matches": "green", "skipped": "yellow"}.get(m.status, "bold red")
+            detail = f"max |err| {_err(m.max_abs)}" if m.max_abs is not None else m.message
+            applied = ", ".join(m.applied) or "none"
+            console.print(f"  whole model with {applied} applied: [{style}]{m.status}[/] {detail}")
+            if m.speedup:
+                console.print(f"  whole-model speedup: {m.speedup:.2f}×")
+        console.print()
+    if not report.models and not report.problems:
+        console.print("no clusters to validate")
+
+
+def _num(value, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _x(value) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+if __name__ == "__main__":
+    sys.exit(1)

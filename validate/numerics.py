@@ -1,0 +1,72 @@
+"""Comparing a kernel's outputs with eager: per-dtype tolerances, NaN/Inf aware."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# (atol, rtol) per output dtype.  The kernels compute in fp32 without rounding each
+# intermediate to a narrow dtype, so fp16/bf16 differ from eager by a few ulps.
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (2e-3, 1e-2),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    message: str = ""
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+_WIDTH = {torch.float64: 64, torch.float32: 32, torch.float16: 16, torch.bfloat16: 16}
+
+
+def narrowest(dtypes) -> torch.dtype | None:
+    """The float dtype with the fewest mantissa bits among `dtypes` (bf16 < fp16 < fp32 < fp64)."""
+    floats = [d for d in dtypes if d in _WIDTH]
+    if not floats:
+        return None
+    return min(floats, key=lambda d: (_WIDTH[d], d != torch.bfloat16))
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype | None = None) -> Comparison:
+    """Compare within the tolerance of `precision`: the narrowest float type the values
+    passed through (a bf16 cast inside an fp32 computation rounds like bf16)."""
+    atol, rtol = tolerance(narrowest([expected.dtype, precision]) if precision else expected.dtype)
+    if actual.shape != expected.shape:
+        return Comparison(False, float("inf"), float("inf"), atol, rtol,
+                          f"shape {list(actual.shape)} instead of {list(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        return Comparison(False, float("inf"), float("inf"), atol, rtol,
+                          f"dtype {actual.dtype} instead of {expected.dtype}")
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if a.numel() == 0:
+        return Comparison(True, 0.0, 0.0, atol, rtol)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        bad = int((nan_a != nan_e).sum())
+        return Comparison(False, float("nan"), float("nan"), atol, rtol, f"{bad} element(s) NaN in one and not the other")
+    inf_a, inf_e = torch.isinf(a), torch.isinf(e)
+    if not torch.equal(inf_a, inf_e) or not torch.equal(a[inf_a], e[inf_e]):
+        return Comparison(False, float("inf"), float("inf"), atol, rtol, "infinities differ")
+    finite = ~(nan_e | inf_e)
+    diff = (a - e).abs()[finite]
+    ref = e.abs()[finite]
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_rel = float((diff / ref.clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    ok = bool((diff <= atol + rtol * ref).all())
+    message = "" if ok else f"max |error| {max_abs:.3g} exceeds atol {atol:g} + rtol {rtol:g}·|expected|"
+    return Comparison(ok, max_abs, max_rel, atol, rtol, message)

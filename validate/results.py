@@ -1,0 +1,82 @@
+"""Validation results: plain data, printed by the CLI, sent to the editor, written as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+VALIDATION_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Timing:
+    """GPU timings of one cluster, microseconds (CUDA-graph replay unless noted)."""
+
+    eager_us: float | None = None
+    compiled_us: float | None = None  # torch.compile (Inductor) of the same ops
+    fused_us: float | None = None  # the generated kernel
+    fused_launch_us: float | None = None  # the generated kernel through its Python launcher, no graph
+    eager_launch_us: float | None = None
+    compiled_launch_us: float | None = None
+    bytes_fused: int | None = None
+    achieved_gbps: float | None = None
+    peak_gbps: float | None = None
+    pct_of_peak: float | None = None
+    speedup_vs_eager: float | None = None
+    speedup_vs_compiled: float | None = None
+
+
+@dataclass
+class ClusterCheck:
+    id: str
+    kernel: str
+    status: str  # "verified" | "mismatch" | "error" | "not-reached"
+    instances: int = 0
+    shapes: list[list[int]] = field(default_factory=list)  # input shapes it ran at
+    max_abs: float | None = None
+    max_rel: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    message: str = ""
+    timing: Timing | None = None
+
+
+@dataclass
+class ModelCheck:
+    status: str  # "matches" | "mismatch" | "error" | "skipped"
+    applied: list[str] = field(default_factory=list)  # cluster ids patched in
+    max_abs: float | None = None
+    max_rel: float | None = None
+    message: str = ""
+    speedup: float | None = None  # whole forward, eager vs patched (GPU only)
+
+
+@dataclass
+class ModelValidation:
+    name: str
+    inputs: list[list[int]]  # shapes validated at
+    dtypes: list[str]
+    clusters: list[ClusterCheck] = field(default_factory=list)
+    model: ModelCheck | None = None
+
+
+@dataclass
+class ValidationReport:
+    file: str
+    mode: str  # "interpret" (Triton interpreter on CPU) | "cuda"
+    device: str
+    models: list[ModelValidation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    schema_version: int = VALIDATION_SCHEMA_VERSION
+
+    @property
+    def ok(self) -> bool:
+        checks = [c for m in self.models for c in m.clusters]
+        models = [m.model for m in self.models if m.model]
+        return not self.problems and all(c.status in ("verified", "not-reached") for c in checks) and all(
+            m.status in ("matches", "skipped") for m in models)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
