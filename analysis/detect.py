@@ -139,7 +139,11 @@ def detect(graph: Graph, planner: Planner) -> Detection:
             clusters.append(group)
             continue
         only = compute[0]
-        reason, detail = failed_join.get(only, ("", ""))
+        # Why it stayed alone: a neighbour's refused join into it, its own refused join, or no neighbour.
+        if group.splits:
+            reason, detail = group.splits[0].reason, group.splits[0].detail
+        else:
+            reason, detail = failed_join.get(only, ("", ""))
         if not reason:
             reason, detail = _why_alone(graph, only)
         rejected.append(Rejected(only, reason, detail))

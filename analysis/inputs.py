@@ -59,7 +59,7 @@ def canonical_dtype(name: str, where: str) -> str:
 
 
 def parse_shape(text: str, where: str) -> list[int]:
-    parts = [p for p in re.split(r"[,x× ]+", text.strip().strip("()[]")) if p]
+    parts = [p for p in re.split(r"[,\s]+|(?<=\d)[x×](?=\d)", text.strip().strip("()[]")) if p]
     try:
         shape = [int(p) for p in parts]
     except ValueError:
@@ -158,7 +158,7 @@ def _int_list(value: list, where: str) -> list[int]:
 
 _INLINE = re.compile(r"#\s*fuselens:\s*(?P<body>.*)$")
 _INPUT = re.compile(r"input\s*=\s*\(\s*(?P<shape>[^)]*)\)\s*(?P<dtype>[A-Za-z_.][\w.]*)?")
-_INIT = re.compile(r"init\s*=\s*\((?P<body>[^)]*)\)")
+_INIT = re.compile(r"init\s*=\s*\(")
 
 
 def from_comment(line: str, where: str) -> ModelConfig:
@@ -170,9 +170,12 @@ def from_comment(line: str, where: str) -> ModelConfig:
     body = match.group("body")
     init = _INIT.search(body)
     if init:
-        config.init = _literal_kwargs(init.group("body"), where)
+        end = _closing_paren(body, init.end() - 1)
+        if end < 0:
+            raise InputSpecError(f"{where}: init=( has no closing parenthesis")
+        config.init = _literal_kwargs(body[init.end():end], where)
         config.init_source = where
-        body = body[: init.start()] + body[init.end():]
+        body = body[: init.start()] + body[end + 1:]
     specs = []
     for m in _INPUT.finditer(body):
         dtype = m.group("dtype") or "float32"
@@ -183,6 +186,15 @@ def from_comment(line: str, where: str) -> ModelConfig:
     elif "input" in body:
         raise InputSpecError(f"{where}: write inputs as input=(16384, 1024) float32")
     return config
+
+
+def _closing_paren(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return -1
 
 
 def _literal_kwargs(text: str, where: str) -> dict[str, Any]:

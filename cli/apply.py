@@ -1,13 +1,16 @@
 """`fuselens apply`: write the kernel module and replace each exactly-mapped cluster's lines.
 
 The edits are computed from the text that was analysed; if the file changes on disk
-before we write (an editor saved, say), nothing is written.
+before we write (an editor saved while we asked for confirmation, say), nothing is
+written.  Clusters whose mapping is not exact are never touched.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+from dataclasses import dataclass, field
+from typing import Callable
 
 from rich.console import Console
 from rich.syntax import Syntax
@@ -15,46 +18,79 @@ from rich.syntax import Syntax
 from fuselens.codegen import edits as edits_mod
 
 
-def run_apply(args, analyze_options) -> int:
+@dataclass
+class ApplyResult:
+    applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "c3: mapping is pointer: ..."
+    diff: str = ""
+    module_path: str = ""
+    refused: str = ""  # why nothing was written, when something should have been
+
+
+def apply_file(path: str, analyze_options, cluster_ids: list[str] | None,
+               confirm: Callable[[ApplyResult], bool]) -> ApplyResult:
     from fuselens.worker.analyze import analyze_file, kernel_module_text
 
-    console = Console()
-    with open(args.file, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         source = fh.read()
     analyze_options.source_text = source
-    report = analyze_file(args.file, analyze_options)
-    for problem in report.problems:
-        console.print(f"[bold red]error[/] {problem.file}:{problem.line} {problem.message}")
+    report = analyze_file(path, analyze_options)
+    result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
     if report.problems:
-        return 1
-    wanted = args.cluster
-    exact = [c for _, c in report.clusters() if c.edit and (not wanted or c.id in wanted)]
-    skipped = [c for _, c in report.clusters() if c.edit is None and (not wanted or c.id in wanted)]
-    for c in skipped:
-        console.print(f"[yellow]skip[/] {c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}")
+        result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
+        return result
+    wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
+    exact = [c for c in wanted if c.edit is not None]
+    result.skipped = [f"{c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}" for c in wanted
+                      if c.edit is None]
+    if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
+        result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
+        return result
     if not exact:
-        console.print("nothing to apply: no cluster maps exactly onto its lines")
-        return 1 if wanted else 0
+        return result
     new_source = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, report, [c.id for c in exact]))
-    module_path = edits_mod.kernel_module_path(args.file, args.out_dir)
-    rel = os.path.relpath(args.file)
-    diff = "".join(difflib.unified_diff(source.splitlines(True), new_source.splitlines(True), rel, rel))
-    console.print(Syntax(diff, "diff", theme="ansi_dark"))
-    console.print(f"kernel module: {os.path.relpath(module_path)} ({len([c for _, c in report.clusters() if c.kernel])} kernels)")
-    if not args.yes:
-        answer = input("apply these edits? [y/N] ").strip().lower()
-        if answer not in ("y", "yes"):
-            console.print("nothing written")
-            return 1
-    with open(args.file, encoding="utf-8") as fh:
+    rel = os.path.relpath(path)
+    result.diff = "".join(difflib.unified_diff(source.splitlines(True), new_source.splitlines(True), rel, rel))
+    if not confirm(result):
+        result.refused = "not confirmed"
+        return result
+    with open(path, encoding="utf-8") as fh:
         if fh.read() != source:
-            console.print(f"[bold red]refused[/]: {rel} changed on disk since it was analysed; run apply again")
-            return 1
-    with open(module_path, "w", encoding="utf-8") as fh:
-        fh.write(kernel_module_text(report))
-    tmp = args.file + ".fuselens-tmp"
+            result.refused = f"{rel} changed on disk since it was analysed; nothing was written"
+            return result
+    existing = None
+    if os.path.exists(result.module_path):
+        with open(result.module_path, encoding="utf-8") as fh:
+            existing = fh.read()
+    with open(result.module_path, "w", encoding="utf-8") as fh:
+        fh.write(kernel_module_text(report, existing))
+    tmp = path + ".fuselens-tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(new_source)
-    os.replace(tmp, args.file)
-    console.print(f"applied {', '.join(c.id for c in exact)} to {rel}")
+    os.replace(tmp, path)
+    result.applied = [c.id for c in exact]
+    return result
+
+
+def run_apply(args, analyze_options) -> int:
+    console = Console()
+
+    def confirm(result: ApplyResult) -> bool:
+        console.print(Syntax(result.diff, "diff", theme="ansi_dark"))
+        console.print(f"kernel module: {os.path.relpath(result.module_path)}")
+        if args.yes:
+            return True
+        return input("apply these edits? [y/N] ").strip().lower() in ("y", "yes")
+
+    result = apply_file(args.file, analyze_options, args.cluster, confirm)
+    for line in result.skipped:
+        console.print(f"[yellow]skip[/] {line}")
+    if result.refused:
+        console.print(f"[bold red]refused[/]: {result.refused}")
+        return 1
+    if not result.applied:
+        console.print("nothing to apply: no cluster maps exactly onto its lines")
+        return 0
+    console.print(f"applied {', '.join(result.applied)} to {os.path.relpath(args.file)}; "
+                  f"kernels in {os.path.relpath(result.module_path)}")
     return 0

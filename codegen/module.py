@@ -1,13 +1,20 @@
 """The generated kernel module: header, shared helpers, then one section per cluster.
 
 Generation is text only (triton is never imported here), so the language server can
-assemble a module from the kernel sources carried in a report.
+assemble a module from the kernel sources carried in a report.  Each cluster's section
+starts with a marker line, so re-applying merges into an existing module: sections the
+user's code still calls are kept, sections regenerated are replaced.
 """
 
 from __future__ import annotations
 
+import re
+
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW
-from .lowering import HELPERS
+from .lowering import HELPERS, helpers_used
+
+MARKER = "# ---- fused kernel: "
+_MARKER_RE = re.compile(r"^# ---- fused kernel: (\w+)", re.M)
 
 TILES = f'''
 def _next_pow2(n):
@@ -41,13 +48,32 @@ def module_header(source_name: str) -> str:
     )
 
 
-def render_module(source_name: str, sections: list[tuple[str, list[str]]]) -> str:
-    """`sections` is [(kernel source text, helper names it uses)], in cluster order."""
+def section(name: str, summary: str, text: str) -> str:
+    return f"{MARKER}{name}: {summary}\n\n{text.rstrip()}\n"
+
+
+def existing_sections(module_text: str) -> dict[str, str]:
+    """name -> section text of a module written by `render_module`."""
+    marks = list(_MARKER_RE.finditer(module_text))
+    out = {}
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(module_text)
+        out[m.group(1)] = module_text[m.start():end].rstrip() + "\n"
+    return out
+
+
+def render_module(source_name: str, sections: dict[str, str]) -> str:
+    """A whole module from {name: section text}, sections in natural name order."""
+    ordered = [sections[k] for k in sorted(sections, key=_natural)]
     helpers: list[str] = []
-    for _, used in sections:
-        helpers += [h for h in used if h not in helpers]
+    for text in ordered:
+        helpers += [h for h in helpers_used(text) if h not in helpers]
     parts = [module_header(source_name)]
     parts += [HELPERS[h] for h in helpers]
     parts.append(TILES.strip("\n") + "\n")
-    parts += [text.rstrip("\n") + "\n" for text, _ in sections]
-    return "\n\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+    parts += ordered
+    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]

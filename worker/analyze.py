@@ -379,12 +379,15 @@ def _generate(report: R.Report, found: list[list[_Found]], source: sourcemap.Sou
               options: AnalyzeOptions) -> None:
     """Number the clusters of the file, emit each kernel, and attach exact call-site edits."""
     module_path = edits_mod.kernel_module_path(report.file, options.out_dir)
+    taken = _kernel_names_in_use(source.text, module_path)
     n = 0
     for model, model_found in zip(report.models, found):
         if model.status != "analysed":
             continue
         model.kernel_module = os.path.basename(module_path)
         for cluster, instance in zip(model.clusters, model_found):
+            while f"cluster{n}" in taken:  # names the file already calls keep their kernels
+                n += 1
             cluster.id = f"c{n}"
             name = f"cluster{n}"
             n += 1
@@ -443,9 +446,27 @@ def _comments(found: _Found, source: sourcemap.SourceIndex, params: list[str]) -
     return comments
 
 
-def kernel_module_text(report: R.Report) -> str:
-    from fuselens.codegen.module import render_module
-    from fuselens.codegen.lowering import helpers_used
+def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
+    """clusterN names the file already imports from its kernel module: they keep their kernels."""
+    module = os.path.splitext(os.path.basename(module_path))[0]
+    names: set[str] = set()
+    try:
+        tree = ast.parse(source_text)
+    except SyntaxError:
+        tree = None
+    for node in ast.walk(tree) if tree else []:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == module:
+            names |= {a.name for a in node.names}
+    return names
 
-    sections = [(c.kernel.source, helpers_used(c.kernel.source)) for _, c in report.clusters() if c.kernel]
+
+def kernel_module_text(report: R.Report, existing: str | None = None) -> str:
+    """The kernel module for `report`, keeping the sections of `existing` it does not replace."""
+    from fuselens.codegen.module import existing_sections, render_module, section
+
+    sections = existing_sections(existing) if existing else {}
+    for _, c in report.clusters():
+        if c.kernel:
+            where = f"{os.path.basename(c.file)} lines {c.lines[0]}–{c.lines[1]}"
+            sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", c.kernel.source)
     return render_module(os.path.basename(report.file), sections)

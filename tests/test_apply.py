@@ -1,0 +1,109 @@
+"""`fuselens apply`: the patched model computes what the original did, and nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fuselens.cli.apply import apply_file
+from fuselens.worker.analyze import AnalyzeOptions
+
+from conftest import EXAMPLES
+
+CASES = [  # example, class, small inputs for the numerical check, constructor kwargs
+    ("example_net.py", "ExampleNet", "[torch.randn(48, 1024)]", "{}"),
+    ("llama_block.py", "LlamaBlock", "[torch.randn(1, 24, 1024).bfloat16()]", "{}"),
+    ("conv_block.py", "ResBlock", "[torch.randn(2, 128, 6, 10), torch.randn(2, 512)]", "{}"),
+    ("branchy.py", "GatedNet", "[torch.randn(40, 1024)]", "{}"),
+]
+
+CHECK = textwrap.dedent('''
+    import importlib.util, os, sys, torch
+    os.environ["TRITON_INTERPRET"] = "1"
+    def load(path, name):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    original, patched = load(sys.argv[1], "original"), load(sys.argv[2], "patched")
+    torch.manual_seed(0)
+    inputs = {inputs}
+    a = getattr(original, "{cls}")(**{init}).eval()
+    b = getattr(patched, "{cls}")(**{init}).eval()
+    b.load_state_dict(a.state_dict())
+    if a.__class__.__name__ == "LlamaBlock":
+        a, b = a.bfloat16(), b.bfloat16()
+    with torch.no_grad():
+        want, got = a(*inputs), b(*inputs)
+    tol = 2e-2 if want.dtype == torch.bfloat16 or "Llama" in "{cls}" else 1e-4
+    err = (got.float() - want.float()).abs().max().item()
+    print("max_err", err)
+    assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), err
+''')
+
+
+@pytest.mark.parametrize("name, cls, inputs, init", CASES)
+def test_apply_then_run_matches_the_original(tmp_path, name, cls, inputs, init):
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(os.path.join(EXAMPLES, name), work / name)
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), work / "pyproject.toml")
+    original = tmp_path / f"original_{name}"
+    shutil.copy(os.path.join(EXAMPLES, name), original)
+    cli = [sys.executable, "-m", "fuselens.cli.main", "apply", str(work / name), "--yes"]
+    done = subprocess.run(cli, capture_output=True, text=True, cwd=work)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "applied" in done.stdout
+    patched = (work / name).read_text()
+    module = work / name.replace(".py", "_kernels.py")
+    assert module.exists() and "@triton.jit" in module.read_text()
+    assert "import cluster" in patched and patched != original.read_text()
+    check = CHECK.format(inputs=inputs, cls=cls, init=init)
+    run = subprocess.run([sys.executable, "-c", check, str(original), str(work / name)],
+                         capture_output=True, text=True, cwd=work)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_apply_refuses_when_the_file_changes_before_writing(tmp_path):
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+
+    def user_edits_meanwhile(result):
+        path.write_text(path.read_text() + "\n# typed while the prompt was open\n")
+        return True
+
+    result = apply_file(str(path), AnalyzeOptions(), None, user_edits_meanwhile)
+    assert result.refused and "changed on disk" in result.refused
+    assert path.read_text().endswith("# typed while the prompt was open\n")  # the user's text survives
+    assert not os.path.exists(tmp_path / "example_net_kernels.py")
+
+
+def test_apply_never_touches_clusters_that_are_not_exact(tmp_path):
+    path = tmp_path / "gpt.py"
+    shutil.copy(os.path.join(EXAMPLES, "gpt.py"), path)
+    before = path.read_text()
+    result = apply_file(str(path), AnalyzeOptions(input_shapes=["2,64"], dtypes=["int64"]), None, lambda r: True)
+    assert not result.applied and result.skipped
+    assert all("mapping is pointer" in s for s in result.skipped)
+    assert path.read_text() == before
+
+
+def test_applying_one_cluster_then_another_merges_the_import(tmp_path):
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+    first = apply_file(str(path), AnalyzeOptions(), ["c1"], lambda r: True)
+    assert first.applied == ["c1"]
+    text = path.read_text()
+    assert "from example_net_kernels import cluster1" in text and "x = cluster1(x)" in text
+    second = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    text = path.read_text()
+    assert second.applied == ["c0", "c2"]  # cluster1 keeps its name and its kernel
+    assert "from example_net_kernels import cluster0, cluster1, cluster2" in text
+    module = (tmp_path / "example_net_kernels.py").read_text()
+    assert "fused kernel: cluster1: gelu → sigmoid → mul" in module
+    assert "fused kernel: cluster2: tanh → mul → softmax" in module

@@ -1,0 +1,168 @@
+"""Capture: a forward pass on meta tensors becomes a graph with source lines, shapes and names."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from fuselens.analysis import capture, loader
+from fuselens.analysis.inputs import InputSpec
+from fuselens.analysis.ops import OpClass
+
+from conftest import example
+
+
+def _trace(path: str, cls: str, specs: list[InputSpec], **kw):
+    user = capture.UserCode()
+    module = loader.import_file(path, user)
+    model = loader.build(loader.model_classes(module)[cls], kw.pop("init", {}), user, "").model
+    names = loader.forward_input_names(model, len(specs))
+    return capture.trace(model, loader.meta_inputs(specs), names, user, **kw)
+
+
+def _ops(graph):
+    return [n for n in graph if n.cls not in (OpClass.SOURCE,) and n.op != "output"]
+
+
+def test_ops_carry_the_users_line_not_torch_internals():
+    t = _trace(example("example_net.py"), "ExampleNet", [InputSpec([64, 1024])])
+    source = open(example("example_net.py")).read().splitlines()
+    by_op = [(n.op, source[n.line - 1].strip()) for n in _ops(t.graph)]
+    assert by_op[:3] == [("mul", "x = x * 2.0"), ("relu", "x = F.relu(x)"), ("add", "x = x + 1.0")]
+    linear = next(n for n in t.graph if n.op == "linear")
+    assert source[linear.line - 1].strip() == "x = self.proj1(x)"  # not torch/nn/modules/linear.py
+    assert linear.module == "proj1"
+
+
+def test_a_huge_input_costs_no_memory():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = _trace(example("example_net.py"), "ExampleNet", [InputSpec([65536, 4096])], init={"width": 4096})
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert t.graph[1].meta.shape == (65536, 4096)  # 1 GiB of float32 if it were real
+    assert (after - before) < 200 * 1024  # KiB
+
+
+def test_real_model_code_traces(write_model):
+    path = write_model('''
+        import torch, torch.nn as nn, torch.nn.functional as F
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("cos", torch.randn(512, 16))
+                self.emb = nn.Embedding(100, 32)
+
+            def forward(self, ids, x):
+                s = ids.shape[1]
+                h = self.emb(ids).float()
+                a, b = h.chunk(2, dim=-1)
+                q = a.view(2, s, 4, 4).transpose(1, 2).reshape(2, 4, s * 4)
+                r = b.to(torch.float16).pow(2) * self.cos[:s]
+                return q.sum(-1), r, x.split(3, dim=0)[1]
+    ''')
+    t = _trace(path, "Net", [InputSpec([2, 10], "int64"), InputSpec([9, 5])])
+    ops = [n.op for n in _ops(t.graph)]
+    assert ops[:2] == ["embedding", "getitem"]  # .float() of a float32 tensor is not an op
+    assert "pow" in ops and "sum" in ops
+    by_op = {n.op: n for n in _ops(t.graph)}
+    assert by_op["mul"].meta.shape == (2, 10, 16) and by_op["mul"].meta.dtype == "float32"
+    sliced = [n for n in t.graph if n.op == "getitem" and n.meta.shape == (10, 16)]
+    assert sliced, "self.cos[:s] is sliced by the sequence length"
+    assert by_op["cast"].meta.dtype == "float16"
+
+
+def test_data_dependent_branch_is_a_graph_break_and_both_sides_are_kept():
+    t = _trace(example("branchy.py"), "GatedNet", [InputSpec([64, 1024])])
+    assert len(t.graph.breaks) == 1
+    brk = t.graph.breaks[0]
+    assert brk.line == 19 and "if h.mean() > 0" in brk.code and "data-dependent" in brk.reason
+    pieces = {n.op: n.piece for n in _ops(t.graph)}
+    assert pieces["silu"] == 0 and pieces["sigmoid"] == 1
+    other = _trace(example("branchy.py"), "GatedNet", [InputSpec([64, 1024])], decisions=[False])
+    assert "tanh" in [n.op for n in other.graph] and "sigmoid" not in [n.op for n in other.graph]
+
+
+def test_reading_a_value_stops_the_trace_but_keeps_what_came_before(write_model):
+    path = write_model('''
+        import torch, torch.nn as nn
+
+        class Net(nn.Module):
+            def forward(self, x):
+                y = torch.relu(x) * 2
+                n = int(y.sum().item())
+                return y[:n] + 1
+    ''')
+    t = _trace(path, "Net", [InputSpec([8, 8])])
+    assert not t.complete
+    assert t.graph.breaks[-1].line == 6 and "item" in t.graph.breaks[-1].reason
+    assert [n.op for n in _ops(t.graph)][:2] == ["relu", "mul"]
+
+
+def test_free_ops_are_identities(write_model):
+    path = write_model('''
+        import torch, torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = nn.Dropout(0.5)
+                self.ident = nn.Identity()
+
+            def forward(self, x):
+                y = self.drop(x * 2).contiguous()
+                return self.ident(y).float() + 1
+    ''')
+    t = _trace(path, "Net", [InputSpec([4, 4])])
+    classes = {n.op: n.cls for n in _ops(t.graph)}
+    # eval-mode dropout, nn.Identity, contiguous() of a contiguous tensor and a same-dtype
+    # cast either return their input (nothing recorded) or are identities: none moves data
+    assert all(cls in (OpClass.IDENTITY, OpClass.BINARY) for cls in classes.values()), classes
+    assert [n.op for n in _ops(t.graph) if n.cls.absorbable] == ["mul", "add"]
+
+
+def test_inplace_ops_are_marked(write_model):
+    path = write_model('''
+        import torch, torch.nn as nn, torch.nn.functional as F
+
+        class Net(nn.Module):
+            def forward(self, x):
+                y = x * 2
+                y.add_(1)
+                F.relu(y, inplace=True)
+                return y
+    ''')
+    t = _trace(path, "Net", [InputSpec([4, 4])])
+    inplace = [n for n in t.graph if n.inplace]
+    assert [n.op for n in inplace] == ["add", "relu"]
+    assert inplace[0].params["mutates"] == next(n.id for n in t.graph if n.op == "mul")
+
+
+def test_operand_names_are_the_callers_locals():
+    t = _trace(example("llama_block.py"), "LlamaBlock", [InputSpec([1, 8, 1024], "bfloat16")])
+    mul_weight = [n for n in t.graph if n.op == "mul" and n.line == 21][-1]
+    assert "self.weight" in mul_weight.operand_names.values()
+    cast = next(n for n in t.graph if n.op == "cast")
+    assert list(cast.operand_names.values()) == ["x"]
+
+
+def test_a_failing_forward_names_the_users_line_and_cause(write_model):
+    path = write_model('''
+        import torch, torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(16, 8)
+
+            def forward(self, x):
+                h = x * 2
+                return self.proj(h)
+    ''')
+    try:
+        _trace(path, "Net", [InputSpec([4, 10])])
+    except capture.CaptureError as exc:
+        assert exc.frame.line == 10
+        assert "RuntimeError" in str(exc) and "[4, 10]" in str(exc)
+    else:
+        raise AssertionError("a shape mismatch must fail the trace")

@@ -1,0 +1,75 @@
+"""The `fuselens` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fuselens.analysis.schema import validate_report
+
+from conftest import example
+
+
+def fuselens(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fuselens.cli.main", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_analyze_prints_the_compiler_style_table():
+    done = fuselens("analyze", example("example_net.py"), "--input-shape", "16384,1024")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for expected in ("ExampleNet", "mul → relu → add", "384 MB → 128 MB", "67%", "dram-bound", "exact", "18–20",
+                     "512 MB of 768 MB"):
+        assert expected in out, expected
+
+
+def test_analyze_json_follows_the_schema(tmp_path):
+    out = tmp_path / "report.json"
+    done = fuselens("analyze", example("llama_block.py"), "--json", str(out), "--explain-rejections")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    validate_report(data)
+    assert data["schema_version"] == 1
+    assert "left unfused" in done.stdout and "convexity" in done.stdout
+
+
+def test_a_syntax_error_is_reported_at_its_line(write_model):
+    path = write_model("import torch\n\nclass Net(torch.nn.Module):\n    def forward(self, x)\n        return x\n")
+    done = fuselens("analyze", path)
+    assert done.returncode == 1
+    assert "model.py:4" in done.stdout and "SyntaxError" in done.stdout
+
+
+def test_an_import_error_names_the_module(write_model):
+    path = write_model("import torch\nimport not_a_module_anywhere\n\nclass Net(torch.nn.Module):\n    pass\n")
+    done = fuselens("analyze", path)
+    assert done.returncode == 1
+    assert "model.py:2" in done.stdout and "not_a_module_anywhere" in done.stdout
+
+
+def test_unknown_class_and_missing_file():
+    done = fuselens("analyze", example("example_net.py"), "--model-class", "Nope")
+    assert done.returncode == 1 and "no nn.Module class 'Nope'" in done.stdout and "ExampleNet" in done.stdout
+    assert fuselens("analyze", "does/not/exist.py").returncode == 2
+
+
+def test_validate_without_a_gpu_says_so_and_offers_the_interpreter():
+    pytest.importorskip("triton")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = fuselens("validate", example("example_net.py"))
+    assert done.returncode == 1
+    assert "no CUDA device" in done.stdout and "--interpret" in done.stdout
+
+
+def test_validate_interpret_checks_every_kernel_and_the_whole_model():
+    done = fuselens("validate", example("example_net.py"), "--interpret")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("verified") == 3
+    assert "whole model with c0, c1, c2 applied: matches" in done.stdout

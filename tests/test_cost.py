@@ -1,0 +1,61 @@
+"""The cost model: bytes with and without fusion, and the regime on each device."""
+
+from __future__ import annotations
+
+from fuselens.analysis.cost import bytes_label, cluster_bytes, device_profile, op_bytes, regime
+
+from graphs import Builder
+
+
+def test_unfused_counts_reads_and_writes_fused_counts_inputs_and_outputs_once():
+    b = Builder()
+    x = b.input([1024, 1024])  # 4 MiB
+    y = b.op("mul", x, 2.0)
+    z = b.op("relu", y)
+    w = b.op("add", z, 1.0)
+    b.output(w)
+    g = b.graph
+    assert op_bytes(g, g[y]) == 8 * 2**20
+    unfused, fused = cluster_bytes(g, [y, z, w], [x], [w])
+    assert (unfused, fused) == (24 * 2**20, 8 * 2**20)
+
+
+def test_dtype_sizes_and_broadcast_operands_count_their_own_size():
+    b = Builder()
+    x = b.input([1024, 1024], dtype="bfloat16")  # 2 MiB
+    bias = b.param([1024], dtype="bfloat16")
+    y = b.op("add", x, bias, dtype="bfloat16")
+    g = b.graph
+    assert op_bytes(g, g[y]) == 2 * 2**20 + 2048 + 2 * 2**20
+
+
+def test_views_of_one_tensor_are_read_once():
+    b = Builder()
+    x = b.input([64, 128])
+    lo = b.op("getitem", x, shape=[64, 64], params={"steps": [("slice", 1, 0, 1)]})
+    hi = b.op("getitem", x, shape=[64, 64], params={"steps": [("slice", 1, 64, 1)]})
+    y = b.op("add", lo, hi, shape=[64, 64])
+    g = b.graph
+    assert op_bytes(g, g[lo]) == 0
+    _, fused = cluster_bytes(g, [y], [lo, hi], [y])
+    assert fused == 64 * 128 * 4 + 64 * 64 * 4
+
+
+def test_regime_depends_on_the_device():
+    b = Builder()
+    x = b.input([8192, 1024])  # 32 MiB: exp moves 64 MiB, more than an H200's L2, less than a 4090's
+    y = b.op("exp", x)
+    small = b.input([256, 256])
+    z = b.op("exp", small)
+    g = b.graph
+    h200 = device_profile("h200")
+    assert regime(g, [y], 64 * 2**20, h200) == "dram-bound"
+    assert regime(g, [z], 512 * 1024, h200) == "launch-bound"
+    assert regime(g, [y], 64 * 2**20, device_profile("rtx4090")) == "l2-resident"  # 72 MB of L2
+    assert device_profile("h100", peak_gbps=2000).peak_gbps == 2000
+
+
+def test_labels():
+    assert bytes_label(384 * 2**20) == "384 MB"
+    assert bytes_label(None) == "unknown"
+    assert bytes_label(1536) == "1.5 KB"
