@@ -810,8 +810,11 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
                 out = None
             except CaptureError:
                 raise
+            except SystemExit as exc:
+                raise CaptureError(f"forward() called sys.exit({exc.code!r})", _failure_frame(exc, user_code)) from exc
             except Exception as exc:
-                raise CaptureError(_describe_failure(exc), _failure_frame(exc, user_code)) from exc
+                raise CaptureError(_describe_failure(exc), _failure_frame(exc, user_code),
+                                   "memory" if _out_of_memory(exc) else "trace") from exc
         if out is not None:
             with recorder:
                 recorder.mark_outputs(out)
@@ -829,7 +832,14 @@ def _failure_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
     return Frame(last.filename, last.lineno or 0, last.name)
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "DefaultCPUAllocator" in str(exc) or "can't allocate memory" in str(exc)
+
+
 def _describe_failure(exc: BaseException) -> str:
+    if _out_of_memory(exc):
+        return ("the model's code allocated more memory than the worker may use (real tensors: fuselens "
+                "traces on meta tensors, so only tensors created with an explicit device take memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "meta" in text.lower() and ("data" in text.lower() or "item" in text.lower() or "numpy" in text.lower()):
         return f"{type(exc).__name__}: {text} (fuselens traces on meta tensors, which have shapes but no values)"

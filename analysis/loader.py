@@ -112,6 +112,9 @@ def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) 
         with torch.device("meta"):
             model = cls(**init)
         return Built(model.eval(), on_meta=True)
+    except SystemExit as exc:
+        raise LoadError("construct", f"{cls.__name__}() called sys.exit({exc.code!r})",
+                        user_frame(exc, user_code) or _class_frame(cls)) from exc
     except Exception as meta_exc:
         meta_error = meta_exc
     try:
@@ -184,7 +187,7 @@ def user_example_inputs(module: ModuleType, cls: type, is_top_level: bool, user_
     try:
         with torch.device("meta"):
             value = provider()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise LoadError("inputs", f"{source} failed: {type(exc).__name__}: {exc}",
                         user_frame(exc, user_code)) from exc
     if isinstance(value, dict) and source == "example_inputs()":

@@ -29,7 +29,8 @@ class ApplyResult:
 
 def apply_file(path: str, analyze_options, cluster_ids: list[str] | None,
                confirm: Callable[[ApplyResult], bool]) -> ApplyResult:
-    from fuselens.worker.analyze import analyze_file, kernel_module_text
+    from fuselens.codegen.module import module_for_report
+    from fuselens.worker.analyze import analyze_file
 
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
@@ -63,7 +64,7 @@ def apply_file(path: str, analyze_options, cluster_ids: list[str] | None,
         with open(result.module_path, encoding="utf-8") as fh:
             existing = fh.read()
     with open(result.module_path, "w", encoding="utf-8") as fh:
-        fh.write(kernel_module_text(report, existing))
+        fh.write(module_for_report(report, existing))
     tmp = path + ".fuselens-tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(new_source)

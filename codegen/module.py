@@ -8,7 +8,10 @@ user's code still calls are kept, sections regenerated are replaced.
 
 from __future__ import annotations
 
+import os
 import re
+
+from fuselens.analysis.report import Report
 
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW
 from .lowering import HELPERS, helpers_used
@@ -77,3 +80,13 @@ def render_module(source_name: str, sections: dict[str, str]) -> str:
 
 def _natural(name: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def module_for_report(report: Report, existing: str | None = None) -> str:
+    """The kernel module for `report`, keeping the sections of `existing` it does not replace."""
+    sections = existing_sections(existing) if existing else {}
+    for _, c in report.clusters():
+        if c.kernel:
+            where = f"{os.path.basename(c.file)} lines {c.lines[0]}–{c.lines[1]}"
+            sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", c.kernel.source)
+    return render_module(os.path.basename(report.file), sections)

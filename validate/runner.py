@@ -30,7 +30,8 @@ from fuselens.analysis.inputs import InputSpec
 from fuselens.analysis.report import Cluster, Model, Report
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.plan import check, plan_cluster
-from fuselens.worker.analyze import AnalyzeOptions, analyze_file, kernel_module_text
+from fuselens.codegen.module import module_for_report
+from fuselens.worker.analyze import AnalyzeOptions, analyze_file
 
 from .numerics import compare, narrowest
 from .results import ClusterCheck, ModelCheck, ModelValidation, ValidationReport
@@ -77,7 +78,7 @@ def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
     with tempfile.TemporaryDirectory(prefix="fuselens-validate-") as tmp:
         module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(path)))
         with open(module_path, "w", encoding="utf-8") as fh:
-            fh.write(kernel_module_text(analysis))
+            fh.write(module_for_report(analysis))
         kernels = _import(module_path, f"fuselens_validate_kernels_{abs(hash(module_path))}")
         models = [m for m in analysis.models if m.status == "analysed" and m.clusters]
         for index, model in enumerate(models):

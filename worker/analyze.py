@@ -225,7 +225,8 @@ def _analyse_class(info, cls, module, table, top, options, source, profile, user
     except capture.CaptureError as exc:
         model.status = "error"
         shapes = ", ".join(s.describe() for s in config.inputs)
-        model.problem = _problem("trace", f"forward() failed: {exc}", exc.frame, path,
+        message = str(exc) if exc.kind == "memory" else f"forward() failed: {exc}"
+        model.problem = _problem(exc.kind, message, exc.frame, path,
                                  f"traced with example inputs {shapes} from {config.inputs_source}")
         return model, []
     t = time.perf_counter()
@@ -458,15 +459,3 @@ def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == module:
             names |= {a.name for a in node.names}
     return names
-
-
-def kernel_module_text(report: R.Report, existing: str | None = None) -> str:
-    """The kernel module for `report`, keeping the sections of `existing` it does not replace."""
-    from fuselens.codegen.module import existing_sections, render_module, section
-
-    sections = existing_sections(existing) if existing else {}
-    for _, c in report.clusters():
-        if c.kernel:
-            where = f"{os.path.basename(c.file)} lines {c.lines[0]}–{c.lines[1]}"
-            sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", c.kernel.source)
-    return render_module(os.path.basename(report.file), sections)

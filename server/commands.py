@@ -1,0 +1,286 @@
+"""Workspace commands: analyze now, validate kernels (with progress), show and write kernels.
+
+Validation runs in the worker, like analysis.  On a machine without CUDA it says so and
+offers the Triton interpreter instead (numerics only); a configured remote runner (a
+command line with `{file}`, and optionally `{json}` for its result file) takes the job
+to a GPU elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import tempfile
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
+
+from .features.actions import WRITE_MODULE
+from .features.text import path_to_uri, uri_to_path
+from .workers import JobFailed
+
+if TYPE_CHECKING:
+    from .app import FuselensServer
+
+INTERPRET = "Check numerics in the Triton interpreter"
+
+
+def _args(args: tuple, spec: list[tuple[str, type, bool]]) -> list[Any]:
+    """Check positional command arguments against (name, type, required); a JSON-RPC error if wrong."""
+    if len(args) > len(spec):
+        raise JsonRpcInvalidParams.of(TypeError(f"expected at most {len(spec)} arguments, got {len(args)}"))
+    out = []
+    for i, (name, kind, required) in enumerate(spec):
+        if i >= len(args):
+            if required:
+                raise JsonRpcInvalidParams.of(TypeError(f"missing argument '{name}'"))
+            out.append(None)
+            continue
+        value = args[i]
+        if value is not None and not isinstance(value, kind):
+            raise JsonRpcInvalidParams.of(TypeError(f"argument '{name}' must be {kind.__name__}, "
+                                                    f"got {type(value).__name__}"))
+        out.append(value)
+    return out
+
+
+def _document_path(ls: "FuselensServer", uri: str) -> str:
+    path = uri_to_path(uri)
+    if path is None or not path.endswith(".py"):
+        raise JsonRpcInvalidParams.of(ValueError(f"not a Python file URI: {uri!r}"))
+    return path
+
+
+def register_commands(server: "FuselensServer") -> None:
+    @server.command("fuselens.analyze")
+    async def analyze(ls, *args):
+        (uri,) = _args(args, [("uri", str, True)])
+        path = _document_path(ls, uri)
+        if ls.document(uri) is None:
+            raise JsonRpcInvalidParams.of(ValueError(f"{uri} is not open"))
+        if not ls.trusted(path):
+            return {"scheduled": False, "reason": "untrusted"}
+        ls.schedule(uri)
+        return {"scheduled": True}
+
+    @server.command("fuselens.validateKernel")
+    async def validate_kernel(ls, *args):
+        uri, cluster, options = _args(args, [("uri", str, True), ("cluster", str, True), ("options", dict, False)])
+        return await _validate(ls, uri, [cluster], None, options or {})
+
+    @server.command("fuselens.validateAll")
+    async def validate_all(ls, *args):
+        uri, model, options = _args(args, [("uri", str, True), ("model", str, False), ("options", dict, False)])
+        return await _validate(ls, uri, None, model, options or {})
+
+    @server.command("fuselens.showKernel")
+    async def show_kernel(ls, *args):
+        uri, which = _args(args, [("uri", str, True), ("which", str, False)])
+        return await _show_kernel(ls, uri, which)
+
+    @server.command(WRITE_MODULE)
+    async def write_module(ls, *args):
+        uri, version, ids = _args(args, [("uri", str, True), ("version", int, True), ("clusters", list, True)])
+        return _write_module(ls, uri, version, ids)
+
+
+def _analysis_for(ls: "FuselensServer", uri: str):
+    analysis = ls.current(uri)
+    if analysis is None:
+        raise JsonRpcInvalidParams.of(ValueError(f"no analysis of {uri} yet: open or save it first"))
+    return analysis
+
+
+async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, model: str | None,
+                    options: dict[str, Any]) -> dict[str, Any]:
+    path = _document_path(ls, uri)
+    if not ls.trusted(path):
+        return {"error": "untrusted", "message": "validation runs the model's code; trust the workspace first"}
+    analysis = _analysis_for(ls, uri)
+    report = analysis.report
+    if clusters is not None:
+        known = {c.id for _, c in report.clusters()}
+        missing = [c for c in clusters if c not in known]
+        if missing:
+            raise JsonRpcInvalidParams.of(ValueError(f"no cluster {', '.join(missing)} in {os.path.basename(path)}"))
+    elif model is not None:
+        clusters = [c.id for m in report.models if m.name == model for c in m.clusters]
+        if not clusters:
+            raise JsonRpcInvalidParams.of(ValueError(f"no analysed model {model!r} with clusters"))
+    interpret = bool(options.get("interpret"))
+    title = f"fuselens: validating {', '.join(clusters) if clusters and len(clusters) <= 3 else 'kernels'}"
+    progress = await _Progress.start(ls, title)
+    try:
+        result = await _run_validation(ls, path, analysis.text, clusters, interpret, progress)
+        problems = result.get("problems") or []
+        if not interpret and any("no CUDA device" in p for p in problems):
+            if ls.settings.remote_runner:
+                progress.report("no local GPU: running the remote runner")
+                result = await _remote(ls, path, clusters, progress)
+            else:
+                choice = await _ask(ls, "No CUDA GPU here, so kernels cannot be timed. " + problems[0], [INTERPRET])
+                if choice == INTERPRET:
+                    result = await _run_validation(ls, path, analysis.text, clusters, True, progress)
+                    interpret = True
+    except JobFailed as exc:
+        result = {"error": exc.kind, "message": str(exc)}
+    finally:
+        progress.end()
+    ls.tell(_summary(result), lsp.MessageType.Info if _ok(result) else lsp.MessageType.Warning)
+    return result
+
+
+async def _run_validation(ls, path, text, clusters, interpret, progress) -> dict[str, Any]:
+    w = ls.settings.worker
+    job = {"kind": "validate", "path": path, "text": text, "options": ls.settings.analyze_options(),
+           "validate": {"interpret": interpret, "clusters": clusters}}
+    return await ls.get_worker().run(job, {"seconds": w.validate_timeout_seconds, "memory_mb": w.memory_mb},
+                                     on_progress=lambda message, fraction: progress.report(message, fraction))
+
+
+async def _remote(ls: "FuselensServer", path: str, clusters, progress) -> dict[str, Any]:
+    template = ls.settings.remote_runner or ""
+    with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:
+        out = os.path.join(tmp, "validation.json")
+        command = template.format(file=shlex.quote(path), json=shlex.quote(out))
+        proc = await asyncio.create_subprocess_shell(command, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.STDOUT)
+        lines: list[str] = []
+        assert proc.stdout
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            lines.append(line)
+            progress.report(line[-120:])
+        code = await proc.wait()
+        if "{json}" in template and os.path.exists(out):
+            with open(out, encoding="utf-8") as fh:
+                return json.load(fh)
+        try:
+            return json.loads("\n".join(lines))
+        except ValueError:
+            return {"error": "remote", "message": f"the remote runner exited {code}: " + " / ".join(lines[-5:])}
+
+
+async def _ask(ls: "FuselensServer", message: str, options: list[str]) -> str | None:
+    window = ls.client_capabilities.window
+    if not (window and window.show_message):
+        return None
+    try:
+        answer = await asyncio.wait_for(ls.window_show_message_request_async(lsp.ShowMessageRequestParams(
+            lsp.MessageType.Info, message, [lsp.MessageActionItem(o) for o in options])), 600)
+    except Exception:  # noqa: BLE001 - no answer is "no"
+        return None
+    return answer.title if answer else None
+
+
+def _ok(result: dict[str, Any]) -> bool:
+    if result.get("error") or result.get("problems"):
+        return False
+    checks = [c for m in result.get("models", []) for c in m.get("clusters", [])]
+    return all(c.get("status") in ("verified", "not-reached") for c in checks)
+
+
+def _summary(result: dict[str, Any]) -> str:
+    if result.get("error"):
+        return f"fuselens: validation did not run: {result.get('message')}"
+    if result.get("problems"):
+        return "fuselens: " + "; ".join(result["problems"])
+    parts = []
+    where = "interpreter" if result.get("mode") == "interpret" else result.get("device", "GPU")
+    for m in result.get("models", []):
+        for c in m.get("clusters", []):
+            text = f"{c['id']} {c['status']}"
+            if c.get("max_abs") is not None:
+                text += f" (max err {c['max_abs']:.1e})"
+            timing = c.get("timing") or {}
+            if timing.get("speedup_vs_compiled"):
+                text += f", {timing['speedup_vs_compiled']:.2f}× vs torch.compile"
+            parts.append(text)
+        if m.get("model"):
+            parts.append(f"whole model: {m['model']['status']}")
+    return f"fuselens ({where}): " + "; ".join(parts) if parts else "fuselens: nothing to validate"
+
+
+class _Progress:
+    """Work-done progress when the client supports it; silent otherwise."""
+
+    def __init__(self, ls, token: str | None):
+        self.ls = ls
+        self.token = token
+
+    @classmethod
+    async def start(cls, ls: "FuselensServer", title: str) -> "_Progress":
+        window = ls.client_capabilities.window
+        if not (window and window.work_done_progress):
+            return cls(ls, None)
+        token = f"fuselens-{uuid.uuid4().hex[:8]}"
+        try:
+            await asyncio.wait_for(ls.work_done_progress.create_async(token), 10)
+        except Exception:  # noqa: BLE001
+            return cls(ls, None)
+        ls.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(title=title, cancellable=False, percentage=0))
+        return cls(ls, token)
+
+    def report(self, message: str, fraction: float | None = None) -> None:
+        if self.token:
+            percentage = int(fraction * 100) if fraction is not None else None
+            self.ls.work_done_progress.report(self.token, lsp.WorkDoneProgressReport(message=message,
+                                                                                    percentage=percentage))
+
+    def end(self) -> None:
+        if self.token:
+            self.ls.work_done_progress.end(self.token, lsp.WorkDoneProgressEnd(message="done"))
+
+
+async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dict[str, Any]:
+    from .app import kernel_module_text
+
+    path = _document_path(ls, uri)
+    analysis = _analysis_for(ls, uri)
+    report = analysis.report
+    text = kernel_module_text(report)
+    chosen = [c for m in report.models for c in m.clusters
+              if c.kernel and (which in (None, m.name, c.id, c.kernel.name))]
+    if which and not chosen:
+        raise JsonRpcInvalidParams.of(ValueError(f"no model or cluster {which!r} in {os.path.basename(path)}"))
+    root = next((r for r in ls.roots if os.path.realpath(path).startswith(os.path.realpath(r) + os.sep)),
+                os.path.dirname(path))
+    folder = os.path.join(root, ".fuselens", "kernels")  # inside the workspace, never elsewhere
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, os.path.basename(chosen[0].kernel.path) if chosen else "kernels.py")
+    with open(target, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    window = ls.client_capabilities.window
+    if window and window.show_document and window.show_document.support:
+        line = 0
+        if chosen:
+            marker = f"def {chosen[0].kernel.name}("
+            line = next((i for i, l in enumerate(text.splitlines()) if l.startswith(marker)), 0)
+        try:
+            await ls.window_show_document_async(lsp.ShowDocumentParams(
+                path_to_uri(target), take_focus=True, selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))))
+        except Exception:  # noqa: BLE001
+            pass
+    return {"path": target, "kernels": [c.kernel.name for c in chosen], "text": text}
+
+
+def _write_module(ls: "FuselensServer", uri: str, version: int, ids: list) -> dict[str, Any]:
+    from .app import kernel_module_text
+
+    path = _document_path(ls, uri)
+    analysis = _analysis_for(ls, uri)
+    if analysis.version != version:
+        raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
+    clusters = [c for _, c in analysis.report.clusters() if c.id in ids and c.kernel]
+    if not clusters:
+        raise JsonRpcInvalidParams.of(ValueError(f"no kernels for clusters {ids}"))
+    target = clusters[0].kernel.path
+    if os.path.dirname(os.path.realpath(target)) != os.path.dirname(os.path.realpath(path)):
+        raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
+    with open(target, "w", encoding="utf-8") as fh:
+        fh.write(kernel_module_text(analysis.report))
+    return {"path": target}

@@ -1,0 +1,91 @@
+"""Code actions: the quick fix that puts a generated kernel into the user's code.
+
+The edit is a versioned `TextDocumentEdit`: a client applies it only to the version the
+report was computed from, so a fix offered before the user typed can never overwrite
+what they typed.  The kernel module is created with `CreateFile` when the client
+supports resource operations, edited in place when it already exists, and otherwise
+written by the `fuselens.writeKernelModule` command that runs after the edit.
+"""
+
+from __future__ import annotations
+
+import os
+
+from lsprotocol import types as lsp
+
+from fuselens.analysis.report import Cluster, Model, Report
+from fuselens.codegen import edits as edits_mod
+
+from .text import path_to_uri, same_file, utf16_len
+
+WRITE_MODULE = "fuselens.writeKernelModule"
+
+
+def line_edits_to_lsp(edits: list[edits_mod.LineEdit]) -> list[lsp.TextEdit]:
+    out = []
+    for e in edits:
+        start = lsp.Position(e.start - 1, 0)
+        end = lsp.Position(e.end, 0) if e.end >= e.start else start
+        out.append(lsp.TextEdit(range=lsp.Range(start, end), new_text=e.text))
+    return out
+
+
+def _module_edits(module_path: str, module_text: str, create_ok: bool) -> tuple[list, bool]:
+    """Document changes that make `module_path` hold `module_text`; False if a command must write it."""
+    uri = path_to_uri(module_path)
+    if os.path.exists(module_path):
+        with open(module_path, encoding="utf-8") as fh:
+            old_lines = fh.read().split("\n")
+        end = lsp.Position(len(old_lines) - 1, utf16_len(old_lines[-1]))
+        return [lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
+                                     [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), end), module_text)])], True
+    if create_ok:
+        return [lsp.CreateFile(uri=uri, options=lsp.CreateFileOptions(overwrite=False, ignore_if_exists=True)),
+                lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
+                                     [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0)), module_text)])], True
+    return [], False
+
+
+def fuse_action(report: Report, uri: str, version: int, text: str, clusters: list[Cluster], title: str,
+                module_text: str, create_ok: bool, kind: str = lsp.CodeActionKind.QuickFix) -> lsp.CodeAction | None:
+    ids = [c.id for c in clusters if c.edit is not None]
+    if not ids:
+        return None
+    doc_edits = line_edits_to_lsp(edits_mod.cluster_edits(text, report, ids))
+    module_path = clusters[0].kernel.path
+    module_changes, written = _module_edits(module_path, module_text, create_ok)
+    changes = module_changes + [lsp.TextDocumentEdit(
+        lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)]
+    action = lsp.CodeAction(title=title, kind=kind, edit=lsp.WorkspaceEdit(document_changes=changes),
+                            is_preferred=len(ids) == 1)
+    if not written:
+        action.command = lsp.Command(title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids])
+    return action
+
+
+def code_actions(report: Report, path: str, uri: str, version: int, text: str, first: int, last: int,
+                 module_text: str, create_ok: bool) -> list[lsp.CodeAction]:
+    """Actions for lines first..last (1-based): one per exact cluster there, plus "fuse all" for its model."""
+    actions = []
+    models: list[Model] = []
+    for model, c in report.clusters():
+        if c.edit is None or not same_file(c.file, path):
+            continue
+        if c.lines[0] <= last and c.lines[1] >= first:
+            title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {c.kernel.name}"
+            if c.lines[0] == c.lines[1]:
+                title = f"Fuse line {c.lines[0]} into Triton kernel {c.kernel.name}"
+            action = fuse_action(report, uri, version, text, [c], title, module_text, create_ok)
+            if action:
+                actions.append(action)
+            if model not in models:
+                models.append(model)
+    for model in models:
+        exact = [c for c in model.clusters if c.edit is not None and same_file(c.file, path)]
+        if len(exact) > 1:
+            action = fuse_action(report, uri, version, text, exact,
+                                 f"Fuse all {len(exact)} exact clusters in {model.name}", module_text, create_ok,
+                                 kind=lsp.CodeActionKind.RefactorRewrite)
+            if action:
+                actions.append(action)
+    return actions

@@ -1,0 +1,81 @@
+"""Hover: everything about the cluster(s) on a line, as markdown."""
+
+from __future__ import annotations
+
+import os
+
+from lsprotocol import types as lsp
+
+from fuselens.analysis.cost import bytes_label
+from fuselens.analysis.report import Cluster, Model, Report
+
+from .text import same_file
+
+
+def clusters_at(report: Report, path: str, line: int) -> list[tuple[Model, Cluster]]:
+    """Clusters whose lines contain `line` (1-based) or that have an op on it."""
+    hits = []
+    for model, c in report.clusters():
+        if same_file(c.file, path) and c.lines[0] <= line <= c.lines[1]:
+            hits.append((model, c))
+        elif any(op.line == line and same_file(op.file, path) for op in c.ops):
+            hits.append((model, c))
+    return hits
+
+
+def _shape(shape) -> str:
+    return "×".join(map(str, shape)) if shape else "scalar"
+
+
+def describe(model: Model, c: Cluster) -> str:
+    saved = ""
+    if c.bytes_unfused and c.bytes_fused is not None:
+        saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}%)"
+    parts = [f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}",
+             f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
+             f"**{c.regime or 'unknown regime'}**"]
+    if c.multiplicity > 1:
+        where = ", ".join(i or "(root)" for i in c.instances[:4]) + (" …" if len(c.instances) > 4 else "")
+        parts.append(f"×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
+                     f"{bytes_label(c.total_bytes_fused)} in all")
+    if c.branch:
+        parts.append(f"_{c.branch}_")
+    rows = ["| op | line | shape | dtype |", "|---|---|---|---|"]
+    for op in c.ops:
+        file = "" if same_file(op.file, c.file) else f"{os.path.basename(op.file)}:"
+        rows.append(f"| `{op.target}` | {file}{op.line} | {_shape(op.shape)} | {op.dtype} |")
+    parts.append("\n".join(rows))
+    ins = ", ".join(f"`{i.name or '?'}` {_shape(i.shape)} {i.dtype}" for i in c.inputs)
+    outs = ", ".join(f"{_shape(o.shape)} {o.dtype}" for o in c.outputs)
+    parts.append(f"reads {ins}; writes {outs}")
+    if c.mapping == "exact":
+        parts.append(f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with "
+                     f"`{c.edit.call if c.edit else c.kernel.name if c.kernel else ''}`")
+    else:
+        parts.append(f"maps as **{c.mapping}**: {c.mapping_detail}")
+    if c.boundaries:
+        left = [f"- `{b.op.target}` (line {b.op.line}): **{b.reason}** — {b.detail}" for b in c.boundaries[:6]]
+        parts.append("**left out**\n" + "\n".join(left))
+    near = [r for r in model.rejections if same_file(r.file, c.file) and c.lines[0] - 2 <= r.lines[0] <= c.lines[1] + 2]
+    if near:
+        parts.append("**not fused nearby**\n" + "\n".join(
+            f"- `{r.ops[0].target}` (line {r.lines[0]}): **{r.reason}** — {r.detail}" for r in near[:6]))
+    patterns = [p for p in model.patterns if c.id in p.clusters]
+    if patterns:
+        parts.append("**patterns**: " + "; ".join(
+            f"{p.name} (bound {p.estimate.speedup_bound:.2f}×)" if p.estimate.speedup_bound else p.name
+            for p in patterns))
+    if c.kernel:
+        kernel = c.kernel.source.split("\n\n\ndef _")[0]  # the @triton.jit part, not the launcher
+        parts.append(f"```python\n{kernel}\n```")
+    elif c.lowering != "ok":
+        parts.append(f"no kernel: {c.lowering}")
+    return "\n\n".join(parts)
+
+
+def hover(report: Report, path: str, line: int) -> lsp.Hover | None:
+    hits = clusters_at(report, path, line)
+    if not hits:
+        return None
+    text = "\n\n---\n\n".join(describe(m, c) for m, c in hits)
+    return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))

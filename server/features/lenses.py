@@ -1,0 +1,32 @@
+"""Code lenses: a summary over each analysed model class, with its commands."""
+
+from __future__ import annotations
+
+from lsprotocol import types as lsp
+
+from fuselens.analysis.cost import bytes_label
+from fuselens.analysis.report import Report
+
+from .text import lines_range, same_file
+
+
+def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[lsp.CodeLens]:
+    lenses = []
+    for model in report.models:
+        if not same_file(model.file, path) or model.status != "analysed":
+            continue
+        rng = lines_range(lines, model.line, model.line)
+        clusters = [c for c in model.clusters if not c.branch]
+        traffic = sum((c.bytes_unfused or 0) * c.multiplicity for c in clusters)
+        title = (f"{len(model.clusters)} fusable cluster{'s' if len(model.clusters) != 1 else ''} · "
+                 f"{bytes_label(model.totals.bytes_avoidable)} of {bytes_label(traffic)} avoidable")
+        exact = sum(1 for c in model.clusters if c.mapping == "exact")
+        if exact:
+            title += f" · {exact} applicable"
+        lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(title=title, command="fuselens.showKernel", arguments=[uri, model.name])))
+        if model.clusters:
+            lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
+                title="Validate all", command="fuselens.validateAll", arguments=[uri, model.name])))
+            lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
+                title="Show kernels", command="fuselens.showKernel", arguments=[uri, model.name])))
+    return lenses

@@ -1,0 +1,44 @@
+"""Positions: the report's 1-based lines to LSP ranges (0-based lines, UTF-16 columns)."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import quote, unquote, urlparse
+
+from lsprotocol import types as lsp
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def line_text(lines: list[str], line: int) -> str:
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def lines_range(lines: list[str], first: int, last: int) -> lsp.Range:
+    """From the first non-blank character of `first` to the end of `last` (1-based lines)."""
+    first = max(1, min(first, max(len(lines), 1)))
+    last = max(first, min(last, max(len(lines), 1)))
+    start_text = line_text(lines, first)
+    indent = utf16_len(start_text[: len(start_text) - len(start_text.lstrip())])
+    return lsp.Range(lsp.Position(first - 1, indent), lsp.Position(last - 1, utf16_len(line_text(lines, last))))
+
+
+def end_of_line(lines: list[str], line: int) -> lsp.Position:
+    return lsp.Position(max(line - 1, 0), utf16_len(line_text(lines, line)))
+
+
+def path_to_uri(path: str) -> str:
+    return "file://" + quote(os.path.abspath(path))
+
+
+def uri_to_path(uri: str) -> str | None:
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    return unquote(parsed.path)
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,106 @@
+"""Per-document scheduling of analysis jobs, and the cache every feature answers from.
+
+A document has at most one job in flight and one pending request.  A new request
+replaces the pending one (newest wins) and cancels the job in flight, which the worker
+kills: a burst of saves costs one finished analysis, of the last version.  Results are
+handed to `on_result` with the version they were computed from; the server publishes
+only those that still match the document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from fuselens.analysis.report import Report
+
+from .workers import JobFailed
+
+
+@dataclass
+class Analysis:
+    """What one finished job said about one version of a document."""
+
+    version: int
+    text: str
+    report: Report | None
+    failure: dict[str, Any] | None = None
+    elapsed_ms: float = 0.0
+
+
+@dataclass
+class _Slot:
+    pending: tuple[int, str, str] | None = None  # (version, text, path)
+    loop: asyncio.Task | None = None
+    job: asyncio.Task | None = None
+    running_version: int | None = None
+
+
+RunJob = Callable[[str, str, int], Awaitable[dict[str, Any]]]  # (path, text, version) -> report dict
+OnResult = Callable[[str, Analysis], Awaitable[None] | None]
+
+
+@dataclass
+class Scheduler:
+    run_job: RunJob
+    on_result: OnResult
+    cache: dict[str, Analysis] = field(default_factory=dict)
+    _slots: dict[str, _Slot] = field(default_factory=dict)
+    completed: int = 0
+    cancelled: int = 0
+
+    def request(self, uri: str, path: str, version: int, text: str) -> None:
+        slot = self._slots.setdefault(uri, _Slot())
+        slot.pending = (version, text, path)
+        if slot.job is not None and not slot.job.done():
+            slot.job.cancel()  # superseded: the newest request wins
+        if slot.loop is None or slot.loop.done():
+            slot.loop = asyncio.create_task(self._run(uri, slot))
+
+    def forget(self, uri: str) -> None:
+        slot = self._slots.pop(uri, None)
+        if slot is not None:
+            slot.pending = None
+            for task in (slot.job, slot.loop):
+                if task is not None and not task.done():
+                    task.cancel()
+        self.cache.pop(uri, None)
+
+    def busy(self, uri: str) -> bool:
+        slot = self._slots.get(uri)
+        return slot is not None and (slot.pending is not None or (slot.job is not None and not slot.job.done()))
+
+    async def _run(self, uri: str, slot: _Slot) -> None:
+        loop = asyncio.get_running_loop()
+        while slot.pending is not None:
+            version, text, path = slot.pending
+            slot.pending = None
+            slot.running_version = version
+            started = loop.time()
+            slot.job = asyncio.create_task(self.run_job(path, text, version))
+            try:
+                data = await slot.job
+                analysis = Analysis(version, text, Report.from_dict(data))
+            except asyncio.CancelledError:
+                if self._slots.get(uri) is not slot:
+                    return  # the document was closed
+                self.cancelled += 1
+                continue
+            except JobFailed as exc:
+                if exc.kind == "cancelled":
+                    self.cancelled += 1
+                    continue
+                analysis = Analysis(version, text, None, exc.error)
+            except ValueError as exc:  # a report this server cannot read
+                analysis = Analysis(version, text, None, {"kind": "internal", "message": str(exc)})
+            finally:
+                slot.running_version = None
+            analysis.elapsed_ms = round((loop.time() - started) * 1000, 1)
+            if slot.pending is not None:
+                continue  # a newer request arrived while this one finished: don't show this one
+            self.completed += 1
+            self.cache[uri] = analysis
+            outcome = self.on_result(uri, analysis)
+            if asyncio.iscoroutine(outcome):
+                await outcome

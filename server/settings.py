@@ -1,0 +1,144 @@
+"""Server settings: typed, validated, merged from the places a user sets them.
+
+Sources, later wins: defaults, `[tool.fuselens]` in the workspace's pyproject.toml
+(project facts only: device, example inputs), the client's `initializationOptions`,
+then `workspace/configuration` (section "fuselens").  A bad value is reported by key
+and replaced by its default; the rest keeps working.
+
+Trust is deliberately *not* a setting here: see `trust.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SEVERITIES = ("error", "warning", "information", "hint")
+KINDS = ("clusters", "patterns", "rejections", "breaks", "problems")
+DEVICES = ("h200", "h100", "a100", "rtx4090")
+
+
+@dataclass
+class WorkerSettings:
+    python: str | None = None  # interpreter to run workers with (the user's venv); None: the server's
+    timeout_seconds: float = 60.0
+    memory_mb: int = 8192
+    validate_timeout_seconds: float = 600.0
+
+
+@dataclass
+class Settings:
+    device: str = "h200"
+    peak_gbps: float | None = None
+    severity: str = "information"  # for cluster diagnostics
+    show: list[str] = field(default_factory=lambda: ["clusters", "patterns", "breaks", "problems"])
+    inlay_hints: bool = True
+    code_lens: bool = True
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
+
+    def analyze_options(self) -> dict[str, Any]:
+        """The worker's AnalyzeOptions fields these settings decide."""
+        return {"device": self.device, "peak_gbps": self.peak_gbps, "models": self.models}
+
+
+_ALIASES = {  # accept the camelCase spellings editors use
+    "peakGbps": "peak_gbps", "inlayHints": "inlay_hints", "codeLens": "code_lens",
+    "remoteRunner": "remote_runner", "timeoutSeconds": "timeout_seconds", "memoryMb": "memory_mb",
+    "validateTimeoutSeconds": "validate_timeout_seconds",
+}
+
+
+def _key(name: str) -> str:
+    return _ALIASES.get(name, name)
+
+
+def merge(base: Settings, data: dict[str, Any] | None, where: str) -> tuple[Settings, list[str]]:
+    """`base` updated with `data`; returns (settings, problems), each problem naming its key."""
+    problems: list[str] = []
+    if not data:
+        return base, problems
+    if not isinstance(data, dict):
+        return base, [f"{where}: settings must be an object, got {type(data).__name__}"]
+    known = {f.name for f in fields(Settings)}
+    for raw, value in data.items():
+        key = _key(raw)
+        if key in ("trusted", "trust", "workspaceTrusted", "trusted_folders", "trustedFolders"):
+            continue  # trust never comes from settings a workspace could ship
+        if key not in known:
+            problems.append(f"{where}: unknown setting '{raw}'")
+            continue
+        try:
+            _apply(base, key, value)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{where}: fuselens.{raw}: {exc}")
+    return base, problems
+
+
+def _apply(s: Settings, key: str, value: Any) -> None:
+    if key == "device":
+        if not isinstance(value, str) or value.lower().replace("-", "") not in DEVICES:
+            raise ValueError(f"must be one of {', '.join(DEVICES)}")
+        s.device = value.lower().replace("-", "")
+    elif key == "peak_gbps":
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+            raise ValueError("must be a positive number of GB/s")
+        s.peak_gbps = float(value) if value is not None else None
+    elif key == "severity":
+        if value not in SEVERITIES:
+            raise ValueError(f"must be one of {', '.join(SEVERITIES)}")
+        s.severity = value
+    elif key == "show":
+        if not isinstance(value, list) or any(v not in KINDS for v in value):
+            raise ValueError(f"must be a list drawn from {', '.join(KINDS)}")
+        s.show = list(value)
+    elif key in ("inlay_hints", "code_lens"):
+        if not isinstance(value, bool):
+            raise TypeError("must be true or false")
+        setattr(s, key, value)
+    elif key == "models":
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise ValueError("must map class names to {inputs, dtype, init, param_dtype}")
+        for name, entry in value.items():
+            _check_model(name, entry)
+        s.models = {**s.models, **value}
+    elif key == "worker":
+        if not isinstance(value, dict):
+            raise TypeError("must be an object")
+        for raw, v in value.items():
+            _apply_worker(s.worker, _key(raw), v, raw)
+    elif key == "remote_runner":
+        if value is not None and (not isinstance(value, str) or "{file}" not in value):
+            raise ValueError("must be a command line containing {file}")
+        s.remote_runner = value
+
+
+def _check_model(name: str, entry: dict[str, Any]) -> None:
+    inputs = entry.get("inputs")
+    if inputs is not None and not (isinstance(inputs, list) and inputs):
+        raise ValueError(f"models.{name}.inputs must be a list of shapes")
+    if "init" in entry and not isinstance(entry["init"], dict):
+        raise ValueError(f"models.{name}.init must be an object of constructor arguments")
+
+
+def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:
+    if key == "python":
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"worker.{raw} must be a path to a Python interpreter")
+        w.python = value or None
+    elif key in ("timeout_seconds", "validate_timeout_seconds"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"worker.{raw} must be a positive number of seconds")
+        setattr(w, key, float(value))
+    elif key == "memory_mb":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 256:
+            raise ValueError(f"worker.{raw} must be an integer of at least 256 (MB)")
+        w.memory_mb = value
+    else:
+        raise ValueError(f"unknown setting 'worker.{raw}'")
+
+
+def from_pyproject(table: dict[str, Any]) -> dict[str, Any]:
+    """The project-level subset of [tool.fuselens]: facts about the code, not about this machine."""
+    return {k: v for k, v in table.items() if k in ("device", "peak_gbps", "models")}

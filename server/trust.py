@@ -1,0 +1,69 @@
+"""Workspace trust: the server runs user code only in folders the *user* trusted.
+
+Analysing a model means importing it, and importing is running.  So nothing runs until
+trust comes from outside the workspace:
+
+- the client says so at initialisation (`initializationOptions.workspaceTrusted`, which
+  the VS Code extension fills from Workspace Trust and the Neovim plugin from its
+  `trusted_folders` list in the user's own config); or
+- the folder is listed in the user-level file `~/.config/fuselens/trusted-folders.json`
+  (a JSON list of paths; `$XDG_CONFIG_HOME` is honoured).
+
+Never from a file inside the workspace (its pyproject.toml, .vscode/settings.json
+delivered through workspace/configuration): a cloned repository must not be able to
+trust itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+
+def user_trust_file() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "fuselens", "trusted-folders.json")
+
+
+def _listed_folders(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return []
+    return [os.path.realpath(os.path.expanduser(p)) for p in data if isinstance(p, str)] if isinstance(data, list) else []
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+@dataclass
+class Trust:
+    client_says: bool | None  # what initializationOptions said, None if it said nothing
+    roots: list[str]  # workspace folders
+
+    def trusted(self, path: str) -> bool:
+        """May code under `path` run?"""
+        real = os.path.realpath(path)
+        if self.client_says is not None:  # the editor's own trust decision covers its window
+            return self.client_says
+        trust_file = user_trust_file()
+        if any(_inside(os.path.realpath(trust_file), os.path.realpath(r)) for r in self.roots):
+            return False  # a trust file inside the workspace is the workspace trusting itself
+        return any(_inside(real, folder) for folder in _listed_folders(trust_file))
+
+    @staticmethod
+    def explanation(path: str) -> str:
+        return ("fuselens analyses a model by running its code, so it waits until you trust this folder: "
+                "in VS Code, trust the workspace (Workspaces: Manage Workspace Trust); in Neovim, add it to "
+                "`trusted_folders` in require('fuselens').setup{}; or add "
+                f"\"{os.path.dirname(path)}\" to {user_trust_file()}.")
+
+
+def client_trust(init_options: dict | None) -> bool | None:
+    if not isinstance(init_options, dict):
+        return None
+    value = init_options.get("workspaceTrusted")
+    return value if isinstance(value, bool) else None

@@ -1,0 +1,201 @@
+"""The server's side of the worker host: start it, send it jobs, relay progress, restart it.
+
+The host (`fuselens.worker.host`) runs in the user's interpreter with a scrubbed
+environment: only variables a Python/CUDA program needs pass through, never tokens or
+credentials.  If it dies, every job in flight fails with a clear error and the next job
+starts a fresh host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from fuselens.worker.protocol import decode, encode
+
+READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
+
+_PASS_THROUGH = re.compile(
+    r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LC_\w+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHOME|VIRTUAL_ENV|"
+    r"CONDA_\w+|LD_LIBRARY_PATH|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|TORCH_\w+|XDG_\w+|OMP_NUM_THREADS|"
+    r"MKL_NUM_THREADS|HF_HUB_OFFLINE)$")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE", re.I)
+
+
+def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    environ = dict(os.environ if environ is None else environ)
+    env = {k: v for k, v in environ.items() if _PASS_THROUGH.match(k) and not _SECRET.search(k)}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class JobFailed(Exception):
+    def __init__(self, error: dict[str, Any]):
+        super().__init__(error.get("message", "the job failed"))
+        self.error = error
+
+    @property
+    def kind(self) -> str:
+        return self.error.get("kind", "internal")
+
+
+class WorkerClient:
+    def __init__(self, python: str | None = None, log: Callable[[str], None] = lambda _: None):
+        self.python = python or sys.executable
+        self.log = log
+        self.info: dict[str, Any] = {}
+        self.starts = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._stderr: asyncio.Task | None = None
+        self._ready: asyncio.Future | None = None
+        self._jobs: dict[int, tuple[asyncio.Future, Callable | None]] = {}
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self.stderr_tail: list[str] = []
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def ensure_started(self) -> None:
+        async with self._lock:
+            if self.alive and self._ready is not None and self._ready.done() and not self._ready.exception():
+                return
+            await self._spawn()
+
+    async def _spawn(self) -> None:
+        self.starts += 1
+        self._ready = asyncio.get_running_loop().create_future()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "fuselens.worker.host",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=scrubbed_environment(), limit=1 << 26)
+        except OSError as exc:
+            raise JobFailed({"kind": "unavailable", "message": f"cannot start {self.python}: {exc}"}) from exc
+        self._reader = asyncio.create_task(self._read())
+        self._stderr = asyncio.create_task(self._drain_stderr())
+        try:
+            self.info = await asyncio.wait_for(asyncio.shield(self._ready), READY_TIMEOUT)
+        except (asyncio.TimeoutError, JobFailed) as exc:
+            tail = "\n".join(self.stderr_tail[-8:])
+            await self.stop()
+            hint = ""
+            if "No module named 'fuselens" in tail or "No module named 'torch'" in tail:
+                hint = f" Install fuselens and torch into {self.python} (`{self.python} -m pip install fuselens`)."
+            raise JobFailed({"kind": "unavailable",
+                             "message": f"the analysis worker ({self.python}) did not start.{hint}\n{tail}"}) from exc
+        self.log(f"worker ready: pid {self.info.get('pid')}, torch {self.info.get('torch')}, "
+                 f"warm-up {self.info.get('warmup_ms')} ms")
+
+    async def _read(self) -> None:
+        assert self._proc and self._proc.stdout
+        try:
+            while True:
+                line = await self._proc.stdout.readline()
+                if not line:
+                    break
+                try:
+                    message = decode(line)
+                except ValueError:
+                    continue
+                self._dispatch(message)
+        finally:
+            error = {"kind": "crash", "message": "the analysis worker exited unexpectedly"}
+            if self._ready and not self._ready.done():
+                self._ready.set_exception(JobFailed(error))
+            for future, _ in list(self._jobs.values()):
+                if not future.done():
+                    future.set_exception(JobFailed(error))
+            self._jobs.clear()
+
+    async def _drain_stderr(self) -> None:
+        assert self._proc and self._proc.stderr
+        while True:
+            line = await self._proc.stderr.readline()
+            if not line:
+                return
+            text = line.decode(errors="replace").rstrip()
+            self.stderr_tail = (self.stderr_tail + [text])[-50:]
+            self.log(f"worker: {text}")
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        event = message.get("event")
+        if event == "ready":
+            if self._ready and not self._ready.done():
+                self._ready.set_result(message)
+            return
+        entry = self._jobs.get(message.get("id"))
+        if entry is None:
+            return
+        future, on_progress = entry
+        if event == "progress":
+            if on_progress is not None:
+                on_progress(message.get("message", ""), message.get("fraction"))
+        elif event == "done":
+            self._jobs.pop(message["id"], None)
+            if not future.done():
+                future.set_result(message.get("result"))
+        elif event == "failed":
+            self._jobs.pop(message["id"], None)
+            if not future.done():
+                future.set_exception(JobFailed(message.get("error") or {}))
+
+    async def run(self, job: dict[str, Any], limits: dict[str, Any],
+                  on_progress: Callable[[str, float | None], None] | None = None) -> dict[str, Any]:
+        """Run a job; cancelling the awaiting task cancels (kills) the job in the worker."""
+        await self.ensure_started()
+        job_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._jobs[job_id] = (future, on_progress)
+        self._send({"op": "run", "id": job_id, "job": job, "limits": limits})
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._jobs.pop(job_id, None)
+            if self.alive:
+                self._send({"op": "cancel", "id": job_id})
+            raise
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._proc and self._proc.stdin
+        try:
+            self._proc.stdin.write(encode(message))
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            pass
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            try:
+                self._send({"op": "shutdown"})
+                proc.stdin.close()
+                await asyncio.wait_for(proc.wait(), 3)
+            except (asyncio.TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
+                proc.kill()
+                await proc.wait()
+        for task in (self._reader, self._stderr):
+            if task:
+                task.cancel()
+        self._proc = None
+
+    def memory_rss_kb(self) -> int | None:
+        """Resident memory of the host process (Linux), for benchmarks."""
+        if not self.alive:
+            return None
+        try:
+            with open(f"/proc/{self._proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+        except OSError:
+            return None
+        return None

@@ -1,0 +1,314 @@
+"""The worker host: a warm process that forks one child per job.
+
+    python -m fuselens.worker.host
+
+Started by the language server with the user's interpreter.  It imports torch and runs
+one analysis to warm every lazy path, then forks a child per job: a fork of a warm
+process costs milliseconds, the child imports the user's module afresh (so edits are
+always seen), and whatever the user's code does (loop forever, allocate 50 GB, chdir,
+sys.exit, fork, print megabytes) stays in the child.
+
+Limits per job: wall time (the host kills the child's process group, after asking it for
+a stack dump so the report can name the line it was stuck on) and address space
+(RLIMIT_AS, so allocations fail with an error at the user's line).  The host is single
+threaded and uses torch with one thread: forking a multi-threaded process can deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import faulthandler  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
+import selectors  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+from fuselens.worker.protocol import decode, encode  # noqa: E402
+
+DEFAULT_SECONDS = 60.0
+DEFAULT_MEMORY_MB = 8192
+DUMP_GRACE = 0.3  # seconds a timed-out child gets to write its stack before it is killed
+
+
+@dataclass
+class Child:
+    job_id: Any
+    pid: int
+    pipe: int
+    deadline: float
+    dump_path: str
+    path: str  # the analysed file, to find the user's line in a stack dump
+    buffer: bytearray = field(default_factory=bytearray)
+    finished: bool = False
+    dumped_at: float | None = None
+
+
+class Host:
+    def __init__(self) -> None:
+        self.out = sys.stdout.buffer
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, Child] = {}  # by pipe fd
+        self.stdin_buffer = bytearray()
+        self.running = True
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.out.write(encode(message))
+        self.out.flush()
+
+    # ---- main loop -----------------------------------------------------------------------
+    def serve(self) -> None:
+        stdin = sys.stdin.buffer.fileno()
+        os.set_blocking(stdin, False)
+        self.selector.register(stdin, selectors.EVENT_READ, "stdin")
+        while self.running or self.children:
+            timeout = self._next_timeout()
+            for key, _ in self.selector.select(timeout):
+                if key.data == "stdin":
+                    self._read_stdin(stdin)
+                else:
+                    self._read_child(key.data)
+            self._enforce_deadlines()
+
+    def _next_timeout(self) -> float | None:
+        if not self.children:
+            return None
+        now = time.monotonic()
+        soonest = min((c.dumped_at + DUMP_GRACE) if c.dumped_at else c.deadline for c in self.children.values())
+        return max(0.0, soonest - now)
+
+    def _read_stdin(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:  # the server went away: finish nothing, stop everything
+            self.running = False
+            self.selector.unregister(fd)
+            for child in list(self.children.values()):
+                self._kill(child, "cancelled", "the language server exited")
+            return
+        self.stdin_buffer += chunk
+        while b"\n" in self.stdin_buffer:
+            line, _, rest = self.stdin_buffer.partition(b"\n")
+            self.stdin_buffer = bytearray(rest)
+            if line.strip():
+                self._handle(decode(line))
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "run":
+            self._start(message["id"], message["job"], message.get("limits") or {})
+        elif op == "cancel":
+            for child in list(self.children.values()):
+                if child.job_id == message["id"]:
+                    self._kill(child, "cancelled", "cancelled: a newer request superseded it")
+        elif op == "shutdown":
+            self.running = False
+            for child in list(self.children.values()):
+                self._kill(child, "cancelled", "the worker is shutting down")
+
+    # ---- children ------------------------------------------------------------------------
+    def _start(self, job_id: Any, job: dict[str, Any], limits: dict[str, Any]) -> None:
+        seconds = float(limits.get("seconds") or DEFAULT_SECONDS)
+        memory_mb = int(limits.get("memory_mb") or DEFAULT_MEMORY_MB)
+        read_fd, write_fd = os.pipe()
+        dump_fd, dump_path = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(read_fd)
+            _child_main(job_id, job, write_fd, dump_fd, memory_mb)
+        os.close(write_fd)
+        os.close(dump_fd)
+        child = Child(job_id, pid, read_fd, time.monotonic() + seconds, dump_path, job.get("path", ""))
+        self.children[read_fd] = child
+        self.selector.register(read_fd, selectors.EVENT_READ, read_fd)
+
+    def _read_child(self, fd: int) -> None:
+        child = self.children.get(fd)
+        if child is None:
+            return
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except OSError:
+            chunk = b""
+        if chunk:
+            child.buffer += chunk
+            while b"\n" in child.buffer:
+                line, _, rest = child.buffer.partition(b"\n")
+                child.buffer = bytearray(rest)
+                self._relay(child, line)
+            return
+        self._reap(child)
+
+    def _relay(self, child: Child, line: bytes) -> None:
+        try:
+            message = decode(line)
+        except json.JSONDecodeError:
+            return
+        message["id"] = child.job_id
+        if message.get("event") in ("done", "failed"):
+            child.finished = True
+        self.send(message)
+
+    def _reap(self, child: Child) -> None:
+        self._close(child)
+        _, status = os.waitpid(child.pid, 0)
+        if not child.finished:
+            self.send({"event": "failed", "id": child.job_id, "error": _death(status, child)})
+        _remove(child.dump_path)
+
+    def _close(self, child: Child) -> None:
+        self.children.pop(child.pipe, None)
+        try:
+            self.selector.unregister(child.pipe)
+        except (KeyError, ValueError):
+            pass
+        os.close(child.pipe)
+
+    def _kill(self, child: Child, kind: str, message: str, **extra: Any) -> None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._close(child)
+        os.waitpid(child.pid, 0)
+        if not child.finished:
+            self.send({"event": "failed", "id": child.job_id, "error": {"kind": kind, "message": message, **extra}})
+        _remove(child.dump_path)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.dumped_at is None and now >= child.deadline:
+                try:  # ask for a stack dump first: it says which line never finished
+                    os.kill(child.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+                child.dumped_at = now
+            elif child.dumped_at is not None and now >= child.dumped_at + DUMP_GRACE:
+                where = _stuck_at(child.dump_path, child.path)
+                message = "the analysis did not finish within the time limit"
+                if where:
+                    message += f"; it was still running line {where[1]} ({where[2]})"
+                extra = {"file": where[0], "line": where[1]} if where else {}
+                self._kill(child, "timeout", message, **extra)
+
+
+def _death(status: int, child: Child) -> dict[str, Any]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGKILL:
+            return {"kind": "memory", "message": "the worker was killed (out of memory?) while running the model's code"}
+        return {"kind": "crash", "message": f"the worker crashed ({signal.Signals(sig).name}) in the model's code"}
+    code = os.WEXITSTATUS(status)
+    return {"kind": "crash", "message": f"the model's code ended the worker (exit status {code}) before it finished"}
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
+
+
+def _stuck_at(dump_path: str, path: str) -> tuple[str, int, str] | None:
+    """The innermost frame in the analysed file from a faulthandler dump."""
+    try:
+        with open(dump_path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    frames = [(m["file"], int(m["line"]), m["fn"]) for m in _FRAME.finditer(text)]
+    target = os.path.abspath(path) if path else ""
+    for frame in frames:  # faulthandler lists the innermost frame first
+        if target and os.path.abspath(frame[0]) == target:
+            return frame
+    return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---- the child -------------------------------------------------------------------------------
+
+
+def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, memory_mb: int) -> None:
+    code = 0
+    try:
+        os.setpgid(0, 0)  # its own process group: a kill reaches anything it forks
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the user's prints must never reach the protocol pipe
+            os.dup2(devnull, fd)
+        faulthandler.register(signal.SIGUSR1, file=os.fdopen(dump_fd, "w"), all_threads=False)
+        _limit_memory(memory_mb)
+        me = os.getpid()
+        out = os.fdopen(write_fd, "wb", buffering=0)
+
+        def emit(message: dict[str, Any]) -> None:
+            if os.getpid() == me:  # a fork made by the user's code must not speak for us
+                out.write(encode(message))
+
+        def progress(text: str, fraction: float | None = None) -> None:
+            emit({"event": "progress", "message": text, "fraction": fraction})
+
+        from fuselens.worker.jobs import run_job
+
+        try:
+            result = run_job(job, progress)
+            emit({"event": "done", "result": result})
+        except MemoryError:
+            emit({"event": "failed", "error": {"kind": "memory", "message": "the model's code ran out of memory"}})
+        except BaseException as exc:  # noqa: BLE001 - report, never propagate
+            emit({"event": "failed", "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}",
+                                               "traceback": traceback.format_exc(limit=20)}})
+    except BaseException:  # noqa: BLE001
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def _limit_memory(memory_mb: int) -> None:
+    """Cap the address space at what the warm process already maps plus `memory_mb`."""
+    try:
+        with open("/proc/self/statm") as fh:
+            mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        mapped = 0
+    limit = mapped + memory_mb * 2**20
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError):
+        pass
+
+
+def main() -> int:
+    started = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(1)
+    from fuselens.worker.jobs import warm_up
+
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs speed
+        print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
+    host = Host()
+    host.send({"event": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
+               "warmup_ms": round((time.perf_counter() - started) * 1000)})
+    host.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
