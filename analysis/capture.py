@@ -801,7 +801,7 @@ def _drop_stand_in(stand_in) -> None:
 
 
 @contextlib.contextmanager
-def _without_dynamo_import():
+def without_dynamo_import():
     if "torch._dynamo" in sys.modules:
         yield
         return
@@ -851,7 +851,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
     complete = True
     try:
         device = contextlib.nullcontext() if real else torch.device("meta")
-        with _without_dynamo_import(), torch.no_grad(), device, recorder:
+        with without_dynamo_import(), torch.no_grad(), device, recorder:
             try:
                 out = model(*inputs)
             except _StopTrace:

@@ -66,7 +66,12 @@ class _Found:
 
 
 def analyze_file(path: str, options: AnalyzeOptions | None = None) -> R.Report:
-    options = options or AnalyzeOptions()
+    # Building models on meta runs Python init kernels that would import torch._dynamo.
+    with capture.without_dynamo_import():
+        return _analyze_file(path, options or AnalyzeOptions())
+
+
+def _analyze_file(path: str, options: AnalyzeOptions) -> R.Report:
     path = os.path.abspath(path)
     text = options.source_text
     if text is None:

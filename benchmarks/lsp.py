@@ -1,0 +1,161 @@
+"""The language server as an editor feels it: a real LSP client over stdio.
+
+    python benchmarks/lsp.py [--saves 20] [--requests 100]
+
+Prints: server start -> initialized; open -> first diagnostics (cold, worker warming
+up); save -> diagnostics p50/p95 over N saves (warm) for ExampleNet and the 12-layer GPT;
+hover / inlay hint / code action latency p50/p99; server and worker resident memory.
+Targets (docs): save -> diagnostics p50 <= 300 ms (ExampleNet) and <= 1 s (GPT);
+cached requests p99 <= 20 ms; server <= 150 MB RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from lsprotocol import types as lsp
+from pygls.lsp.client import LanguageClient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+class Client(LanguageClient):
+    def __init__(self):
+        super().__init__("fuselens-bench", "1")
+        self.published: dict[str, list[tuple[int | None, float]]] = {}
+        self.waiters: list[tuple[str, int, asyncio.Future]] = []
+
+        @self.feature(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        def on_diagnostics(params: lsp.PublishDiagnosticsParams):
+            now = time.perf_counter()
+            self.published.setdefault(params.uri, []).append((params.version, now))
+            for uri, version, fut in list(self.waiters):
+                if uri == params.uri and params.version == version and not fut.done():
+                    fut.set_result((now, len(params.diagnostics)))
+
+        for method in (lsp.WORKSPACE_CODE_LENS_REFRESH, lsp.WORKSPACE_INLAY_HINT_REFRESH,
+                       lsp.CLIENT_REGISTER_CAPABILITY, lsp.WINDOW_WORK_DONE_PROGRESS_CREATE):
+            self.feature(method)(lambda params: None)
+
+        @self.feature(lsp.WORKSPACE_CONFIGURATION)
+        def configuration(params):
+            return [None for _ in params.items]
+
+        @self.feature(lsp.WINDOW_LOG_MESSAGE)
+        def log(params):
+            pass
+
+    def wait_for(self, uri: str, version: int) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append((uri, version, fut))
+        return fut
+
+
+async def bench(saves: int, requests: int) -> None:
+    work = tempfile.mkdtemp(prefix="fuselens-bench-")
+    for name in ("example_net.py", "gpt.py", "pyproject.toml"):
+        shutil.copy(os.path.join(ROOT, "examples", name), work)
+    client = Client()
+    started = time.perf_counter()
+    await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", "--log-file", os.path.join(work, "server.log"))
+    await client.initialize_async(lsp.InitializeParams(
+        capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
+        initialization_options={"workspaceTrusted": True},
+        workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="bench")]))
+    client.initialized(lsp.InitializedParams())
+    print(f"server start -> initialized: {(time.perf_counter() - started) * 1000:.0f} ms")
+    server_pid = client._server.pid  # the subprocess pygls started
+
+    for name, label in (("example_net.py", "ExampleNet"), ("gpt.py", "GPT, 12 layers")):
+        path = os.path.join(work, name)
+        uri = f"file://{path}"
+        text = open(path).read()
+        version = 1
+        t0 = time.perf_counter()
+        waiter = client.wait_for(uri, version)
+        client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri, "python", version, text)))
+        _, count = await asyncio.wait_for(waiter, 300)
+        print(f"{label}: open -> first diagnostics {(time.perf_counter() - t0) * 1000:.0f} ms ({count} diagnostics)")
+        timings = []
+        for i in range(saves):
+            version += 1
+            text = text + f"# save {i}\n"
+            lines = text.count("\n")
+            client.text_document_did_change(lsp.DidChangeTextDocumentParams(
+                lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
+                [lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(lines - 1, 0), lsp.Position(lines - 1, 0)),
+                                                      text=f"# save {i}\n")]))
+            waiter = client.wait_for(uri, version)
+            t0 = time.perf_counter()
+            client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+            done, _ = await asyncio.wait_for(waiter, 120)
+            timings.append((done - t0) * 1000)
+        print(f"{label}: save -> diagnostics p50 {statistics.median(timings):.0f} ms, p95 {pct(timings, 0.95):.0f} ms "
+              f"over {saves} saves")
+        doc = lsp.TextDocumentIdentifier(uri)
+        for feature, call in (
+            ("hover", lambda: client.text_document_hover_async(lsp.HoverParams(doc, lsp.Position(18, 8)))),
+            ("inlay", lambda: client.text_document_inlay_hint_async(lsp.InlayHintParams(
+                doc, lsp.Range(lsp.Position(0, 0), lsp.Position(80, 0))))),
+            ("codeAction", lambda: client.text_document_code_action_async(lsp.CodeActionParams(
+                doc, lsp.Range(lsp.Position(18, 0), lsp.Position(18, 0)), lsp.CodeActionContext(diagnostics=[])))),
+        ):
+            times = []
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                await call()
+                times.append((time.perf_counter() - t0) * 1000)
+            print(f"{label}: {feature} p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms")
+    workers = children(server_pid)
+    worker_rss = max((rss_mb(p) for p in workers), default=0.0)
+    print(f"server RSS {rss_mb(server_pid):.0f} MB, worker RSS {worker_rss:.0f} MB")
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    shutil.rmtree(work, ignore_errors=True) if not os.environ.get("KEEP") else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--saves", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=100)
+    args = parser.parse_args()
+    asyncio.run(bench(args.saves, args.requests))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
