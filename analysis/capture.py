@@ -200,16 +200,53 @@ class Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         if name in DATA_DEPENDENT:
             return self._data_dependent(func, name, args, kwargs)
+        template = self._template((args, kwargs)) if self.retain else None
         out = self._call(func, args, kwargs)
         if not _tensors(out) and name not in ("__setitem__",):
             return out
+        first_new = len(self.graph.nodes)
         try:
             self._record(func, name, args, kwargs, out)
+            if template is not None:
+                self._attach_replay(func, template, out, first_new)
         except _StopTrace:
             raise
         except Exception as exc:  # a normalisation gap must never fail the user's trace
             self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
         return out
+
+    def _template(self, value: Any) -> Any:
+        """The call's arguments with each tensor replaced by a Ref to the node holding it now."""
+        if isinstance(value, torch.Tensor):
+            node_id = self._values.get(id(value))
+            return Ref(node_id) if node_id is not None else ("unbound", value)
+        if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+            items = [self._template(v) for v in value]
+            return items if isinstance(value, list) else tuple(items)
+        if isinstance(value, dict):
+            return {k: self._template(v) for k, v in value.items()}
+        return value
+
+    def _resolve(self, value: Any) -> Any:
+        if isinstance(value, tuple) and len(value) == 2 and value[0] == "unbound":
+            return Ref(self._values[id(value[1])])  # a parameter first seen by this call
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._resolve(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._resolve(v) for k, v in value.items()}
+        return value
+
+    def _attach_replay(self, func, template, out, first_new: int) -> None:
+        """Let validation re-run each recorded call on other tensors (eager timing, torch.compile)."""
+        args, kwargs = self._resolve(template)
+        outputs = _tensors(out)
+        for node in self.graph.nodes[first_new:]:
+            if node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const"):
+                continue
+            index = None
+            if not isinstance(out, torch.Tensor):  # one element of a tuple result
+                index = next((i for i, t in enumerate(outputs) if self._values.get(id(t)) == node.id), None)
+            node.replay = (func, args, kwargs, index)
 
     def _call(self, func, args, kwargs):
         """Run `func`, reusing the output metadata of an identical earlier call on meta tensors.
@@ -583,12 +620,13 @@ def _normalise_cast(canon, func, args, kwargs, out_t):
 
 
 def _normalise_binary(canon, func, args, kwargs, swapped):
+    if swapped:  # x.__rsub__(other) and friends: positional (self, other), whatever the names
+        a, b = (args[1] if len(args) > 1 else kwargs.get("other")), args[0]
+        return canon, OpClass.BINARY, [a, b], {}
     names = {"pow": ["input", "exponent"]}.get(canon, ["input", "other", "alpha"])
     bound = _bind(func, args, kwargs, names)
     a = bound.get("input", bound.get("self"))
     b = bound.get(names[1])
-    if swapped:
-        a, b = b, a
     params: dict[str, Any] = {}
     if canon in ("add", "sub") and bound.get("alpha", 1) != 1:
         params["alpha"] = bound["alpha"]

@@ -84,6 +84,7 @@ class Node:
     operand_names: dict[int, str] = field(default_factory=dict)  # operand id -> the caller's name for it
     owner: str = ""  # module path of `self` in the calling frame ("blocks.3"), "" for the root
     expr: str = ""  # for views of a named value: the source text that made it ("e[:, :, None]")
+    replay: Any = None  # (callable, args, kwargs, output index) with Refs for tensors; real traces only
 
     @property
     def refs(self) -> list[Ref]:

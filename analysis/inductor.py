@@ -17,10 +17,14 @@ How the answer is read, without touching scheduler internals:
   data edges and each node's stack trace, whose innermost frame in the user's file is the
   op's line) and so that the forward then runs eagerly: the kernels are only needed as text.
 - Tensors on the CPU compile with `cpu_backend = "triton"`: Inductor applies its GPU
-  fusion rules and emits Triton kernels for CPU tensors.  With no Triton driver on the
-  machine, `triton_hash_with_backend` (a cache-key helper) is stubbed and the kernels are
-  loaded under the Triton interpreter (`TRITON_INTERPRET=1`), which needs no driver.  CUDA
-  tensors use the CUDA backend untouched.
+  fusion rules and emits Triton kernels for CPU tensors.  There is no Triton driver for
+  them, so `triton_hash_with_backend` (a cache-key helper) falls back to a constant and the
+  compilation of kernel binaries, which only happens when Inductor loads the module it
+  wrote, is skipped.  CUDA tensors use the CUDA backend untouched (kernels are compiled).
+  The CPU reading is a close proxy, not the same answer: measured with torch 2.11 on an
+  H200, on CUDA a Linear's bias add joins the next pointwise kernel (on the CPU `addmm`
+  keeps it) and the Llama block's two rotary embeddings, `cat` included, become one kernel
+  (on the CPU the `cat` gets kernels of its own).  `InductorCapture.backend` says which.
 
 Pattern rewrites.  Inductor's pattern matcher replaces some subgraphs (e.g. `x * c` feeding
 a softmax) with new nodes that carry no provenance, so the replaced user op seems to vanish.
@@ -45,7 +49,6 @@ import contextlib
 import copy
 import json
 import logging
-import os
 import re
 import time
 import warnings
@@ -97,6 +100,7 @@ class AtenOp:
     file: str  # the user's line it came from ("" / 0 when provenance was lost)
     line: int
     user_ops: list[str] = field(default_factory=list)  # names of the InductorOps it lowers
+    layout: bool = False  # only moves or relabels memory (view, permute, clone, ...)
 
 
 @dataclass
@@ -125,6 +129,7 @@ class InductorKernel:
     lines: list[list]  # [[file, line], ...] of those ops, sorted
     source: str  # the @triton.jit function, or the library call for extern kernels
     inferred_ops: list[str] = field(default_factory=list)  # subset of user_ops placed by adjacency
+    unattributed: int = 0  # aten nodes it computes that map to no user op (pattern-rewrite output)
 
     @property
     def is_fusion(self) -> bool:
@@ -237,23 +242,29 @@ def _isolated(device: str, pattern_matcher: bool) -> Iterator[None]:
         stack.enter_context(config.patch(settings))
         stack.enter_context(fresh_cache())  # temp TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, deleted after
         if device == "cpu":
-            stack.enter_context(_environ("TRITON_INTERPRET", "1"))
+            stack.enter_context(_no_kernel_binaries())
             stack.enter_context(_driverless_backend_hash())
             stack.enter_context(_triton_driver_restored())
         yield
 
 
 @contextlib.contextmanager
-def _environ(key: str, value: str) -> Iterator[None]:
-    old = os.environ.get(key)
-    os.environ[key] = value
+def _no_kernel_binaries() -> Iterator[None]:
+    """Inductor loads the module it generated, and loading compiles each Triton kernel to a
+    binary; with no driver for the target that raises.  The capture only wants the text (the
+    forward then runs eagerly), so kernel compilation is skipped for its duration.
+
+    (Running the load under TRITON_INTERPRET=1 also avoids the compile, but whatever Triton
+    module is first imported then stays interpreted: Inductor's `triton_helpers` would break
+    every later CUDA compile in the process.)"""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = CachingAutotuner.precompile
+    CachingAutotuner.precompile = lambda self, *args, **kwargs: None
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
+        CachingAutotuner.precompile = original
 
 
 @contextlib.contextmanager
@@ -286,13 +297,11 @@ def _triton_driver_restored() -> Iterator[None]:
     except ImportError:
         yield
         return
-    had = "_active" in vars(driver)
-    active = vars(driver).get("_active")
+    active = getattr(driver, "_active", None)  # None: not chosen yet, chosen lazily on first use
     try:
         yield
     finally:
-        if had:
-            driver._active = active
+        driver._active = active
 
 
 @contextlib.contextmanager
@@ -465,7 +474,6 @@ def _build_graph(index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str
         ops[name].producers = _producers(n, nodes)
 
     kernels: list[InductorKernel] = []
-    orphan_evidence: dict[str, bool] = {}  # kernel id -> computes aten nodes with no provenance
     for key, post_names in kernel_to_post.items():
         name, _, handle = key.rpartition(":")
         kernel = InductorKernel(
@@ -478,11 +486,12 @@ def _build_graph(index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str
             pre = [p for p in post_to_pre.get(post, []) if p in ops]
             file, line = next(((ops[p].file, ops[p].line) for p in pre if ops[p].line and not ops[p].free),
                               post_lines.get(post, ("", 0)))
-            kernel.aten_ops.append(AtenOp(post, target, file, line, pre))
-            if _aten_base(target) in LAYOUT_ATEN:
+            layout = _aten_base(target) in LAYOUT_ATEN
+            kernel.aten_ops.append(AtenOp(post, target, file, line, pre, layout))
+            if layout:
                 continue
             if not pre:
-                orphan_evidence[kernel.id] = True
+                kernel.unattributed += 1
             computed += [p for p in pre if not ops[p].free and p not in computed]
         kernel.user_ops = computed
         for p in computed:
@@ -490,7 +499,7 @@ def _build_graph(index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str
         kernels.append(kernel)
 
     by_id = {k.id: k for k in kernels}
-    _place_orphans(ops, nodes, post_to_pre, kernel_to_post, by_id, orphan_evidence)
+    _place_orphans(ops, nodes, post_to_pre, by_id)
     for kernel in kernels:
         kernel.user_ops.sort(key=lambda p: nodes[p].order)
         kernel.lines = [list(fl) for fl in sorted({(ops[p].file, ops[p].line) for p in kernel.user_ops if ops[p].line})]
@@ -517,7 +526,7 @@ def _producers(node: _PreGradNode, nodes: dict[str, _PreGradNode]) -> list[str]:
 
 
 def _place_orphans(ops: dict[str, InductorOp], nodes: dict[str, _PreGradNode], post_to_pre: dict,
-                   kernel_to_post: dict, kernels: dict[str, InductorKernel], evidence: dict[str, bool]) -> None:
+                   kernels: dict[str, InductorKernel]) -> None:
     """Attribute ops whose provenance a pattern rewrite dropped to the kernel consuming them.
 
     An orphan maps to no post-grad node at all.  If every op reading its value (through
@@ -548,7 +557,7 @@ def _place_orphans(ops: dict[str, InductorOp], nodes: dict[str, _PreGradNode], p
         common = set(ops[reached[0]].kernels)
         for name in reached[1:]:
             common &= set(ops[name].kernels)
-        candidates = [k for k in common if evidence.get(k)]
+        candidates = [k for k in common if kernels[k].unattributed]
         if len(candidates) != 1:
             continue
         kernel = kernels[candidates[0]]

@@ -90,7 +90,7 @@ ALIASES: dict[str, str | tuple[str, bool]] = {
     "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge", "not_equal": "ne",
     "__and__": "bitwise_and", "__rand__": ("bitwise_and", True), "__or__": "bitwise_or",
     "__ror__": ("bitwise_or", True), "__xor__": "bitwise_xor", "__rxor__": ("bitwise_xor", True),
-    "arctan2": "atan2", "sgn": "sign", "clip": "clamp", "fmax": "maximum", "fmin": "minimum",
+    "arctan2": "atan2", "sgn": "sign", "clip": "clamp", "log_sigmoid": "logsigmoid",
     "__matmul__": "matmul", "__rmatmul__": ("matmul", True),
     "__getitem__": "getitem", "__setitem__": "setitem_",
     "swapaxes": "transpose", "swapdims": "transpose", "moveaxis": "movedim",

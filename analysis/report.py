@@ -183,6 +183,7 @@ class Model:
     status: str  # "analysed" | "skipped" | "error"
     inputs: list[TensorInfo] = field(default_factory=list)
     inputs_source: str = ""  # where the example inputs came from
+    param_dtype: str | None = None  # the dtype the weights were cast to, when one was asked for
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     clusters: list[Cluster] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--interpret", action="store_true", help="run kernels in the Triton interpreter on CPU")
     validate.add_argument("--cluster", action="append", help="validate only these cluster ids")
     validate.add_argument("--json", metavar="OUT", help="write the validation results as JSON")
-    validate.add_argument("--benchmark", action="store_true", help="also time kernels (GPU only)")
+    validate.add_argument("--no-benchmark", action="store_true",
+                          help="on a GPU, check numerics only (by default kernels are also timed)")
 
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")

@@ -17,7 +17,8 @@ def run_validate(args, analyze_options) -> int:
     console = Console(stderr=False)
     if not console.is_terminal:
         console = Console(width=160)
-    options = ValidateOptions(interpret=args.interpret, clusters=args.cluster, benchmark=args.benchmark)
+    options = ValidateOptions(interpret=args.interpret, clusters=args.cluster, benchmark=not args.no_benchmark,
+                              peak_gbps=args.peak_gbps)
 
     def progress(message: str, fraction=None) -> None:
         console.print(f"[dim]… {message}[/]")

@@ -39,8 +39,9 @@ def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list
          doc: str, comments: dict[str, str]) -> Emitted:
     kernel_name = f"_{name}_kernel"
     if plan.kind == "elementwise":
-        kernels = _elementwise(plan, kernel_name, comments)
-        strategy = "elementwise-2d"
+        kernels = _elementwise(plan, kernel_name + "_flat", comments, flat=True)
+        kernels += "\n\n" + _elementwise(plan, kernel_name + "_tile", comments, flat=False)
+        strategy = "elementwise-flat/tile"
     else:
         kernels = _rows(plan, kernel_name + "_block", comments, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, looped=True)
@@ -54,7 +55,7 @@ def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list
 # ---- kernel text --------------------------------------------------------------------------
 
 
-def _signature(plan: KernelPlan, kernel_name: str) -> str:
+def _signature(plan: KernelPlan, kernel_name: str, extra: tuple[str, ...] = ()) -> str:
     args = [f"in{k}_ptr" for k in range(len(plan.inputs))]
     args += [f"out{k}_ptr" for k in range(len(plan.outputs))]
     args += [f"d{i}" for i in range(len(plan.domain))]
@@ -63,7 +64,7 @@ def _signature(plan: KernelPlan, kernel_name: str) -> str:
     args += ["R", "C"]
     if plan.groups:
         args += ["G"]
-    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr"]
+    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", *extra]
     lines, line = [], f"def {kernel_name}("
     for a in args:
         piece = a + ", "
@@ -118,7 +119,7 @@ def _delinearize(index: str, dims: list[int], wanted: list[int]) -> list[str]:
 def _used_coords(stmts: list[Stmt]) -> set[int]:
     used: set[int] = set()
     for s in stmts:
-        used |= {int(m) for m in _COORD.findall(s.expr)}
+        used |= {int(m) for m in _COORD.findall(s.expr + " " + s.load_guard)}
     return used
 
 
@@ -132,16 +133,26 @@ def _mask_for(axes: frozenset) -> str | None:
     return None
 
 
-def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str:
+def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str], contiguous: set[int] = frozenset()) -> str:
+    """One statement; a load of a full-size input in `contiguous` gets a flat-address branch."""
     note = comments.get(s.name) or s.comment
     tail = f"  # {note}" if note else ""
     if s.load_input is not None:
-        slot = plan.inputs[s.load_input]
         mask = _mask_for(s.axes)
+        if s.load_guard:
+            mask = f"{mask} & {s.load_guard}" if mask else s.load_guard
         masked = f", mask={mask}, other=0" if mask else ""
         convert = ".to(tl.float32)" if s.kind == FLOAT else ""
-        return f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
+        strided = f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
+        if s.load_input in contiguous:
+            flat = f"{s.name} = tl.load(in{s.load_input}_ptr + (rows * C + cols){masked}){convert}{tail}"
+            return f"if CONTIG:\n    {flat}\nelse:\n    {strided}"
+        return strided
     return f"{s.name} = {s.expr}{tail}"
+
+
+def _indented(lines: list[str], prefix: str = "    ") -> list[str]:
+    return [prefix + part for line in lines for part in line.split("\n")]
 
 
 def _store(plan: KernelPlan, k: int, value: Stmt) -> str:
@@ -169,30 +180,77 @@ def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
     return [s for s in plan.stmts if s.name in seen and keep(s)]
 
 
-def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str]) -> str:
-    body = [
-        "pid = tl.program_id(0)",
-        "n_col_blocks = tl.cdiv(C, BLOCK_C)",
-        "rows = (pid // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
-        "cols = (pid % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
-        "if INDEX_64:",
-        "    rows = rows.to(tl.int64)",
-        "    cols = cols.to(tl.int64)",
-        "rmask = rows < R",
-        "cmask = cols < C",
-        "mask = rmask & cmask",
-    ]
+def identity_inputs(plan: KernelPlan) -> list[int]:
+    """Inputs read element for element over the whole domain (candidates for flat indexing)."""
+    full = tuple(f"c{i}" for i in range(len(plan.domain)))
+    return sorted({s.load_input for s in plan.stmts
+                   if s.load_input is not None and s.load_coords == full
+                   and plan.inputs[s.load_input].shape == plan.domain})
+
+
+def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], flat: bool) -> str:
+    """The 2-D tile kernel, or (`flat`) the 1-D kernel for contiguous inputs: one flat offset
+    addresses every same-shaped input and the output, as Inductor's pointwise kernels do."""
+    if flat:
+        body = [
+            "offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
+            "if INDEX_64:",
+            "    offs = offs.to(tl.int64)",
+            "    numel = R.to(tl.int64) * C",
+            "else:",
+            "    numel = R * C",
+            "mask = offs < numel",
+            "rmask = mask",
+            "cmask = mask",
+            "rows = offs // C",
+            "cols = offs % C",
+        ]
+    else:
+        body = [
+            "pid = tl.program_id(0)",
+            "n_col_blocks = tl.cdiv(C, BLOCK_C)",
+            "rows = (pid // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+            "cols = (pid % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+            "if INDEX_64:",
+            "    rows = rows.to(tl.int64)",
+            "    cols = cols.to(tl.int64)",
+            "rmask = rows < R",
+            "cmask = cols < C",
+            "mask = rmask & cmask",
+        ]
     stmts = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
-    used = _used_coords(stmts)
-    body += _coords(plan, used, "r") + _coords(plan, used, "c")
-    body += [_stmt_line(plan, s, comments) for s in stmts]
-    by_name = {s.name: s for s in plan.stmts}
-    body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs)]
+    direct = set(identity_inputs(plan)) if flat else set()
+    lines = []
+    for st in stmts:
+        if st.load_input in direct:
+            note = comments.get(st.name) or st.comment
+            convert = ".to(tl.float32)" if st.kind == FLOAT else ""
+            lines.append(f"{st.name} = tl.load(in{st.load_input}_ptr + offs, mask=mask, other=0){convert}"
+                         + (f"  # {note}" if note else ""))
+        else:
+            lines.append(_stmt_line(plan, st, comments))
+    used = _used_coords([st for st in stmts if st.load_input not in direct])
+    if flat and not used:
+        body = [b for b in body if not b.startswith(("rows =", "cols ="))]
+    body += _coords(plan, used, "r") + _coords(plan, used, "c") + lines
+    by_name = {st.name: st for st in plan.stmts}
+    for k, o in enumerate(plan.outputs):
+        value = by_name[o.stmt]
+        cast = f".to(out{k}_ptr.dtype.element_ty)"
+        if flat:
+            v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
+            body.append(f"tl.store(out{k}_ptr + offs, {v}{cast}, mask=mask)")
+        else:
+            body.append(_store(plan, k, value))
     return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in body)
 
 
 def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: bool) -> str:
+    """A row kernel.  With CONTIG (the launcher checks the full-size inputs are contiguous)
+    those inputs are read at rows * C + cols, the same flat offset the output uses."""
     by_name = {s.name: s for s in plan.stmts}
+    contiguous = set(identity_inputs(plan))
+    statement = lambda st: _stmt_line(plan, st, comments, contiguous)  # noqa: E731
     head = [
         "pid = tl.program_id(0)",
         "rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
@@ -217,9 +275,9 @@ def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: 
                 note = comments.get(s.name) or s.comment
                 body.append(line + (f"  # {note}" if note else ""))
             else:
-                body.append(_stmt_line(plan, s, comments))
+                body.append(statement(s))
         body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs)]
-        return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in head + body)
+        return _signature(plan, kernel_name, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
 
     done: set[str] = set()
 
@@ -227,7 +285,7 @@ def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: 
         for s in every:
             if is_row(s) and not s.reduce and s.level <= level and s.name not in done:
                 if all(d in done or not is_row(by_name[d]) for d in s.deps):
-                    body.append(_stmt_line(plan, s, comments))
+                    body.append(statement(s))
                     done.add(s.name)
 
     emit_rows(0)
@@ -242,11 +300,11 @@ def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: 
         body.append("for col0 in range(0, C, BLOCK_C):")
         inner = ["cols = col0 + tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
         inner += col_coords
-        inner += [_stmt_line(plan, s, comments) for s in loop_stmts]
+        inner += [statement(s) for s in loop_stmts]
         for s in reductions:
             combine = _COMBINE[s.reduce].format(acc=f"{s.name}_acc", x=f"tl.where(mask, {s.expr}, {_IDENTITY[s.reduce]})")
             inner.append(f"{s.name}_acc = {combine}")
-        body += ["    " + i for i in inner]
+        body += _indented(inner)
         for s in reductions:
             note = comments.get(s.name) or s.comment
             body.append(f"{s.name} = {_FINAL[s.reduce]}({s.name}_acc, axis=1)[:, None]" + (f"  # {note}" if note else ""))
@@ -258,11 +316,11 @@ def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], looped: 
         body.append("for col0 in range(0, C, BLOCK_C):")
         inner = ["cols = col0 + tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
         inner += col_coords
-        inner += [_stmt_line(plan, s, comments) for s in final]
+        inner += [statement(s) for s in final]
         inner += [_store(plan, k, by_name[o.stmt]) for k, o in full_outputs]
-        body += ["    " + i for i in inner]
+        body += _indented(inner)
     body += [_store(plan, k, by_name[o.stmt]) for k, o in enumerate(plan.outputs) if o.row_only]
-    return _signature(plan, kernel_name) + "\n" + "\n".join("    " + b for b in head + body)
+    return _signature(plan, kernel_name, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
 
 
 # ---- launcher text ------------------------------------------------------------------------
@@ -332,16 +390,25 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
         args.append("G")
     call_args = ", ".join(args)
     if plan.kind == "elementwise":
-        body.append("block_r, block_c, warps = _pointwise_tile(R, C)")
-        body.append("grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)")
-        body.append(f"{kernel_name}[grid]({call_args},")
-        body.append("    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, num_warps=warps)")
+        direct = [input_names[k] for k in identity_inputs(plan)]
+        contiguous = " and ".join(f"{n}.is_contiguous()" for n in direct) or "True"
+        body.append(f"if {contiguous}:  # one flat offset addresses every full-size input and the output")
+        body.append("    block, warps = _flat_tile(R * C)")
+        body.append(f"    {kernel_name}_flat[(triton.cdiv(R * C, block),)]({call_args},")
+        body.append("        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, num_warps=warps)")
+        body.append("else:")
+        body.append("    block_r, block_c, warps = _pointwise_tile(R, C)")
+        body.append("    grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)")
+        body.append(f"    {kernel_name}_tile[grid]({call_args},")
+        body.append("        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, num_warps=warps)")
     else:
+        direct = [input_names[k] for k in identity_inputs(plan)]
+        contiguous = " and ".join(f"{n}.is_contiguous()" for n in direct) or "True"
         body.append("block_r, block_c, warps, whole_row = _row_tile(R, C)")
         body.append("grid = (triton.cdiv(R, block_r),)")
         body.append(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
         body.append(f"kernel[grid]({call_args},")
-        body.append("    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, num_warps=warps)")
+        body.append(f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)")
     body.append("return " + _returns(plan))
     lines += ["    " + b for b in body]
     cls = "_" + "".join(p.capitalize() for p in name.split("_")) + "Function"

@@ -98,10 +98,20 @@ def _pow(base, exponent):
 ''',
 }
 
+
+def _max(a: str, b: str) -> str:
+    # torch's relu, clamp, maximum, ... propagate NaN; tl.maximum/minimum drop it by default.
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def _min(a: str, b: str) -> str:
+    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
 UNARY_FLOAT = {
     "neg": "-{a}",
     "abs": "tl.abs({a})",
-    "relu": "tl.maximum({a}, 0.0)",
+    "relu": _max("{a}", "0.0"),
     "sigmoid": "tl.sigmoid({a})",
     "silu": "{a} * tl.sigmoid({a})",
     "tanh": "_tanh({a})",
@@ -123,7 +133,7 @@ UNARY_FLOAT = {
     "trunc": "tl.where({a} >= 0, tl.floor({a}), tl.ceil({a}))",
     "sign": "tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))",
     "square": "{a} * {a}",
-    "hardsigmoid": "tl.minimum(tl.maximum({a} / 6.0 + 0.5, 0.0), 1.0)",
+    "hardsigmoid": _min(_max("{a} / 6.0 + 0.5", "0.0"), "1.0"),
     "hardswish": "{a} * tl.minimum(tl.maximum({a} + 3.0, 0.0), 6.0) / 6.0",
     "mish": "{a} * _tanh(tl.where({a} > 20.0, {a}, tl.log(1.0 + tl.exp({a}))))",
     "logsigmoid": "tl.minimum({a}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({a})))",
@@ -184,13 +194,13 @@ def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dty
         return f"tl.where({a} > 0, {a}, {a} * {literal(float(params.get('negative_slope', 0.01)))})"
     if op == "hardtanh":
         lo, hi = literal(float(params.get("min_val", -1.0))), literal(float(params.get("max_val", 1.0)))
-        return f"tl.minimum(tl.maximum({a}, {lo}), {hi})"
+        return _min(_max(a, lo), hi)
     if op == "clamp":
         out = a
         if params.get("min") is not None:
-            out = f"tl.maximum({out}, {_scalar(params['min'], out_kind)})"
+            out = _max(out, _scalar(params["min"], out_kind))
         if params.get("max") is not None:
-            out = f"tl.minimum({out}, {_scalar(params['max'], out_kind)})"
+            out = _min(out, _scalar(params["max"], out_kind))
         return out
     if op == "nan_to_num":
         big = FINFO_MAX.get(out_dtype, FINFO_MAX["float32"])
@@ -251,9 +261,9 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
     if op == "pow":
         return _pow(operands[0], operands[1], out_kind)
     if op == "maximum":
-        return f"tl.maximum({a}, {b})"
+        return _max(a, b)
     if op == "minimum":
-        return f"tl.minimum({a}, {b})"
+        return _min(a, b)
     if op in COMPARISONS:
         return f"{a} {COMPARISONS[op]} {b}"
     if op in ("logical_and", "bitwise_and"):
@@ -279,9 +289,9 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
     if op == "clamp_tensor":
         out = a
         if operands[1].text != "None":
-            out = f"tl.maximum({out}, {b})"
+            out = _max(out, b)
         if len(operands) > 2 and operands[2].text != "None":
-            out = f"tl.minimum({out}, {operands[2].text})"
+            out = _min(out, operands[2].text)
         return out
     raise LoweringError(f"`{op}` has no Triton lowering")
 
@@ -302,13 +312,16 @@ def _pow(base: Operand, exponent: Operand, out_kind: str) -> str:
         if e == -0.5:
             return f"tl.rsqrt({a})"
         _need(out_kind == FLOAT, "pow", "float")
-        return f"_pow({a}, {literal(e) if e is not None else exponent.text})"
+        # The helper needs both arguments as tensors: a bare constant fails in the interpreter.
+        return f"_pow({a}, tl.zeros_like({a}) + {literal(e) if e is not None else exponent.text})"
     if base.is_scalar:
         value = float(base.text) if "float(" not in base.text else None
         _need(out_kind == FLOAT, "pow", "float")
         if value is not None and value > 0:
             return f"tl.exp2({exponent.text} * {literal(math.log2(value))})"
-        return f"_pow({literal(value) if value is not None else base.text} + 0.0 * {exponent.text}, {exponent.text})"
+        constant = literal(value) if value is not None else base.text
+        # zeros_like, not `0.0 * exponent`: that is NaN where the exponent is infinite.
+        return f"_pow(tl.zeros_like({exponent.text}) + {constant}, {exponent.text})"
     _need(out_kind == FLOAT, "pow", "float")
     return f"_pow({a}, {exponent.text})"
 

@@ -20,8 +20,28 @@ MARKER = "# ---- fused kernel: "
 _MARKER_RE = re.compile(r"^# ---- fused kernel: (\w+)", re.M)
 
 TILES = f'''
+_SM_COUNT = []
+
+
 def _next_pow2(n):
     return 1 << (max(1, int(n)) - 1).bit_length()
+
+
+def _sm_count():
+    """Multiprocessors to keep busy; 1 without a GPU, where the interpreter prefers few big programs."""
+    if not _SM_COUNT:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device()) if torch.cuda.is_available() else None
+        _SM_COUNT.append(props.multi_processor_count if props else 1)
+    return _SM_COUNT[0]
+
+
+def _flat_tile(numel):
+    """(BLOCK, num_warps) for a flat elementwise kernel: 1024 elements a program, fewer when
+    that would leave multiprocessors idle."""
+    block = 1024
+    while block > 128 and numel // block < 2 * _sm_count():
+        block //= 2
+    return block, 4 if block >= 512 else 2
 
 
 def _pointwise_tile(rows, cols):
@@ -36,6 +56,8 @@ def _row_tile(rows, cols):
     width = _next_pow2(cols)
     if width <= {MAX_BLOCK_ROW}:
         block_r = max(1, min(_next_pow2(rows), 2048 // width))
+        while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
+            block_r //= 2  # narrow rows: fewer a program, so every multiprocessor gets work
         return block_r, width, max(1, min(16, block_r * width // 256)), True
     return 1, {LOOP_BLOCK}, 8, False
 '''

@@ -39,6 +39,7 @@ class PlanError(Exception):
 class Coord:
     text: str
     axes: frozenset = frozenset()  # tile axes it varies along: "r" (rows), "c" (columns)
+    guard: str = ""  # lanes where this coordinate is in range (a `cat` piece); loads mask the rest
 
     @staticmethod
     def const(value: int) -> "Coord":
@@ -60,6 +61,7 @@ class Stmt:
     deps: tuple[str, ...] = ()
     load_input: int | None = None
     load_coords: tuple[str, ...] = ()
+    load_guard: str = ""  # extra load mask (lanes of another `cat` piece)
 
 
 @dataclass
@@ -291,6 +293,7 @@ class _Planner:
         stmt = self._emit(f"in{slot_index}_ptr + ({address})", kind, [], comment=self._input_comment(node),
                           axes=frozenset(axes), load_input=slot_index)
         stmt.load_coords = tuple(c.text for c in coords)
+        stmt.load_guard = " & ".join(sorted({c.guard for c in coords if c.guard}))
         return stmt
 
     def _input_comment(self, node: Node) -> str:
@@ -329,6 +332,8 @@ class _Planner:
     def _pointwise(self, node: Node, coords) -> Stmt:
         out_kind = self._kind(node)
         operands = [self._operand(node, a, coords) for a in node.args]
+        if node.op != "clamp_tensor" and any(o.text == "None" for o in operands):  # only clamp has optional operands
+            raise PlanError("no-lowering", f"{_describe(node)} was recorded without one of its operands")
         deps = [self._stmt(o.text) for o in operands if not o.is_scalar]
         compute_kind = operand_kind(node.op, [o.kind for o in operands if not o.is_scalar] or [out_kind], out_kind)
         if node.op in ("where",):
@@ -357,11 +362,12 @@ class _Planner:
             src = self.g[piece.node]
             size = src.meta.shape[dim]
             shifted = list(coords)
-            if offset:
-                text = f"tl.minimum(tl.maximum({c.text} - {offset}, 0), {size - 1})"
-            else:
-                text = f"tl.minimum({c.text}, {size - 1})"
-            shifted[dim] = Coord(text, c.axes)
+            # Shifted, not clamped: an affine index keeps loads vectorised; lanes that belong
+            # to another piece are masked off instead.
+            text = f"({c.text} - {offset})" if offset else c.text
+            guard = " & ".join(g for g in (c.guard, f"({c.text} >= {offset})" if offset else "",
+                                           f"({c.text} < {offset + size})") if g)
+            shifted[dim] = Coord(text, c.axes, guard)
             stmt = self.value(piece.node, tuple(shifted))
             chosen.append((offset, size, stmt))
             offset += size
@@ -378,12 +384,10 @@ class _Planner:
         k = self.row_dims
         full_out = op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
         if full_out:
-            if tuple(c.text for c in coords) != tuple(c.text for c in self.full):
+            if not self._same_place(coords, self.full):
                 raise PlanError("shape", f"{_describe(node)} is read through a view that reorders its rows")
-        else:
-            lead = tuple(c.text for c in coords[:k])
-            if lead != tuple(c.text for c in self.full[:k]) or any(c.text != "0" for c in coords[k:]):
-                raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
+        elif not self._same_place(coords[:k], self.full[:k]) or any(c.text != "0" for c in coords[k:]):
+            raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
         if x.meta.shape != self.domain:
             raise PlanError("reduction", f"{_describe(node)} reads {_shape(x.meta.shape)}, not the kernel's rows "
                                          f"{_shape(self.domain)}")
@@ -446,6 +450,11 @@ class _Planner:
             y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _same_place(self, coords, target) -> bool:
+        """Same coordinates, where a size-1 domain dim's coordinate may also be written as 0."""
+        return len(coords) == len(target) and all(
+            a.text == b.text or (a.text == "0" and self.domain[i] == 1) for i, (a, b) in enumerate(zip(coords, target)))
 
     def _affine(self, node: Node, y: Stmt, comment: str) -> Stmt:
         out = y
@@ -530,7 +539,7 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
         text = c.text if stepsize == 1 else f"{c.text} * {stepsize}"
         text = f"({text} + {start})" if start else text
         out = list(coords)
-        out[dim] = Coord(text, c.axes)
+        out[dim] = Coord(text, c.axes, c.guard)
         return out
     if kind == "select":
         return coords[: step[1]] + [Coord.const(step[2])] + coords[step[1]:]

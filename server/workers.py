@@ -13,6 +13,7 @@ import itertools
 import os
 import re
 import sys
+import tempfile
 from typing import Any, Callable
 
 from fuselens.worker.protocol import decode, encode
@@ -73,14 +74,17 @@ class WorkerClient:
         self.starts += 1
         self._ready = asyncio.get_running_loop().create_future()
         try:
+            # -P and a neutral working directory: nothing in the folder the editor started
+            # the server from can shadow the worker's own imports.
             self._proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "fuselens.worker.host",
+                self.python, "-P", "-m", "fuselens.worker.host",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=scrubbed_environment(), limit=1 << 26)
+                env=scrubbed_environment(), limit=1 << 26, cwd=tempfile.gettempdir())
         except OSError as exc:
             raise JobFailed({"kind": "unavailable", "message": f"cannot start {self.python}: {exc}"}) from exc
-        self._reader = asyncio.create_task(self._read())
-        self._stderr = asyncio.create_task(self._drain_stderr())
+        # Each reader holds its own process: a restart must never put two readers on one pipe.
+        self._reader = asyncio.create_task(self._read(self._proc, self._ready))
+        self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
         try:
             self.info = await asyncio.wait_for(asyncio.shield(self._ready), READY_TIMEOUT)
         except (asyncio.TimeoutError, JobFailed) as exc:
@@ -94,11 +98,11 @@ class WorkerClient:
         self.log(f"worker ready: pid {self.info.get('pid')}, torch {self.info.get('torch')}, "
                  f"warm-up {self.info.get('warmup_ms')} ms")
 
-    async def _read(self) -> None:
-        assert self._proc and self._proc.stdout
+    async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
+        assert proc.stdout
         try:
             while True:
-                line = await self._proc.stdout.readline()
+                line = await proc.stdout.readline()
                 if not line:
                     break
                 try:
@@ -108,17 +112,18 @@ class WorkerClient:
                 self._dispatch(message)
         finally:
             error = {"kind": "crash", "message": "the analysis worker exited unexpectedly"}
-            if self._ready and not self._ready.done():
-                self._ready.set_exception(JobFailed(error))
-            for future, _ in list(self._jobs.values()):
-                if not future.done():
-                    future.set_exception(JobFailed(error))
-            self._jobs.clear()
+            if not ready.done():
+                ready.set_exception(JobFailed(error))
+            if self._proc is proc:  # jobs in flight belong to this process only if it is still the current one
+                for future, _ in list(self._jobs.values()):
+                    if not future.done():
+                        future.set_exception(JobFailed(error))
+                self._jobs.clear()
 
-    async def _drain_stderr(self) -> None:
-        assert self._proc and self._proc.stderr
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr
         while True:
-            line = await self._proc.stderr.readline()
+            line = await proc.stderr.readline()
             if not line:
                 return
             text = line.decode(errors="replace").rstrip()

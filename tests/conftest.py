@@ -47,3 +47,17 @@ def only_model(report, name: str | None = None):
 
 def chains(model) -> list[str]:
     return [c.op_chain for c in model.clusters]
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where CUDA is; elsewhere they are skipped, saying why."""
+    if not any("gpu" in item.keywords for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

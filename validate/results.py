@@ -32,6 +32,10 @@ class ClusterCheck:
     id: str
     kernel: str
     status: str  # "verified" | "mismatch" | "error" | "not-reached"
+    ops: str = ""  # "mul → relu → add"
+    regime: str | None = None
+    bytes_unfused: int | None = None  # at the shapes validated (the cost model's prediction)
+    bytes_fused: int | None = None
     instances: int = 0
     shapes: list[list[int]] = field(default_factory=list)  # input shapes it ran at
     max_abs: float | None = None
@@ -49,7 +53,10 @@ class ModelCheck:
     max_abs: float | None = None
     max_rel: float | None = None
     message: str = ""
-    speedup: float | None = None  # whole forward, eager vs patched (GPU only)
+    eager_us: float | None = None  # whole forward, CUDA-graph time (GPU only)
+    patched_us: float | None = None  # the same with every exact cluster applied
+    speedup: float | None = None  # eager_us / patched_us
+    amdahl_speedup: float | None = None  # whole forward if every cluster (all instances) were fused
 
 
 @dataclass

@@ -33,8 +33,9 @@ from fuselens.codegen.plan import check, plan_cluster
 from fuselens.codegen.module import module_for_report
 from fuselens.worker.analyze import AnalyzeOptions, analyze_file
 
-from .numerics import compare, narrowest
-from .results import ClusterCheck, ModelCheck, ModelValidation, ValidationReport
+from .numerics import TF32, compare, narrowest
+from .replay import cluster_function
+from .results import ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 from .shapes import scaled_specs
 
 Progress = Callable[[str, float | None], None]  # (message, fraction done or None)
@@ -44,9 +45,10 @@ Progress = Callable[[str, float | None], None]  # (message, fraction done or Non
 class ValidateOptions:
     interpret: bool = False
     clusters: list[str] | None = None  # cluster ids; None: all
-    benchmark: bool = False
+    benchmark: bool = True  # time kernels (CUDA only)
     seed: int = 0
     shapes: list[InputSpec] | None = None  # validate at these instead of choosing
+    peak_gbps: float | None = None  # bandwidth ceiling for "% of peak" (default: measured copy)
 
 
 def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
@@ -117,7 +119,9 @@ def _validate_model(path, analysis: Report, model: Model, kernels, analyze: Anal
     specs = [InputSpec(list(i.shape), i.dtype) for i in model.inputs]
     init = _init_of(analysis, model, analyze)
     meta_model = loader.build(cls, init, user_code, "").model
-    param_dtype = _param_dtype(meta_model)
+    param_dtype = getattr(torch, model.param_dtype) if model.param_dtype else None
+    if param_dtype is not None:
+        meta_model = meta_model.to(param_dtype)
     names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
 
     def signatures(trial: list[InputSpec]):
@@ -145,16 +149,56 @@ def _validate_model(path, analysis: Report, model: Model, kernels, analyze: Anal
     inputs = _random_inputs(shapes, device, options.seed)
     chosen = [c for c in model.clusters if c.kernel and (not options.clusters or c.id in options.clusters)]
     instances = _instances(real, inputs, names, user_code, need={_signature_of_cluster(c) for c in chosen})
+    timing = options.benchmark and device == "cuda"
+    peak = None
+    if timing:
+        from .gpu import copy_bandwidth_gbps
+
+        peak = copy_bandwidth_gbps(options.peak_gbps)
     for cluster in chosen:
         progress(f"{model.name}: {cluster.id} ({cluster.op_chain})", None)
-        result.clusters.append(_check_cluster(cluster, instances.get(_signature_of_cluster(cluster), []),
-                                              kernels, device))
+        found = instances.get(_signature_of_cluster(cluster), [])
+        check_ = _check_cluster(cluster, found, kernels, device)
+        if timing and check_.status == "verified":
+            progress(f"{model.name}: timing {cluster.id}", None)
+            check_.timing = _time_cluster(cluster, found[0], kernels, peak)
+        result.clusters.append(check_)
     exact = [c.id for c in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
     precision = narrowest([getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype]
                           + [i.dtype for i in inputs])
     result.model = _check_model(path, analysis, model, exact, init, param_dtype, inputs, device, tmp, options,
                                 precision)
+    if timing:
+        _time_model(result, real, inputs)
     return result
+
+
+def _time_cluster(cluster: Cluster, instance, kernels, peak: float) -> Timing:
+    from fuselens.analysis.cost import cluster_bytes
+
+    from .gpu import time_implementations
+
+    graph, plan, values = instance
+    args = [values[s.node] for s in plan.inputs]
+    _, fused_bytes = cluster_bytes(graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in plan.outputs])
+    figures = time_implementations(cluster_function(graph, plan, values), getattr(kernels, cluster.kernel.name), args,
+                                   fused_bytes, peak)
+    return Timing(**figures)
+
+
+def _time_model(result: ModelValidation, model, inputs) -> None:
+    """Whole-forward time, and the speedup if every cluster instance ran at its fused time."""
+    from .gpu import time_us
+
+    if result.model is None:
+        result.model = ModelCheck("skipped")
+    if result.model.eager_us is None:
+        with torch.no_grad():
+            result.model.eager_us = round(time_us(lambda: model(*inputs)), 2)
+    total = result.model.eager_us
+    saved = sum((c.timing.eager_us - c.timing.fused_us) * c.instances for c in result.clusters if c.timing)
+    if 0 < saved < total:
+        result.model.amdahl_speedup = round(total / (total - saved), 3)
 
 
 def _instances(model, inputs, names, user_code, need: set) -> dict[tuple, list]:
@@ -179,7 +223,7 @@ def _collect(traced) -> dict[tuple, list]:
     found: dict[tuple, list] = {}
     for group in detect(traced.graph, check).clusters:
         plan = plan_cluster(traced.graph, group.members)
-        found.setdefault(_signature_of_plan(traced.graph, plan), []).append((plan, traced.values))
+        found.setdefault(_signature_of_plan(traced.graph, plan), []).append((traced.graph, plan, traced.values))
     return found
 
 
@@ -205,11 +249,6 @@ def _init_of(analysis: Report, model: Model, analyze: AnalyzeOptions) -> dict:
     return init
 
 
-def _param_dtype(model: torch.nn.Module):
-    dtypes = {p.dtype for p in model.parameters()}
-    return next(iter(dtypes)) if len(dtypes) == 1 and next(iter(dtypes)) != torch.float32 else None
-
-
 def _random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -226,7 +265,8 @@ def _random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch
 
 
 def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> ClusterCheck:
-    check_ = ClusterCheck(cluster.id, cluster.kernel.name, "not-reached")
+    check_ = ClusterCheck(cluster.id, cluster.kernel.name, "not-reached", cluster.op_chain, cluster.regime,
+                          cluster.bytes_unfused, cluster.bytes_fused)
     if not plans:
         check_.message = ("not reached at the validation shapes with these inputs"
                           + (f" ({cluster.branch})" if cluster.branch else ""))
@@ -235,7 +275,7 @@ def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> Clust
     precision = narrowest([getattr(torch, op.dtype) for op in cluster.ops if op.dtype]
                           + [getattr(torch, i.dtype) for i in cluster.inputs])
     worst = None
-    for plan, values in plans:
+    for _, plan, values in plans:
         args = [values[s.node] for s in plan.inputs]
         expected = [values[o.node] for o in plan.outputs]
         check_.shapes = [list(a.shape) for a in args]
@@ -243,7 +283,7 @@ def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> Clust
             got = fn(*args)
         except Exception as exc:  # a failing kernel is a finding, not a crash
             check_.status = "error"
-            check_.message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            check_.message = _kernel_error(exc)
             return check_
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         for actual, want in zip(got, expected):
@@ -256,6 +296,18 @@ def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> Clust
     check_.status = "verified" if worst.ok else "mismatch"
     check_.message = worst.message
     return check_
+
+
+def _kernel_error(exc: Exception) -> str:
+    """One readable message; for a Triton compile error, the generated line it points at."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if "CompilationError" in type(exc).__name__ and len(lines) > 1:
+        pointed = next((i for i, line in enumerate(lines) if line.strip().startswith("^")), None)
+        code = lines[pointed - 1].strip() if pointed else lines[1].strip()
+        reason = lines[-1].strip()
+        return f"the generated kernel does not compile: {reason} at `{code}` ({lines[0].strip()})"
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _check_model(path, analysis: Report, model: Model, exact: list[str], init, param_dtype, inputs, device, tmp,
@@ -292,13 +344,22 @@ def _check_model(path, analysis: Report, model: Model, exact: list[str], init, p
         except Exception as exc:
             return ModelCheck("error", exact, message=f"the patched model failed: {type(exc).__name__}: {exc}")
     worst = None
+    tf32 = device == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
     for a, e in zip(_flat(got), _flat(want)):
-        cmp = compare(a, e, precision)
+        cmp = compare(a, e, precision, TF32 if tf32 else None)
         if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
             worst = cmp
     if worst is None:
         return ModelCheck("skipped", exact, message="the model returns no tensors")
-    return ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)
+    check_ = ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)
+    if options.benchmark and device == "cuda" and worst.ok:
+        from .gpu import time_us
+
+        with torch.no_grad():
+            check_.eager_us = round(time_us(lambda: original(*inputs)), 2)
+            check_.patched_us = round(time_us(lambda: fused(*inputs)), 2)
+        check_.speedup = round(check_.eager_us / check_.patched_us, 3)
+    return check_
 
 
 def _flat(value) -> list[torch.Tensor]:

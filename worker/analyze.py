@@ -204,6 +204,7 @@ def _analyse_class(info, cls, module, table, top, options, source, profile, user
         built = loader.build(cls, config.init, user_code, loader.hint_for_init(info.name))
         if config.param_dtype:
             built.model.to(getattr(torch, config.param_dtype))
+            model.param_dtype = config.param_dtype
         if built.note:
             model.notes.append(built.note)
         timings["build"] = _ms(t)

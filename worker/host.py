@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import ctypes  # noqa: E402
 import faulthandler  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -124,10 +125,11 @@ class Host:
         memory_mb = int(limits.get("memory_mb") or DEFAULT_MEMORY_MB)
         read_fd, write_fd = os.pipe()
         dump_fd, dump_path = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
+        host_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_fd)
-            _child_main(job_id, job, write_fd, dump_fd, memory_mb)
+            _child_main(job_id, job, write_fd, dump_fd, memory_mb, host_pid)
         os.close(write_fd)
         os.close(dump_fd)
         child = Child(job_id, pid, read_fd, time.monotonic() + seconds, dump_path, job.get("path", ""))
@@ -225,12 +227,18 @@ def _stuck_at(dump_path: str, path: str) -> tuple[str, int, str] | None:
             text = fh.read()
     except OSError:
         return None
-    frames = [(m["file"], int(m["line"]), m["fn"]) for m in _FRAME.finditer(text)]
+    frames = [(_unescape(m["file"]), int(m["line"]), _unescape(m["fn"])) for m in _FRAME.finditer(text)]
     target = os.path.abspath(path) if path else ""
     for frame in frames:  # faulthandler lists the innermost frame first
         if target and os.path.abspath(frame[0]) == target:
             return frame
     return None
+
+
+def _unescape(name: str) -> str:
+    """faulthandler writes a name's non-ASCII characters as \\xNN, \\uNNNN or \\UNNNNNNNN."""
+    return re.sub(r"\\x([0-9a-f]{2})|\\u([0-9a-f]{4})|\\U([0-9a-f]{8})",
+                  lambda m: chr(int(m.group(m.lastindex), 16)), name)
 
 
 def _remove(path: str) -> None:
@@ -243,14 +251,19 @@ def _remove(path: str) -> None:
 # ---- the child -------------------------------------------------------------------------------
 
 
-def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, memory_mb: int) -> None:
+def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, memory_mb: int,
+                host_pid: int) -> None:
     code = 0
     try:
         os.setpgid(0, 0)  # its own process group: a kill reaches anything it forks
+        _die_with(host_pid)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the user's prints must never reach the protocol pipe
             os.dup2(devnull, fd)
         faulthandler.register(signal.SIGUSR1, file=os.fdopen(dump_fd, "w"), all_threads=False)
+        # No .pyc for the user's modules: a cached one is trusted when the source's mtime (in
+        # seconds) and size match, so an edit saved within a second of the last job would be missed.
+        sys.dont_write_bytecode = True
         _limit_memory(memory_mb)
         me = os.getpid()
         out = os.fdopen(write_fd, "wb", buffering=0)
@@ -276,6 +289,16 @@ def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, m
         code = 70
     finally:
         os._exit(code)
+
+
+def _die_with(host_pid: int) -> None:
+    """Have the kernel kill this child if the host dies: nobody would enforce its time limit then."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != host_pid:  # the host died before that took effect
+        os._exit(70)
 
 
 def _limit_memory(memory_mb: int) -> None:

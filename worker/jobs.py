@@ -41,7 +41,7 @@ def validate(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
     settings = job.get("validate") or {}
     options = ValidateOptions(interpret=bool(settings.get("interpret")), clusters=settings.get("clusters"),
-                              benchmark=bool(settings.get("benchmark")))
+                              benchmark=bool(settings.get("benchmark", True)))
     analyze_options = _analyze_options(dict(job.get("options") or {}, source_text=job.get("text")))
     return validate_file(job["path"], analyze_options, options, progress).to_dict()
 

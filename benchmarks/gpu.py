@@ -1,0 +1,173 @@
+"""The GPU benchmark suite: every cluster of every example, at three sizes, in fp32 and bf16.
+
+    python benchmarks/gpu.py [--only example_net.py ...] [--dtype float32 ...] [--out DIR]
+
+For each example, three input sizes chosen to land its clusters in each regime
+(launch-bound, L2-resident, DRAM-bound on an H200), each validated and timed by
+`fuselens validate` machinery: numerics against eager, then CUDA-graph GPU time of eager,
+torch.compile (static shapes, a fresh compile per shape) and the generated kernel, plus
+host-inclusive launch times.  Writes results.json and results.md (a markdown table) to
+--out; docs/benchmarks.md holds the latest table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+# example -> (class, {size label: (input shapes, constructor kwargs)})
+SUITE = {
+    "example_net.py": ("ExampleNet", {
+        "launch": ([[256, 1024]], {}),
+        "l2": ([[4096, 1024]], {}),
+        "dram": ([[65536, 4096]], {"width": 4096, "hidden": 4096}),
+    }),
+    "branchy.py": ("GatedNet", {
+        "launch": ([[256, 1024]], {}),
+        "l2": ([[4096, 1024]], {}),
+        "dram": ([[65536, 4096]], {"width": 4096}),
+    }),
+    "llama_block.py": ("LlamaBlock", {
+        "launch": ([[1, 64, 1024]], {}),
+        "l2": ([[2, 512, 1024]], {}),
+        "dram": ([[4, 2048, 4096]], {"dim": 4096, "n_heads": 32, "hidden": 11008, "max_len": 2048}),
+    }),
+    "conv_block.py": ("ResBlock", {
+        "launch": ([[1, 128, 16, 16], [1, 512]], {}),
+        "l2": ([[8, 128, 32, 32], [8, 512]], {}),
+        "dram": ([[32, 256, 64, 64], [32, 512]], {"channels": 256}),
+    }),
+    "gpt.py": ("GPT", {
+        "launch": ([[1, 64]], {"n_layers": 2}),
+        "l2": ([[4, 256]], {"n_layers": 2}),
+        "dram": ([[16, 2048]], {"n_layers": 2, "max_len": 2048}),
+    }),
+}
+
+
+def run_case(example: str, size: str, dtype: str, peak_gbps: float | None) -> list[dict]:
+    from fuselens.analysis.inputs import InputSpec
+    from fuselens.validate.runner import ValidateOptions, validate_file
+    from fuselens.worker.analyze import AnalyzeOptions
+
+    cls, sizes = SUITE[example]
+    shapes, init = sizes[size]
+    int_inputs = example == "gpt.py"
+    in_dtype = "int64" if int_inputs else dtype
+    specs = [InputSpec(list(s), in_dtype) for s in shapes]
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init, "param_dtype": dtype}
+    report = validate_file(os.path.join(EXAMPLES, example), AnalyzeOptions(models={cls: config}),
+                           ValidateOptions(shapes=specs, benchmark=True, peak_gbps=peak_gbps))
+    rows = []
+    for problem in report.problems:
+        rows.append({"example": example, "size": size, "dtype": dtype, "error": problem})
+    for model in report.models:
+        for c in model.clusters:
+            row = {"example": example, "model": model.name, "size": size, "dtype": dtype, "shapes": model.inputs,
+                   "cluster": c.id, "ops": c.ops, "status": c.status, "regime": c.regime, "max_abs": c.max_abs,
+                   "bytes_unfused": c.bytes_unfused, "bytes_fused": c.bytes_fused, "instances": c.instances,
+                   "message": c.message}
+            if c.timing:
+                row.update(vars(c.timing))
+                if c.bytes_unfused and c.bytes_fused:
+                    row["predicted_ratio"] = round(c.bytes_unfused / c.bytes_fused, 3)
+            rows.append(row)
+        if model.model:
+            rows.append({"example": example, "model": model.name, "size": size, "dtype": dtype,
+                         "cluster": "model", "status": model.model.status, "eager_us": model.model.eager_us,
+                         "patched_us": model.model.patched_us, "speedup": model.model.speedup,
+                         "amdahl_speedup": model.model.amdahl_speedup, "applied": model.model.applied})
+    return rows
+
+
+def _f(value, digits=1, suffix=""):
+    return "—" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown(rows: list[dict], device: str, versions: dict) -> str:
+    head = ("| example | size | dtype | cluster | ops | regime | fused bytes | eager µs | compile µs | fused µs "
+            "| GB/s | % peak | vs eager | vs compile | predicted | launch µs fused / compile / eager |")
+    lines = [f"Device: {device}; " + ", ".join(f"{k} {v}" for k, v in versions.items()), "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r.get("cluster") == "model" or "error" in r:
+            continue
+        mb = f"{r['bytes_fused'] / 2**20:.1f} MB" if r.get("bytes_fused") else "—"
+        lines.append(
+            f"| {r['example'].removesuffix('.py')} | {r['size']} | {r['dtype']} | {r['cluster']} | {r['ops']} | "
+            f"{r.get('regime') or '—'} | {mb} | {_f(r.get('eager_us'))} | {_f(r.get('compiled_us'))} | "
+            f"{_f(r.get('fused_us'))} | {_f(r.get('achieved_gbps'), 0)} | {_f(r.get('pct_of_peak'), 0, '%')} | "
+            f"{_f(r.get('speedup_vs_eager'), 2, '×')} | {_f(r.get('speedup_vs_compiled'), 2, '×')} | "
+            f"{_f(r.get('predicted_ratio'), 2, '×')} | {_f(r.get('fused_launch_us'))} / "
+            f"{_f(r.get('compiled_launch_us'))} / {_f(r.get('eager_launch_us'))} |")
+    models = [r for r in rows if r.get("cluster") == "model"]
+    if models:
+        lines += ["", "| example | size | dtype | forward µs (eager) | patched µs | measured | if all clusters fused |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in models:
+            lines.append(f"| {r['example'].removesuffix('.py')} | {r['size']} | {r['dtype']} | {_f(r.get('eager_us'))} | "
+                         f"{_f(r.get('patched_us'))} | {_f(r.get('speedup'), 2, '×')} | "
+                         f"{_f(r.get('amdahl_speedup'), 2, '×')} |")
+    errors = [r for r in rows if "error" in r or r.get("status") not in (None, "verified", "matches", "skipped")]
+    for r in errors:
+        lines.append(f"\n- {r['example']} {r['size']} {r['dtype']} {r.get('cluster', '')}: "
+                     f"{r.get('error') or r.get('status')} {r.get('message', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", help="example file(s) to run (default: all)")
+    parser.add_argument("--size", action="append", choices=["launch", "l2", "dram"])
+    parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
+    parser.add_argument("--peak-gbps", type=float)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--budget-s", type=float, default=0, help="stop starting new cases after this many seconds")
+    args = parser.parse_args()
+    begun = time.perf_counter()
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: the GPU benchmark needs one (see `fuselens validate --interpret` for CPU checks)")
+        return 1
+    from fuselens.validate.gpu import copy_bandwidth_gbps
+
+    versions = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    device = torch.cuda.get_device_name()
+    peak = copy_bandwidth_gbps(args.peak_gbps)
+    print(f"{device}: copy bandwidth {peak:.0f} GB/s; {versions}", flush=True)
+    rows: list[dict] = []
+    os.makedirs(args.out, exist_ok=True)
+    for example in args.only or list(SUITE):
+        for size in args.size or ["launch", "l2", "dram"]:
+            for dtype in args.dtype or ["float32", "bfloat16"]:
+                if args.budget_s and time.perf_counter() - begun > args.budget_s:
+                    print(f"time budget spent: skipping {example} {size} {dtype}", flush=True)
+                    continue
+                started = time.perf_counter()
+                try:
+                    got = run_case(example, size, dtype, args.peak_gbps)
+                except Exception as exc:  # one failing case must not lose the others
+                    got = [{"example": example, "size": size, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"}]
+                rows += got
+                print(f"{example} {size} {dtype}: {len(got)} rows in {time.perf_counter() - started:.0f} s", flush=True)
+                torch.cuda.empty_cache()
+                with open(os.path.join(args.out, "results.json"), "w") as fh:  # after every case: a cut run keeps it
+                    json.dump({"device": device, "copy_gbps": peak, "versions": versions, "rows": rows}, fh,
+                              indent=1, default=str)
+    table = markdown(rows, device, versions)
+    with open(os.path.join(args.out, "results.md"), "w") as fh:
+        fh.write(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

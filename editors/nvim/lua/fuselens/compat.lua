@@ -1,0 +1,95 @@
+-- Version shims. The plugin targets Neovim 0.7 (what Debian 12 ships) and up; each function
+-- here uses the newer API when it exists and a 0.7 equivalent, or nothing, when it does not.
+--
+--   feature             0.7                      0.8+                  0.10+
+--   start a client      start_client + attach    vim.lsp.start         vim.lsp.start
+--   code lens refresh   codelens.refresh()       codelens.refresh()    codelens.refresh({bufnr})
+--   inlay hints         -                        -                     vim.lsp.inlay_hint.enable
+--   code_action filter  (vim.ui.select picks)    {filter, apply}       {filter, apply}
+--   client methods      client.request(...)      client.request(...)   client:request(...) (0.11+)
+
+local M = {}
+
+local uv = vim.uv or vim.loop
+
+function M.has(version)
+  return vim.fn.has("nvim-" .. version) == 1
+end
+
+--- The nearest folder above `path` holding one of `markers`, or nil.
+function M.find_root(path, markers)
+  local dir = vim.fn.fnamemodify(path, ":p:h")
+  while dir and dir ~= "" do
+    for _, marker in ipairs(markers) do
+      if uv.fs_stat(dir .. "/" .. marker) then
+        return dir
+      end
+    end
+    local parent = vim.fn.fnamemodify(dir, ":h")
+    if parent == dir then
+      return nil
+    end
+    dir = parent
+  end
+  return nil
+end
+
+local started = {} -- root_dir -> client id (0.7 only: vim.lsp.start does this itself)
+
+--- Start (or reuse) the client for config.root_dir and attach it to `bufnr`.
+function M.start(config, bufnr)
+  if vim.lsp.start then
+    return vim.lsp.start(config, { bufnr = bufnr })
+  end
+  local id = started[config.root_dir]
+  local client = id and vim.lsp.get_client_by_id(id)
+  if not client or client.is_stopped() then
+    id = vim.lsp.start_client(config)
+    started[config.root_dir] = id
+  end
+  if id then
+    vim.lsp.buf_attach_client(bufnr, id)
+  end
+  return id
+end
+
+--- client:request on 0.11+ (methods), client.request before (plain functions).
+function M.request(client, method, params, handler, bufnr)
+  if M.has("0.11") then
+    return client:request(method, params, handler, bufnr)
+  end
+  return client.request(method, params, handler, bufnr)
+end
+
+function M.stop(client)
+  if M.has("0.11") then
+    return client:stop()
+  end
+  return client.stop()
+end
+
+--- Ask for code lenses of `bufnr` again (they are drawn as virtual text).
+function M.refresh_codelens(bufnr)
+  if not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  if M.has("0.10") then
+    pcall(vim.lsp.codelens.refresh, { bufnr = bufnr })
+  else
+    vim.api.nvim_buf_call(bufnr, function()
+      pcall(vim.lsp.codelens.refresh) -- works on the current buffer
+    end)
+  end
+end
+
+--- Turn on inlay hints for `bufnr` where Neovim can show them (0.10+); false otherwise.
+function M.enable_inlay_hints(bufnr)
+  local ih = vim.lsp.inlay_hint
+  if type(ih) ~= "table" or type(ih.enable) ~= "function" then
+    return false
+  end
+  -- 0.10 final: enable(true, {bufnr}); pre-releases had enable(bufnr, true).
+  return pcall(ih.enable, true, { bufnr = bufnr }) or pcall(ih.enable, bufnr, true)
+end
+
+return M

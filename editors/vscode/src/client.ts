@@ -1,0 +1,167 @@
+// The language client: starting, stopping and restarting `fuselens serve --stdio`, and the
+// middleware that feeds the status bar and filters the settings the server is sent.
+
+import * as fs from "fs";
+import * as vscode from "vscode";
+import {
+  LanguageClient,
+  LanguageClientOptions,
+  ServerOptions,
+  State,
+} from "vscode-languageclient/node";
+import { serverSettings } from "./config";
+import { resolveServer, ServerCommand } from "./server";
+import { StatusModel } from "./status";
+
+export const CLIENT_ID = "fuselens";
+
+/** What the server is told at initialisation; trust comes from VS Code, never from a file. */
+export function initializationOptions(): { workspaceTrusted: boolean; settings: Record<string, unknown> } {
+  return {
+    workspaceTrusted: vscode.workspace.isTrusted,
+    settings: serverSettings(vscode.workspace.getConfiguration("fuselens")),
+  };
+}
+
+function isPythonFile(doc: vscode.TextDocument): boolean {
+  return doc.uri.scheme === "file" && doc.languageId === "python";
+}
+
+export function clientOptions(output: vscode.OutputChannel, status: StatusModel): LanguageClientOptions {
+  // The server analyses only trusted files and says nothing for the others, so an untrusted
+  // document is never marked "analysing" (it would spin forever).
+  const sent = (doc: vscode.TextDocument) => {
+    if (isPythonFile(doc) && vscode.workspace.isTrusted) {
+      status.analysing(doc.uri.toString());
+    }
+  };
+  return {
+    documentSelector: [{ scheme: "file", language: "python" }],
+    outputChannel: output,
+    initializationOptions,
+    middleware: {
+      didOpen: (doc, next) => {
+        sent(doc);
+        return next(doc);
+      },
+      didSave: (doc, next) => {
+        sent(doc);
+        return next(doc);
+      },
+      didClose: (doc, next) => {
+        status.closed(doc.uri.toString());
+        return next(doc);
+      },
+      handleDiagnostics: (uri, diagnostics, next) => {
+        status.diagnostics(uri.toString(), diagnostics);
+        next(uri, diagnostics);
+      },
+      handleWorkDoneProgress: (token, params, next) => {
+        const key = String(token);
+        if (params.kind === "begin") {
+          status.progressBegin(key, params.title, params.percentage);
+        } else if (params.kind === "report") {
+          status.progressReport(key, params.message, params.percentage);
+        } else {
+          status.progressEnd(key);
+        }
+        next(token, params); // keep the client's own progress UI
+      },
+      workspace: {
+        // The server asks for section "fuselens"; answer with its keys only (see config.ts).
+        configuration: (params, token, next) => {
+          if (params.items.every((item) => item.section === "fuselens")) {
+            return params.items.map((item) => {
+              const scope = item.scopeUri ? vscode.Uri.parse(item.scopeUri) : undefined;
+              return serverSettings(vscode.workspace.getConfiguration("fuselens", scope));
+            });
+          }
+          return next(params, token);
+        },
+      },
+    },
+  };
+}
+
+/** Owns the one LanguageClient; `restart` builds a new one (the interpreter may have changed). */
+export class Controller {
+  client: LanguageClient | undefined;
+  server: ServerCommand | undefined;
+  private stopping = false;
+
+  constructor(
+    private readonly storage: string,
+    private readonly output: vscode.OutputChannel,
+    private readonly status: StatusModel,
+  ) {}
+
+  log(line: string): void {
+    this.output.appendLine(`[extension] ${line}`);
+  }
+
+  async start(): Promise<void> {
+    // Run the server from a folder of the extension's own: `python -m` puts the working
+    // directory first on sys.path, and a workspace must not supply the code that runs.
+    fs.mkdirSync(this.storage, { recursive: true });
+    const config = vscode.workspace.getConfiguration("fuselens");
+    const active = vscode.window.activeTextEditor?.document.uri;
+    const server = await resolveServer(config, active, this.storage, (l) => this.log(l));
+    this.server = server;
+    this.log(`starting ${server.command} ${server.args.join(" ")} (from ${server.source}); ` +
+      `workspace ${vscode.workspace.isTrusted ? "trusted" : "not trusted: analysis waits for trust"}`);
+    const serverOptions: ServerOptions = { command: server.command, args: server.args, options: { cwd: this.storage } };
+    const client = new LanguageClient(CLIENT_ID, "fuselens", serverOptions, clientOptions(this.output, this.status));
+    client.onDidChangeState((e) => {
+      if (e.newState === State.Stopped && !this.stopping) {
+        this.status.setServerError("the language server stopped; see the fuselens output");
+      }
+    });
+    this.client = client;
+    this.status.setServerError(undefined);
+    try {
+      await client.start();
+    } catch (error) {
+      const why = error instanceof Error ? error.message : String(error);
+      this.status.setServerError(`the server did not start: ${why}`);
+      this.log(`could not start ${server.command}: ${why}`);
+      void vscode.window
+        .showErrorMessage(
+          `fuselens: could not start the language server (${server.command}). Install fuselens into your ` +
+            "Python environment (pip install fuselens) or set fuselens.server.path.",
+          "Open Settings",
+          "Show Log",
+        )
+        .then((choice) => {
+          if (choice === "Open Settings") {
+            void vscode.commands.executeCommand("workbench.action.openSettings", "fuselens.server");
+          } else if (choice === "Show Log") {
+            this.output.show();
+          }
+        });
+    }
+  }
+
+  async stop(): Promise<void> {
+    const client = this.client;
+    this.client = undefined;
+    if (!client) {
+      return;
+    }
+    this.stopping = true;
+    try {
+      if (client.isRunning()) {
+        await client.stop();
+      }
+    } catch (error) {
+      this.log(`stopping the server: ${error}`);
+    } finally {
+      this.stopping = false;
+    }
+  }
+
+  async restart(why: string): Promise<void> {
+    this.log(`restarting the server: ${why}`);
+    await this.stop();
+    await this.start();
+  }
+}

@@ -1,0 +1,125 @@
+// Palette commands. They forward to the server's workspace commands (server/commands.py).
+//
+// The server's own command ids (fuselens.analyze, fuselens.validateAll, ...) are registered
+// in VS Code by the language client itself, for the code lenses to run, so the palette
+// commands use ids of their own (fuselens.palette.*) and add what the palette needs:
+// picking the document, and the cluster at the cursor.
+
+import * as vscode from "vscode";
+import { ExecuteCommandRequest } from "vscode-languageclient/node";
+import { Controller } from "./client";
+import { StatusModel } from "./status";
+
+export const PALETTE_COMMANDS = {
+  analyze: "fuselens.palette.analyze",
+  validateKernel: "fuselens.palette.validateKernel",
+  validateAll: "fuselens.palette.validateAll",
+  showKernel: "fuselens.palette.showKernel",
+  restart: "fuselens.palette.restart",
+  showOutput: "fuselens.palette.showOutput",
+} as const;
+
+function activePythonUri(): vscode.Uri | undefined {
+  const doc = vscode.window.activeTextEditor?.document;
+  if (!doc || doc.languageId !== "python" || doc.uri.scheme !== "file") {
+    void vscode.window.showWarningMessage("fuselens: open a Python file first.");
+    return undefined;
+  }
+  return doc.uri;
+}
+
+/** The cluster ids in `uri`'s diagnostics (the server puts `{cluster: id}` in their data). */
+export function clusterDiagnostics(uri: vscode.Uri): { id: string; diagnostic: vscode.Diagnostic }[] {
+  return vscode.languages
+    .getDiagnostics(uri)
+    .filter((d) => d.source === "fuselens")
+    .map((d) => ({ id: (d as { data?: { cluster?: string } }).data?.cluster, diagnostic: d }))
+    .filter((c): c is { id: string; diagnostic: vscode.Diagnostic } => typeof c.id === "string");
+}
+
+async function pickCluster(uri: vscode.Uri): Promise<string | undefined> {
+  const clusters = clusterDiagnostics(uri);
+  if (clusters.length === 0) {
+    void vscode.window.showInformationMessage("fuselens: no fusable clusters in this file (yet).");
+    return undefined;
+  }
+  const cursor = vscode.window.activeTextEditor?.selection.active;
+  const here = cursor ? clusters.filter((c) => c.diagnostic.range.contains(cursor)) : [];
+  if (here.length === 1) {
+    return here[0].id;
+  }
+  const choice = await vscode.window.showQuickPick(
+    clusters.map((c) => ({
+      label: c.id,
+      description: `line ${c.diagnostic.range.start.line + 1}`,
+      detail: c.diagnostic.message,
+    })),
+    { placeHolder: "Validate which kernel?" },
+  );
+  return choice?.label;
+}
+
+export function registerCommands(
+  context: vscode.ExtensionContext,
+  controller: Controller,
+  status: StatusModel,
+  output: vscode.OutputChannel,
+): void {
+  const run = async (command: string, args: unknown[]): Promise<unknown> => {
+    const client = controller.client;
+    if (!client || !client.isRunning()) {
+      void vscode.window.showErrorMessage("fuselens: the language server is not running (fuselens: Restart server).");
+      return undefined;
+    }
+    try {
+      return await client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args });
+    } catch (error) {
+      // The server answers bad requests ("no analysis of ... yet") with a message for people.
+      void vscode.window.showWarningMessage(`fuselens: ${error instanceof Error ? error.message : error}`);
+      return undefined;
+    }
+  };
+
+  const register = (id: string, handler: () => unknown) =>
+    context.subscriptions.push(vscode.commands.registerCommand(id, handler));
+
+  register(PALETTE_COMMANDS.analyze, async () => {
+    const uri = activePythonUri();
+    if (!uri) {
+      return;
+    }
+    const result = (await run("fuselens.analyze", [uri.toString()])) as { scheduled?: boolean } | undefined;
+    if (result?.scheduled) {
+      status.analysing(uri.toString());
+    } else if (result) {
+      const choice = await vscode.window.showWarningMessage(
+        "fuselens runs your model's code to analyse it, so it waits until you trust this workspace.",
+        "Manage Workspace Trust",
+      );
+      if (choice) {
+        void vscode.commands.executeCommand("workbench.trust.manage");
+      }
+    }
+  });
+  register(PALETTE_COMMANDS.validateKernel, async () => {
+    const uri = activePythonUri();
+    const cluster = uri && (await pickCluster(uri));
+    if (uri && cluster) {
+      await run("fuselens.validateKernel", [uri.toString(), cluster]);
+    }
+  });
+  register(PALETTE_COMMANDS.validateAll, async () => {
+    const uri = activePythonUri();
+    if (uri) {
+      await run("fuselens.validateAll", [uri.toString()]);
+    }
+  });
+  register(PALETTE_COMMANDS.showKernel, async () => {
+    const uri = activePythonUri();
+    if (uri) {
+      await run("fuselens.showKernel", [uri.toString()]); // the server opens the file (showDocument)
+    }
+  });
+  register(PALETTE_COMMANDS.restart, () => controller.restart("asked from the command palette"));
+  register(PALETTE_COMMANDS.showOutput, () => output.show());
+}

@@ -1,0 +1,141 @@
+// The status bar item: idle / analysing / N clusters / validating / error.
+//
+// `StatusModel` is plain state with no VS Code in it, so the tests drive it directly. It
+// is fed by the client's middleware (client.ts): a document sent to the server (open,
+// save, "Analyze") is "analysing" until its diagnostics come back; the diagnostics say
+// how many clusters it has or that the analysis failed; work-done progress (validation)
+// shows while it runs. The item shows the state of the active editor's document.
+
+export type Shown = { text: string; tooltip: string; error: boolean };
+
+/** Diagnostic codes the server uses when an analysis did not produce a report. */
+const FAILURE_CODES = new Set(["timeout", "memory", "crash", "internal", "unavailable"]);
+
+/** The fields of a (protocol) diagnostic the model reads. */
+export interface DiagnosticLike {
+  source?: string;
+  code?: string | number | { value: string | number };
+  message: string;
+  data?: unknown;
+}
+
+interface DocState {
+  analysing: boolean;
+  clusters: number;
+  failure?: string;
+}
+
+function codeOf(d: DiagnosticLike): string {
+  const code = d.code;
+  return String(typeof code === "object" && code !== null ? code.value : code ?? "");
+}
+
+export class StatusModel {
+  private docs = new Map<string, DocState>();
+  private progress = new Map<string, { title: string; message?: string; percentage?: number }>();
+  private serverError: string | undefined;
+  private onChange: () => void;
+
+  constructor(onChange: () => void = () => undefined) {
+    this.onChange = onChange;
+  }
+
+  private doc(uri: string): DocState {
+    let state = this.docs.get(uri);
+    if (!state) {
+      state = { analysing: false, clusters: 0 };
+      this.docs.set(uri, state);
+    }
+    return state;
+  }
+
+  /** A document was sent for analysis (opened, saved, or "Analyze" ran). */
+  analysing(uri: string): void {
+    this.doc(uri).analysing = true;
+    this.onChange();
+  }
+
+  /** The server published diagnostics for `uri`. */
+  diagnostics(uri: string, diagnostics: readonly DiagnosticLike[]): void {
+    const ours = diagnostics.filter((d) => d.source === "fuselens");
+    const state = this.doc(uri);
+    state.analysing = false;
+    state.clusters = ours.filter((d) => (d.data as { cluster?: string } | undefined)?.cluster).length;
+    state.failure = ours.find((d) => FAILURE_CODES.has(codeOf(d)))?.message;
+    this.onChange();
+  }
+
+  /** Show again (the active editor changed). */
+  refresh(): void {
+    this.onChange();
+  }
+
+  closed(uri: string): void {
+    this.docs.delete(uri);
+    this.onChange();
+  }
+
+  progressBegin(token: string, title: string, percentage?: number): void {
+    this.progress.set(token, { title, percentage });
+    this.onChange();
+  }
+
+  progressReport(token: string, message?: string, percentage?: number): void {
+    const p = this.progress.get(token);
+    if (p) {
+      p.message = message ?? p.message;
+      p.percentage = percentage ?? p.percentage;
+      this.onChange();
+    }
+  }
+
+  progressEnd(token: string): void {
+    this.progress.delete(token);
+    this.onChange();
+  }
+
+  /** The server could not start or stopped; undefined clears it. */
+  setServerError(message: string | undefined): void {
+    this.serverError = message;
+    if (message) {
+      this.progress.clear();
+      for (const state of this.docs.values()) {
+        state.analysing = false;
+      }
+    }
+    this.onChange();
+  }
+
+  /** What to show while `activeUri` is the active editor's document. */
+  shown(activeUri: string | undefined): Shown {
+    if (this.serverError) {
+      return { text: "$(error) fuselens", tooltip: `fuselens: ${this.serverError}`, error: true };
+    }
+    const running = [...this.progress.values()].pop();
+    if (running) {
+      const pct = running.percentage !== undefined ? ` ${running.percentage}%` : "";
+      const title = running.title.replace(/^fuselens:\s*/, "");
+      return {
+        text: `$(sync~spin) fuselens: ${title}${pct}`,
+        tooltip: running.message ? `${running.title}\n${running.message}` : running.title,
+        error: false,
+      };
+    }
+    const state = activeUri ? this.docs.get(activeUri) : undefined;
+    if (!state) {
+      return { text: "$(zap) fuselens", tooltip: "fuselens: idle", error: false };
+    }
+    if (state.analysing) {
+      return { text: "$(sync~spin) fuselens: analysing", tooltip: "fuselens: analysing this file", error: false };
+    }
+    if (state.failure) {
+      return { text: "$(error) fuselens: failed", tooltip: state.failure, error: true };
+    }
+    const n = state.clusters;
+    return {
+      text: `$(zap) fuselens: ${n} cluster${n === 1 ? "" : "s"}`,
+      tooltip: `fuselens: ${n} fusable cluster${n === 1 ? "" : "s"} in this file`,
+      error: false,
+    };
+  }
+}

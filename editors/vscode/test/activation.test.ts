@@ -1,0 +1,234 @@
+// Activation, as far as it goes without a VS Code binary: the fakes in fakes.ts stand in
+// for `vscode` and the LanguageClient, and record what the extension asked of them.
+
+import * as assert from "assert";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import { clients, fakeContext, FakeState, FakeUri, freshState, loadExtension } from "./fakes";
+
+const ROOT = path.resolve(__dirname, "..", "..");
+const REPO = path.resolve(ROOT, "..", "..");
+const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8"));
+
+/** An interpreter with fuselens installed: $FUSELENS_PYTHON or the repository's .venv. */
+const VENV_PYTHON = process.env.FUSELENS_PYTHON || path.join(REPO, ".venv", "bin", "python");
+
+function pythonExtension(executable: string) {
+  return {
+    exports: {
+      environments: {
+        getActiveEnvironmentPath: () => ({ id: "x", path: executable }),
+        resolveEnvironment: async (env: { path: string }) => ({ executable: { uri: FakeUri.file(env.path) } }),
+      },
+    },
+  };
+}
+
+async function activate(state: FakeState) {
+  clients.length = 0;
+  const storage = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-ext-"));
+  const loaded = loadExtension(state);
+  const context = fakeContext(storage);
+  const controller = await loaded.extension.activate(context);
+  return { ...loaded, context, controller, storage };
+}
+
+describe("activation", () => {
+  it("starts `fuselens serve --stdio` from PATH when nothing else is configured", async () => {
+    const state = freshState();
+    const { storage } = await activate(state);
+    assert.strictEqual(clients.length, 1);
+    const client = clients[0];
+    assert.strictEqual(client.started, 1);
+    assert.deepStrictEqual(client.serverOptions.command, "fuselens");
+    assert.deepStrictEqual(client.serverOptions.args, ["serve", "--stdio"]);
+    // Never the workspace: `python -m` would put it first on sys.path.
+    assert.strictEqual(client.serverOptions.options.cwd, storage);
+    assert.deepStrictEqual(client.clientOptions.documentSelector, [{ scheme: "file", language: "python" }]);
+  });
+
+  it("uses fuselens.server.path, then fuselens.server.python", async () => {
+    let state = freshState();
+    state.settings["fuselens.server.path"] = "/opt/fuselens/bin/fuselens";
+    state.settings["fuselens.server.python"] = "/opt/py/bin/python";
+    await activate(state);
+    assert.strictEqual(clients[0].serverOptions.command, "/opt/fuselens/bin/fuselens");
+
+    state = freshState();
+    state.settings["fuselens.server.python"] = "/opt/py/bin/python";
+    await activate(state);
+    assert.strictEqual(clients[0].serverOptions.command, "/opt/py/bin/python");
+    assert.deepStrictEqual(clients[0].serverOptions.args, ["-m", "fuselens.cli.main", "serve", "--stdio"]);
+  });
+
+  it("uses the Python extension's interpreter when fuselens is installed in it", async function () {
+    if (!fs.existsSync(VENV_PYTHON)) {
+      this.skip(); // no interpreter with fuselens to point at
+    }
+    const state = freshState();
+    state.pythonExtension = pythonExtension(VENV_PYTHON);
+    await activate(state);
+    assert.strictEqual(clients[0].serverOptions.command, path.resolve(VENV_PYTHON));
+    assert.deepStrictEqual(clients[0].serverOptions.args, ["-m", "fuselens.cli.main", "serve", "--stdio"]);
+  });
+
+  it("falls back to PATH when the selected interpreter has no fuselens, and says why", async () => {
+    const state = freshState();
+    state.pythonExtension = pythonExtension(process.execPath); // node: certainly not a Python with fuselens
+    await activate(state);
+    assert.strictEqual(clients[0].serverOptions.command, "fuselens");
+    assert.ok(state.outputs[0].lines.some((l) => l.includes("has no fuselens installed")), state.outputs[0].lines.join("\n"));
+  });
+
+  it("does not run an interpreter from inside an untrusted workspace", async () => {
+    const state = freshState();
+    state.trusted = false;
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-ws-"));
+    state.workspaceFolders = [{ uri: FakeUri.file(folder) }];
+    state.pythonExtension = pythonExtension(path.join(folder, ".venv", "bin", "python"));
+    await activate(state);
+    assert.strictEqual(clients[0].serverOptions.command, "fuselens");
+    assert.ok(state.outputs[0].lines.some((l) => l.includes("untrusted workspace")));
+  });
+
+  it("passes Workspace Trust and the server's settings in initializationOptions", async () => {
+    const state = freshState();
+    state.trusted = false;
+    Object.assign(state.settings, {
+      "fuselens.server.path": "/opt/fuselens", // the extension's own: never sent to the server
+      "fuselens.device": "a100",
+      "fuselens.peakGbps": null,
+      "fuselens.remoteRunner": "", // unset: the server would reject "" (no {file})
+      "fuselens.models": { Net: { inputs: [[8, 16]] } },
+      "fuselens.worker.python": "",
+      "fuselens.worker.timeoutSeconds": 30,
+    });
+    await activate(state);
+    const options = clients[0].clientOptions.initializationOptions;
+    const init = typeof options === "function" ? options() : options;
+    assert.deepStrictEqual(init, {
+      workspaceTrusted: false,
+      settings: { device: "a100", models: { Net: { inputs: [[8, 16]] } }, worker: { timeoutSeconds: 30 } },
+    });
+  });
+
+  it("restarts with workspaceTrusted: true when the user grants trust", async () => {
+    const state = freshState();
+    state.trusted = false;
+    await activate(state);
+    const first = clients[0];
+    state.trusted = true;
+    await state.grantTrust.fire();
+    assert.strictEqual(first.stopped, 1);
+    assert.strictEqual(clients.length, 2);
+    assert.strictEqual(clients[1].started, 1);
+    assert.strictEqual(clients[1].clientOptions.initializationOptions().workspaceTrusted, true);
+  });
+
+  it("registers every palette command the manifest contributes, and no server command id", async () => {
+    const state = freshState();
+    await activate(state);
+    const contributed = manifest.contributes.commands.map((c: { command: string }) => c.command).sort();
+    assert.deepStrictEqual([...state.commands.keys()].sort(), contributed);
+    for (const title of ["Analyze", "Validate kernel", "Validate all", "Show kernel", "Restart"]) {
+      assert.ok(manifest.contributes.commands.some((c: { title: string }) => c.title.startsWith(title)), title);
+    }
+    // The language client registers the server's own ids (used by the code lenses).
+    for (const serverId of ["fuselens.analyze", "fuselens.validateAll", "fuselens.validateKernel", "fuselens.showKernel"]) {
+      assert.ok(!state.commands.has(serverId), serverId);
+    }
+  });
+
+  it("forwards palette commands to the server's workspace commands", async () => {
+    const state = freshState();
+    const doc = { uri: FakeUri.file("/w/model.py"), languageId: "python" };
+    state.activeEditor = { document: doc };
+    await activate(state);
+    await state.commands.get("fuselens.palette.validateAll")!();
+    await state.commands.get("fuselens.palette.analyze")!();
+    assert.deepStrictEqual(clients[0].requests, [
+      { type: "workspace/executeCommand", params: { command: "fuselens.validateAll", arguments: ["file:///w/model.py"] } },
+      { type: "workspace/executeCommand", params: { command: "fuselens.analyze", arguments: ["file:///w/model.py"] } },
+    ]);
+    await state.commands.get("fuselens.palette.restart")!();
+    assert.strictEqual(clients.length, 2);
+  });
+
+  it("drives the status bar from diagnostics and work-done progress", async () => {
+    const state = freshState();
+    const uri = FakeUri.file("/w/model.py");
+    const doc = { uri, languageId: "python" };
+    state.activeEditor = { document: doc };
+    await activate(state);
+    const [item] = state.statusItems;
+    const mw = clients[0].clientOptions.middleware;
+    assert.ok(item.visible);
+    assert.strictEqual(item.text, "$(zap) fuselens");
+
+    mw.didOpen(doc, () => undefined);
+    assert.match(item.text, /analysing/);
+
+    const cluster = (id: string) => ({ source: "fuselens", code: "elementwise", message: "fusable", data: { cluster: id } });
+    let passedOn: unknown[] = [];
+    mw.handleDiagnostics(uri, [cluster("c0"), cluster("c1"), cluster("c2"), { source: "fuselens", code: "pattern:x", message: "p" }],
+      (_u: unknown, d: unknown[]) => (passedOn = d));
+    assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
+    assert.strictEqual(passedOn.length, 4, "diagnostics still reach VS Code");
+
+    const progress: string[] = [];
+    mw.handleWorkDoneProgress("t1", { kind: "begin", title: "fuselens: validating c0", percentage: 0 }, () => progress.push("begin"));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0 0%");
+    mw.handleWorkDoneProgress("t1", { kind: "report", message: "c0: interpreter", percentage: 50 }, () => progress.push("report"));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0 50%");
+    mw.handleWorkDoneProgress("t1", { kind: "end" }, () => progress.push("end"));
+    assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
+    assert.deepStrictEqual(progress, ["begin", "report", "end"], "the client's own progress UI still runs");
+
+    mw.handleDiagnostics(uri, [{ source: "fuselens", code: "timeout", message: "analysis timed out: 60 s" }], () => undefined);
+    assert.strictEqual(item.text, "$(error) fuselens: failed");
+  });
+
+  it("answers workspace/configuration with the server's keys only", async () => {
+    const state = freshState();
+    Object.assign(state.settings, { "fuselens.server.python": "/x", "fuselens.severity": "warning", "fuselens.show": ["clusters"] });
+    await activate(state);
+    const mw = clients[0].clientOptions.middleware;
+    const answer = mw.workspace.configuration({ items: [{ section: "fuselens" }] }, undefined, () => assert.fail("not forwarded"));
+    assert.deepStrictEqual(answer, [{ severity: "warning", show: ["clusters"] }]);
+  });
+
+  it("sends changed settings to the server, and restarts for the ones that pick the process", async () => {
+    const state = freshState();
+    await activate(state);
+    state.settings["fuselens.severity"] = "hint";
+    await state.configChange.fire({ affectsConfiguration: (k: string) => k === "fuselens" || k === "fuselens.severity" });
+    assert.deepStrictEqual(clients[0].notifications, [
+      { type: "workspace/didChangeConfiguration", params: { settings: { fuselens: { severity: "hint" } } } },
+    ]);
+    await state.configChange.fire({ affectsConfiguration: (k: string) => k === "fuselens" || k === "fuselens.server.python" });
+    assert.strictEqual(clients.length, 2);
+  });
+});
+
+describe("manifest", () => {
+  it("supports untrusted workspaces in limited mode and restricts the settings that pick executables", () => {
+    const untrusted = manifest.capabilities.untrustedWorkspaces;
+    assert.strictEqual(untrusted.supported, "limited");
+    for (const key of ["fuselens.server.path", "fuselens.server.python", "fuselens.worker", "fuselens.remoteRunner"]) {
+      assert.ok(untrusted.restrictedConfigurations.includes(key), key);
+    }
+  });
+
+  it("contributes a setting for each server setting", () => {
+    const properties = Object.keys(manifest.contributes.configuration.properties);
+    for (const key of ["device", "peakGbps", "severity", "show", "inlayHints", "codeLens", "models", "worker", "remoteRunner"]) {
+      assert.ok(properties.includes(`fuselens.${key}`), key);
+    }
+  });
+
+  it("activates on Python files and has no trust setting of its own", () => {
+    assert.deepStrictEqual(manifest.activationEvents, ["onLanguage:python"]);
+    assert.ok(!Object.keys(manifest.contributes.configuration.properties).some((k) => /trust/i.test(k)));
+  });
+});

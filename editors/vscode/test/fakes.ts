@@ -1,0 +1,234 @@
+// Stand-ins for the `vscode` module and for `vscode-languageclient/node`, so the extension's
+// activation runs under plain Node (mocha) with no VS Code binary. They record what the
+// extension does with them; the tests assert on the records.
+//
+// Only the API the extension uses is here. The protocol types (ExecuteCommandRequest, ...)
+// are the real ones from vscode-languageserver-protocol, which does not need VS Code.
+
+import * as path from "path";
+import * as protocol from "vscode-languageserver-protocol";
+
+type Listener<T> = (value: T) => unknown;
+
+export class Emitter<T> {
+  listeners: Listener<T>[] = [];
+  event = (listener: Listener<T>) => {
+    this.listeners.push(listener);
+    return { dispose: () => (this.listeners = this.listeners.filter((l) => l !== listener)) };
+  };
+  async fire(value: T): Promise<void> {
+    for (const l of this.listeners) {
+      await l(value);
+    }
+  }
+}
+
+export class FakeUri {
+  constructor(readonly scheme: string, readonly fsPath: string) {}
+  static file(p: string): FakeUri {
+    return new FakeUri("file", path.resolve(p));
+  }
+  static parse(s: string): FakeUri {
+    return s.startsWith("file://") ? new FakeUri("file", decodeURIComponent(s.slice(7))) : new FakeUri("other", s);
+  }
+  toString(): string {
+    return `file://${this.fsPath}`;
+  }
+}
+
+export interface FakeState {
+  settings: Record<string, unknown>; // "fuselens.x" -> value
+  trusted: boolean;
+  commands: Map<string, (...args: unknown[]) => unknown>;
+  executed: unknown[][];
+  statusItems: any[];
+  outputs: { name: string; lines: string[] }[];
+  messages: { level: string; text: string }[];
+  workspaceFolders: { uri: FakeUri }[];
+  pythonExtension?: { exports: unknown };
+  activeEditor?: { document: { uri: FakeUri; languageId: string } };
+  grantTrust: Emitter<void>;
+  configChange: Emitter<{ affectsConfiguration(key: string): boolean }>;
+}
+
+export function makeVscode(state: FakeState) {
+  const configuration = (section: string) => ({
+    get<T>(key: string): T | undefined {
+      const full = `${section}.${key}`;
+      if (full in state.settings) {
+        return state.settings[full] as T;
+      }
+      // Nested objects, as VS Code returns them: "fuselens.worker" from "fuselens.worker.python".
+      const prefix = `${full}.`;
+      const nested = Object.entries(state.settings).filter(([k]) => k.startsWith(prefix));
+      return nested.length ? (Object.fromEntries(nested.map(([k, v]) => [k.slice(prefix.length), v])) as T) : undefined;
+    },
+  });
+  return {
+    Uri: FakeUri,
+    ThemeColor: class {
+      constructor(readonly id: string) {}
+    },
+    StatusBarAlignment: { Left: 1, Right: 2 },
+    ProgressLocation: { Notification: 15, Window: 10 },
+    window: {
+      get activeTextEditor() {
+        return state.activeEditor;
+      },
+      createOutputChannel(name: string) {
+        const channel = { name, lines: [] as string[] };
+        state.outputs.push(channel);
+        return {
+          name,
+          appendLine: (l: string) => channel.lines.push(l),
+          append: (l: string) => channel.lines.push(l),
+          show: () => undefined,
+          dispose: () => undefined,
+        };
+      },
+      createStatusBarItem(alignment: number, priority: number) {
+        const item: any = { alignment, priority, visible: false, dispose: () => undefined };
+        item.show = () => (item.visible = true);
+        item.hide = () => (item.visible = false);
+        state.statusItems.push(item);
+        return item;
+      },
+      onDidChangeActiveTextEditor: new Emitter<unknown>().event,
+      showErrorMessage: async (text: string) => void state.messages.push({ level: "error", text }),
+      showWarningMessage: async (text: string) => void state.messages.push({ level: "warning", text }),
+      showInformationMessage: async (text: string) => void state.messages.push({ level: "info", text }),
+      showQuickPick: async (items: { label: string }[]) => items[0],
+    },
+    workspace: {
+      get isTrusted() {
+        return state.trusted;
+      },
+      get workspaceFolders() {
+        return state.workspaceFolders;
+      },
+      getConfiguration: configuration,
+      onDidGrantWorkspaceTrust: state.grantTrust.event,
+      onDidChangeConfiguration: state.configChange.event,
+    },
+    commands: {
+      registerCommand(id: string, handler: (...args: unknown[]) => unknown) {
+        if (state.commands.has(id)) {
+          throw new Error(`command '${id}' already exists`);
+        }
+        state.commands.set(id, handler);
+        return { dispose: () => state.commands.delete(id) };
+      },
+      executeCommand: async (...args: unknown[]) => void state.executed.push(args),
+    },
+    languages: { getDiagnostics: () => [] },
+    extensions: {
+      getExtension: (id: string) =>
+        id === "ms-python.python" && state.pythonExtension
+          ? { isActive: true, exports: state.pythonExtension.exports, activate: async () => state.pythonExtension!.exports }
+          : undefined,
+    },
+  };
+}
+
+/** Every LanguageClient the extension constructed, in order. */
+export const clients: FakeLanguageClient[] = [];
+
+export class FakeLanguageClient {
+  running = false;
+  started = 0;
+  stopped = 0;
+  requests: { type: string; params: unknown }[] = [];
+  notifications: { type: string; params: unknown }[] = [];
+  stateListeners: Listener<{ oldState: number; newState: number }>[] = [];
+  constructor(
+    readonly id: string,
+    readonly name: string,
+    readonly serverOptions: any,
+    readonly clientOptions: any,
+  ) {
+    clients.push(this);
+  }
+  onDidChangeState(listener: Listener<{ oldState: number; newState: number }>) {
+    this.stateListeners.push(listener);
+    return { dispose: () => undefined };
+  }
+  async start() {
+    this.started++;
+    this.running = true;
+  }
+  async stop() {
+    this.stopped++;
+    this.running = false;
+  }
+  isRunning() {
+    return this.running;
+  }
+  async sendRequest(type: { method: string }, params: unknown) {
+    this.requests.push({ type: type.method, params });
+    return { scheduled: true };
+  }
+  async sendNotification(type: { method: string }, params: unknown) {
+    this.notifications.push({ type: type.method, params });
+  }
+}
+
+export const fakeLanguageClientModule = {
+  ...protocol,
+  LanguageClient: FakeLanguageClient,
+  State: { Stopped: 1, Running: 2, Starting: 3 },
+};
+
+export function freshState(): FakeState {
+  return {
+    settings: {},
+    trusted: true,
+    commands: new Map(),
+    executed: [],
+    statusItems: [],
+    outputs: [],
+    messages: [],
+    workspaceFolders: [],
+    grantTrust: new Emitter<void>(),
+    configChange: new Emitter(),
+  };
+}
+
+/**
+ * Load the compiled extension with the fakes in place of `vscode` and the language client.
+ * Each call loads fresh copies of the extension's modules, bound to `state`.
+ */
+export function loadExtension(state: FakeState) {
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  const Module = require("module");
+  const vscode = makeVscode(state);
+  const original = Module._load;
+  Module._load = function (request: string, ...rest: unknown[]) {
+    if (request === "vscode") {
+      return vscode;
+    }
+    if (request === "vscode-languageclient/node") {
+      return fakeLanguageClientModule;
+    }
+    return original.call(this, request, ...rest);
+  };
+  const srcDir = path.resolve(__dirname, "..", "src");
+  for (const key of Object.keys(require.cache)) {
+    if (key.startsWith(srcDir)) {
+      delete require.cache[key];
+    }
+  }
+  try {
+    return {
+      extension: require(path.join(srcDir, "extension")),
+      client: require(path.join(srcDir, "client")),
+      vscode,
+    };
+  } finally {
+    Module._load = original;
+  }
+}
+
+/** A fake ExtensionContext. */
+export function fakeContext(storage: string) {
+  return { subscriptions: [] as { dispose(): unknown }[], globalStorageUri: FakeUri.file(storage) };
+}

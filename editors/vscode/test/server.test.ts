@@ -1,0 +1,110 @@
+// The extension's client options against the real server: the exact command, arguments,
+// working directory, initializationOptions and settings answers the extension builds,
+// spoken to `fuselens serve --stdio` over JSON-RPC (no VS Code). Skipped when there is no
+// interpreter with fuselens ($FUSELENS_PYTHON, else the repository's .venv).
+
+import * as assert from "assert";
+import { spawn } from "child_process";
+import * as fs from "fs";
+import * as os from "os";
+import * as path from "path";
+import {
+  createProtocolConnection,
+  StreamMessageReader,
+  StreamMessageWriter,
+} from "vscode-languageserver-protocol/node";
+import { clients, fakeContext, FakeUri, freshState, loadExtension } from "./fakes";
+
+const REPO = path.resolve(__dirname, "..", "..", "..", "..");
+const PYTHON = process.env.FUSELENS_PYTHON || path.join(REPO, ".venv", "bin", "python");
+
+describe("the real server, started as the extension starts it", function () {
+  this.timeout(240_000); // the first analysis imports torch in a fresh worker
+
+  it("accepts the settings, publishes cluster diagnostics and feeds the status bar", async function () {
+    if (!fs.existsSync(PYTHON)) {
+      this.skip();
+    }
+    const workspace = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-vscode-ws-"));
+    const model = path.join(workspace, "example_net.py");
+    fs.copyFileSync(path.join(REPO, "examples", "example_net.py"), model);
+
+    const state = freshState();
+    state.trusted = true;
+    state.workspaceFolders = [{ uri: FakeUri.file(workspace) }];
+    Object.assign(state.settings, {
+      "fuselens.server.python": PYTHON,
+      "fuselens.severity": "warning",
+      "fuselens.remoteRunner": "",
+      "fuselens.peakGbps": null,
+      "fuselens.worker.timeoutSeconds": 180,
+    });
+    const uri = FakeUri.file(model);
+    state.activeEditor = { document: { uri, languageId: "python" } };
+    clients.length = 0;
+    const { extension } = loadExtension(state);
+    await extension.activate(fakeContext(fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-ext-"))));
+    const { serverOptions, clientOptions } = clients[0];
+    const mw = clientOptions.middleware;
+
+    const proc = spawn(serverOptions.command, serverOptions.args, { cwd: serverOptions.options.cwd });
+    let stderr = "";
+    proc.stderr.on("data", (chunk) => (stderr += chunk));
+    const connection = createProtocolConnection(new StreamMessageReader(proc.stdout), new StreamMessageWriter(proc.stdin));
+    const shown: string[] = [];
+    connection.onNotification("window/showMessage", (p: { message: string }) => void shown.push(p.message));
+    connection.onNotification("window/logMessage", () => undefined);
+    connection.onRequest("workspace/configuration", (params: unknown) =>
+      mw.workspace.configuration(params, undefined, () => assert.fail("the extension answers this itself")));
+    connection.onRequest("client/registerCapability", () => null);
+    const published = new Promise<{ uri: string; diagnostics: any[] }>((resolve) => {
+      connection.onNotification("textDocument/publishDiagnostics", (p: { uri: string; diagnostics: any[] }) => {
+        if (p.diagnostics.length > 0) {
+          resolve(p);
+        }
+      });
+    });
+    connection.listen();
+
+    try {
+      const init: any = await connection.sendRequest("initialize", {
+        processId: process.pid,
+        rootUri: FakeUri.file(workspace).toString(),
+        workspaceFolders: [{ uri: FakeUri.file(workspace).toString(), name: "ws" }],
+        capabilities: { workspace: { configuration: true }, window: { workDoneProgress: true } },
+        initializationOptions: clientOptions.initializationOptions(),
+      });
+      const commands: string[] = init.capabilities.executeCommandProvider.commands;
+      for (const c of ["fuselens.analyze", "fuselens.validateKernel", "fuselens.validateAll", "fuselens.showKernel"]) {
+        assert.ok(commands.includes(c), `server command ${c}`);
+      }
+      assert.ok(init.capabilities.codeLensProvider && init.capabilities.inlayHintProvider);
+      await connection.sendNotification("initialized", {});
+
+      const text = fs.readFileSync(model, "utf8");
+      const doc = { uri, languageId: "python", version: 1, getText: () => text };
+      mw.didOpen(doc, () =>
+        connection.sendNotification("textDocument/didOpen", {
+          textDocument: { uri: uri.toString(), languageId: "python", version: 1, text },
+        }));
+      const item = state.statusItems[0];
+      assert.match(item.text, /analysing/);
+
+      const { diagnostics } = await published;
+      const clusters = diagnostics.filter((d) => d.data?.cluster);
+      assert.strictEqual(clusters.length, 3, JSON.stringify(diagnostics, null, 1));
+      assert.ok(clusters.every((d) => d.severity === 2), "fuselens.severity=warning reached the server");
+      mw.handleDiagnostics(uri, diagnostics, () => undefined);
+      assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
+      assert.deepStrictEqual(shown.filter((m) => /setting|ignored/.test(m)), [], "the server took every setting");
+
+      await connection.sendRequest("shutdown");
+      await connection.sendNotification("exit");
+    } catch (error) {
+      throw new Error(`${error}\nserver stderr:\n${stderr.slice(-3000)}`);
+    } finally {
+      connection.dispose();
+      proc.kill();
+    }
+  });
+});

@@ -1,0 +1,108 @@
+"""The Emacs configuration (editors/emacs/fuselens-eglot.el) in a real `emacs --batch` with Eglot.
+
+`tests/emacs/test-eglot.el` opens a copy of examples/example_net.py with the user-facing
+configuration and goes through Eglot's own paths: Flymake diagnostics, the ElDoc hover
+function, `eglot-code-actions`; plus the fuselens-eglot validate command. It writes what it
+saw to JSON. Skipped without Emacs and Eglot (Debian: apt-get install -y emacs-nox elpa-eglot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import example
+
+EMACS = shutil.which("emacs")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LISP = os.path.join(REPO, "editors", "emacs")
+
+
+def _has_eglot() -> bool:
+    if EMACS is None:
+        return False
+    probe = subprocess.run([EMACS, "--batch", "-q", "--eval", "(progn (package-initialize) (require 'eglot))"],
+                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    return probe.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not _has_eglot(),
+                                reason="emacs with eglot is not installed (Debian: apt-get install -y emacs-nox elpa-eglot)")
+
+
+def _env(home) -> dict:
+    return {**os.environ, "HOME": str(home)}  # no user init file takes part
+
+
+def test_config_byte_compiles_without_warnings(tmp_path):
+    out = tmp_path / "fuselens-eglot.elc"
+    code = ("(progn (package-initialize) (setq byte-compile-error-on-warn t)"
+            f" (setq byte-compile-dest-file-function (lambda (_) {json.dumps(str(out))}))"
+            f" (unless (byte-compile-file {json.dumps(os.path.join(LISP, 'fuselens-eglot.el'))}) (kill-emacs 1)))")
+    proc = subprocess.run([EMACS, "--batch", "-q", "-L", LISP, "--eval", code], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and out.exists(), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("emacs")
+    workspace = tmp / "ws"
+    workspace.mkdir()
+    (workspace / "pyproject.toml").write_text('[project]\nname = "ws"\n')
+    model = workspace / "example_net.py"
+    shutil.copy(example("example_net.py"), model)
+    results = tmp / "results.json"
+    env = {**_env(tmp / "home"), "FUSELENS_PYTHON": sys.executable, "FUSELENS_TRUSTED": str(workspace),
+           "FUSELENS_MODEL": str(model), "FUSELENS_RESULTS": str(results)}
+    proc = subprocess.run([EMACS, "--batch", "-q", "-L", LISP, "-l", os.path.join(HERE, "emacs", "test-eglot.el")],
+                          env=env, cwd=workspace, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert results.exists(), f"emacs wrote no results (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(results.read_text())
+    data["_output"] = proc.stdout + proc.stderr
+    return data
+
+
+def _steps(session, *names):
+    for name in names:
+        assert name in session["steps"], f"{name}: {session.get('error-' + name)}\n{session['_output'][-3000:]}"
+
+
+def test_trust_and_settings_in_initialization_options(session):
+    _steps(session, "start")
+    print("Emacs", session["emacs"], "Eglot", session["eglot"])
+    assert session["initialization-options"] == {"settings": {"severity": "warning"}, "workspaceTrusted": True}
+
+
+def test_diagnostics_in_flymake(session):
+    _steps(session, "diagnostics")
+    clusters = sorted((d for d in session["diagnostics"] if "fusable:" in d["text"]), key=lambda d: d["line"])
+    assert [d["line"] for d in clusters] == [18, 23, 28]
+    assert "fusable: mul → relu → add, 384 MB → 128 MB" in clusters[0]["text"]
+    assert all(d["type"] == "eglot-warning" for d in clusters), "severity = warning reached the server"
+
+
+def test_hover_through_eldoc(session):
+    _steps(session, "hover")
+    assert "c0 · elementwise · `cluster0` · ExampleNet" in session["hover"]
+
+
+def test_validate_command(session):
+    _steps(session, "validate")
+    assert session["validation-mode"] == "interpret"
+    assert session["validation"] == [["c0", "verified"], ["c1", "verified"], ["c2", "verified"]]
+
+
+def test_quick_fix_through_eglot_code_actions(session):
+    _steps(session, "quick fix")
+    assert session["actions"][0] == "Fuse lines 18–20 into Triton kernel cluster0"
+    lines = session["buffer"].splitlines()
+    assert "        x = cluster0(x)" in lines and "from example_net_kernels import cluster0" in lines
+    assert session["module"] and "def cluster0(x):" in session["module"]

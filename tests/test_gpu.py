@@ -1,0 +1,54 @@
+"""On a CUDA device: generated kernels match eager at the examples' own sizes, and beat it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuselens.analysis.inputs import InputSpec
+from fuselens.validate.runner import ValidateOptions, validate_file
+from fuselens.worker.analyze import AnalyzeOptions
+
+from conftest import example
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # example, class, inputs, constructor kwargs, param dtype
+    ("example_net.py", "ExampleNet", [InputSpec([16384, 1024])], {}, None),
+    ("example_net.py", "ExampleNet", [InputSpec([16384, 1024], "bfloat16")], {}, "bfloat16"),
+    ("llama_block.py", "LlamaBlock", [InputSpec([2, 1024, 1024], "bfloat16")], {}, "bfloat16"),
+    ("conv_block.py", "ResBlock", [InputSpec([8, 128, 64, 64]), InputSpec([8, 512])], {}, None),
+    ("branchy.py", "GatedNet", [InputSpec([4096, 1024])], {}, None),
+    ("gpt.py", "GPT", [InputSpec([4, 512], "int64")], {"n_layers": 2}, None),
+]
+
+
+@pytest.mark.parametrize("name, cls, specs, init, param_dtype", CASES,
+                         ids=[f"{c[0]}-{c[2][0].dtype}" for c in CASES])
+def test_kernels_match_eager_on_cuda(name, cls, specs, init, param_dtype):
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init}
+    if param_dtype:
+        config["param_dtype"] = param_dtype
+    report = validate_file(example(name), AnalyzeOptions(models={cls: config}),
+                           ValidateOptions(shapes=specs, benchmark=False))
+    assert report.mode == "cuda" and not report.problems, report.problems
+    (model,) = report.models
+    assert model.clusters
+    for check in model.clusters:
+        assert check.status in ("verified", "not-reached"), (check.id, check.status, check.message)
+    assert sum(c.status == "verified" for c in model.clusters) >= 1
+    if model.model and model.model.applied:
+        assert model.model.status == "matches", model.model.message
+
+
+def test_fused_kernels_beat_eager_when_dram_bound():
+    specs = [InputSpec([16384, 1024])]
+    report = validate_file(example("example_net.py"),
+                           AnalyzeOptions(models={"ExampleNet": {"inputs": [[16384, 1024]]}}),
+                           ValidateOptions(shapes=specs, benchmark=True))
+    (model,) = report.models
+    for check in model.clusters:
+        t = check.timing
+        assert t is not None and t.fused_us > 0 and t.compiled_us > 0
+        assert t.speedup_vs_eager > 1.5, (check.id, t)  # three passes over 64 MB become one
+        assert t.pct_of_peak > 50, (check.id, t)
+    assert model.model.speedup is not None and model.model.speedup > 1.0
