@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .inductor_compare import InductorComparison
+
 SCHEMA_VERSION = 1
 
 # Stable reason codes for ops that could have been fused but were not.
@@ -194,6 +196,8 @@ class Model:
     kernel_module: str = ""  # file name of the generated module, e.g. "example_net_kernels.py"
     notes: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    inductor: InductorComparison | None = None  # what torch.compile fused, beside our clusters
+    inductor_error: str = ""  # why the comparison is missing, when it was asked for
 
 
 @dataclass
@@ -229,6 +233,11 @@ class Report:
         for model in self.models:
             for cluster in model.clusters:
                 yield model, cluster
+
+
+def from_plain(tp: type, data: Any) -> Any:
+    """A dataclass of this contract (or nested in it) read back from its JSON form."""
+    return _from_plain(tp, data)
 
 
 def _to_plain(value: Any) -> Any:

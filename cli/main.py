@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", metavar="OUT", help="write the JSON report to OUT ('-' for stdout)")
     analyze.add_argument("--explain-rejections", action="store_true", help="list ops left unfused and why")
     analyze.add_argument("--show-kernels", action="store_true", help="print each generated kernel")
+    analyze.add_argument("--vs-inductor", action="store_true",
+                         help="also compile with torch.compile and compare its fusions with ours (slower)")
 
     apply = sub.add_parser("apply", help="write the kernel module and replace exact clusters in FILE")
     _analysis_arguments(apply)
@@ -95,11 +97,16 @@ def _analyze(args) -> int:
     from fuselens.cli.render import render_report
     from fuselens.worker.analyze import analyze_file
 
+    options = _options(args)
     try:
-        report = analyze_file(args.file, _options(args))
+        report = analyze_file(args.file, options)
     except (InputSpecError, ValueError) as exc:
         print(f"fuselens: {exc}", file=sys.stderr)
         return 2
+    if args.vs_inductor:
+        from fuselens.worker.inductor import compare_report
+
+        compare_report(report, options, lambda message, fraction=None: print(f"… {message}", file=sys.stderr))
     data = report.to_dict()
     if args.json:
         from fuselens.analysis.schema import validate_report

@@ -127,6 +127,10 @@ def _render_model(console: Console, report: Report, model: Model, explain: bool,
                     console.print(f"  [dim]{c.id}: `{b.op.target}` (line {b.op.line}) not joined: {b.reason}: {b.detail}[/]")
         else:
             console.print(f"  [dim]{len(model.rejections)} op(s) left unfused; --explain-rejections says why[/]")
+    if model.inductor is not None:
+        _render_inductor(console, model)
+    elif model.inductor_error:
+        console.print(f"  [yellow]torch.compile comparison failed[/]: {model.inductor_error}")
     for note in model.notes:
         console.print(f"  [dim]note: {note}[/]")
     if show_kernels:
@@ -135,3 +139,20 @@ def _render_model(console: Console, report: Report, model: Model, explain: bool,
                 console.print(f"\n[bold]{c.kernel.name}[/] ({c.kernel.strategy})")
                 console.print(Syntax(c.kernel.source, "python", theme="ansi_dark", line_numbers=False))
     console.print()
+
+
+def _render_inductor(console: Console, model: Model) -> None:
+    comparison = model.inductor
+    counts = comparison.status_counts()
+    backend = "Inductor's Triton backend for CPU tensors" if comparison.backend == "triton-cpu" else "Inductor on CUDA"
+    table = Table(title=f"torch.compile ({backend}): agrees on {counts.get('agree', 0)}/{len(comparison.clusters)}",
+                  show_edge=True, header_style="bold", title_justify="left")
+    for col in ("cluster", "status", "Inductor kernels", "difference"):
+        table.add_column(col)
+    for c in comparison.clusters:
+        names = sorted({k.name for i in c.instances for k in i.kernels})
+        style = {"agree": "green", "not-found": "dim"}.get(c.status, "yellow")
+        table.add_row(c.cluster, f"[{style}]{c.status}[/]", ", ".join(names) or "—", c.summary)
+    console.print(table)
+    for u in comparison.unmatched:
+        console.print(f"  [yellow]only torch.compile fuses[/] {u.summary} ({u.name})")

@@ -17,6 +17,11 @@ def run_job(job: dict[str, Any], progress: Progress) -> dict[str, Any]:
         return analyze(job)
     if kind == "validate":
         return validate(job, progress)
+    if kind == "inductor":
+        from fuselens.worker.inductor import comparison_job
+
+        options = _analyze_options(dict(job.get("options") or {}, source_text=job.get("text")))
+        return comparison_job(job["path"], options, progress)
     if kind == "ping":
         return {"pong": True}
     raise ValueError(f"unknown job kind {kind!r}")
