@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from typing import Any
+from urllib.parse import unquote
 
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
@@ -27,6 +28,7 @@ from .features.hover import hover
 from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
+from .inductor import InductorComparer
 from .scheduler import Analysis, Scheduler
 from .trust import Trust, client_trust
 from .watch import Watcher, affects
@@ -50,6 +52,7 @@ class FuselensServer(LanguageServer):
         self.warned_settings: set[str] = set()
         self.seen_changes: dict[str, float] = {}
         self.stats = {"published": 0, "dropped_stale": 0}
+        self.inductor = InductorComparer(self)
 
     # ---- state -----------------------------------------------------------------------------
     def get_worker(self) -> WorkerClient:
@@ -75,10 +78,8 @@ class FuselensServer(LanguageServer):
         return self.trust.trusted(path)
 
     def document(self, uri: str):
-        try:
-            return self.workspace.get_text_document(uri)
-        except Exception:  # noqa: BLE001
-            return None
+        """The open document at `uri`, or None (pygls' get_text_document would read any file from disk)."""
+        return self.workspace.text_documents.get(unquote(uri))
 
     # ---- settings -----------------------------------------------------------------------------
     async def reload_settings(self) -> None:
@@ -123,6 +124,7 @@ class FuselensServer(LanguageServer):
                 self.untrusted_told = True
                 self.tell(Trust.explanation(path), lsp.MessageType.Warning)
             return
+        self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)
 
     async def _run_analysis(self, path: str, text: str, version: int) -> dict[str, Any]:
@@ -140,6 +142,12 @@ class FuselensServer(LanguageServer):
         self.publish(uri, analysis)
         self.log_line(f"analysed {os.path.basename(uri_to_path(uri) or uri)} v{analysis.version} "
                       f"in {analysis.elapsed_ms:.0f} ms")
+        self.refresh_views()
+        if self.settings.compare_inductor:
+            self.inductor.start(uri, uri_to_path(uri) or "", analysis)
+
+    def refresh_views(self) -> None:
+        """Ask the client to re-request lenses and inlay hints (they derive from the cache)."""
         for refresh, supported in ((self.workspace_code_lens_refresh_async, self._client_refreshes("code_lens")),
                                    (self.workspace_inlay_hint_refresh_async, self._client_refreshes("inlay_hint"))):
             if supported:
@@ -166,8 +174,8 @@ class FuselensServer(LanguageServer):
         """The cached analysis, if it is of the document's current version."""
         analysis = self.scheduler.cache.get(uri)
         doc = self.document(uri)
-        if analysis is None or analysis.report is None or doc is None:
-            return None
+        if analysis is None or analysis.report is None or doc is None or (doc.version or 0) != analysis.version:
+            return None  # typed since: its lines no longer line up with the document's
         return analysis
 
     def file_changed(self, path: str) -> None:
@@ -255,6 +263,7 @@ def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams) -> None:
+    ls.inductor.cancel(params.text_document.uri)
     ls.scheduler.forget(params.text_document.uri)
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(params.text_document.uri, []))
 
@@ -264,8 +273,8 @@ async def did_change_configuration(ls: FuselensServer, params: lsp.DidChangeConf
     if isinstance(params.settings, dict) and isinstance(params.settings.get("fuselens"), dict):
         ls.init_options = {**ls.init_options, "settings": params.settings["fuselens"]}
     await ls.reload_settings()
-    for uri in list(ls.workspace.text_documents):
-        ls.schedule(uri)
+    for doc in list(ls.workspace.text_documents.values()):
+        ls.schedule(doc.uri)  # (the dict's keys are unquoted URIs, not the client's)
 
 
 @server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
@@ -322,9 +331,11 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
     caps = ls.client_capabilities.workspace
     edit_caps = caps.workspace_edit if caps else None
     ops = (edit_caps.resource_operations or []) if edit_caps else []
-    create_ok = bool(edit_caps and edit_caps.document_changes) and lsp.ResourceOperationKind.Create in ops
+    document_changes = bool(edit_caps and edit_caps.document_changes)
+    create_ok = document_changes and lsp.ResourceOperationKind.Create in ops
     return actions_mod.code_actions(analysis.report, path, uri, analysis.version, analysis.text,
-                                    params.range.start.line + 1, params.range.end.line + 1, module_text, create_ok)
+                                    params.range.start.line + 1, params.range.end.line + 1, module_text, create_ok,
+                                    document_changes)
 
 
 def kernel_module_text(report) -> str:

@@ -82,6 +82,11 @@ def register_commands(server: "FuselensServer") -> None:
         uri, which = _args(args, [("uri", str, True), ("which", str, False)])
         return await _show_kernel(ls, uri, which)
 
+    @server.command("fuselens.showInductorKernel")
+    async def show_inductor_kernel(ls, *args):
+        uri, cluster = _args(args, [("uri", str, True), ("cluster", str, True)])
+        return await _show_inductor(ls, uri, cluster)
+
     @server.command(WRITE_MODULE)
     async def write_module(ls, *args):
         uri, version, ids = _args(args, [("uri", str, True), ("version", int, True), ("clusters", list, True)])
@@ -268,12 +273,40 @@ async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dic
     return {"path": target, "kernels": [c.kernel.name for c in chosen], "text": text}
 
 
+async def _show_inductor(ls: "FuselensServer", uri: str, cluster: str) -> dict[str, Any]:
+    """Inductor's Triton for the kernels that compute `cluster`, in a file beside ours."""
+    path = _document_path(ls, uri)
+    analysis = _analysis_for(ls, uri)
+    found = [(m, c) for m in analysis.report.models if m.inductor for c in m.inductor.clusters if c.cluster == cluster]
+    if not found or analysis.inductor_sources is None:
+        raise JsonRpcInvalidParams.of(ValueError(f"no torch.compile comparison for {cluster} yet"))
+    _, comparison = found[0]
+    ids = list(dict.fromkeys(k.kernel for i in comparison.instances for k in i.kernels))
+    text = f"# torch.compile's kernels for {cluster} of {os.path.basename(path)}: {comparison.status}\n"
+    text += f"# {comparison.summary}\n\n"
+    text += "\n\n".join(analysis.inductor_sources.get(i, f"# {i}: no source") for i in ids) + "\n"
+    root = next((r for r in ls.roots if os.path.realpath(path).startswith(os.path.realpath(r) + os.sep)),
+                os.path.dirname(path))
+    folder = os.path.join(root, ".fuselens", "inductor")
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, f"{os.path.splitext(os.path.basename(path))[0]}_{cluster}.py")
+    with open(target, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    window = ls.client_capabilities.window
+    if window and window.show_document and window.show_document.support:
+        try:
+            await ls.window_show_document_async(lsp.ShowDocumentParams(path_to_uri(target), take_focus=True))
+        except Exception:  # noqa: BLE001
+            pass
+    return {"path": target, "kernels": ids, "status": comparison.status, "text": text}
+
+
 def _write_module(ls: "FuselensServer", uri: str, version: int, ids: list) -> dict[str, Any]:
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
-    analysis = _analysis_for(ls, uri)
-    if analysis.version != version:
+    analysis = ls.scheduler.cache.get(uri)  # not ls.current(): the edit this command follows changed the document
+    if analysis is None or analysis.report is None or analysis.version != version:
         raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
     clusters = [c for _, c in analysis.report.clusters() if c.id in ids and c.kernel]
     if not clusters:

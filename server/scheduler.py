@@ -27,6 +27,7 @@ class Analysis:
     report: Report | None
     failure: dict[str, Any] | None = None
     elapsed_ms: float = 0.0
+    inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
 
 
 @dataclass

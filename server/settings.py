@@ -34,6 +34,7 @@ class Settings:
     show: list[str] = field(default_factory=lambda: ["clusters", "patterns", "breaks", "problems"])
     inlay_hints: bool = True
     code_lens: bool = True
+    compare_inductor: bool = True  # run torch.compile in the background and compare its fusions
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
@@ -44,7 +45,7 @@ class Settings:
 
 
 _ALIASES = {  # accept the camelCase spellings editors use
-    "peakGbps": "peak_gbps", "inlayHints": "inlay_hints", "codeLens": "code_lens",
+    "peakGbps": "peak_gbps", "inlayHints": "inlay_hints", "codeLens": "code_lens", "compareInductor": "compare_inductor",
     "remoteRunner": "remote_runner", "timeoutSeconds": "timeout_seconds", "memoryMb": "memory_mb",
     "validateTimeoutSeconds": "validate_timeout_seconds",
 }
@@ -93,7 +94,7 @@ def _apply(s: Settings, key: str, value: Any) -> None:
         if not isinstance(value, list) or any(v not in KINDS for v in value):
             raise ValueError(f"must be a list drawn from {', '.join(KINDS)}")
         s.show = list(value)
-    elif key in ("inlay_hints", "code_lens"):
+    elif key in ("inlay_hints", "code_lens", "compare_inductor"):
         if not isinstance(value, bool):
             raise TypeError("must be true or false")
         setattr(s, key, value)

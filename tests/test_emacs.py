@@ -78,7 +78,8 @@ def _steps(session, *names):
 def test_trust_and_settings_in_initialization_options(session):
     _steps(session, "start")
     print("Emacs", session["emacs"], "Eglot", session["eglot"])
-    assert session["initialization-options"] == {"settings": {"severity": "warning"}, "workspaceTrusted": True}
+    assert session["initialization-options"] == {"settings": {"severity": "warning", "compareInductor": False},
+                                                 "workspaceTrusted": True}
 
 
 def test_diagnostics_in_flymake(session):

@@ -130,6 +130,10 @@ class Host:
         if pid == 0:  # the child: never returns
             os.close(read_fd)
             _child_main(job_id, job, write_fd, dump_fd, memory_mb, host_pid)
+        try:  # set its process group from this side too, so a kill at once after the fork reaches it
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
         os.close(write_fd)
         os.close(dump_fd)
         child = Child(job_id, pid, read_fd, time.monotonic() + seconds, dump_path, job.get("path", ""))

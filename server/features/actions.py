@@ -2,9 +2,11 @@
 
 The edit is a versioned `TextDocumentEdit`: a client applies it only to the version the
 report was computed from, so a fix offered before the user typed can never overwrite
-what they typed.  The kernel module is created with `CreateFile` when the client
-supports resource operations, edited in place when it already exists, and otherwise
-written by the `fuselens.writeKernelModule` command that runs after the edit.
+what they typed.  A client that does not declare `documentChanges` support gets the
+same text edits as plain `changes` too (the only form it promises to read).  The kernel
+module is created with `CreateFile` when the client supports resource operations,
+edited in place when it already exists, and otherwise written by the
+`fuselens.writeKernelModule` command that runs after the edit.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _module_edits(module_path: str, module_text: str, create_ok: bool) -> tuple[
 
 
 def fuse_action(report: Report, uri: str, version: int, text: str, clusters: list[Cluster], title: str,
-                module_text: str, create_ok: bool, kind: str = lsp.CodeActionKind.QuickFix) -> lsp.CodeAction | None:
+                module_text: str, create_ok: bool, kind: str = lsp.CodeActionKind.QuickFix,
+                document_changes: bool = True) -> lsp.CodeAction | None:
     ids = [c.id for c in clusters if c.edit is not None]
     if not ids:
         return None
@@ -56,15 +59,17 @@ def fuse_action(report: Report, uri: str, version: int, text: str, clusters: lis
     module_changes, written = _module_edits(module_path, module_text, create_ok)
     changes = module_changes + [lsp.TextDocumentEdit(
         lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)]
-    action = lsp.CodeAction(title=title, kind=kind, edit=lsp.WorkspaceEdit(document_changes=changes),
-                            is_preferred=len(ids) == 1)
+    edit = lsp.WorkspaceEdit(document_changes=changes)
+    if not document_changes:  # the client reads only `changes`: give it those too
+        edit.changes = {c.text_document.uri: list(c.edits) for c in changes if isinstance(c, lsp.TextDocumentEdit)}
+    action = lsp.CodeAction(title=title, kind=kind, edit=edit, is_preferred=len(ids) == 1)
     if not written:
         action.command = lsp.Command(title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids])
     return action
 
 
 def code_actions(report: Report, path: str, uri: str, version: int, text: str, first: int, last: int,
-                 module_text: str, create_ok: bool) -> list[lsp.CodeAction]:
+                 module_text: str, create_ok: bool, document_changes: bool = True) -> list[lsp.CodeAction]:
     """Actions for lines first..last (1-based): one per exact cluster there, plus "fuse all" for its model."""
     actions = []
     models: list[Model] = []
@@ -75,7 +80,8 @@ def code_actions(report: Report, path: str, uri: str, version: int, text: str, f
             title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {c.kernel.name}"
             if c.lines[0] == c.lines[1]:
                 title = f"Fuse line {c.lines[0]} into Triton kernel {c.kernel.name}"
-            action = fuse_action(report, uri, version, text, [c], title, module_text, create_ok)
+            action = fuse_action(report, uri, version, text, [c], title, module_text, create_ok,
+                                 document_changes=document_changes)
             if action:
                 actions.append(action)
             if model not in models:
@@ -85,7 +91,7 @@ def code_actions(report: Report, path: str, uri: str, version: int, text: str, f
         if len(exact) > 1:
             action = fuse_action(report, uri, version, text, exact,
                                  f"Fuse all {len(exact)} exact clusters in {model.name}", module_text, create_ok,
-                                 kind=lsp.CodeActionKind.RefactorRewrite)
+                                 kind=lsp.CodeActionKind.RefactorRewrite, document_changes=document_changes)
             if action:
                 actions.append(action)
     return actions

@@ -71,6 +71,16 @@ def diagnostics(report: Report, path: str, lines: list[str], severity: str, show
                 out.append(lsp.Diagnostic(range=lines_range(lines, p.lines[0], p.lines[1]),
                                           severity=lsp.DiagnosticSeverity.Hint, source=SOURCE,
                                           code=f"pattern:{p.name}", message=message))
+        if model.inductor is not None and "patterns" in show:
+            for fusion in model.inductor.unmatched:
+                lines_here = [o.line for o in fusion.ops if o.line and same_file(o.file, path)]
+                if len(lines_here) < 2:
+                    continue
+                reasons = sorted({o.reason for o in fusion.ops if o.reason})
+                why = f"; fuselens did not ({', '.join(reasons)})" if reasons else ""
+                out.append(lsp.Diagnostic(range=lines_range(lines, min(lines_here), max(lines_here)),
+                                          severity=lsp.DiagnosticSeverity.Hint, source=SOURCE, code="inductor-only",
+                                          message=f"torch.compile fuses {fusion.summary} in {fusion.name}{why}"))
         if "rejections" in show:
             for r in model.rejections:
                 if same_file(r.file, path):

@@ -65,6 +65,8 @@ def describe(model: Model, c: Cluster) -> str:
         parts.append("**patterns**: " + "; ".join(
             f"{p.name} (bound {p.estimate.speedup_bound:.2f}×)" if p.estimate.speedup_bound else p.name
             for p in patterns))
+    if model.inductor is not None:
+        parts.append(_inductor_section(model, c))
     if c.kernel:
         kernel = c.kernel.source.split("\n\n\ndef _")[0]  # the @triton.jit part, not the launcher
         parts.append(f"```python\n{kernel}\n```")
@@ -79,3 +81,13 @@ def hover(report: Report, path: str, line: int) -> lsp.Hover | None:
         return None
     text = "\n\n---\n\n".join(describe(m, c) for m, c in hits)
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
+
+
+def _inductor_section(model: Model, c: Cluster) -> str:
+    comparison = next((x for x in model.inductor.clusters if x.cluster == c.id), None)
+    if comparison is None:
+        return "**torch.compile**: no counterpart found"
+    names = sorted({k.name for i in comparison.instances for k in i.kernels})
+    kernels = ", ".join(f"`{n}`" for n in names[:4]) or "—"
+    where = "Triton for CPU tensors, a proxy for the GPU" if model.inductor.backend == "triton-cpu" else "CUDA"
+    return f"**torch.compile** ({where}): **{comparison.status}** — {comparison.summary}\n\nkernels: {kernels}"

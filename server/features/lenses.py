@@ -23,6 +23,9 @@ def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[l
         exact = sum(1 for c in model.clusters if c.mapping == "exact")
         if exact:
             title += f" · {exact} applicable"
+        if model.inductor is not None:
+            agree = model.inductor.status_counts().get("agree", 0)
+            title += f" · Inductor agrees on {agree}/{len(model.inductor.clusters)}"
         lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(title=title, command="fuselens.showKernel", arguments=[uri, model.name])))
         if model.clusters:
             lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(

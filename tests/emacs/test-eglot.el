@@ -31,7 +31,7 @@
 (setq fuselens-eglot-server-command
       (list (getenv "FUSELENS_PYTHON") "-P" "-m" "fuselens.cli.main" "serve" "--stdio"))
 (setq fuselens-eglot-trusted-folders (list (getenv "FUSELENS_TRUSTED")))
-(setq fuselens-eglot-settings '(:severity "warning"))
+(setq fuselens-eglot-settings '(:severity "warning" :compareInductor :json-false))
 (setq fuselens-eglot-interpret t)
 (fuselens-eglot-register)
 

@@ -10,7 +10,7 @@ require("fuselens").setup({
   python = os.getenv("FUSELENS_PYTHON"),
   trusted_folders = trusted and trusted ~= "" and { trusted } or {},
   interpret = true, -- no GPU here: check numerics in the Triton interpreter without asking
-  settings = { severity = "warning", worker = { timeoutSeconds = 240 } },
+  settings = { severity = "warning", compareInductor = false, worker = { timeoutSeconds = 240 } },
 })
 
 -- Keep every message the user would have seen (the server's window/showMessage included).

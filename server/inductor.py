@@ -1,0 +1,101 @@
+"""The torch.compile comparison in the editor: a background job after the fast analysis.
+
+The fast analysis publishes first; then, if `compareInductor` is on, the worker compiles
+the model with Inductor (seconds) and the comparison is merged into the cached report:
+hover gains a "torch.compile" section, the model's lens says how often Inductor agrees,
+and Inductor fusions fuselens does not make become Hint diagnostics.  A new save cancels
+the job in flight; results are cached by file content, settings and torch version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from fuselens.analysis.inductor_compare import InductorComparison
+from fuselens.analysis.report import from_plain
+
+from .scheduler import Analysis
+from .workers import JobFailed
+
+if TYPE_CHECKING:
+    from .app import FuselensServer
+
+CACHE_SIZE = 16
+
+
+class InductorComparer:
+    def __init__(self, server: "FuselensServer"):
+        self.server = server
+        self.jobs: dict[str, asyncio.Task] = {}
+        self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.completed = 0
+        self.cancelled = 0
+
+    def key(self, analysis: Analysis) -> str:
+        worker = self.server.worker.info.get("torch", "") if self.server.worker else ""
+        settings = json.dumps(self.server.settings.analyze_options(), sort_keys=True, default=str)
+        return hashlib.sha256(f"{analysis.text}\0{settings}\0{worker}".encode()).hexdigest()
+
+    def cancel(self, uri: str) -> None:
+        task = self.jobs.pop(uri, None)
+        if task is not None and not task.done():
+            task.cancel()
+            self.cancelled += 1
+            self.server.log_line(f"torch.compile comparison cancelled: {uri.rsplit('/', 1)[-1]} changed")
+
+    def start(self, uri: str, path: str, analysis: Analysis) -> None:
+        """After `analysis` is published: merge a cached comparison, or compute one in the background."""
+        report = analysis.report
+        if report is None or not any(m.status == "analysed" and m.clusters for m in report.models):
+            return
+        self.cancel(uri)
+        cached = self.cache.get(self.key(analysis))
+        if cached is not None:
+            self.cache.move_to_end(self.key(analysis))
+            self._merge(uri, analysis, cached)
+            return
+        self.jobs[uri] = asyncio.ensure_future(self._run(uri, path, analysis))
+
+    async def _run(self, uri: str, path: str, analysis: Analysis) -> None:
+        from .commands import _Progress
+
+        server = self.server
+        progress = await _Progress.start(server, "fuselens: comparing with torch.compile")
+        try:
+            w = server.settings.worker
+            job = {"kind": "inductor", "path": path, "text": analysis.text, "options": server.settings.analyze_options()}
+            result = await server.get_worker().run(
+                job, {"seconds": max(w.timeout_seconds, 300.0), "memory_mb": w.memory_mb},
+                on_progress=lambda message, fraction: progress.report(message, fraction))
+        except JobFailed as exc:
+            if exc.kind != "cancelled":
+                server.log_line(f"torch.compile comparison failed: {exc}")
+            return
+        finally:
+            progress.end()
+        self.completed += 1
+        server.log_line(f"torch.compile comparison of {path.rsplit('/', 1)[-1]} v{analysis.version} done")
+        key = self.key(analysis)
+        self.cache[key] = result
+        while len(self.cache) > CACHE_SIZE:
+            self.cache.popitem(last=False)
+        self._merge(uri, analysis, result)
+
+    def _merge(self, uri: str, analysis: Analysis, result: dict[str, Any]) -> None:
+        server = self.server
+        if server.scheduler.cache.get(uri) is not analysis:
+            return  # a newer analysis replaced the one this comparison belongs to
+        for model in analysis.report.models:
+            data = result["models"].get(model.name)
+            if data:
+                model.inductor = from_plain(InductorComparison, data)
+            model.inductor_error = result.get("errors", {}).get(model.name, "")
+        analysis.inductor_sources = result.get("sources", {})
+        doc = server.document(uri)
+        if doc is not None and (doc.version or 0) == analysis.version:
+            server.publish(uri, analysis)
+            server.refresh_views()

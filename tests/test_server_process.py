@@ -1,0 +1,83 @@
+"""Language server, processes: the server never imports torch, the worker gets a scrubbed
+environment, and nothing outlives the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from lsp_helpers import (INTERPRET, PROFILES, Client, children, make_workspace, running, running_server,
+                         server_pid)
+
+SECRETS = {"GITHUB_TOKEN": "ghp_x", "AWS_SECRET_ACCESS_KEY": "aws_x", "FUSELENS_TEST_API_KEY": "key_x",
+           "DATABASE_PASSWORD": "pw_x"}
+KEPT = {"TORCH_SHOW_CPP_STACKTRACES": "1"}
+
+
+def mapped_libraries(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as fh:
+        return {line.split()[-1] for line in fh if len(line.split()) >= 6}
+
+
+def environment(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        pairs = [item.decode(errors="replace").split("=", 1) for item in fh.read().split(b"\0") if b"=" in item]
+    return dict(pairs)
+
+
+def torch_libraries(libraries: set[str]) -> set[str]:
+    return {lib for lib in libraries if "libtorch" in lib or "/torch/_C" in lib or "libtriton" in lib}
+
+
+async def workload(client: Client) -> str:
+    """Everything a user does in an editor session, so that any lazy import would have happened."""
+    uri = client.open("example_net.py")
+    await client.diagnostics_of(uri, 1)
+    assert await client.hover(uri, 19) is not None
+    assert await client.inlay_hints(uri)
+    assert await client.code_lenses(uri)
+    actions = await client.code_actions(uri, 18)
+    assert actions
+    await client.command("fuselens.showKernel", uri)
+    client.answer = lambda params: INTERPRET
+    result = await client.command("fuselens.validateKernel", uri, "c0")
+    assert result["models"][0]["clusters"][0]["status"] == "verified"
+    client.apply_workspace_edit(actions[0].edit)
+    if actions[0].command:
+        await client.command(actions[0].command.command, *actions[0].command.arguments)
+    client.save(uri)
+    await client.diagnostics_of(uri)
+    return uri
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_the_server_never_imports_torch_and_exits_cleanly(profile: str, tmp_path):
+    root = make_workspace(str(tmp_path / "ws"))
+    async with running_server(profile, root, server_env={**SECRETS, **KEPT}) as client:
+        await workload(client)
+        server = server_pid(client)
+        (host,) = children(server)
+
+        assert torch_libraries(mapped_libraries(server)) == set()
+        assert torch_libraries(mapped_libraries(host))  # the same check finds torch where it is loaded
+
+        env = environment(host)  # the worker runs the user's code: no credentials reach it
+        assert not set(SECRETS) & set(env)
+        assert env["TORCH_SHOW_CPP_STACKTRACES"] == "1" and env["OMP_NUM_THREADS"] == "1"
+        assert set(SECRETS) <= set(environment(server))  # (they did reach the server)
+
+        await client.shutdown_session()  # shutdown, then exit: the server and its worker are gone
+        assert client._server.returncode == 0
+        await client.wait_until(lambda: not running(host), "the worker to exit", timeout=10, poll=0.05)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_the_worker_does_not_outlive_a_killed_server(profile: str, tmp_path):
+    root = make_workspace(str(tmp_path / "ws"))
+    async with running_server(profile, root) as client:
+        (host,) = children(server_pid(client))
+        os.kill(server_pid(client), signal.SIGKILL)  # the editor crashed, say
+        await client._server.wait()
+        await client.wait_until(lambda: not running(host), "the worker to exit", timeout=10, poll=0.05)

@@ -1,0 +1,80 @@
+"""Language server, workspace trust: no user code runs until the user (not the workspace) trusts it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from lsprotocol import types as lsp
+
+from lsp_helpers import Client, children, example_text, server_fixture, server_pid
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def user_config(root: str) -> str:
+    """An XDG config folder outside the workspace, like the user's own ~/.config."""
+    return os.path.join(os.path.dirname(root), os.path.basename(root) + "-user-config")
+
+
+def trust_file(config: str, folders: list[str]) -> None:
+    os.makedirs(os.path.join(config, "fuselens"), exist_ok=True)
+    with open(os.path.join(config, "fuselens", "trusted-folders.json"), "w") as fh:
+        json.dump(folders, fh)
+
+
+def workspace_trusts_itself(root: str) -> None:
+    trust_file(os.path.join(root, ".config"), [root])
+    with open(os.path.join(root, "pyproject.toml"), "a") as fh:
+        fh.write("\n[tool.fuselens]\nworkspaceTrusted = true\ntrusted = true\n")
+
+
+# Said nothing about trust, and the user's own config lists nothing.
+untrusted = server_fixture(init_options={}, wait_ready=False,
+                           server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)})
+# The workspace ships a trust file for itself and points XDG_CONFIG_HOME at it, and says
+# "trusted" through workspace/configuration and its pyproject.toml.
+self_trusted = server_fixture(init_options={}, wait_ready=False, prepare=workspace_trusts_itself,
+                              server_env=lambda root: {"XDG_CONFIG_HOME": os.path.join(root, ".config")},
+                              configuration={"fuselens": {"workspaceTrusted": True, "trusted": True}})
+# The user's own trust file (outside the workspace) lists the folder.
+user_trusted = server_fixture(init_options={},
+                              prepare=lambda root: trust_file(user_config(root), [root]),
+                              server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)})
+
+
+async def check_nothing_runs(client: Client) -> None:
+    first = client.open("example_net.py")
+    second = client.open("gpt.py")
+    await client.roundtrip()
+    (told,) = client.messages  # one explanation, however many files are opened
+    assert told.type == lsp.MessageType.Warning
+    for words in ("running its code", "trust", "Manage Workspace Trust", "trusted_folders", "trusted-folders.json"):
+        assert words in told.message
+    assert client.published_for(first) == [] and client.published_for(second) == []
+    assert children(server_pid(client)) == []  # no worker was even started
+    assert await client.command("fuselens.analyze", first) == {"scheduled": False, "reason": "untrusted"}
+    result = await client.command("fuselens.validateKernel", first, "c0", {"interpret": True})
+    assert result["error"] == "untrusted"
+    client.save_text(first, example_text() + "\n")
+    await client.roundtrip()
+    assert client.published_for(first) == [] and children(server_pid(client)) == []
+    assert await client.hover(first, 19) is None and await client.code_lenses(first) == []
+
+
+async def test_an_untrusted_workspace_runs_nothing(untrusted: Client):
+    await check_nothing_runs(untrusted)
+
+
+async def test_a_workspace_cannot_trust_itself(self_trusted: Client):
+    # It is asked for its settings, and its "trusted" answer does not count.
+    await self_trusted.wait_until(lambda: self_trusted.configuration_requests, "the configuration request")
+    await check_nothing_runs(self_trusted)
+
+
+async def test_the_users_trust_file_trusts_the_folder(user_trusted: Client):
+    uri = user_trusted.open("example_net.py")
+    diags = await user_trusted.diagnostics_of(uri, 1)
+    assert len([d for d in diags if d.message.startswith("fusable:")]) == 3
+    assert user_trusted.messages == []
