@@ -92,4 +92,19 @@ function M.enable_inlay_hints(bufnr)
   return pcall(ih.enable, true, { bufnr = bufnr }) or pcall(ih.enable, bufnr, true)
 end
 
+--- Turn inlay hints off and on again for `bufnr`, so freshly fetched hints get drawn.
+-- Neovim 0.11/0.12 marks lines drawn while a refresh request is out as done for that
+-- document version, and never redraws them when the hints arrive (neovim/neovim#33391).
+function M.redraw_inlay_hints(bufnr)
+  local ih = vim.lsp.inlay_hint
+  if type(ih) ~= "table" or type(ih.is_enabled) ~= "function" then
+    return
+  end
+  local ok, on = pcall(ih.is_enabled, { bufnr = bufnr })
+  if ok and on then
+    pcall(ih.enable, false, { bufnr = bufnr })
+    pcall(ih.enable, true, { bufnr = bufnr })
+  end
+end
+
 return M

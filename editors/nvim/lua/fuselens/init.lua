@@ -142,6 +142,18 @@ local function handlers()
         end)
       end
     end,
+    ["workspace/inlayHint/refresh"] = function(err, result, ctx, config)
+      local default = vim.lsp.handlers["workspace/inlayHint/refresh"]
+      local answer = default and default(err, result, ctx, config) or vim.NIL
+      -- Once the re-requested hints are in, make sure they are drawn (see compat.redraw_inlay_hints).
+      vim.defer_fn(function()
+        local client = vim.lsp.get_client_by_id(ctx.client_id)
+        for bufnr in pairs(client and client.attached_buffers or {}) do
+          compat.redraw_inlay_hints(bufnr)
+        end
+      end, 300)
+      return answer
+    end,
     ["$/progress"] = function(err, result, ctx, config)
       local value = result and result.value or {}
       local token = tostring(result and result.token)
