@@ -189,7 +189,7 @@ class Recorder(TorchFunctionMode):
         return node.id
 
     def mark_outputs(self, out: Any) -> None:
-        refs = [Ref(self._ref(t)) for t in _tensors(out)]
+        refs = [Ref(self._ref(t)) for t in tensors_in(out)]
         self._new("output", OpClass.OPAQUE, args=refs, call="return")
 
     # ---- the mode -----------------------------------------------------------------
@@ -202,7 +202,7 @@ class Recorder(TorchFunctionMode):
             return self._data_dependent(func, name, args, kwargs)
         template = self._template((args, kwargs)) if self.retain else None
         out = self._call(func, args, kwargs)
-        if not _tensors(out) and name not in ("__setitem__",):
+        if not tensors_in(out) and name not in ("__setitem__",):
             return out
         first_new = len(self.graph.nodes)
         try:
@@ -239,7 +239,7 @@ class Recorder(TorchFunctionMode):
     def _attach_replay(self, func, template, out, first_new: int) -> None:
         """Let validation re-run each recorded call on other tensors (eager timing, torch.compile)."""
         args, kwargs = self._resolve(template)
-        outputs = _tensors(out)
+        outputs = tensors_in(out)
         for node in self.graph.nodes[first_new:]:
             if node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const"):
                 continue
@@ -427,7 +427,7 @@ class Recorder(TorchFunctionMode):
             node = self._new(op, cls, args=op_args, params=params, meta=tensor_meta(out), call=call, inplace=inplace)
             self._bind_value(out, node.id)
             return node
-        tensors = _tensors(out)
+        tensors = tensors_in(out)
         node = self._new(op, cls if cls is not OpClass.VIEW else OpClass.OPAQUE, args=op_args,
                          params=dict(params, outputs=[tensor_meta(t) for t in tensors]), call=call)
         for i, t in enumerate(tensors):
@@ -437,7 +437,7 @@ class Recorder(TorchFunctionMode):
         return node
 
     def _record_opaque(self, func, name, args, kwargs, out, note: str = "") -> None:
-        refs = [self._arg(t) for t in _tensors((args, kwargs))]
+        refs = [self._arg(t) for t in tensors_in((args, kwargs))]
         canon = ALIASES.get(name, name)
         canon = canon[0] if isinstance(canon, tuple) else canon
         params = {"note": note} if note else {}
@@ -475,7 +475,7 @@ class Recorder(TorchFunctionMode):
 
 def _aliases_inputs(out: torch.Tensor, args, kwargs) -> bool:
     """Does `out` share memory with an input (an in-place result or a view of one)?"""
-    inputs = _tensors((args, kwargs))
+    inputs = tensors_in((args, kwargs))
     base = out._base if out._is_view() else None
     for t in inputs:
         if out is t or (base is not None and (base is t or base is t._base)):
@@ -498,13 +498,14 @@ def _signature(value: Any) -> Any:
     return value
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a value: a tensor, or lists, tuples and dicts of them, in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in tensors_in(v)]
     return []
 
 
@@ -898,9 +899,9 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
             except CaptureError:
                 raise
             except SystemExit as exc:
-                raise CaptureError(f"forward() called sys.exit({exc.code!r})", _failure_frame(exc, user_code)) from exc
+                raise CaptureError(f"forward() called sys.exit({exc.code!r})", user_frame(exc, user_code)) from exc
             except Exception as exc:
-                raise CaptureError(_describe_failure(exc), _failure_frame(exc, user_code),
+                raise CaptureError(_describe_failure(exc), user_frame(exc, user_code),
                                    "memory" if _out_of_memory(exc) else "trace") from exc
         if out is not None:
             with recorder:
@@ -911,7 +912,8 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
     return Trace(recorder.graph, complete, recorder.branches_taken, recorder.values if real else None)
 
 
-def _failure_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
+def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
+    """The innermost frame of the user's code in an exception's traceback."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if user_code(f.filename)]
     if not frames:
         return None

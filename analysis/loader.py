@@ -14,14 +14,13 @@ import inspect
 import linecache
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from .capture import UserCode, dtype_name
+from .capture import UserCode, dtype_name, user_frame
 from .graph import Frame
 from .inputs import InputSpec
 
@@ -34,14 +33,6 @@ class LoadError(Exception):
         self.kind = kind
         self.frame = frame
         self.hint = hint
-
-
-def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if user_code(f.filename)]
-    if not frames:
-        return None
-    f = frames[-1]
-    return Frame(f.filename, f.lineno or 0, f.name)
 
 
 def import_file(path: str, user_code: UserCode, text: str | None = None) -> ModuleType:

@@ -345,7 +345,7 @@ def _check_model(path, analysis: Report, model: Model, exact: list[str], init, p
             return ModelCheck("error", exact, message=f"the patched model failed: {type(exc).__name__}: {exc}")
     worst = None
     tf32 = device == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
-    for a, e in zip(_flat(got), _flat(want)):
+    for a, e in zip(capture.tensors_in(got), capture.tensors_in(want)):
         cmp = compare(a, e, precision, TF32 if tf32 else None)
         if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
             worst = cmp
@@ -360,13 +360,3 @@ def _check_model(path, analysis: Report, model: Model, exact: list[str], init, p
             check_.patched_us = round(time_us(lambda: fused(*inputs)), 2)
         check_.speedup = round(check_.eager_us / check_.patched_us, 3)
     return check_
-
-
-def _flat(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flat(v)]
-    return []
