@@ -15,8 +15,11 @@ import sys
 from typing import Any
 from urllib.parse import unquote
 
+from cattrs import transform_error
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 
 from fuselens.analysis.inputs import InputSpecError, find_pyproject, read_tool_table
 
@@ -38,9 +41,37 @@ VERSION = "0.1.0"
 log = logging.getLogger("fuselens.server")
 
 
+_ANSWERED = object()  # a request already answered with an error while it was being read
+
+
+class FuselensProtocol(LanguageServerProtocol):
+    """pygls' protocol, except that a request whose params cannot be read is answered.
+
+    pygls drops such a request before dispatching it (a negative line, a missing URI), so
+    the client would wait for its answer for ever; here it gets an InvalidParams error.
+    """
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcInvalidParams as exc:
+            if data.get("id") is None or not isinstance(data.get("method"), str):
+                raise  # a notification or a response: nobody waits for an answer
+            cause = exc.__cause__
+            detail = "; ".join(transform_error(cause)) if cause is not None else "unreadable"
+            error = JsonRpcInvalidParams(f"invalid params for {data['method']}: {detail}")
+            self._send_response(data["id"], error=error.to_response_error())
+            return _ANSWERED
+
+    def handle_message(self, message) -> None:
+        if message is not _ANSWERED:
+            super().handle_message(message)
+
+
 class FuselensServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("fuselens", VERSION, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        super().__init__("fuselens", VERSION, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+                         protocol_cls=FuselensProtocol)
         self.settings = settings_mod.Settings()
         self.init_options: dict[str, Any] = {}
         self.roots: list[str] = []
@@ -76,6 +107,14 @@ class FuselensServer(LanguageServer):
 
     def trusted(self, path: str) -> bool:
         return self.trust.trusted(path)
+
+    def workspace_root(self, path: str) -> str | None:
+        """The workspace folder that holds `path` (with none open, the file's own folder); None
+        outside them all.  Files are generated only inside the workspace."""
+        if not self.roots:
+            return os.path.dirname(path)
+        real = os.path.realpath(path)
+        return next((r for r in self.roots if real.startswith(os.path.realpath(r) + os.sep)), None)
 
     def document(self, uri: str):
         """The open document at `uri`, or None (pygls' get_text_document would read any file from disk)."""
@@ -327,6 +366,8 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
     path = uri_to_path(uri)
     if analysis is None or doc is None or path is None or (doc.version or 0) != analysis.version:
         return []  # edits are offered only for the exact text they were computed from
+    if ls.workspace_root(path) is None:
+        return []  # its kernel module would be written beside it, outside the workspace
     module_text = kernel_module_text(analysis.report)
     caps = ls.client_capabilities.workspace
     edit_caps = caps.workspace_edit if caps else None

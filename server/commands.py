@@ -35,13 +35,13 @@ def _args(args: tuple, spec: list[tuple[str, type, bool]]) -> list[Any]:
         raise JsonRpcInvalidParams.of(TypeError(f"expected at most {len(spec)} arguments, got {len(args)}"))
     out = []
     for i, (name, kind, required) in enumerate(spec):
-        if i >= len(args):
+        value = args[i] if i < len(args) else None
+        if value is None:
             if required:
                 raise JsonRpcInvalidParams.of(TypeError(f"missing argument '{name}'"))
             out.append(None)
             continue
-        value = args[i]
-        if value is not None and not isinstance(value, kind):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise JsonRpcInvalidParams.of(TypeError(f"argument '{name}' must be {kind.__name__}, "
                                                     f"got {type(value).__name__}"))
         out.append(value)
@@ -241,6 +241,14 @@ class _Progress:
             self.ls.work_done_progress.end(self.token, lsp.WorkDoneProgressEnd(message="done"))
 
 
+def _views_folder(ls: "FuselensServer", path: str, kind: str) -> str:
+    """`.fuselens/<kind>` in the workspace folder that holds `path`: inside the workspace, never
+    elsewhere (a file opened from outside it gets its views in the first workspace folder)."""
+    folder = os.path.join(ls.workspace_root(path) or ls.roots[0], ".fuselens", kind)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
 async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dict[str, Any]:
     from .app import kernel_module_text
 
@@ -252,10 +260,7 @@ async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dic
               if c.kernel and (which in (None, m.name, c.id, c.kernel.name))]
     if which and not chosen:
         raise JsonRpcInvalidParams.of(ValueError(f"no model or cluster {which!r} in {os.path.basename(path)}"))
-    root = next((r for r in ls.roots if os.path.realpath(path).startswith(os.path.realpath(r) + os.sep)),
-                os.path.dirname(path))
-    folder = os.path.join(root, ".fuselens", "kernels")  # inside the workspace, never elsewhere
-    os.makedirs(folder, exist_ok=True)
+    folder = _views_folder(ls, path, "kernels")
     target = os.path.join(folder, os.path.basename(chosen[0].kernel.path) if chosen else "kernels.py")
     with open(target, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -285,10 +290,7 @@ async def _show_inductor(ls: "FuselensServer", uri: str, cluster: str) -> dict[s
     text = f"# torch.compile's kernels for {cluster} of {os.path.basename(path)}: {comparison.status}\n"
     text += f"# {comparison.summary}\n\n"
     text += "\n\n".join(analysis.inductor_sources.get(i, f"# {i}: no source") for i in ids) + "\n"
-    root = next((r for r in ls.roots if os.path.realpath(path).startswith(os.path.realpath(r) + os.sep)),
-                os.path.dirname(path))
-    folder = os.path.join(root, ".fuselens", "inductor")
-    os.makedirs(folder, exist_ok=True)
+    folder = _views_folder(ls, path, "inductor")
     target = os.path.join(folder, f"{os.path.splitext(os.path.basename(path))[0]}_{cluster}.py")
     with open(target, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -314,6 +316,8 @@ def _write_module(ls: "FuselensServer", uri: str, version: int, ids: list) -> di
     target = clusters[0].kernel.path
     if os.path.dirname(os.path.realpath(target)) != os.path.dirname(os.path.realpath(path)):
         raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
+    if ls.workspace_root(path) is None:
+        raise JsonRpcInvalidParams.of(ValueError(f"{os.path.basename(path)} is outside the workspace; nothing written"))
     with open(target, "w", encoding="utf-8") as fh:
         fh.write(kernel_module_text(analysis.report))
     return {"path": target}

@@ -10,6 +10,7 @@ only those that still match the document.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -39,6 +40,10 @@ class _Slot:
 
 
 RunJob = Callable[[str, str, int], Awaitable[dict[str, Any]]]  # (path, text, version) -> report dict
+
+# Jobs running the user's code at once, across documents: opening twenty files must not
+# fork twenty analyses on a laptop.  Waiting for a turn is cancellable like the job itself.
+MAX_CONCURRENT_JOBS = max(2, (os.cpu_count() or 2) // 2)
 OnResult = Callable[[str, Analysis], Awaitable[None] | None]
 
 
@@ -50,6 +55,7 @@ class Scheduler:
     _slots: dict[str, _Slot] = field(default_factory=dict)
     completed: int = 0
     cancelled: int = 0
+    _turns: asyncio.Semaphore | None = None
 
     def request(self, uri: str, path: str, version: int, text: str) -> None:
         slot = self._slots.setdefault(uri, _Slot())
@@ -72,6 +78,12 @@ class Scheduler:
         slot = self._slots.get(uri)
         return slot is not None and (slot.pending is not None or (slot.job is not None and not slot.job.done()))
 
+    async def _take_turn(self, path: str, text: str, version: int) -> dict[str, Any]:
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(MAX_CONCURRENT_JOBS)
+        async with self._turns:
+            return await self.run_job(path, text, version)
+
     async def _run(self, uri: str, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
         while slot.pending is not None:
@@ -79,7 +91,7 @@ class Scheduler:
             slot.pending = None
             slot.running_version = version
             started = loop.time()
-            slot.job = asyncio.create_task(self.run_job(path, text, version))
+            slot.job = asyncio.create_task(self._take_turn(path, text, version))
             try:
                 data = await slot.job
                 analysis = Analysis(version, text, Report.from_dict(data))

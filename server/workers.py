@@ -19,6 +19,7 @@ from typing import Any, Callable
 from fuselens.worker.protocol import decode, encode
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
+HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
 
 _PASS_THROUGH = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LC_\w+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHOME|VIRTUAL_ENV|"
@@ -156,12 +157,23 @@ class WorkerClient:
                   on_progress: Callable[[str, float | None], None] | None = None) -> dict[str, Any]:
         """Run a job; cancelling the awaiting task cancels (kills) the job in the worker."""
         await self.ensure_started()
+        proc = self._proc
         job_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._jobs[job_id] = (future, on_progress)
         self._send({"op": "run", "id": job_id, "job": job, "limits": limits})
         try:
-            return await future
+            return await asyncio.wait_for(future, float(limits.get("seconds") or 60.0) + HOST_GRACE)
+        except asyncio.TimeoutError:
+            # The host kills a job at its time limit; past that it is wedged (the model's code stopped
+            # it, say). Kill it: its other jobs fail, and the next job starts a fresh host.
+            self._jobs.pop(job_id, None)
+            self.log(f"the worker did not answer job {job_id} within its time limit: restarting it")
+            if proc is self._proc and proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise JobFailed({"kind": "timeout", "message": "the analysis worker stopped responding within the "
+                                                           "time limit; it was restarted"}) from None
         except asyncio.CancelledError:
             self._jobs.pop(job_id, None)
             if self.alive:

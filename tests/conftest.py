@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 
@@ -33,6 +34,22 @@ def analyze():
         return analyze_file(path, AnalyzeOptions(**options))
 
     return run
+
+
+@pytest.fixture(scope="module")
+def figures(request, tmp_path_factory):
+    """A dict for the numbers a module's tests want quoted (the robustness suite: tests/test_robust_*.py).
+    At the end of the module they are printed (seen with `pytest -s`) and written as JSON to
+    `$FUSELENS_ROBUSTNESS_DIR/<module>.json` (default: `<pytest's temporary folder>/robustness/`)."""
+    data: dict = {}
+    yield data
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    folder = os.environ.get("FUSELENS_ROBUSTNESS_DIR") or str(tmp_path_factory.getbasetemp() / "robustness")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+    print(f"\n---- {name} figures ({path}) ----\n{json.dumps(data, indent=2, sort_keys=True, default=str)}")
 
 
 def example(name: str) -> str:

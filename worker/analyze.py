@@ -100,7 +100,7 @@ def _analyze_file(path: str, options: AnalyzeOptions) -> R.Report:
     try:
         module = loader.import_file(path, user_code, text)
     except loader.LoadError as exc:
-        report.problems.append(_problem(exc.kind, str(exc), exc.frame, path, exc.hint))
+        report.problems.append(_load_problem(exc, path))
         return report
     try:
         table = inputs_mod.read_tool_table(inputs_mod.find_pyproject(path))
@@ -144,6 +144,13 @@ def _problem(kind: str, message: str, frame, path: str, hint: str = "") -> R.Pro
     if frame is not None:
         return R.Problem(kind, message, frame.file, frame.line, None, hint)
     return R.Problem(kind, message, path, 1, None, hint)
+
+
+def _load_problem(exc: loader.LoadError, path: str) -> R.Problem:
+    """A failure to import or build; running out of memory there reads as it does in a trace."""
+    if exc.__cause__ is not None and capture._out_of_memory(exc.__cause__):
+        return _problem("memory", capture._describe_failure(exc.__cause__), exc.frame, path)
+    return _problem(exc.kind, str(exc), exc.frame, path, exc.hint)
 
 
 # ---- one model -----------------------------------------------------------------------------
@@ -191,7 +198,7 @@ def _analyse_class(info, cls, module, table, top, options, source, profile, user
         return model, []
     except loader.LoadError as exc:
         model.status = "error"
-        model.problem = _problem(exc.kind, str(exc), exc.frame, path, exc.hint)
+        model.problem = _load_problem(exc, path)
         return model, []
     if config.inputs is None:
         model.status = "skipped"
@@ -226,7 +233,7 @@ def _analyse_class(info, cls, module, table, top, options, source, profile, user
         timings["trace"] = _ms(t)
     except loader.LoadError as exc:
         model.status = "error"
-        model.problem = _problem(exc.kind, str(exc), exc.frame, path, exc.hint)
+        model.problem = _load_problem(exc, path)
         return model, []
     except capture.CaptureError as exc:
         model.status = "error"

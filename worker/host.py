@@ -287,12 +287,24 @@ def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, m
         except MemoryError:
             emit({"event": "failed", "error": {"kind": "memory", "message": "the model's code ran out of memory"}})
         except BaseException as exc:  # noqa: BLE001 - report, never propagate
-            emit({"event": "failed", "error": {"kind": "internal", "message": f"{type(exc).__name__}: {exc}",
-                                               "traceback": traceback.format_exc(limit=20)}})
+            emit({"event": "failed", "error": _escaped(exc, job.get("path", ""))})
     except BaseException:  # noqa: BLE001
         code = 70
     finally:
         os._exit(code)
+
+
+def _escaped(exc: BaseException, path: str) -> dict[str, Any]:
+    """The error for an exception that escaped the job.  Analysis turns the model's exceptions
+    into problems, but not a KeyboardInterrupt (or any other non-Exception) it raises: that
+    is still the model's doing, at its line, when it was raised in the analysed file."""
+    if not isinstance(exc, Exception) and path:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        if frames:
+            return {"kind": "crash", "message": f"the model's code raised {type(exc).__name__}",
+                    "file": frames[-1].filename, "line": frames[-1].lineno}
+    return {"kind": "internal", "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=20)}
 
 
 def _die_with(host_pid: int) -> None:

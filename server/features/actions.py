@@ -68,13 +68,20 @@ def fuse_action(report: Report, uri: str, version: int, text: str, clusters: lis
     return action
 
 
+def _fixable(c: Cluster, path: str) -> bool:
+    """An exact cluster of the file at `path` whose kernel module sits beside it, as `fuselens apply`
+    puts it: the module's path comes from the report, and nothing is ever written elsewhere."""
+    return (c.edit is not None and c.kernel is not None and same_file(c.file, path)
+            and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path)))
+
+
 def code_actions(report: Report, path: str, uri: str, version: int, text: str, first: int, last: int,
                  module_text: str, create_ok: bool, document_changes: bool = True) -> list[lsp.CodeAction]:
     """Actions for lines first..last (1-based): one per exact cluster there, plus "fuse all" for its model."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
-        if c.edit is None or not same_file(c.file, path):
+        if not _fixable(c, path):
             continue
         if c.lines[0] <= last and c.lines[1] >= first:
             title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {c.kernel.name}"
@@ -87,7 +94,7 @@ def code_actions(report: Report, path: str, uri: str, version: int, text: str, f
             if model not in models:
                 models.append(model)
     for model in models:
-        exact = [c for c in model.clusters if c.edit is not None and same_file(c.file, path)]
+        exact = [c for c in model.clusters if _fixable(c, path)]
         if len(exact) > 1:
             action = fuse_action(report, uri, version, text, exact,
                                  f"Fuse all {len(exact)} exact clusters in {model.name}", module_text, create_ok,

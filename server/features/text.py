@@ -37,7 +37,8 @@ def uri_to_path(uri: str) -> str | None:
     parsed = urlparse(uri)
     if parsed.scheme != "file":
         return None
-    return unquote(parsed.path)
+    path = unquote(parsed.path)
+    return path if "\0" not in path else None  # no file has such a name, and os calls raise on it
 
 
 def same_file(a: str, b: str) -> bool:

@@ -1,0 +1,191 @@
+"""Robustness, load: twenty documents opened at once, a 48-layer GPT on a long sequence, and fifty
+saves in a burst.  Memory stays bounded (the server small, the worker host flat), requests are
+answered promptly while analyses run, and the scheduler never queues more than one job in flight
+and one pending per document: superseded analyses are cancelled, not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from lsprotocol import types as lsp
+
+from lsp_helpers import Client, example_text, replace_line, server_pid
+from robust_helpers import descendants, errors, fusable, pss_kb, single_server, status_kb, worker_host
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+client = single_server()  # load does not depend on the editor's capabilities
+
+SERVER_RSS_MB = 150
+HOST_RSS_MB = 1536
+LATENCY_S = 1.0
+EXAMPLES = ["example_net.py", "branchy.py", "conv_block.py", "gpt.py", "llama_block.py"]
+
+
+class Sampler:
+    """Samples the memory of the server, the worker host and its job processes in a thread."""
+
+    def __init__(self, client: Client):
+        self.server, self.host = server_pid(client), worker_host(client)
+        self.peak = defaultdict(int)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            jobs = descendants(self.host)
+            for key, value in (("server_rss_mb", status_kb(self.server) // 1024),
+                               ("host_rss_mb", status_kb(self.host) // 1024),
+                               ("jobs_at_once", len(jobs)),
+                               ("host_and_jobs_pss_mb", (pss_kb(self.host) + sum(pss_kb(j) for j in jobs)) // 1024)):
+                self.peak[key] = max(self.peak[key], value)
+            time.sleep(0.01)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Latency:
+    def __init__(self):
+        self.worst: dict[str, float] = defaultdict(float)
+
+    async def __call__(self, kind: str, request):
+        started = time.perf_counter()
+        result = await request
+        self.worst[kind] = max(self.worst[kind], round(time.perf_counter() - started, 4))
+        return result
+
+
+async def every_feature(client: Client, latency: Latency, uri: str, lines: list[int]) -> None:
+    for line in lines:
+        await latency("hover", client.hover(uri, line))
+        await latency("codeAction", client.code_actions(uri, line))
+    await latency("inlayHint", client.inlay_hints(uri))
+    await latency("codeLens", client.code_lenses(uri))
+
+
+def signature(diags: list[lsp.Diagnostic]) -> list[tuple]:
+    return sorted((d.range.start.line, d.range.end.line, d.code, d.message) for d in diags)
+
+
+async def test_twenty_documents_opened_at_once(client: Client, figures):
+    latency = Latency()
+    loop = asyncio.get_running_loop()
+    with Sampler(client) as sampler:
+        started = loop.time()
+        uris = {client.open(f"load_{i:02d}_{name}", example_text(name)): name
+                for i, name in enumerate(EXAMPLES * 4)}
+        for uri in uris:  # asked at once, while the twenty analyses run
+            await every_feature(client, latency, uri, [19])
+        published = {uri: await client.diagnostics_of(uri, 1, timeout=120) for uri in uris}
+        elapsed = loop.time() - started
+        for uri in uris:  # and once they are done
+            await every_feature(client, latency, uri, [19, 25, 40])
+
+    by_example = defaultdict(set)
+    for uri, name in uris.items():
+        assert errors(published[uri]) == [], (name, published[uri])
+        by_example[name].add(tuple(signature(published[uri])))
+    assert all(len(sigs) == 1 for sigs in by_example.values())  # every copy says the same
+    assert len(fusable(next(published[u] for u, n in uris.items() if n == "example_net.py"))) == 3
+    figures["twenty_documents"] = {"seconds_until_all_published": round(elapsed, 2), **sampler.peak,
+                                   "worst_latency_s": dict(latency.worst)}
+    assert sampler.peak["server_rss_mb"] < SERVER_RSS_MB
+    assert sampler.peak["host_rss_mb"] < HOST_RSS_MB
+    assert max(latency.worst.values()) <= LATENCY_S, latency.worst
+    for uri in uris:
+        client.close(uri)
+
+
+async def test_a_48_layer_gpt_on_a_long_sequence(client: Client, figures):
+    text = example_text("gpt.py").replace(
+        "class GPT(nn.Module):", "class GPT(nn.Module):  # fuselens: input=(1, 1024) int64 init=(n_layers=48)")
+    latency = Latency()
+    loop = asyncio.get_running_loop()
+    with Sampler(client) as sampler:
+        started = loop.time()
+        uri = client.open("load_gpt48.py", text)
+        await every_feature(client, latency, uri, [52])  # while it is analysed
+        diags = await client.diagnostics_of(uri, 1, timeout=120)
+        elapsed = loop.time() - started
+        await every_feature(client, latency, uri, list(range(10, 80, 3)))
+
+    assert errors(diags) == []
+    assert any("×48" in d.message for d in diags), [d.message for d in diags]  # one per layer, folded
+    figures["gpt_48_layers"] = {"seconds_to_diagnostics": round(elapsed, 2), "diagnostics": len(diags),
+                                **sampler.peak, "worst_latency_s": dict(latency.worst)}
+    assert sampler.peak["server_rss_mb"] < SERVER_RSS_MB
+    assert sampler.peak["host_rss_mb"] < HOST_RSS_MB
+    assert max(latency.worst.values()) <= LATENCY_S, latency.worst
+    client.close(uri)
+
+
+async def test_fifty_rapid_saves_run_one_job_at_a_time(client: Client, figures):
+    """Fifty saves of one document, whose forward() takes 0.3 s: twenty-five in a burst, then
+    twenty-five each landing as soon as the previous version's job has started running the model.
+    Superseded jobs are cancelled (killed in the worker) or never started, at most one job of the
+    document exists at any moment, and only the last version is analysed to the end."""
+    log = os.path.join(client.root, "burst_log.txt")
+
+    def version_text(n: int) -> str:  # records, in the workspace, which saves started and finished
+        def record(event: str) -> str:
+            return f"open({log!r}, 'a').write(f'{event} {{SAVE}}\\n')"
+
+        text = replace_line(example_text(), 9, f"import os, time; SAVE = {n}; {record('start')}")
+        return replace_line(text, 29, f"        x = x * 3.0; time.sleep(0.3); {record('done')}")
+
+    def events(what: str) -> set[int]:
+        try:
+            with open(log) as fh:
+                return {int(n) for event, n in (line.split() for line in fh.read().splitlines()) if event == what}
+        except (OSError, ValueError):  # (not yet written, or a line half written)
+            return set()
+
+    def analysed() -> list[str]:
+        return [m.message.split()[2] for m in client.log_messages if m.message.startswith("analysed load_burst.py ")]
+
+    uri = client.open("load_burst.py", version_text(0))
+    await client.diagnostics_of(uri, 1)
+    await client.roundtrip()
+    os.remove(log)
+    seen, before = len(client.published), len(analysed())
+    saves, burst = 50, 25
+    loop = asyncio.get_running_loop()
+    with Sampler(client) as sampler:
+        started = loop.time()
+        for n in range(1, burst + 1):  # as fast as the client can send them
+            client.save_text(uri, version_text(n))
+        for n in range(burst + 1, saves + 1):  # each superseding a job that is running the model
+            await client.wait_until(lambda last=n - 1: last in events("start"), f"save {n - 1}'s job to start",
+                                    poll=0.005)
+            client.save_text(uri, version_text(n))
+        final = client.versions[uri]
+        diags = await client.diagnostics_of(uri, final)
+        elapsed = loop.time() - started
+        await client.roundtrip()
+    await client.wait_until(lambda: not descendants(worker_host(client)), "every job to be gone", poll=0.05)
+
+    began, finished = events("start"), events("done")
+    published = [p.version for p in client.published[seen:] if p.uri == uri]
+    figures["fifty_saves"] = {"saves": saves, "seconds_to_last_diagnostics": round(elapsed, 2),
+                              "jobs_that_ran_the_model": len(began), "forward_passes_finished": len(finished),
+                              "analyses_published": len(analysed()) - before,
+                              "jobs_of_the_document_at_once": sampler.peak["jobs_at_once"]}
+    assert [chain for *_, chain in fusable(diags)] == ["mul → relu → add", "gelu → sigmoid → mul",
+                                                        "tanh → mul → softmax"]
+    assert published == [final] and analysed()[before:] == [f"v{final}"]
+    assert set(range(burst, saves + 1)) <= began  # these superseded jobs were running ...
+    assert finished == {saves}  # ... and were killed: only the last job ran to the end
+    assert sampler.peak["jobs_at_once"] <= 1  # one in flight (the pending one waits in the server)
+    client.close(uri)
