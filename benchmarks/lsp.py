@@ -84,7 +84,7 @@ class Client(LanguageClient):
         return fut
 
 
-async def bench(saves: int, requests: int) -> None:
+async def bench(saves: int, requests: int, inductor: bool) -> None:
     work = tempfile.mkdtemp(prefix="fuselens-bench-")
     for name in ("example_net.py", "gpt.py", "pyproject.toml"):
         shutil.copy(os.path.join(ROOT, "examples", name), work)
@@ -93,7 +93,7 @@ async def bench(saves: int, requests: int) -> None:
     await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", "--log-file", os.path.join(work, "server.log"))
     await client.initialize_async(lsp.InitializeParams(
         capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
-        initialization_options={"workspaceTrusted": True},
+        initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": inductor}},
         workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="bench")]))
     client.initialized(lsp.InitializedParams())
     print(f"server start -> initialized: {(time.perf_counter() - started) * 1000:.0f} ms")
@@ -152,8 +152,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--saves", type=int, default=20)
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--inductor", action="store_true",
+                        help="keep the background torch.compile comparison on (it competes for the CPU)")
     args = parser.parse_args()
-    asyncio.run(bench(args.saves, args.requests))
+    asyncio.run(bench(args.saves, args.requests, args.inductor))
     return 0
 
 
