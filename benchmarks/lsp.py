@@ -74,9 +74,8 @@ class Client(LanguageClient):
         def configuration(params):
             return [None for _ in params.items]
 
-        @self.feature(lsp.WINDOW_LOG_MESSAGE)
-        def log(params):
-            pass
+        for method in (lsp.WINDOW_LOG_MESSAGE, lsp.WINDOW_SHOW_MESSAGE, lsp.PROGRESS):
+            self.feature(method)(lambda params: None)
 
     def wait_for(self, uri: str, version: int) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
