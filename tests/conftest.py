@@ -50,6 +50,19 @@ def figures(request, tmp_path_factory):
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, sort_keys=True, default=str)
     print(f"\n---- {name} figures ({path}) ----\n{json.dumps(data, indent=2, sort_keys=True, default=str)}")
+    _FIGURES[name] = data
+
+
+_FIGURES: dict[str, dict] = {}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The robustness suite's counts, in every run's summary (CI runs `pytest -q`)."""
+    if not _FIGURES:
+        return
+    terminalreporter.section("robustness figures")
+    for name, data in sorted(_FIGURES.items()):
+        terminalreporter.write_line(f"{name}: {json.dumps(data, sort_keys=True, default=str)}")
 
 
 def example(name: str) -> str:
