@@ -449,6 +449,18 @@ def server_fixture(init_options: dict | None = None, configuration: dict | None 
     return client
 
 
+def analysed_fixture(name: str = "example_net.py"):
+    """A fixture: the example `name` opened in the module's `client`, once its first diagnostics are in."""
+
+    @pytest_asyncio.fixture(scope="module", loop_scope="module")
+    async def analysed(client: Client) -> str:
+        uri = client.open(name)
+        await client.diagnostics_of(uri, 1)
+        return uri
+
+    return analysed
+
+
 def server_pid(client: Client) -> int:
     """The pid of the server process pytest-lsp started."""
     return client._server.pid

@@ -5,22 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
-import pytest_asyncio
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 
-from lsp_helpers import INTERPRET, Client, example_text, server_fixture, uri_of
+from lsp_helpers import INTERPRET, Client, analysed_fixture, example_text, server_fixture, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 client = server_fixture()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def analysed(client: Client) -> str:
-    uri = client.open("example_net.py")
-    await client.diagnostics_of(uri, 1)
-    return uri
+analysed = analysed_fixture()
 
 
 def statuses(result: dict) -> dict[str, str]:
