@@ -6,8 +6,9 @@ For each example, three input sizes chosen to land its clusters in each regime
 (launch-bound, L2-resident, DRAM-bound on an H200), each validated and timed by
 `fuselens validate` machinery: numerics against eager, then CUDA-graph GPU time of eager,
 torch.compile (static shapes, a fresh compile per shape) and the generated kernel, plus
-host-inclusive launch times.  Writes results.json and results.md (a markdown table) to
---out; docs/benchmarks.md holds the latest table.
+host-inclusive launch times.  Each example runs in a process of its own.  Writes
+results.json and results.md (a markdown table) to --out; docs/benchmarks.md holds the
+latest table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,6 +133,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting new cases after this many seconds")
     args = parser.parse_args()
+    examples = args.only or list(SUITE)
+    if len(examples) > 1:
+        return _each_in_its_own_process(args, examples)
     begun = time.perf_counter()
     import torch
     import triton
@@ -145,7 +151,7 @@ def main() -> int:
     print(f"{device}: copy bandwidth {peak:.0f} GB/s; {versions}", flush=True)
     rows: list[dict] = []
     os.makedirs(args.out, exist_ok=True)
-    for example in args.only or list(SUITE):
+    for example in examples:
         for size in args.size or ["launch", "l2", "dram"]:
             for dtype in args.dtype or ["float32", "bfloat16"]:
                 if args.budget_s and time.perf_counter() - begun > args.budget_s:
@@ -163,6 +169,43 @@ def main() -> int:
                     json.dump({"device": device, "copy_gbps": peak, "versions": versions, "rows": rows}, fh,
                               indent=1, default=str)
     table = markdown(rows, device, versions)
+    with open(os.path.join(args.out, "results.md"), "w") as fh:
+        fh.write(table)
+    print(table)
+    return 0
+
+
+def _each_in_its_own_process(args, examples: list[str]) -> int:
+    """One child process per example, so each starts with an empty GPU: hundreds of CUDA-graph
+    captures of GB-sized tensors fragment the caching allocator until a later example no longer
+    fits, even with every tensor freed."""
+    begun = time.perf_counter()
+    merged: dict = {"rows": []}
+    for example in examples:
+        command = [sys.executable, os.path.abspath(__file__), "--only", example]
+        command += [f"--size={v}" for v in args.size or []] + [f"--dtype={v}" for v in args.dtype or []]
+        if args.peak_gbps:
+            command.append(f"--peak-gbps={args.peak_gbps}")
+        if args.budget_s:
+            left = args.budget_s - (time.perf_counter() - begun)
+            if left <= 0:
+                print(f"time budget spent: skipping {example}", flush=True)
+                continue
+            command.append(f"--budget-s={left}")
+        with tempfile.TemporaryDirectory(prefix="fuselens-bench-") as out:
+            code = subprocess.call(command + ["--out", out])
+            try:
+                with open(os.path.join(out, "results.json"), encoding="utf-8") as fh:
+                    part = json.load(fh)
+            except (OSError, ValueError):
+                part = {"rows": [{"example": example, "size": "", "dtype": "",
+                                  "error": f"the benchmark process exited with {code} before writing results"}]}
+        merged.update({k: v for k, v in part.items() if k != "rows"})
+        merged["rows"] += part["rows"]
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as fh:
+            json.dump(merged, fh, indent=1, default=str)
+    table = markdown(merged["rows"], merged.get("device", "?"), merged.get("versions", {}))
     with open(os.path.join(args.out, "results.md"), "w") as fh:
         fh.write(table)
     print(table)

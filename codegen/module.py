@@ -35,31 +35,59 @@ def _sm_count():
     return _SM_COUNT[0]
 
 
-def _flat_tile(numel):
-    """(BLOCK, num_warps) for a flat elementwise kernel: 1024 elements a program, fewer when
-    that would leave multiprocessors idle."""
-    block = 1024
+def _flat_tile(numel, itemsize):
+    """(BLOCK, num_warps) for a flat elementwise kernel: 4 KB of the widest tensor a program
+    (two 16-byte loads a thread with 4 warps), fewer when that would leave multiprocessors idle."""
+    block = max(128, 4096 // itemsize)
     while block > 128 and numel // block < 2 * _sm_count():
         block //= 2
     return block, 4 if block >= 512 else 2
 
 
-def _pointwise_tile(rows, cols):
-    """(BLOCK_R, BLOCK_C, num_warps) for an elementwise kernel: ~4K-element tiles, columns first."""
-    block_c = min(_next_pow2(cols), 1024)
-    block_r = max(1, min(_next_pow2(rows), 4096 // block_c))
-    return block_r, block_c, 8 if block_r * block_c >= 4096 else 4
+def _pointwise_tile(rows, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for an elementwise tile kernel: 4 KB tiles of the widest
+    tensor, columns first (two 16-byte loads a thread with 4 warps)."""
+    elements = max(128, 4096 // itemsize)
+    block_c = min(_next_pow2(cols), elements)
+    block_r = max(1, min(_next_pow2(rows), elements // block_c))
+    return block_r, block_c, 4 if block_r * block_c >= 512 else 2
+
+
+def _row_pitches(leads, sizes):
+    """(pitches, dense): the step of each leading dim in an elementwise kernel's row index.
+
+    When the full-size inputs `leads` share one dense layout whose last dim has stride 1 (a
+    contiguous tensor, or a permuted view of one such as `x.transpose(1, 2)`), rows are
+    numbered in that memory order and the outputs take the same layout, as eager's would;
+    otherwise rows run in row-major order into contiguous outputs."""
+    if leads and all(t.stride() == leads[0].stride() for t in leads):
+        strides = leads[0].stride()
+        if not sizes or sizes[-1] == 1 or strides[-1] == 1:
+            expected = 1
+            for i in sorted(range(len(sizes)), key=lambda i: strides[i]):
+                if sizes[i] != 1:
+                    if strides[i] != expected:
+                        break
+                    expected *= sizes[i]
+            else:
+                cols = sizes[-1] if sizes else 1
+                return [max(1, strides[i] // cols) for i in range(len(sizes) - 1)], True
+    pitches, step = [], 1
+    for i in range(len(sizes) - 2, -1, -1):
+        pitches.append(step)
+        step *= sizes[i]
+    return pitches[::-1], False
 
 
 def _row_tile(rows, cols):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length."""
     width = _next_pow2(cols)
     if width <= {MAX_BLOCK_ROW}:
-        block_r = max(1, min(_next_pow2(rows), 2048 // width))
+        block_r = max(1, min(_next_pow2(rows), 1024 // width))
         while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
             block_r //= 2  # narrow rows: fewer a program, so every multiprocessor gets work
         return block_r, width, max(1, min(16, block_r * width // 256)), True
-    return 1, {LOOP_BLOCK}, 8, False
+    return 1, {LOOP_BLOCK}, 16, False
 '''
 
 

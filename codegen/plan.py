@@ -62,6 +62,9 @@ class Stmt:
     load_input: int | None = None
     load_coords: tuple[str, ...] = ()
     load_guard: str = ""  # extra load mask (lanes of another `cat` piece)
+    # Reductions a looped kernel may fold into the pass of the one they depend on:
+    centered: tuple[str, str] | None = None  # sum((x - sum_x / C)^2), as (x, sum_x): shifted sums
+    online: tuple[str, str] | None = None  # sum(exp(x - max_x)), as (x, max_x): online softmax
 
 
 @dataclass
@@ -405,17 +408,14 @@ class _Planner:
             return r("max" if op == "amax" else "min", xs, comment)
         if op in ("var", "std"):
             mean = self._mean(xs, comment + " (mean)")
-            d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
-            sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
-            ss = r("sum", sq, comment + " (squares)")
+            _, ss = self._centered_squares(xs, mean, comment + " (squares)")
             corr = node.params.get("correction", 1.0)
             denom = f"({n} - {literal(float(corr))})" if corr else n
             var = self._emit(f"{ss.name} / {denom}", FLOAT, [ss], comment)
             return var if op == "var" else self._emit(f"tl.sqrt({var.name})", FLOAT, [var], comment)
         if op == "logsumexp":
             m = r("max", xs, comment + " (max)")
-            e = self._emit(f"tl.exp({xs.name} - {m.name})", FLOAT, [xs, m])
-            s = r("sum", e, comment + " (sum)")
+            _, _, s = self._exp_sum(xs, m, comment + " (sum)")
             return self._emit(f"{m.name} + tl.log({s.name})", FLOAT, [m, s], comment)
         if op == "norm":
             p = node.params.get("p", 2.0)
@@ -429,17 +429,14 @@ class _Planner:
             raise PlanError("no-lowering", f"{_describe(node)}: p={p} norm")
         if op in ("softmax", "log_softmax"):
             m = r("max", xs, comment + " (row max)")
-            shifted = self._emit(f"{xs.name} - {m.name}", FLOAT, [xs, m])
-            e = self._emit(f"tl.exp({shifted.name})", FLOAT, [shifted])
-            s = r("sum", e, comment + " (row sum)")
+            shifted, e, s = self._exp_sum(xs, m, comment + " (row sum)")
             if op == "softmax":
                 return self._emit(f"{e.name} / {s.name}", FLOAT, [e, s], comment)
             return self._emit(f"{shifted.name} - tl.log({s.name})", FLOAT, [shifted, s], comment)
         if op in ("layer_norm", "group_norm"):
             mean = self._mean(xs, comment + " (mean)")
-            d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
-            sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
-            var = self._mean(sq, comment + " (variance)")
+            d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
+            var = self._emit(f"{ss.name} / C", FLOAT, [ss], comment + " (variance)")
             inv = self._emit(f"tl.rsqrt({var.name} + {literal(float(node.params['eps']))})", FLOAT, [var])
             y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
             return self._affine(node, y, comment)
@@ -471,6 +468,24 @@ class _Planner:
             out = self._emit(f"{out.name} {sym} {wv}", FLOAT, [out, ws])
         out.comment = comment
         return out
+
+    def _centered_squares(self, xs: Stmt, mean: Stmt, comment: str) -> tuple[Stmt, Stmt]:
+        """(x - mean, its sum of squares over the row); the sum is marked so a looped kernel can
+        accumulate it in the same pass as the mean's sum (shifted sums), not a pass of its own."""
+        d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
+        sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
+        ss = self._reduce("sum", sq, comment)
+        ss.centered = (xs.name, mean.deps[0])
+        return d, ss
+
+    def _exp_sum(self, xs: Stmt, m: Stmt, comment: str) -> tuple[Stmt, Stmt, Stmt]:
+        """(x - max, its exp, the row sum of that); the sum is marked so a looped kernel can
+        keep a running max and rescale the sum in one pass (online softmax)."""
+        shifted = self._emit(f"{xs.name} - {m.name}", FLOAT, [xs, m])
+        e = self._emit(f"tl.exp({shifted.name})", FLOAT, [shifted])
+        s = self._reduce("sum", e, comment)
+        s.online = (xs.name, m.name)
+        return shifted, e, s
 
     def _mean(self, operand: Stmt, comment: str) -> Stmt:
         total = self._reduce("sum", operand, comment + " (sum)")

@@ -543,6 +543,20 @@ REDUCTIONS = [
         """, [("3,10000", "float32")],
         [["mul", "softmax"], ["add", "layer_norm"], ["sub", "rms_norm"], ["exp", "sum"], ["mul", "logsumexp"],
          ["abs", "neg", "sub", "amax"], ["abs", "add", "amin"]]),
+    case("wide-rows-far-from-zero", """
+        class M(nn.Module):
+            # A mean 300 times the spread: one-pass sum(x^2) - sum(x)^2 / n would be off by ~1% in the
+            # variance here, while eager's Welford (and the kernel's shifted sums) stay within 1e-4.
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(10000)
+                self.gn = nn.GroupNorm(2, 8)
+
+            def forward(self, x, img):
+                h = x + 300.0
+                return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
+        """, [("3,10000", "float32"), ("2,8,40,64", "float32")],
+        [["add", "layer_norm", "var", "std"], ["add", "group_norm"]]),
     case("narrow-rows", """
         class M(nn.Module):
             def __init__(self):
@@ -646,3 +660,50 @@ DTYPES = [
                          ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES)
 def test_generated_kernels_match_eager(write_model, source, inputs, expect, rejects, shapes):
     check(write_model(HEADER + textwrap.dedent(source).lstrip("\n")), inputs, expect, rejects, shapes)
+
+
+# ---- output layout ------------------------------------------------------------------------------
+
+ROPE = """
+    class M(nn.Module):
+        def forward(self, q, cos, sin):
+            return q * cos + torch.cat((-q[..., 16:], q[..., :16]), dim=-1) * sin
+    """
+
+
+def _kernel_module(write_model, source, inputs):
+    import importlib.util
+
+    from fuselens.codegen.module import module_for_report
+
+    path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
+    report = analyze_file(path, AnalyzeOptions(input_shapes=[s for s, _ in inputs], dtypes=[d for _, d in inputs]))
+    (model,) = report.models
+    module_path = os.path.join(os.path.dirname(path), "kernels_for_layout.py")
+    with open(module_path, "w") as fh:
+        fh.write(module_for_report(report))
+    spec = importlib.util.spec_from_file_location("kernels_for_layout", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (cluster,) = model.clusters
+    return getattr(module, cluster.kernel.name)
+
+
+def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
+    """q as attention produces it, a transposed view of a projection: the kernel walks it in
+    memory order and returns the layout eager returns, so neither side of it transposes."""
+    import torch
+
+    fused = _kernel_module(write_model, ROPE, [("2,4,8,32", "float32"), ("8,32", "float32"), ("8,32", "float32")])
+    proj = torch.randn(2, 8, 4, 32)
+    q = proj.transpose(1, 2)  # [2, 4, 8, 32], last dim contiguous
+    cos, sin = torch.randn(8, 32), torch.randn(8, 32)
+    want = q * cos + torch.cat((-q[..., 16:], q[..., :16]), dim=-1) * sin
+    got = fused(q, cos, q[..., 16:], q[..., :16], sin)
+    assert got.stride() == want.stride() == q.stride()
+    torch.testing.assert_close(got, want)
+    # The same kernel on a layout it cannot follow (the last dim strided): contiguous, still right.
+    q_odd = torch.randn(2, 4, 32, 8).transpose(2, 3)
+    got = fused(q_odd, cos, q_odd[..., 16:], q_odd[..., :16], sin)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, q_odd * cos + torch.cat((-q_odd[..., 16:], q_odd[..., :16]), dim=-1) * sin)
