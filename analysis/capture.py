@@ -165,6 +165,7 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.retain = retain  # keep a copy of every value (validation runs on real tensors)
         self.values: dict[int, torch.Tensor] = {}
+        self._storage_copies: dict[tuple[int, int], Any] = {}  # (storage address, version) -> copy
         self.graph = Graph()
         self.user_code = user_code
         self.sources = sources  # id(tensor) -> (kind, name) for parameters and buffers
@@ -332,7 +333,25 @@ class Recorder(TorchFunctionMode):
         self._values[id(tensor)] = node_id
         self._keep.append(tensor)
         if self.retain:
-            self.values[node_id] = tensor.detach().clone()
+            self.values[node_id] = self._snapshot(tensor)
+
+    def _snapshot(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of `tensor` as it is now.  Views of one storage share one copy of it (per
+        version of the storage, so a later in-place write gets a fresh copy): recorded values
+        alias and are laid out as the model's are, and a kernel replayed on them reads the
+        bytes it would read in the model, not a private copy of each slice."""
+        t = tensor.detach()
+        try:
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), t._version)
+        except (RuntimeError, NotImplementedError):  # inference tensors, sparse, ...
+            return t.clone()
+        copy = self._storage_copies.get(key)
+        if copy is None:
+            if storage.nbytes() > 2 * max(t.numel() * t.element_size(), 1):
+                return t.clone()  # a small window into a big buffer: copy only the window
+            copy = self._storage_copies[key] = storage.clone()
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(copy, t.storage_offset(), t.size(), t.stride())
 
     def _ref(self, tensor: torch.Tensor) -> int:
         node_id = self._values.get(id(tensor))

@@ -166,3 +166,31 @@ def test_a_failing_forward_names_the_users_line_and_cause(write_model):
         assert "RuntimeError" in str(exc) and "[4, 10]" in str(exc)
     else:
         raise AssertionError("a shape mismatch must fail the trace")
+
+
+def test_recorded_values_keep_the_models_aliasing_and_what_was_there_before_an_inplace_write():
+    """Validation replays kernels on recorded values: slices of one tensor must stay slices of
+    one tensor (so a kernel reads what it would read in the model), and a tensor written in
+    place later must still hold the values it had when it was recorded."""
+
+    class Rope(torch.nn.Module):
+        def forward(self, x):
+            q = (x * 2).view(2, 4, 3, 8).transpose(1, 2)
+            rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+            x.mul_(3)
+            return q + rotated, x + 1
+
+    x = torch.randn(2, 4, 24)
+    t = capture.trace(Rope(), [x.clone()], ["x"], capture.UserCode(), real=True)
+    by_op = {}
+    for n in t.graph:
+        by_op.setdefault(n.op, []).append(n.id)
+    q = t.values[by_op["transpose"][0]]
+    halves = [t.values[i] for i in by_op["getitem"]]
+    assert q.stride() == (96, 8, 24, 1)
+    assert all(h.untyped_storage().data_ptr() == q.untyped_storage().data_ptr() for h in halves)
+    torch.testing.assert_close(q, (x * 2).view(2, 4, 3, 8).transpose(1, 2))
+    torch.testing.assert_close(t.values[by_op["input"][0]], x)  # before x.mul_(3)
+    written = t.values[by_op["mul"][1]]
+    torch.testing.assert_close(written, x * 3)
+    assert written.untyped_storage().data_ptr() != t.values[by_op["input"][0]].untyped_storage().data_ptr()
