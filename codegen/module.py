@@ -70,7 +70,7 @@ def _row_pitches(leads, sizes):
                         break
                     expected *= sizes[i]
             else:
-                cols = sizes[-1] if sizes else 1
+                cols = max(1, sizes[-1]) if sizes else 1
                 return [max(1, strides[i] // cols) for i in range(len(sizes) - 1)], True
     pitches, step = [], 1
     for i in range(len(sizes) - 2, -1, -1):

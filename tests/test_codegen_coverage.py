@@ -707,3 +707,6 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     got = fused(q_odd, cos, q_odd[..., 16:], q_odd[..., :16], sin)
     assert got.is_contiguous()
     torch.testing.assert_close(got, q_odd * cos + torch.cat((-q_odd[..., 16:], q_odd[..., :16]), dim=-1) * sin)
+    # An empty batch launches nothing and returns an empty result of the right shape.
+    empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
+    assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
