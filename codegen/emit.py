@@ -496,7 +496,9 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
     body.append(f"index_64 = {big}")
     strides = []
     for k, slot in enumerate(plan.inputs):
-        strides += [f"{input_names[k]}.stride({j})" for j in sorted(slot.strides_used)]
+        if slot.strides_used:  # one call per tensor: the launcher's own time is part of every call
+            body.append(f"st{k} = {input_names[k]}.stride()")
+            strides += [f"st{k}[{j}]" for j in sorted(slot.strides_used)]
     args = input_names + [f"out{k}" for k in range(len(plan.outputs))] + [f"d{i}" for i in range(n)] + strides + ["R", "C"]
     if elementwise:
         args.append("*pitches")
@@ -506,14 +508,14 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
     if elementwise:
         tile = [
             f"block_r, block_c, warps = _pointwise_tile(R, C, {_widest_item(plan)})",
-            "grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)",
+            "grid = (((R + block_r - 1) // block_r) * ((C + block_c - 1) // block_c),)",
             f"{kernel_name}_tile[grid]({call_args},",
             "    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=dense, num_warps=warps)",
         ]
         if flat_ok(plan):
             body.append("if dense:  # one flat offset addresses every full-size input and the output")
             body.append(f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})")
-            body.append(f"    {kernel_name}_flat[(triton.cdiv(R * C, block),)]({call_args},")
+            body.append(f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},")
             body.append("        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, num_warps=warps)")
             body.append("else:")
             body += ["    " + line for line in tile]
@@ -522,7 +524,7 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
     else:
         contiguous = " and ".join(f"{n}.is_contiguous()" for n in direct) or "True"
         body.append("block_r, block_c, warps, whole_row = _row_tile(R, C)")
-        body.append("grid = (triton.cdiv(R, block_r),)")
+        body.append("grid = ((R + block_r - 1) // block_r,)")
         body.append(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
         body.append(f"kernel[grid]({call_args},")
         body.append(f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)")

@@ -35,6 +35,7 @@ def _sm_count():
     return _SM_COUNT[0]
 
 
+@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
 def _flat_tile(numel, itemsize):
     """(BLOCK, num_warps) for a flat elementwise kernel: 4 KB of the widest tensor a program
     (two 16-byte loads a thread with 4 warps), fewer when that would leave multiprocessors idle."""
@@ -44,6 +45,7 @@ def _flat_tile(numel, itemsize):
     return block, 4 if block >= 512 else 2
 
 
+@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
 def _pointwise_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps) for an elementwise tile kernel: 4 KB tiles of the widest
     tensor, columns first (two 16-byte loads a thread with 4 warps)."""
@@ -62,9 +64,11 @@ def _row_pitches(leads, sizes):
     otherwise rows run in row-major order into contiguous outputs."""
     if leads and all(t.stride() == leads[0].stride() for t in leads):
         strides = leads[0].stride()
+        if leads[0].is_contiguous():
+            return _row_major(sizes), True
         if not sizes or sizes[-1] == 1 or strides[-1] == 1:
             expected = 1
-            for i in sorted(range(len(sizes)), key=lambda i: strides[i]):
+            for i in sorted(range(len(sizes)), key=strides.__getitem__):
                 if sizes[i] != 1:
                     if strides[i] != expected:
                         break
@@ -72,13 +76,18 @@ def _row_pitches(leads, sizes):
             else:
                 cols = max(1, sizes[-1]) if sizes else 1
                 return [max(1, strides[i] // cols) for i in range(len(sizes) - 1)], True
+    return _row_major(sizes), False
+
+
+def _row_major(sizes):
     pitches, step = [], 1
     for i in range(len(sizes) - 2, -1, -1):
         pitches.append(step)
         step *= sizes[i]
-    return pitches[::-1], False
+    return pitches[::-1]
 
 
+@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
 def _row_tile(rows, cols):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length."""
     width = _next_pow2(cols)
@@ -97,7 +106,7 @@ def module_header(source_name: str) -> str:
         "Each `clusterN(...)` replaces a group of operators in the model's forward() with one kernel.\n"
         "Regenerate with `fuselens apply`; edits to this file are overwritten.\n"
         '"""\n\n'
-        "import torch\nimport triton\nimport triton.language as tl\n"
+        "import functools\n\nimport torch\nimport triton\nimport triton.language as tl\n"
     )
 
 
