@@ -492,8 +492,8 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
     meta = f"{input_names[0]}.device.type == 'meta' or " if input_names else ""
     body.append(f"if {meta}R == 0 or C == 0:  # shapes only (re-analysis) or nothing to do")
     body.append("    return " + _returns(plan))
-    big = " or ".join([f"{a}.numel() >= 2**31" for a in input_names] + [f"out{k}.numel() >= 2**31" for k in range(len(plan.outputs))])
-    body.append(f"index_64 = {big}")
+    tensors = ", ".join(input_names + [f"out{k}" for k in range(len(plan.outputs))])
+    body.append(f"index_64 = _needs_int64({tensors})")
     strides = []
     for k, slot in enumerate(plan.inputs):
         if slot.strides_used:  # one call per tensor: the launcher's own time is part of every call

@@ -79,6 +79,17 @@ def _row_pitches(leads, sizes):
     return _row_major(sizes), False
 
 
+def _needs_int64(*tensors):
+    """Whether an element offset into any of `tensors` can reach 2**31, where 32-bit index
+    arithmetic would wrap: a large tensor, or a small view with large strides (`big[:, :8]`)."""
+    for t in tensors:
+        if t.numel() >= 2**31:
+            return True
+        if not t.is_contiguous() and sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 1) >= 2**31:
+            return True
+    return False
+
+
 def _row_major(sizes):
     pitches, step = [], 1
     for i in range(len(sizes) - 2, -1, -1):

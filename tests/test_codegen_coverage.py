@@ -710,3 +710,22 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     # An empty batch launches nothing and returns an empty result of the right shape.
     empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
     assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
+
+
+def test_small_views_of_huge_tensors_get_64_bit_offsets(write_model):
+    """A 10-column slice of a 2**16 x 2**16 tensor has few elements but offsets past 2**31:
+    the launcher must switch the kernel to 64-bit index arithmetic, or its loads wrap around."""
+    import torch
+
+    fused = _kernel_module(write_model, """
+        class M(nn.Module):
+            def forward(self, x):
+                return torch.relu(x * 2) + 1
+        """, [("64,10", "float32")])
+    needs_int64 = fused.__globals__["_needs_int64"]  # what the launcher asks before every launch
+    huge = torch.empty(2**16, 2**16, device="meta")
+    assert needs_int64(huge[:, :10])
+    assert needs_int64(torch.empty(2**31, device="meta"))
+    assert not needs_int64(torch.empty(2**16, 2**14, device="meta")[:, :10], torch.empty(64, 10))
+    x = torch.randn(64, 10)
+    torch.testing.assert_close(fused(x), torch.relu(x * 2) + 1)
