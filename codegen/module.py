@@ -35,7 +35,7 @@ def _sm_count():
     return _SM_COUNT[0]
 
 
-@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _flat_tile(numel, itemsize):
     """(BLOCK, num_warps) for a flat elementwise kernel: 4 KB of the widest tensor a program
     (two 16-byte loads a thread with 4 warps), fewer when that would leave multiprocessors idle."""
@@ -45,7 +45,7 @@ def _flat_tile(numel, itemsize):
     return block, 4 if block >= 512 else 2
 
 
-@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _pointwise_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps) for an elementwise tile kernel: 4 KB tiles of the widest
     tensor, columns first (two 16-byte loads a thread with 4 warps)."""
@@ -91,6 +91,7 @@ def _needs_int64(*tensors):
 
 
 def _row_major(sizes):
+    """Pitches of the leading dims of `sizes` in a row-major walk."""
     pitches, step = [], 1
     for i in range(len(sizes) - 2, -1, -1):
         pitches.append(step)
@@ -98,7 +99,7 @@ def _row_major(sizes):
     return pitches[::-1]
 
 
-@functools.lru_cache(maxsize=256)  # pure in its arguments; launchers call it every time
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _row_tile(rows, cols):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length."""
     width = _next_pow2(cols)
