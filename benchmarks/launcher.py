@@ -14,7 +14,6 @@ top; docs/benchmarks.md gives the total, measured on a GPU.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -35,14 +34,10 @@ class _NoLaunch:
 
 
 def _kernels(report, folder: str):
-    from fuselens.codegen.module import module_for_report
+    """The report's kernel module, every kernel swapped for a launch that does nothing."""
+    from fuselens.validate.runner import load_kernel_module
 
-    path = os.path.join(folder, "kernels.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(module_for_report(report))
-    spec = importlib.util.spec_from_file_location(f"launcher_bench_{abs(hash(folder))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_kernel_module(report, os.path.join(folder, "kernels.py"))
     for name in dir(module):
         if name.startswith("_cluster") and "_kernel_" in name:
             setattr(module, name, _NoLaunch())

@@ -672,20 +672,13 @@ ROPE = """
 
 
 def _kernel_module(write_model, source, inputs):
-    import importlib.util
-
-    from fuselens.codegen.module import module_for_report
+    from fuselens.validate.runner import load_kernel_module
 
     path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
     report = analyze_file(path, AnalyzeOptions(input_shapes=[s for s, _ in inputs], dtypes=[d for _, d in inputs]))
     (model,) = report.models
-    module_path = os.path.join(os.path.dirname(path), "kernels_for_layout.py")
-    with open(module_path, "w") as fh:
-        fh.write(module_for_report(report))
-    spec = importlib.util.spec_from_file_location("kernels_for_layout", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     (cluster,) = model.clusters
+    module = load_kernel_module(report, os.path.join(os.path.dirname(path), "kernels_for_layout.py"))
     return getattr(module, cluster.kernel.name)
 
 

@@ -78,10 +78,7 @@ def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
         report.problems += [f"{p.file}:{p.line}: {p.message}" for p in analysis.problems]
         return report
     with tempfile.TemporaryDirectory(prefix="fuselens-validate-") as tmp:
-        module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(path)))
-        with open(module_path, "w", encoding="utf-8") as fh:
-            fh.write(module_for_report(analysis))
-        kernels = _import(module_path, f"fuselens_validate_kernels_{abs(hash(module_path))}")
+        kernels = load_kernel_module(analysis, os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(path))))
         models = [m for m in analysis.models if m.status == "analysed" and m.clusters]
         for index, model in enumerate(models):
             progress(f"validating {model.name}", index / max(len(models), 1))
@@ -90,8 +87,12 @@ def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
     return report
 
 
-def _import(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
+def load_kernel_module(report: Report, module_path: str):
+    """Write the kernel module for `report` to `module_path` and import it, as a module of its own."""
+    with open(module_path, "w", encoding="utf-8") as fh:
+        fh.write(module_for_report(report))
+    name = f"fuselens_kernels_{abs(hash(module_path))}"
+    spec = importlib.util.spec_from_file_location(name, module_path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
