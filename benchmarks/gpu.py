@@ -168,11 +168,15 @@ def main() -> int:
                 with open(os.path.join(args.out, "results.json"), "w") as fh:  # after every case: a cut run keeps it
                     json.dump({"device": device, "copy_gbps": peak, "versions": versions, "rows": rows}, fh,
                               indent=1, default=str)
+    _write_table(args.out, rows, device, versions)
+    return 0
+
+
+def _write_table(out: str, rows: list[dict], device: str, versions: dict) -> None:
     table = markdown(rows, device, versions)
-    with open(os.path.join(args.out, "results.md"), "w") as fh:
+    with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(table)
     print(table)
-    return 0
 
 
 def _each_in_its_own_process(args, examples: list[str]) -> int:
@@ -205,10 +209,7 @@ def _each_in_its_own_process(args, examples: list[str]) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as fh:
             json.dump(merged, fh, indent=1, default=str)
-    table = markdown(merged["rows"], merged.get("device", "?"), merged.get("versions", {}))
-    with open(os.path.join(args.out, "results.md"), "w") as fh:
-        fh.write(table)
-    print(table)
+    _write_table(args.out, merged["rows"], merged.get("device", "?"), merged.get("versions", {}))
     return 0
 
 

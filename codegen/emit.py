@@ -42,17 +42,18 @@ class Emitted:
 def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list[str],
          doc: str, comments: dict[str, str]) -> Emitted:
     kernel_name = f"_{name}_kernel"
+    flat = plan.kind == "elementwise" and flat_ok(plan)
     if plan.kind == "elementwise":
         kernels = _elementwise(plan, kernel_name + "_tile", comments, flat=False)
         strategy = "elementwise-tile"
-        if flat_ok(plan):
+        if flat:
             kernels = _elementwise(plan, kernel_name + "_flat", comments, flat=True) + "\n\n" + kernels
             strategy = "elementwise-flat/tile"
     else:
         kernels = _rows(plan, kernel_name + "_block", comments, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, looped=True)
         strategy = "row-block/row-loop"
-    launcher = _launcher(plan, name, kernel_name, input_names, output_names, doc)
+    launcher = _launcher(plan, name, kernel_name, input_names, doc, flat)
     from .lowering import helpers_used
 
     return Emitted(kernels, launcher, strategy, helpers_used(kernels))
@@ -448,8 +449,9 @@ def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
     return exprs
 
 
-def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[str],
-              output_names: list[str], doc: str) -> str:
+def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], doc: str,
+              flat: bool) -> str:
+    """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too."""
     params = ", ".join(input_names)
     n = len(plan.domain)
     sizes = _size_exprs(plan, input_names)
@@ -512,7 +514,7 @@ def _launcher(plan: KernelPlan, name: str, kernel_name: str, input_names: list[s
             f"{kernel_name}_tile[grid]({call_args},",
             "    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=dense, num_warps=warps)",
         ]
-        if flat_ok(plan):
+        if flat:
             body.append("if dense:  # one flat offset addresses every full-size input and the output")
             body.append(f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})")
             body.append(f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},")
