@@ -132,7 +132,12 @@ def main() -> int:
     parser.add_argument("--peak-gbps", type=float)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting new cases after this many seconds")
+    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
+                        help="write one table from the results.json of earlier runs (a suite split across "
+                             "machines or time limits); needs no GPU")
     args = parser.parse_args()
+    if args.merge:
+        return _merge(args.merge, args.out)
     examples = args.only or list(SUITE)
     if len(examples) > 1:
         return _each_in_its_own_process(args, examples)
@@ -177,6 +182,24 @@ def _write_table(out: str, rows: list[dict], device: str, versions: dict) -> Non
     with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(table)
     print(table)
+
+
+def _merge(paths: list[str], out: str) -> int:
+    merged: dict = {"rows": []}
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            part = json.load(fh)
+        if merged.get("device", part["device"]) != part["device"] or merged.get("versions", part["versions"]) != part["versions"]:
+            print(f"{path} was measured on {part['device']} with {part['versions']}, not on "
+                  f"{merged['device']} with {merged['versions']}: one table needs one device and one toolchain")
+            return 1
+        merged.update({k: v for k, v in part.items() if k != "rows"})
+        merged["rows"] += part["rows"]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as fh:
+        json.dump(merged, fh, indent=1, default=str)
+    _write_table(out, merged["rows"], merged["device"], merged["versions"])
+    return 0
 
 
 def _each_in_its_own_process(args, examples: list[str]) -> int:

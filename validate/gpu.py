@@ -4,7 +4,8 @@ Every figure is a median over many runs of device time measured with CUDA events
 after warm-up.  "graph" times replay a CUDA graph of one call, which removes launch
 gaps and shows what the GPU itself spends; "launch" times call the Python function
 back to back without a graph, which adds each implementation's host overhead (our
-launcher, eager's dispatcher, torch.compile's wrapper).
+launcher, eager's dispatcher, torch.compile's wrapper).  Implementations that are
+compared are sampled in turn, so drift in the clock over a run falls on all of them.
 
 The bandwidth ceiling is a large device-to-device copy (bytes read plus written),
 measured once per device and cached; `peak_gbps` overrides it.
@@ -39,17 +40,8 @@ def _iterations_for(fn: Callable[[], Any], budget_ms: float = 25.0) -> int:
     return max(1, min(2000, int(budget_ms / once)))
 
 
-def time_launch_us(fn: Callable[[], Any], repeats: int = 15) -> float:
-    """Median µs per call of `fn` called back to back (host overhead included)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    n = _iterations_for(fn)
-    return statistics.median(_events_ms(fn, n) for _ in range(repeats)) * 1000
-
-
-def time_graph_us(fn: Callable[[], Any], repeats: int = 15) -> float:
-    """Median µs per call of `fn` captured once into a CUDA graph and replayed."""
+def _graph_replay(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` captured once into a CUDA graph; raises RuntimeError when it cannot be captured."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -59,22 +51,49 @@ def time_graph_us(fn: Callable[[], Any], repeats: int = 15) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    replay = graph.replay
     for _ in range(3):
-        replay()
+        graph.replay()
     torch.cuda.synchronize()
-    n = _iterations_for(replay)
-    return statistics.median(_events_ms(replay, n) for _ in range(repeats)) * 1000
+    return graph.replay
 
 
-def time_us(fn: Callable[[], Any]) -> float:
-    """CUDA-graph time when `fn` can be captured; host-inclusive time when it cannot (a model
-    that reads a tensor's value, say, synchronises and cannot live in a graph)."""
+def _medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median µs per call of each entry.  Samples are taken in turn (a, b, c, a, b, c, ...):
+    the SM clock drifts with power and temperature over a run by as much as 15% for a
+    compute-heavy kernel, and taking the samples in blocks would charge that drift to
+    whichever implementation happened to run last."""
+    counts = {name: _iterations_for(call) for name, call in calls.items()}
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            samples[name].append(_events_ms(call, counts[name]))
+    return {name: statistics.median(times) * 1000 for name, times in samples.items()}
+
+
+def time_graphs_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> dict[str, float]:
+    """Median µs per call of each `fn`, captured once into a CUDA graph and replayed: what the
+    GPU itself spends, without launch gaps."""
+    return _medians_in_turn({name: _graph_replay(fn) for name, fn in fns.items()}, repeats)
+
+
+def time_launches_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> dict[str, float]:
+    """Median µs per call of each `fn` called back to back (host overhead included)."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    return _medians_in_turn(fns, repeats)
+
+
+def time_each_us(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """CUDA-graph times when every `fn` can be captured; host-inclusive times for all of them
+    when one cannot (a model that reads a tensor's value, say, synchronises and cannot live in
+    a graph), so that the figures compared are always of one kind."""
     try:
-        return time_graph_us(fn)
+        return time_graphs_us(fns)
     except RuntimeError:
         torch.cuda.synchronize()
-        return time_launch_us(fn)
+        return time_launches_us(fns)
 
 
 def copy_bandwidth_gbps(peak_gbps: float | None = None, size_bytes: int = 1 << 30) -> float:
@@ -93,9 +112,8 @@ def copy_bandwidth_gbps(peak_gbps: float | None = None, size_bytes: int = 1 << 3
     dst = torch.empty_like(src)
     # Two copies: the copy engine (cudaMemcpy) and a streaming kernel on the SMs, which is
     # what fused kernels compete with; the faster of the two is the ceiling.
-    engine = time_graph_us(lambda: dst.copy_(src))
-    kernel = time_graph_us(lambda: torch.neg(src, out=dst))
-    gbps = 2 * size_bytes / (min(engine, kernel) * 1e-6) / 1e9
+    times = time_graphs_us({"engine": lambda: dst.copy_(src), "kernel": lambda: torch.neg(src, out=dst)})
+    gbps = 2 * size_bytes / (min(times.values()) * 1e-6) / 1e9
     del src, dst
     torch.cuda.empty_cache()
     cached[name] = round(gbps, 1)
@@ -120,14 +138,11 @@ def time_implementations(eager: Callable[..., Any], fused: Callable[..., Any], a
     inductor = compiled(eager)
     with torch.no_grad():
         inductor(*args)  # compile outside the timed region
-        out: dict[str, Any] = {
-            "eager_us": time_graph_us(lambda: eager(*args)),
-            "compiled_us": time_graph_us(lambda: inductor(*args)),
-            "fused_us": time_graph_us(lambda: fused(*args)),
-            "eager_launch_us": time_launch_us(lambda: eager(*args)),
-            "compiled_launch_us": time_launch_us(lambda: inductor(*args)),
-            "fused_launch_us": time_launch_us(lambda: fused(*args)),
-        }
+        calls = {"eager": lambda: eager(*args), "compiled": lambda: inductor(*args), "fused": lambda: fused(*args)}
+        graph = time_graphs_us(calls)
+        launch = time_launches_us(calls)
+    out: dict[str, Any] = {f"{name}_us": graph[name] for name in calls}
+    out.update({f"{name}_launch_us": launch[name] for name in calls})
     out["bytes_fused"] = bytes_fused
     out["peak_gbps"] = round(peak, 1)
     if bytes_fused:

@@ -189,13 +189,13 @@ def _time_cluster(cluster: Cluster, instance, kernels, peak: float) -> Timing:
 
 def _time_model(result: ModelValidation, model, inputs) -> None:
     """Whole-forward time, and the speedup if every cluster instance ran at its fused time."""
-    from .gpu import time_us
+    from .gpu import time_each_us
 
     if result.model is None:
         result.model = ModelCheck("skipped")
     if result.model.eager_us is None:
         with torch.no_grad():
-            result.model.eager_us = round(time_us(lambda: model(*inputs)), 2)
+            result.model.eager_us = round(time_each_us({"eager": lambda: model(*inputs)})["eager"], 2)
     total = result.model.eager_us
     saved = sum((c.timing.eager_us - c.timing.fused_us) * c.instances for c in result.clusters if c.timing)
     if 0 < saved < total:
@@ -354,10 +354,10 @@ def _check_model(path, analysis: Report, model: Model, exact: list[str], init, p
         return ModelCheck("skipped", exact, message="the model returns no tensors")
     check_ = ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)
     if options.benchmark and device == "cuda" and worst.ok:
-        from .gpu import time_us
+        from .gpu import time_each_us
 
         with torch.no_grad():
-            check_.eager_us = round(time_us(lambda: original(*inputs)), 2)
-            check_.patched_us = round(time_us(lambda: fused(*inputs)), 2)
+            times = time_each_us({"eager": lambda: original(*inputs), "patched": lambda: fused(*inputs)})
+        check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
         check_.speedup = round(check_.eager_us / check_.patched_us, 3)
     return check_
