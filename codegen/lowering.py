@@ -96,6 +96,22 @@ def _pow(base, exponent):
     signed = tl.where((base < 0) & odd, -magnitude, magnitude)
     return tl.where((base < 0) & (~integral), float("nan"), tl.where(base == 0, tl.where(exponent == 0, 1.0, tl.where(exponent > 0, 0.0, float("inf"))), signed))
 ''',
+    "_div": '''@triton.jit
+def _div(n, d, q, WIDE: tl.constexpr):
+    # n // d for n >= 0.  With 32-bit offsets, q (the launcher's _magic(d)) turns the division
+    # into a multiply-high and a shift; 64-bit offsets (WIDE) divide.
+    if WIDE:
+        out = n // d
+    else:
+        m = (q >> 5).to(tl.uint32)
+        shift = (q & 31).to(tl.uint32)
+        out = (tl.umulhi(n.to(tl.uint32) << 1, m) >> shift).to(tl.int32)
+    return out
+''',
+    "_mod": '''@triton.jit
+def _mod(n, d, q, WIDE: tl.constexpr):
+    return n - _div(n, d, q, WIDE) * d
+''',
 }
 
 
@@ -149,7 +165,10 @@ COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": "
 
 
 def helpers_used(text: str) -> list[str]:
-    return [name for name in HELPERS if f"{name}(" in text]
+    used = [name for name in HELPERS if f"{name}(" in text]
+    for name in list(used):  # and the helpers those call
+        used += [h for h in HELPERS if h not in used and f"{h}(" in HELPERS[name].split("\n", 2)[2]]
+    return used
 
 
 def operand_kind(op: str, operand_kinds: list[str], out_kind: str) -> str:

@@ -45,6 +45,22 @@ def _flat_tile(numel, itemsize):
     return block, 4 if block >= 512 else 2
 
 
+@functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
+def _magic(*divisors):
+    """For each divisor d, the pair (m, l) packed as m << 5 | l, with which the kernels' _div
+    finds n // d as umulhi(2n, m) >> l for every 0 <= n < 2**31: l = ceil(log2 d) and
+    2**31 <= m = ceil(2**(31 + l) / d) < 2**32 (Granlund and Montgomery's division by
+    invariant integers).  Packed, every value is past 2**32, so triton always types it i64.
+    A divisor past 2**31 only occurs with 64-bit offsets, which divide."""
+    out = []
+    for d in divisors:
+        d = max(1, int(d))
+        shift = (d - 1).bit_length()
+        m = -(-(1 << (31 + shift)) // d)
+        out.append(m << 5 | shift if m < 2**32 else 1 << 40)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _pointwise_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps) for an elementwise tile kernel: 4 KB tiles of the widest
@@ -100,14 +116,16 @@ def _row_major(sizes):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
-def _row_tile(rows, cols):
-    """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length."""
+def _row_tile(rows, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
+    widest element: a warp for each KB of the tile, 32 bytes a thread as in the elementwise
+    tiles (768-wide bf16 LayerNorm rows on an H200: 43.0 µs with 4 warps a row, 41.7 with 2)."""
     width = _next_pow2(cols)
     if width <= {MAX_BLOCK_ROW}:
         block_r = max(1, min(_next_pow2(rows), 1024 // width))
         while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
             block_r //= 2  # narrow rows: fewer a program, so every multiprocessor gets work
-        return block_r, width, max(1, min(16, block_r * width // 256)), True
+        return block_r, width, max(1, min(16, block_r * width * itemsize // 1024)), True
     return 1, {LOOP_BLOCK}, 16, False
 '''
 

@@ -722,3 +722,34 @@ def test_small_views_of_huge_tensors_get_64_bit_offsets(write_model):
     assert not needs_int64(torch.empty(2**16, 2**14, device="meta")[:, :10], torch.empty(64, 10))
     x = torch.randn(64, 10)
     torch.testing.assert_close(fused(x), torch.relu(x * 2) + 1)
+
+
+def test_division_by_sizes_read_at_call_time_is_exact_for_every_32_bit_offset(tmp_path):
+    """Coordinates divide offsets by sizes only known at call time; the kernels do it with a
+    multiply-high by a magic number the launcher computes.  It must agree with // for every
+    divisor and every offset below 2**31, the boundary cases above all."""
+    import importlib.util
+
+    import torch
+
+    from fuselens.codegen.module import render_module, section
+
+    probe = ("@triton.jit\n"
+             "def _probe(n_ptr, out_ptr, d, q, N: tl.constexpr):\n"
+             "    offs = tl.arange(0, N)\n"
+             "    tl.store(out_ptr + offs, _div(tl.load(n_ptr + offs), d, q, False))\n")
+    path = tmp_path / "division_probe.py"
+    path.write_text(render_module("probe.py", {"probe": section("probe", "division", probe)}))
+    spec = importlib.util.spec_from_file_location("division_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    generator = torch.Generator().manual_seed(0)
+    top = 2**31 - 1
+    for d in [1, 2, 3, 7, 64, 100, 768, 1000, 4095, 2**16 + 1, 2**20 - 3, 2**30, 2**30 + 1, top - 1, top]:
+        edges = [0, 1, d - 1, d, d + 1, 2 * d - 1, top // d * d - 1, top // d * d, top - 1, top]
+        n = torch.tensor([e for e in edges if 0 <= e <= top]
+                         + torch.randint(0, top, (64,), generator=generator).tolist(), dtype=torch.int32)[:64]
+        out = torch.empty_like(n)
+        module._probe[(1,)](n, out, d, module._magic(d)[0], N=64)
+        assert torch.equal(out, n // d), d
