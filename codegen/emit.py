@@ -32,7 +32,7 @@ _FINAL = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
 
 class Divisors:
-    """The run-time divisors a plan's coordinates use.  Each travels with its magic number
+    """The run-time divisors a plan's row coordinates use.  Each travels with its magic number
     `q<j>` (the module's `_magic`), so that while offsets fit in 32 bits a division by a size
     read at call time is a multiply-high and a shift, as a division by a constant would be:
     a true 32-bit division is a few dozen instructions, and a bf16 kernel at full bandwidth
@@ -57,6 +57,10 @@ class Divisors:
         return [re.sub(r"\bp(\d+)\b", r"pitches[\1]", d) for d in self.exprs]
 
 
+def _operand(x: str) -> str:
+    return f"({x})" if " " in x else x
+
+
 class PlainDivision:
     """Column coordinates keep `//` and `%`.  A GroupNorm's channel is cols // (H * W), and
     Triton's axis analysis can see that it is constant over runs of lanes, so the weight it
@@ -65,11 +69,11 @@ class PlainDivision:
 
     @staticmethod
     def div(n: str, d: str) -> str:
-        return f"{n} // ({d})" if " " in d else f"{n} // {d}"
+        return f"{_operand(n)} // {_operand(d)}"
 
     @staticmethod
     def mod(n: str, d: str) -> str:
-        return f"({n}) % {d}" if " " in n else f"{n} % ({d})" if " " in d else f"{n} % {d}"
+        return f"{_operand(n)} % {_operand(d)}"
 
 
 @dataclass
@@ -86,9 +90,7 @@ def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list
     flat = plan.kind == "elementwise" and flat_ok(plan)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
     divs = Divisors()
-    used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True))
-    _coords(plan, used, "r", divs)
-    _coords(plan, used, "c", divs)
+    _coords(plan, _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True)), "r", divs)
     if plan.kind == "elementwise":
         kernels = _elementwise(plan, kernel_name + "_tile", comments, divs, flat=False)
         strategy = "elementwise-tile"
@@ -132,46 +134,45 @@ def _signature(plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[
     return "@triton.jit\n" + "\n".join(lines)
 
 
-def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors | PlainDivision) -> list[str]:
+def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list[str]:
     """Statements defining the domain coordinates `used` that derive from `axis` ("r"/"c")."""
     n = len(plan.domain)
     k = plan.row_dims
     out = []
-    if axis == "c":
-        divs = PlainDivision()
+    divide = divs if axis == "r" else PlainDivision
     if plan.groups:
         if axis == "r":
             if 0 in used:
-                out.append(f"c0 = {divs.div('rows', 'G')}")
+                out.append(f"c0 = {divide.div('rows', 'G')}")
             if 1 in used:
-                out.append(f"g = {divs.mod('rows', 'G')}")
+                out.append(f"g = {divide.mod('rows', 'G')}")
             return out
         # Columns run over (channel-in-group, *spatial); the channel is g * (C / G) + that.
         spatial = list(range(2, n))
         hw = " * ".join(f"d{i}" for i in spatial) or "1"
         if 1 in used:
-            out.append(f"c1 = g * (d1 // G) + {divs.div('cols', hw)}")
+            out.append(f"c1 = g * (d1 // G) + {divide.div('cols', hw)}")
         wanted = [i for i in used if i >= 2]
         if wanted:
-            out.append(f"hw = {divs.mod('cols', hw)}")
-            out += _delinearize("hw", spatial, wanted, divs)
+            out.append(f"hw = {divide.mod('cols', hw)}")
+            out += _delinearize("hw", spatial, wanted, divide)
         return out
     dims = list(range(0, k)) if axis == "r" else list(range(k, n))
     index = "rows" if axis == "r" else "cols"
     if plan.kind == "elementwise" and axis == "r":
         # Rows are numbered in the memory order of the inputs (the launcher's pitches), so a
         # permuted view such as x.transpose(1, 2) is read and written front to back.
-        return [f"c{i} = {divs.mod(divs.div('rows', f'p{i}'), f'd{i}')}" for i in sorted(used) if i < k]
-    return out + _delinearize(index, dims, [i for i in used if i in dims], divs)
+        return [f"c{i} = {divide.mod(divide.div('rows', f'p{i}'), f'd{i}')}" for i in sorted(used) if i < k]
+    return out + _delinearize(index, dims, [i for i in used if i in dims], divide)
 
 
-def _delinearize(index: str, dims: list[int], wanted: list[int], divs: Divisors | PlainDivision) -> list[str]:
+def _delinearize(index: str, dims: list[int], wanted: list[int], divide: Divisors | type[PlainDivision]) -> list[str]:
     out = []
     for i in sorted(wanted):
         inner = " * ".join(f"d{j}" for j in dims if j > i)
-        value = divs.div(index, inner) if inner else index
+        value = divide.div(index, inner) if inner else index
         if i != dims[0]:
-            value = divs.mod(value, f"d{i}")
+            value = divide.mod(value, f"d{i}")
         out.append(f"c{i} = {value}")
     return out
 

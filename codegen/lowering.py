@@ -167,7 +167,8 @@ COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": "
 def helpers_used(text: str) -> list[str]:
     used = [name for name in HELPERS if f"{name}(" in text]
     for name in list(used):  # and the helpers those call
-        used += [h for h in HELPERS if h not in used and f"{h}(" in HELPERS[name].split("\n", 2)[2]]
+        body = HELPERS[name].split("\n", 2)[2]  # past the decorator and the def line
+        used += [h for h in HELPERS if h not in used and f"{h}(" in body]
     return used
 
 
