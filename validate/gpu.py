@@ -59,9 +59,9 @@ def _graph_replay(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def _medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median µs per call of each entry.  Samples are taken in turn (a, b, c, a, b, c, ...):
-    the SM clock drifts with power and temperature over a run by as much as 15% for a
-    compute-heavy kernel, and taking the samples in blocks would charge that drift to
-    whichever implementation happened to run last."""
+    one compute-heavy kernel timed 18% apart at two points of one process on an H200 (the
+    SM clock follows power and temperature), and samples taken in blocks would charge that
+    drift to whichever implementation happened to run last."""
     counts = {name: _iterations_for(call) for name, call in calls.items()}
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
