@@ -249,7 +249,17 @@ def _isolated(device: str, pattern_matcher: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_kernel_binaries() -> Iterator[None]:
+def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` for the duration, and what it was afterwards."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _no_kernel_binaries() -> contextlib.AbstractContextManager[None]:
     """Inductor loads the module it generated, and loading compiles each Triton kernel to a
     binary; with no driver for the target that raises.  The capture only wants the text (the
     forward then runs eagerly), so kernel compilation is skipped for its duration.
@@ -259,16 +269,10 @@ def _no_kernel_binaries() -> Iterator[None]:
     every later CUDA compile in the process.)"""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    original = CachingAutotuner.precompile
-    CachingAutotuner.precompile = lambda self, *args, **kwargs: None
-    try:
-        yield
-    finally:
-        CachingAutotuner.precompile = original
+    return _swapped(CachingAutotuner, "precompile", lambda self, *args, **kwargs: None)
 
 
-@contextlib.contextmanager
-def _driverless_backend_hash() -> Iterator[None]:
+def _driverless_backend_hash() -> contextlib.AbstractContextManager[None]:
     """Inductor puts a hash of the active Triton backend in each kernel's metadata; with no
     driver that call raises.  The hash only keys caches, which are off, so a constant does."""
     import torch.utils._triton as triton_utils
@@ -281,11 +285,7 @@ def _driverless_backend_hash() -> Iterator[None]:
         except RuntimeError:
             return "FUSELENS-NO-TRITON-DRIVER"
 
-    triton_utils.triton_hash_with_backend = hash_or_constant
-    try:
-        yield
-    finally:
-        triton_utils.triton_hash_with_backend = original
+    return _swapped(triton_utils, "triton_hash_with_backend", hash_or_constant)
 
 
 @contextlib.contextmanager

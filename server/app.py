@@ -324,11 +324,6 @@ def did_change_watched_files(ls: FuselensServer, params: lsp.DidChangeWatchedFil
             ls.file_changed(path)
 
 
-def _lines(ls: FuselensServer, uri: str) -> list[str]:
-    analysis = ls.scheduler.cache.get(uri)
-    return analysis.text.splitlines() if analysis else []
-
-
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def on_hover(ls: FuselensServer, params: lsp.HoverParams) -> lsp.Hover | None:
     analysis = ls.current(params.text_document.uri)
@@ -361,11 +356,10 @@ def on_code_lens(ls: FuselensServer, params: lsp.CodeLensParams) -> list[lsp.Cod
     code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite], resolve_provider=False))
 def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
     uri = params.text_document.uri
-    analysis = ls.current(uri)
-    doc = ls.document(uri)
+    analysis = ls.current(uri)  # edits are offered only for the exact text they were computed from
     path = uri_to_path(uri)
-    if analysis is None or doc is None or path is None or (doc.version or 0) != analysis.version:
-        return []  # edits are offered only for the exact text they were computed from
+    if analysis is None or path is None:
+        return []
     if ls.workspace_root(path) is None:
         return []  # its kernel module would be written beside it, outside the workspace
     module_text = kernel_module_text(analysis.report)
