@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import os
 import sys
 import sysconfig
@@ -33,7 +32,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .graph import Frame, Graph, Node, Ref, TensorMeta
-from .ops import ALIASES, CASTS, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
+from .normalise import bind, dtype_name, norm_dim, normalise
+from .ops import ALIASES, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
 from .report import GraphBreak
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -41,10 +41,6 @@ _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SYSTEM_DIRS = tuple(
     {p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}
 )
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
@@ -122,38 +118,6 @@ def _display(func: Callable, name: str) -> str:
     if module in ("torch", "torch.functional", "torch._C._VariableFunctions") or qual.startswith("_VariableFunctionsClass"):
         return "torch." + name
     return f"{module}.{name}" if module else name
-
-
-def _bind(func: Callable, args: Sequence, kwargs: dict, names: Sequence[str]) -> dict[str, Any]:
-    """Name the arguments of a call: by signature for Python functions, else by `names`."""
-    if inspect.isfunction(func):
-        try:
-            sig = inspect.signature(func)
-            bound = sig.bind_partial(*args, **kwargs)
-            out = dict(bound.arguments)
-            params = list(sig.parameters)
-            if params and params[0] != "input" and params[0] in out:
-                out["input"] = out.pop(params[0])
-            return out
-        except (TypeError, ValueError):
-            pass
-    out = dict(zip(names, args))
-    out.update(kwargs)
-    if "self" in out:
-        out["input"] = out.pop("self")
-    return out
-
-
-def _norm_dim(dim: int, ndim: int) -> int:
-    return dim + ndim if dim < 0 else dim
-
-
-def _norm_dims(dim: Any, ndim: int) -> list[int]:
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return list(range(ndim))
-    if isinstance(dim, (list, tuple)):
-        return sorted(_norm_dim(int(d), ndim) for d in dim)
-    return [_norm_dim(int(dim), max(ndim, 1))]
 
 
 class Recorder(TorchFunctionMode):
@@ -428,7 +392,7 @@ class Recorder(TorchFunctionMode):
             if cls.free or canon in ("to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"):
                 return  # returned its input unchanged: nothing happened
             inplace = cls.absorbable  # F.relu(x, inplace=True) and friends
-        normalised = _normalise(canon, func, args, kwargs, out, swapped)
+        normalised = normalise(canon, func, args, kwargs, out, swapped)
         if normalised is None:
             self._record_opaque(func, name, args, kwargs, out)
             return
@@ -468,7 +432,7 @@ class Recorder(TorchFunctionMode):
         self._output(out, canon, OpClass.OPAQUE, refs, params, _display(func, name))
 
     def _record_split(self, canon, args, kwargs, out, call) -> None:
-        bound = _bind(None, args, kwargs, ["input", "split_size", "dim"])
+        bound = bind(None, args, kwargs, ["input", "split_size", "dim"])
         src = bound["input"]
         ndim = src.dim()
         if canon == "chunk":
@@ -477,7 +441,7 @@ class Recorder(TorchFunctionMode):
             dim = bound.get("split_size", kwargs.get("dim", 0))  # unbind(input, dim)
         else:
             dim = bound.get("dim", 0)
-        dim = _norm_dim(int(dim), ndim)
+        dim = norm_dim(int(dim), ndim)
         ref = [Ref(self._ref(src))]
         stack = self._frames()
         offset = 0
@@ -548,282 +512,6 @@ def _source_line(frame: Frame | None) -> str:
     import linecache
 
     return linecache.getline(frame.file, frame.line).strip()
-
-
-# ---- normalisation: torch call -> (op, class, operands, params) ---------------------
-
-_UNARY_PARAMS: dict[str, list[tuple[str, Any]]] = {
-    "gelu": [("approximate", "none")],
-    "softplus": [("beta", 1.0), ("threshold", 20.0)],
-    "elu": [("alpha", 1.0)],
-    "celu": [("alpha", 1.0)],
-    "leaky_relu": [("negative_slope", 0.01)],
-    "hardtanh": [("min_val", -1.0), ("max_val", 1.0)],
-    "nan_to_num": [("nan", 0.0), ("posinf", None), ("neginf", None)],
-    "round": [("decimals", 0)],
-}
-
-
-def _normalise(canon: str, func, args, kwargs, out, swapped: bool):
-    cls = op_class(canon)
-    out_t = out if isinstance(out, torch.Tensor) else None
-
-    if canon in CASTS or canon in ("to", "type", "type_as"):
-        return _normalise_cast(canon, func, args, kwargs, out_t)
-    if canon in ("max", "min"):
-        bound = _bind(func, args, kwargs, ["input", "dim", "keepdim"])
-        other = bound.get("dim", bound.get("other"))
-        if isinstance(other, torch.Tensor):
-            return ("maximum" if canon == "max" else "minimum", OpClass.BINARY, [bound["input"], other], {})
-        if other is None and out_t is not None:
-            x = bound["input"]
-            return ("amax" if canon == "max" else "amin", OpClass.REDUCTION, [x],
-                    {"dims": list(range(x.dim())), "keepdim": False})
-        return None  # max(dim) -> (values, indices): opaque
-    if canon in ("clamp", "clamp_min", "clamp_max"):
-        names = {"clamp": ["input", "min", "max"], "clamp_min": ["input", "min"], "clamp_max": ["input", "max"]}[canon]
-        bound = _bind(func, args, kwargs, names)
-        lo, hi = bound.get("min"), bound.get("max")
-        if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
-            return "clamp_tensor", OpClass.TERNARY, [bound["input"], lo, hi], {}
-        return "clamp", OpClass.UNARY, [bound["input"]], {"min": lo, "max": hi}
-    if canon == "relu6":
-        bound = _bind(func, args, kwargs, ["input"])
-        return "hardtanh", OpClass.UNARY, [bound["input"]], {"min_val": 0.0, "max_val": 6.0}
-    if canon == "dropout":
-        bound = _bind(func, args, kwargs, ["input", "p", "train"])
-        training = bound.get("training", bound.get("train", True))
-        if training and bound.get("p", 0.5) > 0:
-            return None  # random masking: opaque
-        return "dropout", OpClass.IDENTITY, [bound["input"]], {"p": bound.get("p", 0.5)}
-    if canon in ("detach", "alias", "clone"):
-        return canon, OpClass.IDENTITY, [args[0]], {}
-    if canon == "contiguous":
-        x = args[0]
-        if x.is_contiguous():
-            return "contiguous", OpClass.IDENTITY, [x], {}
-        return "copy", OpClass.UNARY, [x], {"from": "contiguous"}
-    if cls is OpClass.UNARY:
-        bound = _bind(func, args, kwargs, ["input"] + [n for n, _ in _UNARY_PARAMS.get(canon, [])])
-        params = {n: bound.get(n, d) for n, d in _UNARY_PARAMS.get(canon, [])}
-        return canon, cls, [bound["input"]], params
-    if cls is OpClass.BINARY:
-        return _normalise_binary(canon, func, args, kwargs, swapped)
-    if cls is OpClass.TERNARY:
-        names = {"where": ["condition", "input", "other"], "masked_fill": ["input", "mask", "value"],
-                 "lerp": ["input", "end", "weight"], "addcmul": ["input", "tensor1", "tensor2", "value"],
-                 "addcdiv": ["input", "tensor1", "tensor2", "value"]}[canon]
-        bound = _bind(func, args, kwargs, names)
-        if canon == "where" and "other" not in bound:
-            return None  # where(cond) -> indices
-        operands = [bound.get(n) for n in names[:3]]
-        params = {"value": bound.get("value", 1)} if canon in ("addcmul", "addcdiv") else {}
-        return canon, cls, operands, params
-    if canon == "cat":
-        bound = _bind(func, args, kwargs, ["tensors", "dim"])
-        tensors = [t for t in bound["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
-        return "cat", OpClass.CONCAT, [list(tensors)], {"dim": _norm_dim(int(bound.get("dim", 0)), out_t.dim())}
-    if cls is OpClass.REDUCTION:
-        return _normalise_reduction(canon, func, args, kwargs, out_t)
-    if cls is OpClass.VIEW or canon == "mT":
-        return _normalise_view(canon, func, args, kwargs, out_t)
-    return None
-
-
-def _normalise_cast(canon, func, args, kwargs, out_t):
-    x = args[0]
-    if out_t is None:
-        return None
-    if out_t.dtype == x.dtype:
-        return "to_same", OpClass.IDENTITY, [x], {}
-    return "cast", OpClass.UNARY, [x], {"dtype": dtype_name(out_t.dtype), "from": canon}
-
-
-def _normalise_binary(canon, func, args, kwargs, swapped):
-    if swapped:  # x.__rsub__(other) and friends: positional (self, other), whatever the names
-        a, b = (args[1] if len(args) > 1 else kwargs.get("other")), args[0]
-        return canon, OpClass.BINARY, [a, b], {}
-    names = {"pow": ["input", "exponent"]}.get(canon, ["input", "other", "alpha"])
-    bound = _bind(func, args, kwargs, names)
-    a = bound.get("input", bound.get("self"))
-    b = bound.get(names[1])
-    params: dict[str, Any] = {}
-    if canon in ("add", "sub") and bound.get("alpha", 1) != 1:
-        params["alpha"] = bound["alpha"]
-    if canon == "div" and bound.get("rounding_mode"):
-        params["rounding_mode"] = bound["rounding_mode"]
-    return canon, OpClass.BINARY, [a, b], params
-
-
-def _normalise_reduction(canon, func, args, kwargs, out_t):
-    if canon in ("softmax", "log_softmax"):
-        bound = _bind(func, args, kwargs, ["input", "dim", "dtype"])
-        x = bound["input"]
-        dim = bound.get("dim")
-        if dim is None:
-            dim = 0 if x.dim() in (0, 1, 3) else 1  # torch's legacy implicit dim
-        return canon, OpClass.REDUCTION, [x], {"dims": [_norm_dim(int(dim), x.dim())], "keepdim": True,
-                                                "dtype": dtype_name(out_t.dtype)}
-    if canon == "layer_norm":
-        bound = _bind(func, args, kwargs, ["input", "normalized_shape", "weight", "bias", "eps"])
-        x = bound["input"]
-        k = len(bound["normalized_shape"])
-        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
-            "dims": list(range(x.dim() - k, x.dim())), "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
-    if canon == "rms_norm":
-        bound = _bind(func, args, kwargs, ["input", "normalized_shape", "weight", "eps"])
-        x = bound["input"]
-        k = len(bound["normalized_shape"])
-        eps = bound.get("eps")
-        if eps is None:
-            eps = float(torch.finfo(x.dtype).eps) if x.is_floating_point() else 1e-6
-        return canon, OpClass.REDUCTION, [x, bound.get("weight")], {
-            "dims": list(range(x.dim() - k, x.dim())), "eps": float(eps), "keepdim": True}
-    if canon == "group_norm":
-        bound = _bind(func, args, kwargs, ["input", "num_groups", "weight", "bias", "eps"])
-        x = bound["input"]
-        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
-            "dims": list(range(1, x.dim())), "groups": int(bound["num_groups"]),
-            "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
-    if canon in ("var", "std"):
-        bound = _bind(func, args, kwargs, ["input", "dim", "unbiased", "keepdim"])
-        x = bound["input"]
-        dim = bound.get("dim")
-        unbiased = bound.get("unbiased", True)
-        if isinstance(dim, bool):  # var(input, unbiased)
-            unbiased, dim = dim, None
-        correction = bound.get("correction")
-        if correction is None:
-            correction = 1 if unbiased else 0
-        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(dim, x.dim()),
-                                                "keepdim": bool(bound.get("keepdim", False)),
-                                                "correction": float(correction)}
-    if canon == "norm":
-        bound = _bind(func, args, kwargs, ["input", "p", "dim", "keepdim"])
-        x = bound["input"]
-        p = bound.get("p", bound.get("ord", 2))
-        if p in (None, "fro"):
-            p = 2
-        if not isinstance(p, (int, float)):
-            return None
-        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(bound.get("dim"), x.dim()),
-                                                "keepdim": bool(bound.get("keepdim", False)), "p": float(p)}
-    if canon in ("cumsum", "cumprod"):
-        bound = _bind(func, args, kwargs, ["input", "dim"])
-        x = bound["input"]
-        return canon, OpClass.REDUCTION, [x], {"dims": [_norm_dim(int(bound["dim"]), x.dim())], "keepdim": True,
-                                                "scan": True}
-    bound = _bind(func, args, kwargs, ["input", "dim", "keepdim", "dtype"])
-    x = bound["input"]
-    params = {"dims": _norm_dims(bound.get("dim"), x.dim()), "keepdim": bool(bound.get("keepdim", False))}
-    if out_t is not None:
-        params["dtype"] = dtype_name(out_t.dtype)
-    return canon, OpClass.REDUCTION, [x], params
-
-
-def _normalise_view(canon, func, args, kwargs, out_t):
-    x = args[0] if args else kwargs.get("input")
-    if out_t is None or not isinstance(x, torch.Tensor):
-        return None
-    shape = tuple(int(d) for d in out_t.shape)
-    ndim = x.dim()
-    rest = list(args[1:])
-    steps: list[tuple]
-    if canon in ("transpose",):
-        bound = _bind(func, args, kwargs, ["input", "dim0", "dim1"])
-        perm = list(range(ndim))
-        d0, d1 = _norm_dim(int(bound["dim0"]), ndim), _norm_dim(int(bound["dim1"]), ndim)
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        steps = [("permute", perm)]
-    elif canon == "permute":
-        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest or kwargs.get("dims")
-        steps = [("permute", [_norm_dim(int(d), ndim) for d in dims])]
-    elif canon == "t":
-        steps = [("permute", list(reversed(range(ndim))))]
-    elif canon == "mT":
-        perm = list(range(ndim))
-        perm[-1], perm[-2] = perm[-2], perm[-1]
-        steps = [("permute", perm)]
-    elif canon == "movedim":
-        bound = _bind(func, args, kwargs, ["input", "source", "destination"])
-        src = bound["source"] if isinstance(bound["source"], (list, tuple)) else [bound["source"]]
-        dst = bound["destination"] if isinstance(bound["destination"], (list, tuple)) else [bound["destination"]]
-        src = [_norm_dim(int(d), ndim) for d in src]
-        dst = [_norm_dim(int(d), ndim) for d in dst]
-        perm = [-1] * ndim
-        for s, d in zip(src, dst):
-            perm[d] = s
-        others = iter(d for d in range(ndim) if d not in src)
-        perm = [p if p >= 0 else next(others) for p in perm]
-        steps = [("permute", perm)]
-    elif canon == "unsqueeze":
-        bound = _bind(func, args, kwargs, ["input", "dim"])
-        steps = [("unsqueeze", _norm_dim(int(bound["dim"]), ndim + 1))]
-    elif canon == "squeeze":
-        bound = _bind(func, args, kwargs, ["input", "dim"])
-        dim = bound.get("dim")
-        candidates = range(ndim) if dim is None else _norm_dims(dim, ndim)
-        removed = [d for d in candidates if int(x.shape[d]) == 1]
-        steps = [("squeeze", d) for d in sorted(removed, reverse=True)]
-    elif canon == "expand":
-        steps = [("expand", list(shape))]
-    elif canon == "narrow":
-        bound = _bind(func, args, kwargs, ["input", "dim", "start", "length"])
-        dim = _norm_dim(int(bound["dim"]), ndim)
-        start = int(bound["start"])
-        start = start + int(x.shape[dim]) if start < 0 else start
-        steps = [("slice", dim, start, 1)]
-    elif canon == "select":
-        bound = _bind(func, args, kwargs, ["input", "dim", "index"])
-        dim = _norm_dim(int(bound["dim"]), ndim)
-        index = int(bound["index"])
-        steps = [("select", dim, index + int(x.shape[dim]) if index < 0 else index)]
-    elif canon == "getitem":
-        steps = _index_steps(x, args[1] if len(args) > 1 else kwargs.get("indices"))
-        if steps is None:
-            return None  # advanced indexing: a gather
-    else:  # view, reshape, flatten, unflatten, view_as, reshape_as
-        if not out_t._is_view() and not (out_t.untyped_storage() is x.untyped_storage()):
-            return "reshape", OpClass.OPAQUE, [x], {"shape": list(shape), "copies": True}
-        steps = [("reshape", list(shape))]
-    return canon, OpClass.VIEW, [x], {"steps": steps}
-
-
-def _index_steps(x: torch.Tensor, index: Any) -> list[tuple] | None:
-    """Basic indexing (ints, slices, None, ...) as a list of view steps; None if advanced."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, (torch.Tensor, list)) or (isinstance(i, bool)) for i in items):
-        return None
-    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
-    if consumed > x.dim():
-        return None
-    steps: list[tuple] = []
-    d = 0  # dim of the input being indexed
-    od = 0  # dim in the evolving result
-    for item in items:
-        if item is Ellipsis:
-            skip = x.dim() - consumed
-            d += skip
-            od += skip
-        elif item is None:
-            steps.append(("unsqueeze", od))
-            od += 1
-        elif isinstance(item, int):
-            size = int(x.shape[d])
-            steps.append(("select", od, item + size if item < 0 else item))
-            d += 1
-        elif isinstance(item, slice):
-            size = int(x.shape[d])
-            start, stop, step = item.indices(size)
-            if step <= 0:
-                return None
-            if (start, step) != (0, 1) or stop != size:
-                steps.append(("slice", od, start, step))
-            d += 1
-            od += 1
-        else:
-            return None
-    return steps
 
 
 # ---- driving a trace ----------------------------------------------------------------

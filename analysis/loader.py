@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from .capture import UserCode, dtype_name, user_frame
+from .capture import UserCode, user_frame
 from .graph import Frame
 from .inputs import InputSpec
+from .normalise import dtype_name
 
 
 class LoadError(Exception):
