@@ -3,8 +3,9 @@
 The recorder sees a call as torch received it: a function, its positional and keyword
 arguments, its result.  Here that becomes (op, op class, operands, params) in one spelling
 for all the ways the user can write it: `x.sum(-1)`, `torch.sum(x, dim=-1)` and
-`x.sum(dim=[-1])` are all a reduction over dim 1 of x; `2 - x` is `rsub`; a view gives the
-steps (slice, select, reshape, ...) that derive it from its base.
+`x.sum(dim=[-1])` are all a reduction over the last dim of x; `2 - x` is a `sub` with its
+operands swapped; a view gives the steps (slice, select, reshape, ...) that derive it from
+its base.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ _UNARY_PARAMS: dict[str, list[tuple[str, Any]]] = {
 
 
 def normalise(canon: str, func, args, kwargs, out, swapped: bool):
+    """(op, op class, operands, params) for a call of `func` under its canonical name `canon`
+    that returned `out`, or None where the graph has no op for it (`torch.where(cond)`).
+    `swapped`: the call was a reflected operator (`2 - x` reaches torch as `x.__rsub__(2)`)."""
     cls = op_class(canon)
     out_t = out if isinstance(out, torch.Tensor) else None
 
