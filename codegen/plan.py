@@ -559,3 +559,11 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
     if kind == "select":
         return coords[: step[1]] + [Coord.const(step[2])] + coords[step[1]:]
     raise PlanError("shape", f"a `{kind}` view changes the iteration space")
+
+
+def identity_inputs(plan: KernelPlan) -> list[int]:
+    """Inputs read element for element over the whole domain (candidates for flat indexing)."""
+    full = tuple(f"c{i}" for i in range(len(plan.domain)))
+    return sorted({s.load_input for s in plan.stmts
+                   if s.load_input is not None and s.load_coords == full
+                   and plan.inputs[s.load_input].shape == plan.domain})
