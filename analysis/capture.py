@@ -608,8 +608,8 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
             except SystemExit as exc:
                 raise CaptureError(f"forward() called sys.exit({exc.code!r})", user_frame(exc, user_code)) from exc
             except Exception as exc:
-                raise CaptureError(_describe_failure(exc), user_frame(exc, user_code),
-                                   "memory" if _out_of_memory(exc) else "trace") from exc
+                raise CaptureError(describe_failure(exc), user_frame(exc, user_code),
+                                   "memory" if out_of_memory(exc) else "trace") from exc
         if out is not None:
             with recorder:
                 recorder.mark_outputs(out)
@@ -628,12 +628,14 @@ def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
     return Frame(last.filename, last.lineno or 0, last.name)
 
 
-def _out_of_memory(exc: BaseException) -> bool:
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether the user's code failed for want of memory (the worker runs under a memory limit)."""
     return isinstance(exc, MemoryError) or "DefaultCPUAllocator" in str(exc) or "can't allocate memory" in str(exc)
 
 
-def _describe_failure(exc: BaseException) -> str:
-    if _out_of_memory(exc):
+def describe_failure(exc: BaseException) -> str:
+    """One line for a diagnostic: what went wrong in the user's code, in the user's terms."""
+    if out_of_memory(exc):
         return ("the model's code allocated more memory than the worker may use (real tensors: fuselens "
                 "traces on meta tensors, so only tensors created with an explicit device take memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -148,8 +148,8 @@ def _problem(kind: str, message: str, frame, path: str, hint: str = "") -> R.Pro
 
 def _load_problem(exc: loader.LoadError, path: str) -> R.Problem:
     """A failure to import or build; running out of memory there reads as it does in a trace."""
-    if exc.__cause__ is not None and capture._out_of_memory(exc.__cause__):
-        return _problem("memory", capture._describe_failure(exc.__cause__), exc.frame, path)
+    if exc.__cause__ is not None and capture.out_of_memory(exc.__cause__):
+        return _problem("memory", capture.describe_failure(exc.__cause__), exc.frame, path)
     return _problem(exc.kind, str(exc), exc.frame, path, exc.hint)
 
 
