@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import KernelPlan, Stmt, identity_inputs
+from .plan import KernelPlan, Stmt, identity_inputs, row_views
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -108,7 +108,8 @@ def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list
 # ---- kernel text --------------------------------------------------------------------------
 
 
-def _signature(plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[str, ...] = ()) -> str:
+def _signature(plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[str, ...] = (),
+               scalars: tuple[str, ...] = ()) -> str:
     args = [f"in{k}_ptr" for k in range(len(plan.inputs))]
     args += [f"out{k}_ptr" for k in range(len(plan.outputs))]
     args += [f"d{i}" for i in range(len(plan.domain))]
@@ -119,7 +120,7 @@ def _signature(plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[
         args += [f"p{i}" for i in range(plan.row_dims)]
     if plan.groups:
         args += ["G"]
-    args += [f"q{j}" for j in range(len(divs.exprs))]
+    args += [f"q{j}" for j in range(len(divs.exprs))] + list(scalars)
     args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", *extra]
     lines, line = [], f"def {kernel_name}("
     for a in args:
@@ -203,9 +204,10 @@ def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
 
 
 def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str], contiguous: set[int] = frozenset(),
-               evict: str = "") -> str:
+               evict: str = "", views: set[int] = frozenset()) -> str:
     """One statement; a load of a full-size input in `contiguous` gets a flat-address branch
-    (and the cache `evict` policy, when given)."""
+    (and the cache `evict` policy, when given), as does one of a row view in `views`, at its
+    own column."""
     note = comments.get(s.name) or s.comment
     tail = f"  # {note}" if note else ""
     if s.load_input is not None:
@@ -221,8 +223,9 @@ def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str], contiguous: 
             masked += ", eviction_policy='evict_last'"
         convert = ".to(tl.float32)" if s.kind == FLOAT else ""
         strided = f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
-        if s.load_input in contiguous:
-            flat = f"{s.name} = tl.load(in{s.load_input}_ptr + (rows * C + cols){masked}){convert}{tail}"
+        if s.load_input in contiguous or s.load_input in views:
+            col = "cols" if s.load_input in contiguous else s.load_coords[-1]
+            flat = f"{s.name} = tl.load(in{s.load_input}_ptr + (rows * C + {col}){masked}){convert}{tail}"
             return f"if CONTIG:\n    {flat}\nelse:\n    {strided}"
         return strided
     return f"{s.name} = {s.expr}{tail}"
@@ -352,10 +355,11 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
         ]
     else:
         body = [
+            # The launcher passes the column-block count: triton specialises a 1 to a constant,
+            # which spares each program a division (bf16 RoPE on an H200: 34.6 -> 33.7 µs).
             "pid = tl.program_id(0)",
-            "n_col_blocks = tl.cdiv(C, BLOCK_C)",
-            "rows = (pid // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
-            "cols = (pid % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+            "rows = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+            "cols = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
             "if INDEX_64:",
             "    rows = rows.to(tl.int64)",
             "    cols = cols.to(tl.int64)",
@@ -365,6 +369,7 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
         ]
     stmts = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     direct = set(identity_inputs(plan))
+    views = set() if flat else set(row_views(plan))
     lines = []
     for st in stmts:
         if flat and st.load_input in direct:
@@ -373,7 +378,7 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
             lines.append(f"{st.name} = tl.load(in{st.load_input}_ptr + offs, mask=mask, other=0){convert}"
                          + (f"  # {note}" if note else ""))
         else:
-            lines.append(_stmt_line(plan, st, comments, direct))
+            lines.append(_stmt_line(plan, st, comments, direct, views=views))
     used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)])
     if flat:
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
@@ -387,8 +392,10 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
             body.append(f"tl.store(out{k}_ptr + offs, {v}{cast}, mask=mask)")
         else:
             body.append(_store(plan, k, value))
-    extra = () if flat else ("CONTIG: tl.constexpr",)
-    return _signature(plan, kernel_name, divs, extra) + "\n" + "\n".join(_indented(body))
+    if flat:
+        return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
+    return (_signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), ("col_blocks",)) + "\n"
+            + "\n".join(_indented(body)))
 
 
 def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, looped: bool) -> str:

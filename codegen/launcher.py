@@ -6,7 +6,21 @@ from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
-from .plan import KernelPlan, identity_inputs
+from .plan import KernelPlan, identity_inputs, row_views
+
+
+def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
+    """The tile kernel's CONTIG: the full-size inputs share one dense layout (`dense`) and
+    every row view has their strides, so that one row offset addresses them all."""
+    views = row_views(plan)
+    if not views:
+        return "dense"
+
+    def stride(k: int) -> str:  # the launcher already holds st{k} when the kernel takes strides
+        return f"st{k}" if plan.inputs[k].strides_used else f"{names[k]}.stride()"
+
+    lead = identity_inputs(plan)[0]
+    return " and ".join(["dense"] + [f"{stride(k)} == {stride(lead)}" for k in views])
 
 
 def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
@@ -92,11 +106,13 @@ def launcher_text(plan: KernelPlan, name: str, kernel_name: str, input_names: li
         args.append("*magic")
     call_args = ", ".join(args)
     if elementwise:
+        contig = _contig_condition(plan, input_names)
         tile = [
             f"block_r, block_c, warps = _pointwise_tile(R, C, {_widest_item(plan)})",
-            "grid = (((R + block_r - 1) // block_r) * ((C + block_c - 1) // block_c),)",
-            f"{kernel_name}_tile[grid]({call_args},",
-            "    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=dense, num_warps=warps)",
+            "col_blocks = (C + block_c - 1) // block_c",
+            "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
+            f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
+            f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contig}, num_warps=warps)",
         ]
         if flat:
             body.append("if dense:  # one flat offset addresses every full-size input and the output")

@@ -18,6 +18,7 @@ turns a `PlanError` into a (reason, detail) verdict.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from fuselens.analysis.graph import Graph, Node, Ref
@@ -567,3 +568,25 @@ def identity_inputs(plan: KernelPlan) -> list[int]:
     return sorted({s.load_input for s in plan.stmts
                    if s.load_input is not None and s.load_coords == full
                    and plan.inputs[s.load_input].shape == plan.domain})
+
+
+def row_views(plan: KernelPlan) -> list[int]:
+    """Inputs of an elementwise plan read at the domain's own row coordinates and moved only
+    along the last dim, such as RoPE's two halves of `q` (`q[..., :64]`, `q[..., 64:]`).
+    When one shares the full-size inputs' strides it is a view of the same rows, and the
+    offset that reads those inputs, shifted along the row, reads it too."""
+    n = len(plan.domain)
+    if plan.kind != "elementwise" or not n or plan.row_dims != n - 1 or not identity_inputs(plan):
+        return []
+    rows = tuple(f"c{i}" for i in range(n - 1))
+    direct = set(identity_inputs(plan))
+    fits: dict[int, bool] = {}
+    for s in plan.stmts:
+        if s.load_input is None or s.load_input in direct:
+            continue
+        coords = tuple(str(c) for c in s.load_coords)
+        fits[s.load_input] = fits.get(s.load_input, True) and (
+            len(coords) == n and coords[:-1] == rows
+            and set(re.findall(r"\bc(\d+)\b", coords[-1])) == {str(n - 1)}
+            and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1])
+    return sorted(k for k, ok in fits.items() if ok)

@@ -695,6 +695,9 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     got = fused(q, cos, q[..., 16:], q[..., :16], sin)
     assert got.stride() == want.stride() == q.stride()
     torch.testing.assert_close(got, want)
+    # The halves as tensors of their own: they no longer share q's rows, so they are read by
+    # their own strides.
+    torch.testing.assert_close(fused(q, cos, q[..., 16:].contiguous(), q[..., :16].contiguous(), sin), want)
     # The same kernel on a layout it cannot follow (the last dim strided): contiguous, still right.
     q_odd = torch.randn(2, 4, 32, 8).transpose(2, 3)
     got = fused(q_odd, cos, q_odd[..., 16:], q_odd[..., :16], sin)
@@ -703,6 +706,24 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     # An empty batch launches nothing and returns an empty result of the right shape.
     empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
     assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
+
+
+def test_rows_wider_than_a_tile_are_covered_by_several_column_blocks(write_model):
+    """A broadcast operand needs the 2-D tile kernel; rows longer than one tile are split over
+    several programs, each of which must find its own column block."""
+    import torch
+
+    fused = _kernel_module(write_model, """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(2500))
+
+            def forward(self, x):
+                return torch.relu(x * self.w) + 1
+        """, [("3,2500", "float32")])
+    x, w = torch.randn(3, 2500), torch.randn(2500)
+    torch.testing.assert_close(fused(x, w), torch.relu(x * w) + 1)
 
 
 def test_small_views_of_huge_tensors_get_64_bit_offsets(write_model):
