@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import KernelPlan, Stmt, identity_inputs, row_views
+from .plan import COORD, KernelPlan, Stmt, identity_inputs, row_views
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
 
-_COORD = re.compile(r"\bc(\d+)\b")
 _IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 _COMBINE = {"sum": "{acc} + {x}", "max": "tl.maximum({acc}, {x})", "min": "tl.minimum({acc}, {x})"}
 _FINAL = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -179,7 +178,7 @@ def _delinearize(index: str, dims: list[int], wanted: list[int], divide: Divisor
 def _used_coords(stmts: list[Stmt]) -> set[int]:
     used: set[int] = set()
     for s in stmts:
-        used |= {int(m) for m in _COORD.findall(s.expr + " " + s.load_guard)}
+        used |= {int(m) for m in COORD.findall(s.expr + " " + s.load_guard)}
     return used
 
 
@@ -197,7 +196,7 @@ def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
     """Whether the load `s` reads the same elements for many positions of the domain (cos and
     sin tables, positional embeddings, a LayerNorm's weight) along the columns as they run,
     rather than gathering them (a GroupNorm's weight, indexed by a channel derived from the column)."""
-    used = {int(m) for c in s.load_coords for m in _COORD.findall(str(c))}
+    used = {int(m) for c in s.load_coords for m in COORD.findall(str(c))}
     n = len(plan.domain)
     along_columns = used & set(range(plan.row_dims, n)) <= {n - 1}
     return not used >= set(range(n)) and along_columns and not plan.groups

@@ -48,6 +48,8 @@ class Coord:
 
 
 ZERO = Coord("0")
+# Coordinate expressions name the domain's dims c0, c1, ...: this finds which ones they read.
+COORD = re.compile(r"\bc(\d+)\b")
 
 
 @dataclass
@@ -576,10 +578,10 @@ def row_views(plan: KernelPlan) -> list[int]:
     When one shares the full-size inputs' strides it is a view of the same rows, and the
     offset that reads those inputs, shifted along the row, reads it too."""
     n = len(plan.domain)
-    if plan.kind != "elementwise" or not n or plan.row_dims != n - 1 or not identity_inputs(plan):
+    direct = set(identity_inputs(plan))
+    if plan.kind != "elementwise" or not n or plan.row_dims != n - 1 or not direct:
         return []
     rows = tuple(f"c{i}" for i in range(n - 1))
-    direct = set(identity_inputs(plan))
     fits: dict[int, bool] = {}
     for s in plan.stmts:
         if s.load_input is None or s.load_input in direct:
@@ -587,6 +589,6 @@ def row_views(plan: KernelPlan) -> list[int]:
         coords = tuple(str(c) for c in s.load_coords)
         fits[s.load_input] = fits.get(s.load_input, True) and (
             len(coords) == n and coords[:-1] == rows
-            and set(re.findall(r"\bc(\d+)\b", coords[-1])) == {str(n - 1)}
+            and set(COORD.findall(coords[-1])) == {str(n - 1)}
             and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1])
     return sorted(k for k, ok in fits.items() if ok)
