@@ -60,13 +60,14 @@ def import_edit(source: str, statement: str) -> LineEdit:
                 missing = [n for n in wanted if n not in have]
                 if not missing:
                     return LineEdit(node.lineno, node.lineno, lines[node.lineno - 1])
-                merged = f"from {module} import {', '.join(sorted(set(have + missing), key=_natural))}\n"
+                merged = f"from {module} import {', '.join(sorted(set(have + missing), key=natural_order))}\n"
                 return LineEdit(node.lineno, node.lineno, merged)
     at = _after_imports(tree) if tree is not None else 1
     return LineEdit(at, at - 1, statement + "\n")
 
 
-def _natural(name: str):
+def natural_order(name: str):
+    """Sort key that puts cluster2 before cluster10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 

@@ -13,6 +13,7 @@ import re
 
 from fuselens.analysis.report import Report
 
+from .edits import natural_order
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW
 from .lowering import HELPERS, helpers_used
 
@@ -164,7 +165,7 @@ def existing_sections(module_text: str) -> dict[str, str]:
 
 def render_module(source_name: str, sections: dict[str, str]) -> str:
     """A whole module from {name: section text}, sections in natural name order."""
-    ordered = [sections[k] for k in sorted(sections, key=_natural)]
+    ordered = [sections[k] for k in sorted(sections, key=natural_order)]
     helpers: list[str] = []
     for text in ordered:
         helpers += [h for h in helpers_used(text) if h not in helpers]
@@ -173,10 +174,6 @@ def render_module(source_name: str, sections: dict[str, str]) -> str:
     parts.append(TILES.strip("\n") + "\n")
     parts += ordered
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
-
-
-def _natural(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def module_for_report(report: Report, existing: str | None = None) -> str:
