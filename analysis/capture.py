@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
 from .ops import ALIASES, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
-from .report import GraphBreak
+from fuselens.contracts.report import GraphBreak
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -631,6 +631,12 @@ def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:
 def out_of_memory(exc: BaseException) -> bool:
     """Whether the user's code failed for want of memory (the worker runs under a memory limit)."""
     return isinstance(exc, MemoryError) or "DefaultCPUAllocator" in str(exc) or "can't allocate memory" in str(exc)
+
+
+def wants_integer_inputs(exc: BaseException) -> bool:
+    """Whether the forward failed because an op that indexes (an embedding) was given float values."""
+    text = str(exc.__cause__ or exc)
+    return "'indices'" in text and ("Long" in text or "Int" in text)
 
 
 def describe_failure(exc: BaseException) -> str:

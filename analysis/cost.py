@@ -102,17 +102,3 @@ def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) 
     if largest <= device.l2_bytes:
         return "l2-resident"
     return "dram-bound"
-
-
-def bytes_label(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} B"
-
-
-def dtype_size(dtype: str) -> int:
-    return DTYPE_BYTES.get(dtype, 4)

@@ -52,10 +52,12 @@ import logging
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+
+from fuselens.contracts.inductor import KERNEL_KINDS, AtenOp, InductorCapture, InductorGraph, InductorKernel, InductorOp
 
 from .capture import UserCode
 from .ops import ALIASES, CASTS, OpClass, op_class
@@ -73,7 +75,6 @@ LAYOUT_ATEN = frozenset({
 _VIEW_CALLS = frozenset({"split", "chunk", "unbind", "split_with_sizes", "tensor_split", "hsplit",
                          "vsplit", "view_as", "reshape_as", "expand_as", "contiguous", "size"})
 
-KERNEL_KINDS = ("pointwise", "reduction", "persistent-reduction", "template", "foreach", "extern", "other")
 
 _ARTIFACTS = ("inductor_provenance_tracking_node_mappings", "inductor_post_grad_graph")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in ')
@@ -86,82 +87,6 @@ _HEURISTIC = re.compile(r"@triton_heuristics\.(\w+)\(")
 
 class InductorCaptureError(Exception):
     """Inductor could not compile the model (the message says why)."""
-
-
-# ---- the result ------------------------------------------------------------------------------
-
-
-@dataclass
-class AtenOp:
-    """One post-grad node a kernel computes."""
-
-    name: str  # node name in the post-grad graph, e.g. "mul_3"
-    target: str  # e.g. "aten.mul.Tensor", "prims.iota.default"
-    file: str  # the user's line it came from ("" / 0 when provenance was lost)
-    line: int
-    user_ops: list[str] = field(default_factory=list)  # names of the InductorOps it lowers
-    layout: bool = False  # only moves or relabels memory (view, permute, clone, ...)
-
-
-@dataclass
-class InductorOp:
-    """One op of the user's forward, as Dynamo captured it (a node of the pre-grad graph)."""
-
-    name: str  # node name in Dynamo's graph, e.g. "x_1"
-    op: str  # canonical name in fuselens's vocabulary (analysis/ops.py): "relu", "div", "cast"
-    target: str  # what was called: "operator.mul", "torch.nn.functional.gelu", "Tensor.float"
-    file: str  # innermost frame in the user's code
-    line: int
-    free: bool  # a view / identity / no-op cast: moves no data, never counted as fused
-    producers: list[str] = field(default_factory=list)  # nearest non-free ops it reads (through views)
-    kernels: list[str] = field(default_factory=list)  # ids of the kernels that compute it
-    inferred: bool = False  # placed by adjacency after a pattern rewrite dropped its provenance
-
-
-@dataclass
-class InductorKernel:
-    id: str  # "g0.k3": graph index and Inductor's provenance handle; stable for an unchanged model
-    name: str  # e.g. "triton_poi_fused_add_mul_relu_0", "extern_kernels.addmm"
-    kind: str  # one of KERNEL_KINDS
-    graph: int
-    aten_ops: list[AtenOp]
-    user_ops: list[str]  # names of the non-free InductorOps it computes, in program order
-    lines: list[list]  # [[file, line], ...] of those ops, sorted
-    source: str  # the @triton.jit function, or the library call for extern kernels
-    inferred_ops: list[str] = field(default_factory=list)  # subset of user_ops placed by adjacency
-    unattributed: int = 0  # aten nodes it computes that map to no user op (pattern-rewrite output)
-
-    @property
-    def is_fusion(self) -> bool:
-        return len(self.user_ops) >= 2
-
-
-@dataclass
-class InductorGraph:
-    """One graph Dynamo handed to Inductor (a graph break starts another)."""
-
-    index: int
-    ops: list[InductorOp]
-    kernels: list[InductorKernel]
-    unplaced: list[str] = field(default_factory=list)  # non-free ops no kernel computes
-
-
-@dataclass
-class InductorCapture:
-    device: str  # "cpu" | "cuda"
-    backend: str  # "triton-cpu" (Inductor's Triton code for CPU tensors) | "cuda"
-    pattern_matcher: bool
-    torch_version: str
-    graphs: list[InductorGraph] = field(default_factory=list)
-    seconds: float = 0.0  # wall time of the whole capture
-    notes: list[str] = field(default_factory=list)
-
-    def kernels(self) -> Iterator[InductorKernel]:
-        for graph in self.graphs:
-            yield from graph.kernels
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---- the capture -----------------------------------------------------------------------------

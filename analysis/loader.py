@@ -22,7 +22,7 @@ import torch
 
 from .capture import UserCode, user_frame
 from .graph import Frame
-from .inputs import InputSpec
+from fuselens.contracts.config import InputSpec
 from .normalise import dtype_name
 
 
@@ -93,8 +93,17 @@ class Built:
     note: str = ""
 
 
-def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) -> Built:
-    """Instantiate `cls(**init)` in eval mode, on the meta device when the code allows it."""
+def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str = "",
+          param_dtype: str | None = None) -> Built:
+    """Instantiate `cls(**init)` in eval mode, on the meta device when the code allows it, with its
+    weights cast to `param_dtype` when one is given."""
+    built = _build(cls, init, user_code, init_hint)
+    if param_dtype:
+        built.model.to(getattr(torch, param_dtype))
+    return built
+
+
+def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) -> Built:
     missing = _missing_arguments(cls, init)
     if missing:
         raise LoadError(
@@ -119,10 +128,11 @@ def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) 
                         user_frame(exc, user_code) or _class_frame(cls)) from exc
 
 
-def build_real(cls: type, init: dict[str, Any], seed: int = 0) -> torch.nn.Module:
+def build_real(cls: type, init: dict[str, Any], seed: int = 0, param_dtype: str | None = None) -> torch.nn.Module:
     """A CPU instance with real (seeded) weights, for numerical validation."""
     torch.manual_seed(seed)
-    return cls(**init).eval()
+    model = cls(**init).eval()
+    return model.to(getattr(torch, param_dtype)) if param_dtype else model
 
 
 def _missing_arguments(cls: type, init: dict[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .cost import op_bytes, value_bytes
 from .graph import DTYPE_BYTES, Graph, Node, Ref
-from .ops import GEMMS, OpClass
+from .ops import GEMMS
 
 
 @dataclass

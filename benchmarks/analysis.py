@@ -62,7 +62,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+    from fuselens.pipeline.analyze import AnalyzeOptions, analyze_file
     from fuselens.worker.jobs import warm_up
 
     warm_up()

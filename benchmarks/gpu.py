@@ -55,9 +55,9 @@ SUITE = {
 
 
 def run_case(example: str, size: str, dtype: str, peak_gbps: float | None) -> list[dict]:
-    from fuselens.analysis.inputs import InputSpec
-    from fuselens.validate.runner import ValidateOptions, validate_file
-    from fuselens.worker.analyze import AnalyzeOptions
+    from fuselens.contracts.config import InputSpec
+    from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+    from fuselens.pipeline.validate import validate_file
 
     cls, sizes = SUITE[example]
     shapes, init = sizes[size]

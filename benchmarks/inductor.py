@@ -31,8 +31,8 @@ SETTINGS = {
 
 
 def one(name: str) -> dict:
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
-    from fuselens.worker.inductor import compare_report
+    from fuselens.pipeline.analyze import AnalyzeOptions, analyze_file
+    from fuselens.pipeline.compare import compare_report
 
     path = os.path.join(ROOT, "examples", name)
     options = AnalyzeOptions(models=SETTINGS[name])

@@ -61,7 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args()
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+    from fuselens.pipeline.analyze import AnalyzeOptions, analyze_file
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpu import SUITE

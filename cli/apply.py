@@ -1,79 +1,18 @@
-"""`fuselens apply`: write the kernel module and replace each exactly-mapped cluster's lines.
-
-The edits are computed from the text that was analysed; if the file changes on disk
-before we write (an editor saved while we asked for confirmation, say), nothing is
-written.  Clusters whose mapping is not exact are never touched.
-"""
+"""`fuselens apply`: show the diff, ask, then write the kernel module and the edits."""
 
 from __future__ import annotations
 
-import difflib
+import argparse
 import os
-from dataclasses import dataclass, field
-from typing import Callable
 
 from rich.console import Console
 from rich.syntax import Syntax
 
-from fuselens.codegen import edits as edits_mod
+from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.apply import ApplyResult, apply_file
 
 
-@dataclass
-class ApplyResult:
-    applied: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # "c3: mapping is pointer: ..."
-    diff: str = ""
-    module_path: str = ""
-    refused: str = ""  # why nothing was written, when something should have been
-
-
-def apply_file(path: str, analyze_options, cluster_ids: list[str] | None,
-               confirm: Callable[[ApplyResult], bool]) -> ApplyResult:
-    from fuselens.codegen.module import module_for_report
-    from fuselens.worker.analyze import analyze_file
-
-    with open(path, encoding="utf-8") as fh:
-        source = fh.read()
-    analyze_options.source_text = source
-    report = analyze_file(path, analyze_options)
-    result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
-    if report.problems:
-        result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
-        return result
-    wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
-    exact = [c for c in wanted if c.edit is not None]
-    result.skipped = [f"{c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}" for c in wanted
-                      if c.edit is None]
-    if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
-        result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
-        return result
-    if not exact:
-        return result
-    new_source = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, report, [c.id for c in exact]))
-    rel = os.path.relpath(path)
-    result.diff = "".join(difflib.unified_diff(source.splitlines(True), new_source.splitlines(True), rel, rel))
-    if not confirm(result):
-        result.refused = "not confirmed"
-        return result
-    with open(path, encoding="utf-8") as fh:
-        if fh.read() != source:
-            result.refused = f"{rel} changed on disk since it was analysed; nothing was written"
-            return result
-    existing = None
-    if os.path.exists(result.module_path):
-        with open(result.module_path, encoding="utf-8") as fh:
-            existing = fh.read()
-    with open(result.module_path, "w", encoding="utf-8") as fh:
-        fh.write(module_for_report(report, existing))
-    tmp = path + ".fuselens-tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(new_source)
-    os.replace(tmp, path)
-    result.applied = [c.id for c in exact]
-    return result
-
-
-def run_apply(args, analyze_options) -> int:
+def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
     console = Console()
 
     def confirm(result: ApplyResult) -> bool:

@@ -16,6 +16,10 @@ import json
 import os
 import sys
 
+from fuselens.contracts.config import ConfigError
+from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.report import Report
+
 
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="Python file that defines nn.Module classes")
@@ -31,7 +35,10 @@ def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fuselens", description=__doc__.split("\n\n")[0])
+    from fuselens.contracts.version import TOOL_VERSION
+
+    parser = argparse.ArgumentParser(prog="fuselens", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"fuselens {TOOL_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     analyze = sub.add_parser("analyze", help="find fusable clusters and print a report")
@@ -61,9 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(args):
-    from fuselens.worker.analyze import AnalyzeOptions
-
+def _options(args: argparse.Namespace) -> AnalyzeOptions:
     return AnalyzeOptions(model_class=args.model_class, input_shapes=args.input_shape, dtypes=args.dtype,
                           param_dtype=args.param_dtype, device=args.device, peak_gbps=args.peak_gbps,
                           out_dir=args.out_dir)
@@ -92,24 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _analyze(args) -> int:
-    from fuselens.analysis.inputs import InputSpecError
+def _analyze(args: argparse.Namespace) -> int:
     from fuselens.cli.render import render_report
-    from fuselens.worker.analyze import analyze_file
+    from fuselens.pipeline.analyze import analyze
 
-    options = _options(args)
     try:
-        report = analyze_file(args.file, options)
-    except (InputSpecError, ValueError) as exc:
+        analyzed = analyze(args.file, _options(args))
+    except ConfigError as exc:
         print(f"fuselens: {exc}", file=sys.stderr)
         return 2
+    report = analyzed.report
     if args.vs_inductor:
-        from fuselens.worker.inductor import compare_report
+        from fuselens.pipeline.compare import compare
 
-        compare_report(report, options, lambda message, fraction=None: print(f"… {message}", file=sys.stderr))
+        compare(analyzed, lambda message, fraction=None: print(f"… {message}", file=sys.stderr))
     data = report.to_dict()
     if args.json:
-        from fuselens.analysis.schema import validate_report
+        from fuselens.contracts.schema import validate_report
 
         validate_report(data)
         text = json.dumps(data, indent=2)
@@ -122,7 +126,7 @@ def _analyze(args) -> int:
     return _exit_code(report)
 
 
-def _exit_code(report) -> int:
+def _exit_code(report: Report) -> int:
     """1 when the file could not be analysed at all, 0 otherwise (findings are not failures)."""
     if report.problems or any(m.status == "error" for m in report.models):
         return 1

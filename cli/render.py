@@ -9,8 +9,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from fuselens.analysis.cost import bytes_label
-from fuselens.analysis.report import Cluster, Model, Report
+from fuselens.contracts.units import bytes_label
+from fuselens.contracts.report import Cluster, Model, Report
 
 
 def _saved(c: Cluster) -> str:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 from rich.console import Console
 from rich.table import Table
 
-from fuselens.validate.results import ValidationReport
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.contracts.validation import ValidationReport
 
 
-def run_validate(args, analyze_options) -> int:
-    from fuselens.validate.runner import ValidateOptions, validate_file
+def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
+    from fuselens.pipeline.validate import validate_file
 
     console = Console(stderr=False)
     if not console.is_terminal:
@@ -81,6 +82,3 @@ def _num(value, digits: int = 1) -> str:
 def _x(value) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
-
-if __name__ == "__main__":
-    sys.exit(1)

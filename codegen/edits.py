@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from fuselens.analysis.report import Cluster, Report
+from fuselens.contracts.report import Cluster, Report
 
 
 @dataclass(frozen=True)

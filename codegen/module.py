@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from fuselens.analysis.report import Report
+from fuselens.contracts.report import Report
 
 from .edits import natural_order
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW

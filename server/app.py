@@ -21,7 +21,10 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
-from fuselens.analysis.inputs import InputSpecError, find_pyproject, read_tool_table
+from fuselens.contracts.config import ConfigError, read_tool_table
+from fuselens.contracts.report import Report
+from fuselens.contracts.version import TOOL_VERSION
+from fuselens.worker.protocol import AnalyzeJob, Limits
 
 from . import settings as settings_mod
 from .commands import register_commands
@@ -37,7 +40,7 @@ from .trust import Trust, client_trust
 from .watch import Watcher, affects
 from .workers import WorkerClient
 
-VERSION = "0.1.0"
+
 log = logging.getLogger("fuselens.server")
 
 
@@ -70,7 +73,7 @@ class FuselensProtocol(LanguageServerProtocol):
 
 class FuselensServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("fuselens", VERSION, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+        super().__init__("fuselens", TOOL_VERSION, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
                          protocol_cls=FuselensProtocol)
         self.settings = settings_mod.Settings()
         self.init_options: dict[str, Any] = {}
@@ -129,7 +132,7 @@ class FuselensServer(LanguageServer):
             if os.path.isfile(pyproject):
                 try:
                     table = read_tool_table(pyproject)
-                except InputSpecError as exc:
+                except ConfigError as exc:
                     problems.append(str(exc))
                     table = {}
                 merged, found = settings_mod.merge(merged, settings_mod.from_pyproject(table), "pyproject.toml")
@@ -166,10 +169,10 @@ class FuselensServer(LanguageServer):
         self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)
 
-    async def _run_analysis(self, path: str, text: str, version: int) -> dict[str, Any]:
+    async def _run_analysis(self, path: str, text: str, version: int) -> Report:
         w = self.settings.worker
-        job = {"kind": "analyze", "path": path, "text": text, "options": self.settings.analyze_options()}
-        return await self.get_worker().run(job, {"seconds": w.timeout_seconds, "memory_mb": w.memory_mb})
+        job = AnalyzeJob(path, self.settings.analyze_options(text))
+        return await self.get_worker().run(job, Limits(w.timeout_seconds, w.memory_mb))
 
     def _on_result(self, uri: str, analysis: Analysis) -> None:
         doc = self.document(uri)
@@ -202,8 +205,6 @@ class FuselensServer(LanguageServer):
         report = analysis.report
         lines = analysis.text.splitlines()
         if report is None:
-            from fuselens.analysis.report import Report
-
             report = Report(file=path, source_sha256="")
         diags = diagnostics(report, path, lines, self.settings.severity, self.settings.show, analysis.failure)
         self.stats["published"] += 1
@@ -393,6 +394,6 @@ def run(log_file: str | None = None) -> int:
         handlers.append(logging.FileHandler(log_file))
     logging.basicConfig(level=logging.INFO, handlers=handlers, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pygls").setLevel(logging.WARNING)
-    log.info("fuselens %s language server on stdio (python %s)", VERSION, sys.version.split()[0])
+    log.info("fuselens %s language server on stdio (python %s)", TOOL_VERSION, sys.version.split()[0])
     server.start_io()
     return 0

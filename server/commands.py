@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcInvalidParams
 
+from fuselens.contracts.options import ValidateOptions
+from fuselens.contracts.plain import ContractError, from_plain
+from fuselens.contracts.validation import ValidationReport
+from fuselens.worker.protocol import Limits, ValidateJob
+
 from .features.actions import WRITE_MODULE
 from .features.text import path_to_uri, uri_to_path
 from .workers import JobFailed
@@ -121,33 +126,39 @@ async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, 
     progress = await _Progress.start(ls, title)
     try:
         result = await _run_validation(ls, path, analysis.text, clusters, interpret, progress)
-        problems = result.get("problems") or []
-        if not interpret and any("no CUDA device" in p for p in problems):
+        if not interpret and result.needs_gpu:
             if ls.settings.remote_runner:
                 progress.report("no local GPU: running the remote runner")
-                result = await _remote(ls, path, clusters, progress)
+                result = await _remote(ls, path, progress)
             else:
-                choice = await _ask(ls, "No CUDA GPU here, so kernels cannot be timed. " + problems[0], [INTERPRET])
+                choice = await _ask(ls, "No CUDA GPU here, so kernels cannot be timed. " + result.problems[0],
+                                    [INTERPRET])
                 if choice == INTERPRET:
                     result = await _run_validation(ls, path, analysis.text, clusters, True, progress)
-                    interpret = True
-    except JobFailed as exc:
-        result = {"error": exc.kind, "message": str(exc)}
+    except (JobFailed, RemoteFailed) as exc:
+        ls.tell(f"fuselens: validation did not run: {exc}", lsp.MessageType.Warning)
+        return {"error": exc.kind, "message": str(exc)}
     finally:
         progress.end()
-    ls.tell(_summary(result), lsp.MessageType.Info if _ok(result) else lsp.MessageType.Warning)
+    ls.tell(_summary(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
+    return result.to_dict()
+
+
+async def _run_validation(ls: "FuselensServer", path: str, text: str, clusters: list[str] | None, interpret: bool,
+                          progress: "_Progress") -> ValidationReport:
+    w = ls.settings.worker
+    job = ValidateJob(path, ls.settings.analyze_options(text), ValidateOptions(interpret=interpret, clusters=clusters))
+    result: ValidationReport = await ls.get_worker().run(
+        job, Limits(w.validate_timeout_seconds, w.memory_mb),
+        on_progress=lambda message, fraction: progress.report(message, fraction))
     return result
 
 
-async def _run_validation(ls, path, text, clusters, interpret, progress) -> dict[str, Any]:
-    w = ls.settings.worker
-    job = {"kind": "validate", "path": path, "text": text, "options": ls.settings.analyze_options(),
-           "validate": {"interpret": interpret, "clusters": clusters}}
-    return await ls.get_worker().run(job, {"seconds": w.validate_timeout_seconds, "memory_mb": w.memory_mb},
-                                     on_progress=lambda message, fraction: progress.report(message, fraction))
+class RemoteFailed(Exception):
+    kind = "remote"
 
 
-async def _remote(ls: "FuselensServer", path: str, clusters, progress) -> dict[str, Any]:
+async def _remote(ls: "FuselensServer", path: str, progress: "_Progress") -> ValidationReport:
     template = ls.settings.remote_runner or ""
     with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:
         out = os.path.join(tmp, "validation.json")
@@ -161,13 +172,13 @@ async def _remote(ls: "FuselensServer", path: str, clusters, progress) -> dict[s
             lines.append(line)
             progress.report(line[-120:])
         code = await proc.wait()
-        if "{json}" in template and os.path.exists(out):
-            with open(out, encoding="utf-8") as fh:
-                return json.load(fh)
         try:
-            return json.loads("\n".join(lines))
-        except ValueError:
-            return {"error": "remote", "message": f"the remote runner exited {code}: " + " / ".join(lines[-5:])}
+            if "{json}" in template and os.path.exists(out):
+                with open(out, encoding="utf-8") as fh:
+                    return from_plain(ValidationReport, json.load(fh), "the remote runner's result")
+            return from_plain(ValidationReport, json.loads("\n".join(lines)), "the remote runner's result")
+        except (ValueError, ContractError):
+            raise RemoteFailed(f"the remote runner exited {code}: " + " / ".join(lines[-5:])) from None
 
 
 async def _ask(ls: "FuselensServer", message: str, options: list[str]) -> str | None:
@@ -182,31 +193,21 @@ async def _ask(ls: "FuselensServer", message: str, options: list[str]) -> str | 
     return answer.title if answer else None
 
 
-def _ok(result: dict[str, Any]) -> bool:
-    if result.get("error") or result.get("problems"):
-        return False
-    checks = [c for m in result.get("models", []) for c in m.get("clusters", [])]
-    return all(c.get("status") in ("verified", "not-reached") for c in checks)
-
-
-def _summary(result: dict[str, Any]) -> str:
-    if result.get("error"):
-        return f"fuselens: validation did not run: {result.get('message')}"
-    if result.get("problems"):
-        return "fuselens: " + "; ".join(result["problems"])
+def _summary(result: ValidationReport) -> str:
+    if result.problems:
+        return "fuselens: " + "; ".join(result.problems)
     parts = []
-    where = "interpreter" if result.get("mode") == "interpret" else result.get("device", "GPU")
-    for m in result.get("models", []):
-        for c in m.get("clusters", []):
-            text = f"{c['id']} {c['status']}"
-            if c.get("max_abs") is not None:
-                text += f" (max err {c['max_abs']:.1e})"
-            timing = c.get("timing") or {}
-            if timing.get("speedup_vs_compiled"):
-                text += f", {timing['speedup_vs_compiled']:.2f}× vs torch.compile"
+    where = "interpreter" if result.mode == "interpret" else result.device or "GPU"
+    for m in result.models:
+        for c in m.clusters:
+            text = f"{c.id} {c.status}"
+            if c.max_abs is not None:
+                text += f" (max err {c.max_abs:.1e})"
+            if c.timing and c.timing.speedup_vs_compiled:
+                text += f", {c.timing.speedup_vs_compiled:.2f}× vs torch.compile"
             parts.append(text)
-        if m.get("model"):
-            parts.append(f"whole model: {m['model']['status']}")
+        if m.model:
+            parts.append(f"whole model: {m.model.status}")
     return f"fuselens ({where}): " + "; ".join(parts) if parts else "fuselens: nothing to validate"
 
 

@@ -13,10 +13,11 @@ import asyncio
 import hashlib
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fuselens.analysis.inductor_compare import InductorComparison
-from fuselens.analysis.report import from_plain
+from fuselens.contracts.inductor import ComparisonResult
+from fuselens.contracts.plain import to_plain
+from fuselens.worker.protocol import CompareJob, Limits
 
 from .scheduler import Analysis
 from .workers import JobFailed
@@ -31,13 +32,13 @@ class InductorComparer:
     def __init__(self, server: "FuselensServer"):
         self.server = server
         self.jobs: dict[str, asyncio.Task] = {}
-        self.cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.cache: OrderedDict[str, ComparisonResult] = OrderedDict()
         self.completed = 0
         self.cancelled = 0
 
     def key(self, analysis: Analysis) -> str:
-        worker = self.server.worker.info.get("torch", "") if self.server.worker else ""
-        settings = json.dumps(self.server.settings.analyze_options(), sort_keys=True, default=str)
+        worker = self.server.worker.info.torch if self.server.worker and self.server.worker.info else ""
+        settings = json.dumps(to_plain(self.server.settings.analyze_options()), sort_keys=True, default=str)
         return hashlib.sha256(f"{analysis.text}\0{settings}\0{worker}".encode()).hexdigest()
 
     def cancel(self, uri: str) -> None:
@@ -67,9 +68,9 @@ class InductorComparer:
         progress = await _Progress.start(server, "fuselens: comparing with torch.compile")
         try:
             w = server.settings.worker
-            job = {"kind": "inductor", "path": path, "text": analysis.text, "options": server.settings.analyze_options()}
+            job = CompareJob(path, server.settings.analyze_options(analysis.text))
             result = await server.get_worker().run(
-                job, {"seconds": max(w.timeout_seconds, 300.0), "memory_mb": w.memory_mb},
+                job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb),
                 on_progress=lambda message, fraction: progress.report(message, fraction))
         except JobFailed as exc:
             if exc.kind != "cancelled":
@@ -85,16 +86,16 @@ class InductorComparer:
             self.cache.popitem(last=False)
         self._merge(uri, analysis, result)
 
-    def _merge(self, uri: str, analysis: Analysis, result: dict[str, Any]) -> None:
+    def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
         server = self.server
-        if server.scheduler.cache.get(uri) is not analysis:
+        if server.scheduler.cache.get(uri) is not analysis or analysis.report is None:
             return  # a newer analysis replaced the one this comparison belongs to
         for model in analysis.report.models:
-            data = result["models"].get(model.name)
-            if data:
-                model.inductor = from_plain(InductorComparison, data)
-            model.inductor_error = result.get("errors", {}).get(model.name, "")
-        analysis.inductor_sources = result.get("sources", {})
+            comparison = result.models.get(model.name)
+            if comparison is not None:
+                model.inductor = comparison
+            model.inductor_error = result.errors.get(model.name, "")
+        analysis.inductor_sources = result.sources
         doc = server.document(uri)
         if doc is not None and (doc.version or 0) == analysis.version:
             server.publish(uri, analysis)

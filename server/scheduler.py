@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
-from fuselens.analysis.report import Report
+from fuselens.contracts.report import Report
+from fuselens.worker.protocol import Failure
 
 from .workers import JobFailed
 
@@ -26,7 +27,7 @@ class Analysis:
     version: int
     text: str
     report: Report | None
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
 
@@ -39,7 +40,7 @@ class _Slot:
     running_version: int | None = None
 
 
-RunJob = Callable[[str, str, int], Awaitable[dict[str, Any]]]  # (path, text, version) -> report dict
+RunJob = Callable[[str, str, int], Awaitable[Report]]  # (path, text, version) -> its report
 
 # Jobs running the user's code at once, across documents: opening twenty files must not
 # fork twenty analyses on a laptop.  Waiting for a turn is cancellable like the job itself.
@@ -74,11 +75,7 @@ class Scheduler:
                     task.cancel()
         self.cache.pop(uri, None)
 
-    def busy(self, uri: str) -> bool:
-        slot = self._slots.get(uri)
-        return slot is not None and (slot.pending is not None or (slot.job is not None and not slot.job.done()))
-
-    async def _take_turn(self, path: str, text: str, version: int) -> dict[str, Any]:
+    async def _take_turn(self, path: str, text: str, version: int) -> Report:
         if self._turns is None:
             self._turns = asyncio.Semaphore(MAX_CONCURRENT_JOBS)
         async with self._turns:
@@ -93,8 +90,7 @@ class Scheduler:
             started = loop.time()
             slot.job = asyncio.create_task(self._take_turn(path, text, version))
             try:
-                data = await slot.job
-                analysis = Analysis(version, text, Report.from_dict(data))
+                analysis = Analysis(version, text, await slot.job)
             except asyncio.CancelledError:
                 if self._slots.get(uri) is not slot:
                     return  # the document was closed
@@ -105,8 +101,6 @@ class Scheduler:
                     self.cancelled += 1
                     continue
                 analysis = Analysis(version, text, None, exc.error)
-            except ValueError as exc:  # a report this server cannot read
-                analysis = Analysis(version, text, None, {"kind": "internal", "message": str(exc)})
             finally:
                 slot.running_version = None
             analysis.elapsed_ms = round((loop.time() - started) * 1000, 1)

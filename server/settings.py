@@ -1,7 +1,7 @@
 """Server settings: typed, validated, merged from the places a user sets them.
 
 Sources, later wins: defaults, `[tool.fuselens]` in the workspace's pyproject.toml
-(project facts only: device, example inputs), the client's `initializationOptions`,
+(the device profile only), the client's `initializationOptions`,
 then `workspace/configuration` (section "fuselens").  A bad value is reported by key
 and replaced by its default; the rest keeps working.
 
@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from fuselens.contracts.config import ConfigError, ModelSettings, model_settings
+from fuselens.contracts.options import AnalyzeOptions
 
 SEVERITIES = ("error", "warning", "information", "hint")
 KINDS = ("clusters", "patterns", "rejections", "breaks", "problems")
@@ -35,13 +38,13 @@ class Settings:
     inlay_hints: bool = True
     code_lens: bool = True
     compare_inductor: bool = True  # run torch.compile in the background and compare its fusions
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
+    models: dict[str, ModelSettings] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
 
-    def analyze_options(self) -> dict[str, Any]:
-        """The worker's AnalyzeOptions fields these settings decide."""
-        return {"device": self.device, "peak_gbps": self.peak_gbps, "models": self.models}
+    def analyze_options(self, text: str | None = None) -> AnalyzeOptions:
+        """What the worker analyses with: these settings, and the editor's `text` of the file."""
+        return AnalyzeOptions(device=self.device, peak_gbps=self.peak_gbps, models=dict(self.models), source_text=text)
 
 
 _ALIASES = {  # accept the camelCase spellings editors use
@@ -101,9 +104,11 @@ def _apply(s: Settings, key: str, value: Any) -> None:
     elif key == "models":
         if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
             raise ValueError("must map class names to {inputs, dtype, init, param_dtype}")
-        for name, entry in value.items():
-            _check_model(name, entry)
-        s.models = {**s.models, **value}
+        try:
+            parsed = {name: model_settings(entry, f"models.{name}") for name, entry in value.items()}
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        s.models = {**s.models, **parsed}
     elif key == "worker":
         if not isinstance(value, dict):
             raise TypeError("must be an object")
@@ -113,14 +118,6 @@ def _apply(s: Settings, key: str, value: Any) -> None:
         if value is not None and (not isinstance(value, str) or "{file}" not in value):
             raise ValueError("must be a command line containing {file}")
         s.remote_runner = value
-
-
-def _check_model(name: str, entry: dict[str, Any]) -> None:
-    inputs = entry.get("inputs")
-    if inputs is not None and not (isinstance(inputs, list) and inputs):
-        raise ValueError(f"models.{name}.inputs must be a list of shapes")
-    if "init" in entry and not isinstance(entry["init"], dict):
-        raise ValueError(f"models.{name}.init must be an object of constructor arguments")
 
 
 def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:
@@ -141,5 +138,7 @@ def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:
 
 
 def from_pyproject(table: dict[str, Any]) -> dict[str, Any]:
-    """The project-level subset of [tool.fuselens]: facts about the code, not about this machine."""
-    return {k: v for k, v in table.items() if k in ("device", "peak_gbps", "models")}
+    """The settings [tool.fuselens] may give the server: the device profile.  Its `models` are
+    not among them: the worker reads them from the pyproject.toml nearest each file, as the CLI
+    does, so that a nested project's own table wins and is named as the source."""
+    return {k: v for k, v in table.items() if k in ("device", "peak_gbps")}

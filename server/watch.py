@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Callable
 
-from fuselens.analysis.inputs import find_pyproject
+from fuselens.contracts.config import find_pyproject
 
 
 def local_imports(path: str, text: str) -> set[str]:

@@ -16,7 +16,10 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-from fuselens.worker.protocol import decode, encode
+from fuselens.contracts.plain import ContractError, from_plain
+from fuselens.contracts.report import Report
+from fuselens.worker.protocol import (Cancel, Done, Event, Failed, Failure, Job, Limits, Progress, Ready, Request, Run,
+                                      Shutdown, decode_event, encode, result_type)
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
 HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
@@ -37,26 +40,26 @@ def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str
 
 
 class JobFailed(Exception):
-    def __init__(self, error: dict[str, Any]):
-        super().__init__(error.get("message", "the job failed"))
+    def __init__(self, error: Failure):
+        super().__init__(error.message or "the job failed")
         self.error = error
 
     @property
     def kind(self) -> str:
-        return self.error.get("kind", "internal")
+        return self.error.kind
 
 
 class WorkerClient:
     def __init__(self, python: str | None = None, log: Callable[[str], None] = lambda _: None):
         self.python = python or sys.executable
         self.log = log
-        self.info: dict[str, Any] = {}
+        self.info: Ready | None = None
         self.starts = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task | None = None
         self._stderr: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
-        self._jobs: dict[int, tuple[asyncio.Future, Callable | None]] = {}
+        self._jobs: dict[int, tuple[asyncio.Future, Job, Callable | None]] = {}
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self.stderr_tail: list[str] = []
@@ -82,7 +85,7 @@ class WorkerClient:
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=scrubbed_environment(), limit=1 << 26, cwd=tempfile.gettempdir())
         except OSError as exc:
-            raise JobFailed({"kind": "unavailable", "message": f"cannot start {self.python}: {exc}"}) from exc
+            raise JobFailed(Failure("unavailable", f"cannot start {self.python}: {exc}")) from exc
         # Each reader holds its own process: a restart must never put two readers on one pipe.
         self._reader = asyncio.create_task(self._read(self._proc, self._ready))
         self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
@@ -94,10 +97,9 @@ class WorkerClient:
             hint = ""
             if "No module named 'fuselens" in tail or "No module named 'torch'" in tail:
                 hint = f" Install fuselens and torch into {self.python} (`{self.python} -m pip install fuselens`)."
-            raise JobFailed({"kind": "unavailable",
-                             "message": f"the analysis worker ({self.python}) did not start.{hint}\n{tail}"}) from exc
-        self.log(f"worker ready: pid {self.info.get('pid')}, torch {self.info.get('torch')}, "
-                 f"warm-up {self.info.get('warmup_ms')} ms")
+            raise JobFailed(Failure("unavailable",
+                                    f"the analysis worker ({self.python}) did not start.{hint}\n{tail}")) from exc
+        self.log(f"worker ready: pid {self.info.pid}, torch {self.info.torch}, warm-up {self.info.warmup_ms} ms")
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
         assert proc.stdout
@@ -107,16 +109,17 @@ class WorkerClient:
                 if not line:
                     break
                 try:
-                    message = decode(line)
-                except ValueError:
+                    message = decode_event(line)
+                except ContractError as exc:
+                    self.log(f"worker: ignored a malformed message: {exc}")
                     continue
                 self._dispatch(message)
         finally:
-            error = {"kind": "crash", "message": "the analysis worker exited unexpectedly"}
+            error = Failure("crash", "the analysis worker exited unexpectedly")
             if not ready.done():
                 ready.set_exception(JobFailed(error))
             if self._proc is proc:  # jobs in flight belong to this process only if it is still the current one
-                for future, _ in list(self._jobs.values()):
+                for future, _, _ in list(self._jobs.values()):
                     if not future.done():
                         future.set_exception(JobFailed(error))
                 self._jobs.clear()
@@ -131,39 +134,41 @@ class WorkerClient:
             self.stderr_tail = (self.stderr_tail + [text])[-50:]
             self.log(f"worker: {text}")
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        event = message.get("event")
-        if event == "ready":
+    def _dispatch(self, message: Event) -> None:
+        if isinstance(message, Ready):
             if self._ready and not self._ready.done():
                 self._ready.set_result(message)
             return
-        entry = self._jobs.get(message.get("id"))
+        entry = self._jobs.get(message.id)
         if entry is None:
             return
-        future, on_progress = entry
-        if event == "progress":
+        future, job, on_progress = entry
+        if isinstance(message, Progress):
             if on_progress is not None:
-                on_progress(message.get("message", ""), message.get("fraction"))
-        elif event == "done":
-            self._jobs.pop(message["id"], None)
-            if not future.done():
-                future.set_result(message.get("result"))
-        elif event == "failed":
-            self._jobs.pop(message["id"], None)
-            if not future.done():
-                future.set_exception(JobFailed(message.get("error") or {}))
+                on_progress(message.message, message.fraction)
+            return
+        self._jobs.pop(message.id, None)
+        if future.done():
+            return
+        if isinstance(message, Failed):
+            future.set_exception(JobFailed(message.error))
+            return
+        try:
+            future.set_result(_result(job, message))
+        except ContractError as exc:  # a worker of another fuselens version, say
+            future.set_exception(JobFailed(Failure("internal", f"the worker's answer cannot be read: {exc}")))
 
-    async def run(self, job: dict[str, Any], limits: dict[str, Any],
-                  on_progress: Callable[[str, float | None], None] | None = None) -> dict[str, Any]:
-        """Run a job; cancelling the awaiting task cancels (kills) the job in the worker."""
+    async def run(self, job: Job, limits: Limits, on_progress: Callable[[str, float | None], None] | None = None) -> Any:
+        """Run a job and return its result (its `result_type()`); cancelling the awaiting task
+        cancels (kills) the job in the worker."""
         await self.ensure_started()
         proc = self._proc
         job_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        self._jobs[job_id] = (future, on_progress)
-        self._send({"op": "run", "id": job_id, "job": job, "limits": limits})
+        self._jobs[job_id] = (future, job, on_progress)
+        self._send(Run(job_id, job, limits))
         try:
-            return await asyncio.wait_for(future, float(limits.get("seconds") or 60.0) + HOST_GRACE)
+            return await asyncio.wait_for(future, limits.seconds + HOST_GRACE)
         except asyncio.TimeoutError:
             # The host kills a job at its time limit; past that it is wedged (the model's code stopped
             # it, say). Kill it: its other jobs fail, and the next job starts a fresh host.
@@ -172,15 +177,15 @@ class WorkerClient:
             if proc is self._proc and proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-            raise JobFailed({"kind": "timeout", "message": "the analysis worker stopped responding within the "
-                                                           "time limit; it was restarted"}) from None
+            raise JobFailed(Failure("timeout", "the analysis worker stopped responding within the time limit; "
+                                               "it was restarted")) from None
         except asyncio.CancelledError:
             self._jobs.pop(job_id, None)
             if self.alive:
-                self._send({"op": "cancel", "id": job_id})
+                self._send(Cancel(job_id))
             raise
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: Request) -> None:
         assert self._proc and self._proc.stdin
         try:
             self._proc.stdin.write(encode(message))
@@ -193,7 +198,7 @@ class WorkerClient:
             return
         if proc.returncode is None:
             try:
-                self._send({"op": "shutdown"})
+                self._send(Shutdown())
                 proc.stdin.close()
                 await asyncio.wait_for(proc.wait(), 3)
             except (asyncio.TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
@@ -204,15 +209,10 @@ class WorkerClient:
                 task.cancel()
         self._proc = None
 
-    def memory_rss_kb(self) -> int | None:
-        """Resident memory of the host process (Linux), for benchmarks."""
-        if not self.alive:
-            return None
-        try:
-            with open(f"/proc/{self._proc.pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-        except OSError:
-            return None
-        return None
+
+def _result(job: Job, done: Done) -> Any:
+    """The result of a finished job, read as its contract."""
+    kind = result_type(job)
+    if kind is Report:
+        return Report.from_dict(done.result)
+    return from_plain(kind, done.result, f"{job.kind} result")

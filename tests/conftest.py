@@ -27,11 +27,14 @@ def write_model(tmp_path):
 
 @pytest.fixture
 def analyze():
-    """analyze(path, **AnalyzeOptions fields) -> Report."""
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+    """analyze(path, **AnalyzeOptions fields) -> Report; `models` as an editor sends them (plain dicts)."""
+    from fuselens.contracts.config import model_settings
+    from fuselens.contracts.options import AnalyzeOptions
+    from fuselens.pipeline.analyze import analyze_file
 
     def run(path: str, **options):
-        return analyze_file(path, AnalyzeOptions(**options))
+        models = {name: model_settings(entry, f"models.{name}") for name, entry in options.pop("models", {}).items()}
+        return analyze_file(path, AnalyzeOptions(models=models, **options))
 
     return run
 

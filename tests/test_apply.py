@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from fuselens.cli.apply import apply_file
-from fuselens.worker.analyze import AnalyzeOptions
+from fuselens.pipeline.apply import apply_file
+from fuselens.contracts.options import AnalyzeOptions
 
 from conftest import EXAMPLES
 

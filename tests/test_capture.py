@@ -7,7 +7,7 @@ import resource
 import torch
 
 from fuselens.analysis import capture, loader
-from fuselens.analysis.inputs import InputSpec
+from fuselens.contracts.config import InputSpec
 from fuselens.analysis.ops import OpClass
 
 from conftest import example

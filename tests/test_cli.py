@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fuselens.analysis.schema import validate_report
+from fuselens.contracts.schema import validate_report
 
 from conftest import example
 

@@ -29,9 +29,11 @@ pytest.importorskip("triton")
 # The interpreter runs kernels in numpy, which warns on log(0), 0 * inf, ... exactly where eager does.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-from fuselens.analysis.inputs import InputSpec  # noqa: E402
-from fuselens.validate.runner import ValidateOptions, validate_file  # noqa: E402
-from fuselens.worker.analyze import AnalyzeOptions, analyze_file  # noqa: E402
+from fuselens.contracts.config import InputSpec  # noqa: E402
+from fuselens.contracts.options import ValidateOptions
+from fuselens.pipeline.validate import validate_file  # noqa: E402
+from fuselens.contracts.options import AnalyzeOptions  # noqa: E402
+from fuselens.pipeline.analyze import analyze_file  # noqa: E402
 
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fuselens.analysis.cost import bytes_label, cluster_bytes, device_profile, op_bytes, regime
+from fuselens.analysis.cost import cluster_bytes, device_profile, op_bytes, regime
+from fuselens.contracts.units import bytes_label
 
 from graphs import Builder
 

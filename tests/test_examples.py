@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from fuselens.analysis.report import REJECTION_REASONS, Report
-from fuselens.analysis.schema import generate_schema, load_schema, validate_report
+from fuselens.contracts.report import REJECTION_REASONS, Report
+from fuselens.contracts.schema import generate_schema, load_schema, validate_report
 
 from conftest import EXAMPLES, chains, example, only_model
 
@@ -17,7 +17,7 @@ EXAMPLE_FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py") and 
 
 @pytest.fixture(scope="module")
 def reports():
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+    from fuselens.pipeline.analyze import AnalyzeOptions, analyze_file
 
     return {name: analyze_file(example(name), AnalyzeOptions()) for name in EXAMPLE_FILES}
 
@@ -67,7 +67,7 @@ def test_ops_are_accounted_for_in_the_traced_graph():
     """The invariant on the graph itself, for every example (including repeated layers)."""
     from fuselens.analysis import capture, loader
     from fuselens.analysis.detect import detect
-    from fuselens.analysis.inputs import InputSpec
+    from fuselens.contracts.config import InputSpec
     from fuselens.codegen.plan import check
 
     cases = [("gpt.py", "GPT", [InputSpec([2, 64], "int64")], {"n_layers": 3}),
@@ -137,4 +137,4 @@ def test_conv_block_fuses_groupnorm_with_silu_and_the_broadcast_add(reports):
 
 def test_shipped_schema_matches_the_report_dataclasses():
     assert load_schema() == generate_schema(), (
-        "regenerate: python -m fuselens.analysis.schema > analysis/schema/report.schema.json")
+        "regenerate: python -m fuselens.contracts.schema > contracts/report.schema.json")

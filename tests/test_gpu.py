@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fuselens.analysis.inputs import InputSpec
-from fuselens.validate.runner import ValidateOptions, validate_file
-from fuselens.worker.analyze import AnalyzeOptions
+from fuselens.contracts.config import InputSpec
+from fuselens.contracts.options import ValidateOptions
+from fuselens.pipeline.validate import validate_file
+from fuselens.contracts.options import AnalyzeOptions
 
 from conftest import example
 

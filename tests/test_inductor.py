@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,9 +17,12 @@ import pytest
 import torch
 import torch.utils._triton
 
-from fuselens.analysis.inductor import (AtenOp, InductorCapture, InductorCaptureError, InductorGraph, InductorKernel,
-                                        InductorOp, capture_inductor)
-from fuselens.analysis.inductor_compare import STATUSES, compare_with_inductor
+from fuselens.analysis.inductor import capture_inductor
+from fuselens.analysis.inductor_compare import compare_with_inductor
+from fuselens.contracts.inductor import (STATUSES, AtenOp, InductorCapture, InductorComparison, InductorGraph,
+                                         InductorKernel, InductorOp)
+from fuselens.contracts.plain import from_plain
+from fuselens.contracts.report import Boundary, Cluster, Model, OpRef, Rejection
 
 from conftest import example, only_model
 
@@ -51,18 +53,22 @@ def _capture(ops: list[tuple], kernels: dict[str, list[str]], unattributed: dict
     return InductorCapture("cpu", "triton-cpu", True, "test", [InductorGraph(0, graph_ops, graph_kernels)])
 
 
-def _op(target: str, line: int) -> dict:
-    return {"target": target, "file": F, "line": line}
+def _op(target: str, line: int) -> OpRef:
+    return OpRef(target, F, line, None, None)
 
 
-def _cluster(cid: str, *ops: tuple[str, int], boundaries=()) -> dict:
+def _cluster(cid: str, *ops: tuple[str, int], boundaries=()) -> Cluster:
     lines = [o[1] for o in ops]
-    return {"id": cid, "ops": [_op(t, ln) for t, ln in ops], "lines": [min(lines), max(lines)],
-            "boundaries": list(boundaries)}
+    return Cluster(cid, "elementwise", [_op(t, ln) for t, ln in ops], [], [], F, [min(lines), max(lines)], "forward",
+                   "exact", "", None, None, None, boundaries=list(boundaries))
 
 
-def _model(*clusters, rejections=()) -> dict:
-    return {"name": "Net", "clusters": list(clusters), "rejections": list(rejections)}
+def _rejection(target: str, line: int, reason: str, detail: str = "") -> Rejection:
+    return Rejection([_op(target, line)], reason, detail, F, [line, line])
+
+
+def _model(*clusters, rejections=()) -> Model:
+    return Model("Net", F, 1, "analysed", clusters=list(clusters), rejections=list(rejections))
 
 
 def _status(result, cid: str) -> str:
@@ -84,7 +90,7 @@ def test_one_kernel_with_exactly_the_clusters_ops_agrees():
 
 
 def test_a_wider_kernel_names_what_it_absorbed_and_why_we_left_it_out():
-    rejected = {"reason": "reduction", "detail": "sum reduces dim 0", "ops": [_op("sum", 12)]}
+    rejected = _rejection("sum", 12, "reduction", "sum reduces dim 0")
     result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=[rejected]),
                                    _capture(CHAIN, {"k1": ["a", "b", "c"], "k3": ["d"]}))
     (c0,) = result.clusters
@@ -95,8 +101,8 @@ def test_a_wider_kernel_names_what_it_absorbed_and_why_we_left_it_out():
 
 
 def test_a_boundary_on_the_cluster_explains_an_absorbed_op_before_model_rejections():
-    boundary = {"op": _op("sum", 12), "reason": "shape", "detail": "different iteration space"}
-    rejected = {"reason": "reduction", "detail": "", "ops": [_op("sum", 12)]}
+    boundary = Boundary(_op("sum", 12), "shape", "different iteration space")
+    rejected = _rejection("sum", 12, "reduction")
     result = compare_with_inductor(
         _model(_cluster("c0", ("mul", 10), ("relu", 11), boundaries=[boundary]), rejections=[rejected]),
         _capture(CHAIN, {"k1": ["a", "b", "c"]}))
@@ -176,8 +182,7 @@ def test_a_larger_cluster_takes_the_occurrence_of_lines_it_contains():
 
 def test_fusions_matching_no_cluster_are_listed_with_our_reasons():
     ops = CHAIN + [("e", "exp", 50, ["d"]), ("f", "softmax", 50, ["e"])]
-    rejected = [{"reason": "reduction", "detail": "dim 0", "ops": [_op("softmax", 50)]},
-                {"reason": "no-neighbour", "detail": "", "ops": [_op("exp", 50)]}]
+    rejected = [_rejection("softmax", 50, "reduction", "dim 0"), _rejection("exp", 50, "no-neighbour")]
     result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=rejected),
                                    _capture(ops, {"k1": ["a", "b"], "k2": ["c"], "k3": ["d"], "k4": ["e", "f"],
                                                   "k5": []}, unattributed={"k5": 3}))
@@ -190,9 +195,10 @@ def test_fusions_matching_no_cluster_are_listed_with_our_reasons():
 
 
 def test_the_result_is_plain_json_and_the_module_needs_no_torch():
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11))),
-                                   _capture(CHAIN, {"k1": ["a", "b"]}).to_dict())
+    capture = from_plain(InductorCapture, json.loads(json.dumps(_capture(CHAIN, {"k1": ["a", "b"]}).to_dict())))
+    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11))), capture)
     data = json.loads(json.dumps(result.to_dict()))
+    assert from_plain(InductorComparison, data) == result
     assert data["clusters"][0]["status"] in STATUSES
     assert result.status_counts()["agree"] == 1
     code = "import sys, fuselens.analysis.inductor_compare; sys.exit('torch' in sys.modules)"
@@ -243,7 +249,7 @@ def _assert_every_kernel_accounted_for(capture, result):
 
 @pytest.fixture(scope="module")
 def example_net(request):
-    from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+    from fuselens.pipeline.analyze import AnalyzeOptions, analyze_file
 
     report = analyze_file(example("example_net.py"), AnalyzeOptions(input_shapes=["64,1024"]))
     net = _load(example("example_net.py")).ExampleNet()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuselens.analysis.inputs import InputSpecError, from_cli, from_comment
+from fuselens.contracts.config import ConfigError, from_cli, from_comment
 
 from conftest import only_model
 
@@ -105,14 +105,14 @@ def test_models_are_put_in_eval_mode(write_model, tmp_path, analyze):
     ("# fuselens: init=(width=open('f'))", "must be a literal"),
 ])
 def test_malformed_inline_specs_name_the_problem(text, message):
-    with pytest.raises(InputSpecError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         from_comment(text, "line 3")
 
 
 def test_cli_shapes_and_dtypes():
     specs = from_cli(["2,128", "2,128"], ["int64", "bool"])
     assert [(s.shape, s.dtype) for s in specs] == [([2, 128], "int64"), ([2, 128], "bool")]
-    with pytest.raises(InputSpecError, match="one per --input-shape"):
+    with pytest.raises(ConfigError, match="one per --input-shape"):
         from_cli(["2", "3", "4"], ["float32", "int64"])
 
 

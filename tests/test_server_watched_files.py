@@ -121,7 +121,7 @@ async def test_a_second_edit_within_the_same_second_is_seen(client: Client):
 
 
 async def test_unrelated_files_do_not_trigger_analysis(client: Client):
-    uri = await open_model(client, "watched_quiet")
+    await open_model(client, "watched_quiet")
     logged = len(client.log_messages)
     client.write("unrelated.py", "VALUE = 1\n")
     notify(client, "unrelated.py", lsp.FileChangeType.Created)

@@ -96,6 +96,14 @@ def time_each_us(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
         return time_launches_us(fns)
 
 
+def _copy_times_us(size_bytes: int) -> dict[str, float]:
+    """Two copies of `size_bytes`: the copy engine (cudaMemcpy) and a streaming kernel on the SMs,
+    which is what fused kernels compete with; the faster of the two is the ceiling."""
+    src = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    return time_graphs_us({"engine": lambda: dst.copy_(src), "kernel": lambda: torch.neg(src, out=dst)})
+
+
 def copy_bandwidth_gbps(peak_gbps: float | None = None, size_bytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth (read + write), cached per device name."""
     if peak_gbps:
@@ -108,13 +116,7 @@ def copy_bandwidth_gbps(peak_gbps: float | None = None, size_bytes: int = 1 << 3
         cached = {}
     if name in cached:
         return float(cached[name])
-    src = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    # Two copies: the copy engine (cudaMemcpy) and a streaming kernel on the SMs, which is
-    # what fused kernels compete with; the faster of the two is the ceiling.
-    times = time_graphs_us({"engine": lambda: dst.copy_(src), "kernel": lambda: torch.neg(src, out=dst)})
-    gbps = 2 * size_bytes / (min(times.values()) * 1e-6) / 1e9
-    del src, dst
+    gbps = 2 * size_bytes / (min(_copy_times_us(size_bytes).values()) * 1e-6) / 1e9
     torch.cuda.empty_cache()
     cached[name] = round(gbps, 1)
     try:

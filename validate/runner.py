@@ -1,12 +1,15 @@
-"""Validation: run every generated kernel on real values and compare with eager.
+"""Validation: run every generated kernel of a report on real values and compare with eager.
 
-1. Analyse the file (kernels are generated for the example shapes).
-2. Pick smaller shapes that keep the same clusters (`shapes.py`).
-3. Build the model with real, seeded weights and trace it on random inputs, keeping
-   every value: the tensors flowing into and out of each cluster are the test data.
-4. Call each cluster's kernel on its recorded inputs and compare with its recorded
-   outputs (`numerics.py`), for every instance of a repeated cluster.
-5. Apply every exact cluster to a copy of the file and check the patched model's
+The pipeline (`pipeline/validate.py`) analyses the file; this layer takes the report, the
+classes it analysed and the configuration each was built with, and:
+
+1. writes and imports the report's kernel module;
+2. picks smaller shapes that keep the same clusters (`shapes.py`);
+3. builds the model with real, seeded weights and traces it on random inputs, keeping
+   every value: the tensors flowing into and out of each cluster are the test data;
+4. calls each cluster's kernel on its recorded inputs and compares with its recorded
+   outputs (`numerics.py`), for every instance of a repeated cluster;
+5. applies every exact cluster to a copy of the file and checks the patched model's
    outputs against the original model's.
 
 Kernels run in the Triton interpreter on CPU (`interpret=True`) or on CUDA.
@@ -18,45 +21,41 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from fuselens.analysis import capture, loader
 from fuselens.analysis.detect import detect
-from fuselens.analysis.inputs import InputSpec
-from fuselens.analysis.report import Cluster, Model, Report
 from fuselens.codegen import edits as edits_mod
-from fuselens.codegen.plan import check, plan_cluster
 from fuselens.codegen.module import module_for_report
-from fuselens.worker.analyze import AnalyzeOptions, analyze_file
+from fuselens.codegen.plan import check, plan_cluster
+from fuselens.contracts.config import InputSpec
+from fuselens.contracts.options import ValidateOptions
+from fuselens.contracts.report import Cluster, Model, Report
+from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .numerics import TF32, compare, narrowest
 from .replay import cluster_function
-from .results import ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 from .shapes import scaled_specs
 
-Progress = Callable[[str, float | None], None]  # (message, fraction done or None)
+Progress = Callable[[str, "float | None"], None]  # (message, fraction done or None)
 
 
 @dataclass
-class ValidateOptions:
-    interpret: bool = False
-    clusters: list[str] | None = None  # cluster ids; None: all
-    benchmark: bool = True  # time kernels (CUDA only)
-    seed: int = 0
-    shapes: list[InputSpec] | None = None  # validate at these instead of choosing
-    peak_gbps: float | None = None  # bandwidth ceiling for "% of peak" (default: measured copy)
+class Subject:
+    """One analysed model to validate: its class and the configuration the analysis built it with."""
+
+    cls: type
+    init: dict[str, Any] = field(default_factory=dict)
+    param_dtype: str | None = None
 
 
-def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
-                  progress: Progress | None = None) -> ValidationReport:
-    progress = progress or (lambda message, fraction=None: None)
+def start(path: str, options: ValidateOptions) -> ValidationReport:
+    """The validation report for `path`, with a problem already in it when kernels cannot run here."""
     cuda = torch.cuda.is_available()
     mode = "interpret" if options.interpret or not cuda else "cuda"
-    device = "cuda" if mode == "cuda" else "cpu"
     report = ValidationReport(os.path.abspath(path), mode, torch.cuda.get_device_name() if mode == "cuda" else "cpu")
     report.versions = {"torch": torch.__version__}
     if mode == "interpret":
@@ -69,22 +68,43 @@ def validate_file(path: str, analyze: AnalyzeOptions, options: ValidateOptions,
         report.problems.append("triton is not installed: `pip install triton` (on CPU, `pip install triton==3.8.0 numpy`)")
         return report
     if not cuda and not options.interpret:
-        report.problems.append("no CUDA device here: run with --interpret to check numerics in the Triton "
+        report.problems.append(f"{NO_CUDA}: run with --interpret to check numerics in the Triton "
                                "interpreter on CPU, or use a remote runner with a GPU")
-        return report
-    progress("analysing", 0.0)
-    analysis = analyze_file(path, analyze)
+    return report
+
+
+def validate_report(result: ValidationReport, analysis: Report, text: str, subjects: dict[str, Subject],
+                    user_code: capture.UserCode, options: ValidateOptions, progress: Progress) -> ValidationReport:
+    """Check the kernels of `analysis` (the report of `text`) model by model, into `result`."""
     if analysis.problems:
-        report.problems += [f"{p.file}:{p.line}: {p.message}" for p in analysis.problems]
-        return report
+        result.problems += [f"{p.file}:{p.line}: {p.message}" for p in analysis.problems]
+        return result
+    device = "cuda" if result.mode == "cuda" else "cpu"
     with tempfile.TemporaryDirectory(prefix="fuselens-validate-") as tmp:
-        kernels = load_kernel_module(analysis, os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(path))))
-        models = [m for m in analysis.models if m.status == "analysed" and m.clusters]
+        module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(analysis.file)))
+        kernels = load_kernel_module(analysis, module_path)
+        models = [m for m in analysis.models if m.status == "analysed" and m.clusters and m.name in subjects]
         for index, model in enumerate(models):
             progress(f"validating {model.name}", index / max(len(models), 1))
-            report.models.append(_validate_model(path, analysis, model, kernels, analyze, options, device, tmp, progress))
+            run = _ModelRun(analysis, text, model, subjects[model.name], user_code, kernels, options, device, tmp)
+            result.models.append(_validate_model(run, progress))
     progress("done", 1.0)
-    return report
+    return result
+
+
+@dataclass
+class _ModelRun:
+    """What validating one model needs."""
+
+    analysis: Report
+    text: str  # the source the report was computed from
+    model: Model
+    subject: Subject
+    user_code: capture.UserCode
+    kernels: Any  # the imported kernel module
+    options: ValidateOptions
+    device: str
+    tmp: str
 
 
 def load_kernel_module(report: Report, module_path: str):
@@ -108,49 +128,16 @@ def _signature_of_cluster(cluster: Cluster) -> tuple:
     return tuple((op.target, os.path.abspath(op.file) if op.file else "", op.line) for op in cluster.ops)
 
 
-def _model_class(path: str, name: str, user_code):
-    module = loader.import_file(path, user_code)
-    return module, loader.model_classes(module)[name]
-
-
-def _validate_model(path, analysis: Report, model: Model, kernels, analyze: AnalyzeOptions,
-                    options: ValidateOptions, device: str, tmp: str, progress: Progress) -> ModelValidation:
-    user_code = capture.UserCode()
-    _, cls = _model_class(path, model.name, user_code)
-    specs = [InputSpec(list(i.shape), i.dtype) for i in model.inputs]
-    init = _init_of(analysis, model, analyze)
-    meta_model = loader.build(cls, init, user_code, "").model
-    param_dtype = getattr(torch, model.param_dtype) if model.param_dtype else None
-    if param_dtype is not None:
-        meta_model = meta_model.to(param_dtype)
-    names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
-
-    def signatures(trial: list[InputSpec]):
-        try:
-            t = capture.trace(meta_model, loader.meta_inputs(trial), names, user_code)
-        except capture.CaptureError:
-            return None
-        det = detect(t.graph, check)
-        plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
-        return ({_signature_of_plan(t.graph, p) for p in plans},
-                max((_numel(p.domain) for p in plans), default=0))
-
-    if options.shapes:
-        shapes = options.shapes
-    elif device == "cpu":
-        shapes = scaled_specs(specs, signatures)
-    else:
-        shapes = specs
+def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
+    model, options = run.model, run.options
+    shapes = _shapes(run)
     result = ModelValidation(model.name, [s.shape for s in shapes], [s.dtype for s in shapes])
-    torch.manual_seed(options.seed)
-    real = loader.build_real(cls, init, options.seed)
-    if param_dtype is not None:
-        real = real.to(param_dtype)
-    real = real.to(device)
-    inputs = _random_inputs(shapes, device, options.seed)
+    real = loader.build_real(run.subject.cls, run.subject.init, options.seed, run.subject.param_dtype).to(run.device)
+    inputs = _random_inputs(shapes, run.device, options.seed)
+    names = _input_names(model)
     chosen = [c for c in model.clusters if c.kernel and (not options.clusters or c.id in options.clusters)]
-    instances = _instances(real, inputs, names, user_code, need={_signature_of_cluster(c) for c in chosen})
-    timing = options.benchmark and device == "cuda"
+    instances = _instances(real, inputs, names, run.user_code, need={_signature_of_cluster(c) for c in chosen})
+    timing = options.benchmark and run.device == "cuda"
     peak = None
     if timing:
         from .gpu import copy_bandwidth_gbps
@@ -159,19 +146,46 @@ def _validate_model(path, analysis: Report, model: Model, kernels, analyze: Anal
     for cluster in chosen:
         progress(f"{model.name}: {cluster.id} ({cluster.op_chain})", None)
         found = instances.get(_signature_of_cluster(cluster), [])
-        check_ = _check_cluster(cluster, found, kernels, device)
-        if timing and check_.status == "verified":
+        check_ = _check_cluster(cluster, found, run.kernels, run.device)
+        if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
-            check_.timing = _time_cluster(cluster, found[0], kernels, peak)
+            check_.timing = _time_cluster(cluster, found[0], run.kernels, peak)
         result.clusters.append(check_)
     exact = [c.id for c in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
     precision = narrowest([getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype]
                           + [i.dtype for i in inputs])
-    result.model = _check_model(path, analysis, model, exact, init, param_dtype, inputs, device, tmp, options,
-                                precision)
+    result.model = _check_model(run, exact, inputs, precision)
     if timing:
         _time_model(result, real, inputs)
     return result
+
+
+def _input_names(model: Model) -> list[str]:
+    return [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
+
+
+def _shapes(run: _ModelRun) -> list[InputSpec]:
+    """The shapes to validate at: the user's, or (in the interpreter) smaller ones with the same clusters."""
+    specs = [InputSpec(list(i.shape or []), i.dtype) for i in run.model.inputs]
+    if run.options.shapes:
+        return run.options.shapes
+    if run.device != "cpu":
+        return specs
+    subject = run.subject
+    meta_model = loader.build(subject.cls, subject.init, run.user_code, "", subject.param_dtype).model
+    names = _input_names(run.model)
+
+    def signatures(trial: list[InputSpec]) -> tuple[set[tuple], int] | None:
+        try:
+            t = capture.trace(meta_model, loader.meta_inputs(trial), names, run.user_code)
+        except capture.CaptureError:
+            return None
+        det = detect(t.graph, check)
+        plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
+        return ({_signature_of_plan(t.graph, p) for p in plans},
+                max((_numel(p.domain) for p in plans), default=0))
+
+    return scaled_specs(specs, signatures)
 
 
 def _time_cluster(cluster: Cluster, instance, kernels, peak: float) -> Timing:
@@ -235,21 +249,6 @@ def _numel(shape) -> int:
     return n
 
 
-def _init_of(analysis: Report, model: Model, analyze: AnalyzeOptions) -> dict:
-    from fuselens.analysis import discover, inputs as inputs_mod
-
-    with open(analysis.file, encoding="utf-8") as fh:
-        text = fh.read()
-    info = next(c for c in discover.find_classes(text) if c.name == model.name)
-    config = inputs_mod.from_comment(info.comment, "comment")
-    table = inputs_mod.read_tool_table(inputs_mod.find_pyproject(analysis.file))
-    project = inputs_mod.from_pyproject(table, model.name, "pyproject.toml")
-    init = dict(config.init)
-    init.update(project.init)
-    init.update(analyze.models.get(model.name, {}).get("init", {}))
-    return init
-
-
 def _random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -311,39 +310,48 @@ def _kernel_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _check_model(path, analysis: Report, model: Model, exact: list[str], init, param_dtype, inputs, device, tmp,
-                 options: ValidateOptions, precision) -> ModelCheck:
+def _check_model(run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], precision: torch.dtype) -> ModelCheck:
+    """Patch every exact cluster into a copy of the file; its model must give the original's outputs."""
     if not exact:
         return ModelCheck("skipped", message="no cluster maps exactly, so nothing can be patched in")
-    with open(path, encoding="utf-8") as fh:
-        source = fh.read()
-    patched = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, analysis, exact))
-    patched_path = os.path.join(tmp, os.path.basename(path))
+    path = run.analysis.file
+    patched = edits_mod.apply_line_edits(run.text, edits_mod.cluster_edits(run.text, run.analysis, exact))
+    patched_path = os.path.join(run.tmp, os.path.basename(path))
     with open(patched_path, "w", encoding="utf-8") as fh:
         fh.write(patched)
-    user_code = capture.UserCode()
     kernel_module = os.path.splitext(os.path.basename(edits_mod.kernel_module_path(path)))[0]
     sys.modules.pop(kernel_module, None)  # the patched file must import the module just generated
     try:
-        original_module = loader.import_file(path, user_code)
-        patched_module = loader.import_file(patched_path, user_code)
+        patched_module = loader.import_file(patched_path, capture.UserCode())
     except loader.LoadError as exc:
         return ModelCheck("error", exact, message=f"the patched file does not import: {exc}")
     finally:
-        if tmp in sys.path:
-            sys.path.remove(tmp)
-    original = loader.build_real(loader.model_classes(original_module)[model.name], init, options.seed)
-    fused = loader.build_real(loader.model_classes(patched_module)[model.name], init, options.seed)
+        if run.tmp in sys.path:
+            sys.path.remove(run.tmp)
+    subject, seed = run.subject, run.options.seed
+    original = loader.build_real(subject.cls, subject.init, seed, subject.param_dtype)
+    fused = loader.build_real(loader.model_classes(patched_module)[run.model.name], subject.init, seed,
+                              subject.param_dtype)
     fused.load_state_dict(original.state_dict())
-    if param_dtype is not None:
-        original, fused = original.to(param_dtype), fused.to(param_dtype)
-    original, fused = original.to(device), fused.to(device)
+    original, fused = original.to(run.device), fused.to(run.device)
     with torch.no_grad():
         want = original(*inputs)
         try:
             got = fused(*inputs)
         except Exception as exc:
             return ModelCheck("error", exact, message=f"the patched model failed: {type(exc).__name__}: {exc}")
+    check_ = _compare_outputs(got, want, precision, exact, run.device)
+    if run.options.benchmark and run.device == "cuda" and check_.status == "matches":
+        from .gpu import time_each_us
+
+        with torch.no_grad():
+            times = time_each_us({"eager": lambda: original(*inputs), "patched": lambda: fused(*inputs)})
+        check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
+        check_.speedup = round(check_.eager_us / check_.patched_us, 3)
+    return check_
+
+
+def _compare_outputs(got: Any, want: Any, precision: torch.dtype, exact: list[str], device: str) -> ModelCheck:
     worst = None
     tf32 = device == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
     for a, e in zip(capture.tensors_in(got), capture.tensors_in(want)):
@@ -352,12 +360,4 @@ def _check_model(path, analysis: Report, model: Model, exact: list[str], init, p
             worst = cmp
     if worst is None:
         return ModelCheck("skipped", exact, message="the model returns no tensors")
-    check_ = ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)
-    if options.benchmark and device == "cuda" and worst.ok:
-        from .gpu import time_each_us
-
-        with torch.no_grad():
-            times = time_each_us({"eager": lambda: original(*inputs), "patched": lambda: fused(*inputs)})
-        check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
-        check_.speedup = round(check_.eager_us / check_.patched_us, 3)
-    return check_
+    return ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fuselens.analysis.inputs import InputSpec
+from fuselens.contracts.config import InputSpec
 
 Signatures = Callable[[list[InputSpec]], "tuple[set, int] | None"]
 

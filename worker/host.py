@@ -23,7 +23,6 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import ctypes  # noqa: E402
 import faulthandler  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
@@ -33,18 +32,18 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
 
-from fuselens.worker.protocol import decode, encode  # noqa: E402
+from fuselens.contracts.plain import ContractError  # noqa: E402
+from fuselens.worker.protocol import (  # noqa: E402
+    Cancel, Done, Event, Failed, Failure, FailureKind, Job, Limits, Progress, Ready, Run, Shutdown, decode_event,
+    decode_request, encode)
 
-DEFAULT_SECONDS = 60.0
-DEFAULT_MEMORY_MB = 8192
 DUMP_GRACE = 0.3  # seconds a timed-out child gets to write its stack before it is killed
 
 
 @dataclass
 class Child:
-    job_id: Any
+    job_id: int
     pid: int
     pipe: int
     deadline: float
@@ -63,7 +62,7 @@ class Host:
         self.stdin_buffer = bytearray()
         self.running = True
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Event) -> None:
         self.out.write(encode(message))
         self.out.flush()
 
@@ -103,40 +102,41 @@ class Host:
         while b"\n" in self.stdin_buffer:
             line, _, rest = self.stdin_buffer.partition(b"\n")
             self.stdin_buffer = bytearray(rest)
-            if line.strip():
-                self._handle(decode(line))
+            if not line.strip():
+                continue
+            try:
+                self._handle(decode_request(line))
+            except ContractError as exc:  # a server of another version, say: never fatal
+                print(f"fuselens worker: ignored a malformed request: {exc}", file=sys.stderr)
 
-    def _handle(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "run":
-            self._start(message["id"], message["job"], message.get("limits") or {})
-        elif op == "cancel":
+    def _handle(self, message: Run | Cancel | Shutdown) -> None:
+        if isinstance(message, Run):
+            self._start(message.id, message.job, message.limits)
+        elif isinstance(message, Cancel):
             for child in list(self.children.values()):
-                if child.job_id == message["id"]:
+                if child.job_id == message.id:
                     self._kill(child, "cancelled", "cancelled: a newer request superseded it")
-        elif op == "shutdown":
+        else:
             self.running = False
             for child in list(self.children.values()):
                 self._kill(child, "cancelled", "the worker is shutting down")
 
     # ---- children ------------------------------------------------------------------------
-    def _start(self, job_id: Any, job: dict[str, Any], limits: dict[str, Any]) -> None:
-        seconds = float(limits.get("seconds") or DEFAULT_SECONDS)
-        memory_mb = int(limits.get("memory_mb") or DEFAULT_MEMORY_MB)
+    def _start(self, job_id: int, job: Job, limits: Limits) -> None:
         read_fd, write_fd = os.pipe()
         dump_fd, dump_path = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
         host_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_fd)
-            _child_main(job_id, job, write_fd, dump_fd, memory_mb, host_pid)
+            _child_main(job_id, job, write_fd, dump_fd, limits.memory_mb, host_pid)
         try:  # set its process group from this side too, so a kill at once after the fork reaches it
             os.setpgid(pid, pid)
         except OSError:
             pass
         os.close(write_fd)
         os.close(dump_fd)
-        child = Child(job_id, pid, read_fd, time.monotonic() + seconds, dump_path, job.get("path", ""))
+        child = Child(job_id, pid, read_fd, time.monotonic() + limits.seconds, dump_path, getattr(job, "path", ""))
         self.children[read_fd] = child
         self.selector.register(read_fd, selectors.EVENT_READ, read_fd)
 
@@ -159,11 +159,12 @@ class Host:
 
     def _relay(self, child: Child, line: bytes) -> None:
         try:
-            message = decode(line)
-        except json.JSONDecodeError:
+            message = decode_event(line)
+        except ContractError:
             return
-        message["id"] = child.job_id
-        if message.get("event") in ("done", "failed"):
+        if isinstance(message, Ready) or message.id != child.job_id:
+            return  # only the child's own job speaks on its pipe
+        if isinstance(message, (Done, Failed)):
             child.finished = True
         self.send(message)
 
@@ -171,7 +172,7 @@ class Host:
         self._close(child)
         _, status = os.waitpid(child.pid, 0)
         if not child.finished:
-            self.send({"event": "failed", "id": child.job_id, "error": _death(status, child)})
+            self.send(Failed(child.job_id, _death(status)))
         _remove(child.dump_path)
 
     def _close(self, child: Child) -> None:
@@ -182,7 +183,8 @@ class Host:
             pass
         os.close(child.pipe)
 
-    def _kill(self, child: Child, kind: str, message: str, **extra: Any) -> None:
+    def _kill(self, child: Child, kind: FailureKind, message: str, file: str | None = None,
+              line: int | None = None) -> None:
         try:
             os.killpg(child.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -190,7 +192,7 @@ class Host:
         self._close(child)
         os.waitpid(child.pid, 0)
         if not child.finished:
-            self.send({"event": "failed", "id": child.job_id, "error": {"kind": kind, "message": message, **extra}})
+            self.send(Failed(child.job_id, Failure(kind, message, file, line)))
         _remove(child.dump_path)
 
     def _enforce_deadlines(self) -> None:
@@ -207,18 +209,17 @@ class Host:
                 message = "the analysis did not finish within the time limit"
                 if where:
                     message += f"; it was still running line {where[1]} ({where[2]})"
-                extra = {"file": where[0], "line": where[1]} if where else {}
-                self._kill(child, "timeout", message, **extra)
+                self._kill(child, "timeout", message, *(where[:2] if where else ()))
 
 
-def _death(status: int, child: Child) -> dict[str, Any]:
+def _death(status: int) -> Failure:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig == signal.SIGKILL:
-            return {"kind": "memory", "message": "the worker was killed (out of memory?) while running the model's code"}
-        return {"kind": "crash", "message": f"the worker crashed ({signal.Signals(sig).name}) in the model's code"}
+            return Failure("memory", "the worker was killed (out of memory?) while running the model's code")
+        return Failure("crash", f"the worker crashed ({signal.Signals(sig).name}) in the model's code")
     code = os.WEXITSTATUS(status)
-    return {"kind": "crash", "message": f"the model's code ended the worker (exit status {code}) before it finished"}
+    return Failure("crash", f"the model's code ended the worker (exit status {code}) before it finished")
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
@@ -255,8 +256,7 @@ def _remove(path: str) -> None:
 # ---- the child -------------------------------------------------------------------------------
 
 
-def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, memory_mb: int,
-                host_pid: int) -> None:
+def _child_main(job_id: int, job: Job, write_fd: int, dump_fd: int, memory_mb: int, host_pid: int) -> None:
     code = 0
     try:
         os.setpgid(0, 0)  # its own process group: a kill reaches anything it forks
@@ -272,29 +272,29 @@ def _child_main(job_id: Any, job: dict[str, Any], write_fd: int, dump_fd: int, m
         me = os.getpid()
         out = os.fdopen(write_fd, "wb", buffering=0)
 
-        def emit(message: dict[str, Any]) -> None:
+        def emit(message: Event) -> None:
             if os.getpid() == me:  # a fork made by the user's code must not speak for us
                 out.write(encode(message))
 
         def progress(text: str, fraction: float | None = None) -> None:
-            emit({"event": "progress", "message": text, "fraction": fraction})
+            emit(Progress(job_id, text, fraction))
 
         from fuselens.worker.jobs import run_job
 
         try:
             result = run_job(job, progress)
-            emit({"event": "done", "result": result})
+            emit(Done(job_id, result))
         except MemoryError:
-            emit({"event": "failed", "error": {"kind": "memory", "message": "the model's code ran out of memory"}})
+            emit(Failed(job_id, Failure("memory", "the model's code ran out of memory")))
         except BaseException as exc:  # noqa: BLE001 - report, never propagate
-            emit({"event": "failed", "error": _escaped(exc, job.get("path", ""))})
+            emit(Failed(job_id, _escaped(exc, getattr(job, "path", ""))))
     except BaseException:  # noqa: BLE001
         code = 70
     finally:
         os._exit(code)
 
 
-def _escaped(exc: BaseException, path: str) -> dict[str, Any]:
+def _escaped(exc: BaseException, path: str) -> Failure:
     """The error for an exception that escaped the job.  Analysis turns the model's exceptions
     into problems, but not a KeyboardInterrupt (or any other non-Exception) it raises: that
     is still the model's doing, at its line, when it was raised in the analysed file."""
@@ -302,9 +302,9 @@ def _escaped(exc: BaseException, path: str) -> dict[str, Any]:
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if os.path.abspath(f.filename) == os.path.abspath(path)]
         if frames:
-            return {"kind": "crash", "message": f"the model's code raised {type(exc).__name__}",
-                    "file": frames[-1].filename, "line": frames[-1].lineno}
-    return {"kind": "internal", "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=20)}
+            return Failure("crash", f"the model's code raised {type(exc).__name__}", frames[-1].filename,
+                           frames[-1].lineno)
+    return Failure("internal", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=20))
 
 
 def _die_with(host_pid: int) -> None:
@@ -343,8 +343,8 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs speed
         print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
     host = Host()
-    host.send({"event": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "torch": torch.__version__,
-               "warmup_ms": round((time.perf_counter() - started) * 1000)})
+    host.send(Ready(os.getpid(), sys.version.split()[0], torch.__version__,
+                    round((time.perf_counter() - started) * 1000)))
     host.serve()
     return 0
 

@@ -15,7 +15,7 @@ import os
 
 from lsprotocol import types as lsp
 
-from fuselens.analysis.report import Cluster, Model, Report
+from fuselens.contracts.report import Cluster, Model, Report
 from fuselens.codegen import edits as edits_mod
 
 from .text import path_to_uri, same_file, utf16_len

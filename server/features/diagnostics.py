@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from lsprotocol import types as lsp
 
-from fuselens.analysis.cost import bytes_label
-from fuselens.analysis.report import Cluster, Problem, Report
+from fuselens.contracts.units import bytes_label
+from fuselens.contracts.report import Cluster, Problem, Report
+from fuselens.worker.protocol import Failure
 
 from .text import lines_range, path_to_uri, same_file
 
@@ -34,7 +34,7 @@ def cluster_message(c: Cluster) -> str:
 
 
 def diagnostics(report: Report, path: str, lines: list[str], severity: str, show: list[str],
-                failure: dict[str, Any] | None = None) -> list[lsp.Diagnostic]:
+                failure: Failure | None = None) -> list[lsp.Diagnostic]:
     out: list[lsp.Diagnostic] = []
     if failure is not None:
         out.append(_failure(failure, path, lines))
@@ -119,16 +119,12 @@ def _problem(problem: Problem, path: str, lines: list[str], prefix: str = "") ->
     return lsp.Diagnostic(range=rng, severity=severity, source=SOURCE, code=problem.kind, message=message)
 
 
-def _failure(error: dict[str, Any], path: str, lines: list[str]) -> lsp.Diagnostic:
-    here = error.get("file") and same_file(error["file"], path)
-    line = int(error["line"]) if here and error.get("line") else 1
-    kind = error.get("kind", "internal")
+def _failure(error: Failure, path: str, lines: list[str]) -> lsp.Diagnostic:
+    here = error.file and same_file(error.file, path)
+    line = error.line if here and error.line else 1
+    kind = error.kind
     headline = {"timeout": "analysis timed out", "memory": "analysis ran out of memory",
                 "crash": "analysis crashed", "internal": "fuselens failed (a bug: please report it)",
                 "unavailable": "the analysis worker is unavailable"}.get(kind, "analysis failed")
     return lsp.Diagnostic(range=lines_range(lines, line, line), severity=lsp.DiagnosticSeverity.Error,
-                          source=SOURCE, code=kind, message=f"{headline}: {error.get('message', '')}")
-
-
-def failure_report(path: str) -> Report:
-    return Report(file=path, source_sha256="")
+                          source=SOURCE, code=kind, message=f"{headline}: {error.message}")

@@ -6,8 +6,8 @@ import os
 
 from lsprotocol import types as lsp
 
-from fuselens.analysis.cost import bytes_label
-from fuselens.analysis.report import Cluster, Model, Report
+from fuselens.contracts.units import bytes_label
+from fuselens.contracts.report import Cluster, Model, Report
 
 from .text import same_file
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lsprotocol import types as lsp
 
-from fuselens.analysis.cost import bytes_label
-from fuselens.analysis.report import Report
+from fuselens.contracts.units import bytes_label
+from fuselens.contracts.report import Report
 
 from .text import lines_range, same_file
 

@@ -3,7 +3,7 @@
 Everything here is plain data (no torch), so the language server can import it.
 `Report.to_dict()` is exactly what `fuselens analyze --json` writes and what the
 worker sends back over its pipe; `Report.from_dict()` reads it back.  The JSON Schema
-in `schema/report.schema.json` describes the same shape and is checked in the tests.
+in `report.schema.json` describes the same shape and is checked in the tests.
 
 Conventions: lines are 1-based and inclusive, byte counts are integers, and a cost
 that cannot be known (symbolic or unknown shape) is `None`, never a guess.
@@ -12,12 +12,12 @@ Bump SCHEMA_VERSION on any change that could break a reader.
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inductor_compare import InductorComparison
+from .inductor import InductorComparison
+from .plain import ContractError, from_plain, to_plain
 
 SCHEMA_VERSION = 1
 
@@ -220,53 +220,16 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
+        return typing.cast(dict[str, Any], to_plain(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
-        version = data.get("schema_version")
+        version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
-            raise ValueError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
-        return _from_plain(cls, data)
+            raise ContractError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
+        return from_plain(cls, data, "report")
 
     def clusters(self):
         for model in self.models:
             for cluster in model.clusters:
                 yield model, cluster
-
-
-def from_plain(tp: type, data: Any) -> Any:
-    """A dataclass of this contract (or nested in it) read back from its JSON form."""
-    return _from_plain(tp, data)
-
-
-def _to_plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _to_plain(v) for k, v in value.items()}
-    return value
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _from_plain(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_plain(inner[0], value) if len(inner) == 1 else value
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_from_plain(item, v) for v in value]
-    if dataclasses.is_dataclass(tp):
-        hints = _HINTS.get(tp)
-        if hints is None:
-            hints = _HINTS[tp] = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        return tp(**{k: _from_plain(hints[k], v) for k, v in value.items() if k in names})
-    return value

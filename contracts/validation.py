@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .plain import to_plain
+
 VALIDATION_SCHEMA_VERSION = 1
+
+# The problem a validation without the interpreter reports on a machine without CUDA.
+NO_CUDA = "no CUDA device here"
 
 
 @dataclass
@@ -85,5 +89,10 @@ class ValidationReport:
         return not self.problems and all(c.status in ("verified", "not-reached") for c in checks) and all(
             m.status in ("matches", "skipped") for m in models)
 
+    @property
+    def needs_gpu(self) -> bool:
+        """Nothing ran because this machine has no CUDA device (and the interpreter was not asked for)."""
+        return any(p.startswith(NO_CUDA) for p in self.problems)
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dict(to_plain(self))

@@ -1,9 +1,9 @@
 """The JSON Schema of the report, and validation against it.
 
-`schema/report.schema.json` is the published contract.  It is derived from the
-dataclasses in `report.py`; the test suite checks that the shipped file and the
+`report.schema.json` (beside this module) is the published contract.  It is derived from
+the dataclasses in `report.py`; the test suite checks that the shipped file and the
 dataclasses agree, so a change to one without the other (and a version bump) fails.
-Regenerate with `python -m fuselens.analysis.schema > analysis/schema/report.schema.json`.
+Regenerate with `python -m fuselens.contracts.schema > contracts/report.schema.json`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from . import report as R
 
-SCHEMA_PATH = os.path.join(os.path.dirname(__file__), "schema", "report.schema.json")
+SCHEMA_PATH = os.path.join(os.path.dirname(__file__), "report.schema.json")
 
 
 def _type_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:

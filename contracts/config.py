@@ -1,0 +1,263 @@
+"""What a user tells fuselens about a model, and how each place they can say it is read.
+
+A model's configuration is its example inputs (shapes and dtypes), its constructor arguments
+(`init`) and the dtype to cast its weights to (`param_dtype`).  A user can give them in four
+places; each is parsed here into the same `ModelSettings`, as plain data (nothing is
+evaluated, no torch):
+
+- the command line: `--input-shape 2,128 --dtype int64 --param-dtype bfloat16`;
+- the editor's settings: `fuselens.models.<Class>` = `{inputs, dtype, init, param_dtype}`;
+- `[tool.fuselens.models.<Class>]` in the nearest `pyproject.toml`, with the same keys;
+- a comment on the class line: `# fuselens: input=(16384, 1024) float32 init=(dim=64)`.
+
+A fifth, `example_inputs()` on the model or in its module, is user code: the loader calls it
+in the worker.  Which source wins is decided in one place, `analysis/config.py`, and the
+result is a `ModelConfig` that says where each value came from.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = {
+    "float32", "float", "float16", "half", "bfloat16", "float64", "double", "int64", "long",
+    "int32", "int", "int16", "int8", "uint8", "bool",
+}
+_CANONICAL = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32"}
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+SETTINGS_KEYS = ("inputs", "dtype", "init", "param_dtype")
+
+
+class ConfigError(ValueError):
+    """A malformed model configuration; the message names where it came from."""
+
+
+@dataclass
+class InputSpec:
+    shape: list[int]
+    dtype: str = "float32"
+
+    def describe(self) -> str:
+        return f"({', '.join(map(str, self.shape))}) {self.dtype}"
+
+
+@dataclass
+class ModelSettings:
+    """What one source says about one model class; None / empty where it says nothing."""
+
+    inputs: list[InputSpec] | None = None
+    init: dict[str, Any] = field(default_factory=dict)
+    param_dtype: str | None = None
+
+
+@dataclass
+class ModelConfig:
+    """A model's configuration after every source has been weighed, and where each part came from."""
+
+    inputs: list[InputSpec] | None = None
+    inputs_source: str = ""
+    init: dict[str, Any] = field(default_factory=dict)
+    init_sources: dict[str, str] = field(default_factory=dict)  # constructor argument -> where it came from
+    param_dtype: str | None = None  # cast the model's parameters (e.g. "bfloat16")
+    param_dtype_source: str = ""
+
+
+def canonical_dtype(name: str, where: str) -> str:
+    name = name.strip().removeprefix("torch.")
+    if name not in DTYPES:
+        raise ConfigError(f"{where}: unknown dtype {name!r} (use one of {', '.join(sorted(DTYPES))})")
+    return _CANONICAL.get(name, name)
+
+
+def parse_shape(text: str, where: str) -> list[int]:
+    parts = [p for p in re.split(r"[,\s]+|(?<=\d)[x×](?=\d)", text.strip().strip("()[]")) if p]
+    try:
+        shape = [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"{where}: shape {text!r} must be integers like 16384,1024") from None
+    if any(d < 0 for d in shape):
+        raise ConfigError(f"{where}: shape {text!r} has a negative size")
+    return shape
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def from_cli(shapes: list[str] | None, dtypes: list[str] | None) -> list[InputSpec] | None:
+    """`--input-shape` values with their `--dtype`s (one for all, or one per shape)."""
+    if not shapes:
+        return None
+    return [InputSpec(parse_shape(s, "--input-shape"), d) for s, d in zip(shapes, cli_dtypes(dtypes, len(shapes)))]
+
+
+def cli_dtypes(dtypes: list[str] | None, count: int) -> list[str]:
+    """`--dtype` values spread over `count` inputs."""
+    dtypes = dtypes or ["float32"]
+    if len(dtypes) not in (1, count):
+        raise ConfigError(f"--dtype: give one dtype, or one per --input-shape ({count})")
+    canonical = [canonical_dtype(d, "--dtype") for d in dtypes]
+    return canonical * count if len(canonical) == 1 else canonical
+
+
+# ---- settings entries: the editor's and pyproject.toml's --------------------------------------
+
+
+def model_settings(entry: Any, where: str) -> ModelSettings:
+    """`{inputs, dtype, init, param_dtype}` (a pyproject table or an editor setting) as `ModelSettings`."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a table of {', '.join(SETTINGS_KEYS)}")
+    unknown = sorted(set(entry) - set(SETTINGS_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                          f"(known: {', '.join(SETTINGS_KEYS)})")
+    settings = ModelSettings()
+    dtype = entry.get("dtype", "float32")
+    if not isinstance(dtype, str):
+        raise ConfigError(f"{where}.dtype must be a dtype name such as \"bfloat16\"")
+    if "inputs" in entry:
+        settings.inputs = _inputs(entry["inputs"], dtype, where)
+    elif "dtype" in entry:
+        raise ConfigError(f"{where}.dtype is the dtype of `inputs`, which are not given")
+    if "init" in entry:
+        if not isinstance(entry["init"], dict):
+            raise ConfigError(f"{where}.init must be a table of constructor keyword arguments")
+        settings.init = dict(entry["init"])
+    if entry.get("param_dtype") is not None:
+        if not isinstance(entry["param_dtype"], str):
+            raise ConfigError(f"{where}.param_dtype must be a dtype name such as \"bfloat16\"")
+        settings.param_dtype = canonical_dtype(entry["param_dtype"], f"{where}.param_dtype")
+    return settings
+
+
+def _inputs(value: Any, default_dtype: str, where: str) -> list[InputSpec]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}.inputs must be a list of shapes, e.g. [[16384, 1024]]")
+    if all(isinstance(v, int) for v in value):  # a single shape written flat
+        value = [value]
+    specs = []
+    for i, item in enumerate(value):
+        here = f"{where}.inputs[{i}]"
+        if isinstance(item, dict):
+            if not isinstance(item.get("shape"), list):
+                raise ConfigError(f"{here} needs a 'shape' list")
+            specs.append(InputSpec(_int_list(item["shape"], here),
+                                   canonical_dtype(str(item.get("dtype", default_dtype)), here)))
+        elif isinstance(item, list):
+            specs.append(InputSpec(_int_list(item, here), canonical_dtype(default_dtype, where)))
+        else:
+            raise ConfigError(f"{here} must be a shape list or {{shape = [...], dtype = \"...\"}}")
+    return specs
+
+
+def _int_list(value: list[Any], where: str) -> list[int]:
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise ConfigError(f"{where}: shape must be a list of non-negative integers")
+    return list(value)
+
+
+# ---- pyproject.toml --------------------------------------------------------------------------
+
+
+def find_pyproject(path: str) -> str | None:
+    """The nearest `pyproject.toml` in the folders above `path`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    while True:
+        candidate = os.path.join(directory, "pyproject.toml")
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def read_tool_table(pyproject: str | None) -> dict[str, Any]:
+    """`[tool.fuselens]` of a pyproject.toml ({} without one)."""
+    if not pyproject:
+        return {}
+    try:
+        with open(pyproject, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{pyproject}: cannot read [tool.fuselens]: {exc}") from None
+    table = data.get("tool", {}).get("fuselens", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{pyproject}: [tool.fuselens] must be a table")
+    return table
+
+
+def pyproject_where(pyproject: str, class_name: str) -> str:
+    return f"{os.path.basename(pyproject)} [tool.fuselens.models.{class_name}]"
+
+
+def from_pyproject(table: dict[str, Any], class_name: str, pyproject: str) -> ModelSettings | None:
+    """`[tool.fuselens.models.<class_name>]`, or None when the table has no entry for it."""
+    models = table.get("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{os.path.basename(pyproject)} [tool.fuselens.models] must be a table")
+    if class_name not in models:
+        return None
+    return model_settings(models[class_name], pyproject_where(pyproject, class_name))
+
+
+# ---- inline comments -------------------------------------------------------------------------
+
+_INLINE = re.compile(r"#\s*fuselens:\s*(?P<body>.*)$")
+_INPUT = re.compile(r"input\s*=\s*\(\s*(?P<shape>[^)]*)\)\s*(?P<dtype>[A-Za-z_.][\w.]*)?")
+_INIT = re.compile(r"init\s*=\s*\(")
+
+
+def from_comment(line: str, where: str) -> ModelSettings | None:
+    """Parse `# fuselens: input=(16384, 1024) float32, input=(1024,) int64 init=(d=64)`; None without one."""
+    match = _INLINE.search(line)
+    if not match:
+        return None
+    settings = ModelSettings()
+    body = match.group("body")
+    init = _INIT.search(body)
+    if init:
+        end = _closing_paren(body, init.end() - 1)
+        if end < 0:
+            raise ConfigError(f"{where}: init=( has no closing parenthesis")
+        settings.init = _literal_kwargs(body[init.end():end], where)
+        body = body[: init.start()] + body[end + 1:]
+    specs = []
+    for m in _INPUT.finditer(body):
+        dtype = m.group("dtype") or "float32"
+        specs.append(InputSpec(parse_shape(m.group("shape"), where), canonical_dtype(dtype, where)))
+    if specs:
+        settings.inputs = specs
+    elif "input" in body:
+        raise ConfigError(f"{where}: write inputs as input=(16384, 1024) float32")
+    return settings
+
+
+def _closing_paren(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return -1
+
+
+def _literal_kwargs(text: str, where: str) -> dict[str, Any]:
+    """`d=64, heads=4` -> {"d": 64, "heads": 4}, values as Python literals only."""
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError:
+        raise ConfigError(f"{where}: init=(...) must look like init=(d_model=512, heads=8)") from None
+    if not isinstance(call, ast.Call) or call.args or any(kw.arg is None for kw in call.keywords):
+        raise ConfigError(f"{where}: init=(...) takes keyword arguments only")
+    out = {}
+    for kw in call.keywords:
+        try:
+            out[str(kw.arg)] = ast.literal_eval(kw.value)
+        except ValueError:
+            raise ConfigError(f"{where}: init value for {kw.arg!r} must be a literal") from None
+    return out

@@ -1,0 +1,38 @@
+"""Options of the pipeline's jobs: what the CLI and the editor ask an analysis or a validation for.
+
+Plain data: the language server builds them from its settings and sends them over the
+worker pipe (`worker/protocol.py`), the CLI builds them from its flags; both reach the
+same pipeline (`pipeline/`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import InputSpec, ModelSettings
+
+MAX_BRANCH_PATHS = 4  # data-dependent branches followed the other way, per model
+
+
+@dataclass
+class AnalyzeOptions:
+    model_class: str | None = None  # analyse only this class
+    input_shapes: list[str] | None = None  # --input-shape values
+    dtypes: list[str] | None = None  # --dtype values
+    param_dtype: str | None = None  # --param-dtype
+    device: str | None = None  # device profile for regimes (h200, h100, a100, rtx4090)
+    peak_gbps: float | None = None
+    out_dir: str | None = None  # where the kernel module goes (default: beside the file)
+    source_text: str | None = None  # analyse this text as the file's content (an editor buffer)
+    models: dict[str, ModelSettings] = field(default_factory=dict)  # per-class settings from the editor
+    branch_paths: int = MAX_BRANCH_PATHS
+
+
+@dataclass
+class ValidateOptions:
+    interpret: bool = False  # run kernels in the Triton interpreter on CPU
+    clusters: list[str] | None = None  # cluster ids; None: all
+    benchmark: bool = True  # time kernels (CUDA only)
+    seed: int = 0
+    shapes: list[InputSpec] | None = None  # validate at these instead of choosing
+    peak_gbps: float | None = None  # bandwidth ceiling for "% of peak" (default: measured copy)

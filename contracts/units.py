@@ -1,0 +1,14 @@
+"""How the report's quantities read to a person: one spelling for the CLI and the editor."""
+
+from __future__ import annotations
+
+
+def bytes_label(n: int | None) -> str:
+    """`402653184` -> "384 MB"; None (a cost that cannot be known) -> "unknown"."""
+    if n is None:
+        return "unknown"
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,161 @@
+"""From the traces of one model to its report entries: clusters, rejections and patterns.
+
+Each trace path (the main one, then each data-dependent branch taken the other way) is
+detected, planned, costed and mapped to source; a cluster another path already showed is
+not repeated, and repeated layers fold into one entry with a count (`multiplicity`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fuselens.analysis import cost, sourcemap
+from fuselens.analysis import patterns as patterns_mod
+from fuselens.analysis.capture import Trace
+from fuselens.analysis.detect import Detection, Split, detect
+from fuselens.analysis.graph import Graph, Node
+from fuselens.analysis.repeats import group_repeats
+from fuselens.codegen.plan import KernelPlan, check, plan_cluster
+from fuselens.contracts import report as R
+
+
+@dataclass
+class Found:
+    """One cluster instance, before repeats are merged."""
+
+    graph: Graph
+    plan: KernelPlan
+    mapping: sourcemap.Mapping
+    unfused: int | None
+    fused: int | None
+    path_note: str
+    splits: list[Split]
+
+
+def op_ref(node: Node) -> R.OpRef:
+    src = node.source
+    meta = node.meta
+    return R.OpRef(node.op, src.file if src else "", src.line if src else 0,
+                   list(meta.shape) if meta else None, meta.dtype if meta else None,
+                   node.owner or node.module, node.call)
+
+
+def findings(model: R.Model, paths: list[tuple[Trace, str]], source: sourcemap.SourceIndex,
+             profile: cost.DeviceProfile) -> list[Found]:
+    """Fill the model's clusters, rejections and patterns; return the cluster instances behind them."""
+    found: list[Found] = []
+    rejected: list[tuple[Graph, Any, str]] = []
+    matches: list[tuple[Graph, patterns_mod.Match, str]] = []
+    seen_signatures: set = set()
+    for index, (trace, note) in enumerate(paths):
+        graph = trace.graph
+        detection: Detection = detect(graph, check)
+        path_found = []
+        for group in detection.clusters:
+            plan = plan_cluster(graph, group.members)
+            inputs = [s.node for s in plan.inputs]
+            outputs = [o.node for o in plan.outputs]
+            unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
+            mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source)
+            path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits))
+        path_rejected = [(graph, r, note) for r in detection.rejected]
+        path_matches = [(graph, m, note) for m in patterns_mod.find_patterns(graph)]
+        if index == 0:
+            found += path_found
+            rejected += path_rejected
+            matches += path_matches
+            seen_signatures = {_signature(f) for f in found}
+            continue
+        # Other branch paths add only what the main path did not already show.
+        found += [f for f in path_found if _signature(f) not in seen_signatures]
+        seen_signatures |= {_signature(f) for f in found}
+    groups = group_repeats(found, _signature)
+    model.clusters = [_cluster(group, profile) for group in groups]
+    model.rejections = [_rejection(group) for group in group_repeats(rejected, _rejection_signature)]
+    pattern_groups = group_repeats(matches, _pattern_signature)
+    model.patterns = [_pattern(group) for group in pattern_groups]
+    # Which clusters each pattern overlaps, by op identity within the same trace.
+    for pattern, group in zip(model.patterns, pattern_groups):
+        graph, match, _ = group[0]
+        pattern.clusters = [str(i) for i, f in enumerate(g[0] for g in groups)
+                            if f.graph is graph and set(f.plan.compute) & set(match.nodes)]
+    model.totals.clusters = len(model.clusters)
+    saved = [c.bytes_saved * c.multiplicity for c in model.clusters if c.bytes_saved is not None and not c.branch]
+    model.totals.bytes_avoidable = sum(saved)
+    return [group[0] for group in groups]
+
+
+def _signature(f: Found):
+    g = f.graph
+    ops = tuple((g[i].op, g[i].source.file if g[i].source else "", g[i].line) for i in f.plan.compute)
+    ins = tuple((s.shape, s.dtype) for s in f.plan.inputs)
+    outs = tuple((o.shape, o.dtype) for o in f.plan.outputs)
+    return ops, ins, outs
+
+
+def _cluster(group: list[Found], profile: cost.DeviceProfile) -> R.Cluster:
+    first = group[0]
+    g, plan, mapping = first.graph, first.plan, first.mapping
+    ops = [op_ref(g[i]) for i in plan.compute]
+    names_in = mapping.input_names or [None] * len(plan.inputs)
+    inputs = [R.TensorInfo(list(s.shape), s.dtype, names_in[k] if k < len(names_in) else None)
+              for k, s in enumerate(plan.inputs)]
+    for k, info in enumerate(inputs):
+        if info.name is None:
+            node = g[plan.inputs[k].node]
+            info.name = _param_expr(node)
+    names_out = mapping.output_names or [None] * len(plan.outputs)
+    outputs = [R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
+               for k, o in enumerate(plan.outputs)]
+    lines = list(mapping.lines) if mapping.lines != (0, 0) else [min(op.line for op in ops), max(op.line for op in ops)]
+    boundaries = []
+    for split in first.splits:
+        node = g[split.node]
+        boundaries.append(R.Boundary(op_ref(node), split.reason, split.detail))
+    cluster = R.Cluster(
+        id="", kind=plan.kind, ops=ops, inputs=inputs, outputs=outputs, file=mapping.file or (ops[0].file if ops else ""),
+        lines=lines, function=mapping.function, mapping=mapping.quality, mapping_detail=mapping.detail,
+        bytes_unfused=first.unfused, bytes_fused=first.fused,
+        regime=cost.regime(g, plan.compute, first.fused, profile),
+        multiplicity=len(group), instances=[f.graph[f.plan.compute[0]].owner for f in group],
+        boundaries=boundaries, branch=first.path_note,
+        total_bytes_unfused=first.unfused * len(group), total_bytes_fused=first.fused * len(group),
+    )
+    return cluster
+
+
+def _param_expr(node: Node) -> str | None:
+    if node.op in ("param", "buffer") and node.name:
+        return node.name
+    if node.op == "input":
+        return node.name
+    return None
+
+
+def _rejection_signature(item):
+    graph, r, _ = item
+    node = graph[r.node]
+    return node.op, node.source.file if node.source else "", node.line, r.reason
+
+
+def _rejection(group) -> R.Rejection:
+    graph, r, _ = group[0]
+    node = graph[r.node]
+    ref = op_ref(node)
+    return R.Rejection([ref], r.reason, r.detail, ref.file, [ref.line, ref.line], multiplicity=len(group))
+
+
+def _pattern_signature(item):
+    graph, m, _ = item
+    return m.name, tuple((graph[i].op, graph[i].line) for i in m.nodes)
+
+
+def _pattern(group) -> R.Pattern:
+    graph, m, _ = group[0]
+    ops = [op_ref(graph[i]) for i in m.nodes]
+    place = sourcemap.common_place(graph, m.nodes)
+    lines = list(place.lines) if place else [0, 0]
+    return R.Pattern(m.name, ops, place.file if place else (ops[0].file if ops else ""), lines,
+                     R.PatternEstimate(m.bytes_before, m.bytes_after, m.speedup), dict(m.dims),
+                     multiplicity=len(group), summary=m.summary)
