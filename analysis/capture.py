@@ -13,7 +13,7 @@ Meta tensors have no values.  When the user's code asks for one (`if h.mean() > 
 `.item()`), that is exactly where torch.compile breaks the graph too: a branch is
 recorded as a graph break and the trace follows the branch taken when the condition
 holds (or the one `decisions` picks); reading a number stops the trace there, and what
-was captured so far is still analysed.
+was captured so far is still analyzed.
 """
 
 from __future__ import annotations
@@ -25,16 +25,18 @@ import sys
 import sysconfig
 import traceback
 import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fuselens.contracts.report import GraphBreak
+
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
 from .ops import ALIASES, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
-from fuselens.contracts.report import GraphBreak
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,8 +46,9 @@ _SYSTEM_DIRS = tuple(
 
 
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
-    return TensorMeta(tuple(int(d) for d in t.shape), tuple(int(s) for s in t.stride()),
-                      dtype_name(t.dtype), int(t.storage_offset()))
+    return TensorMeta(
+        tuple(int(d) for d in t.shape), tuple(int(s) for s in t.stride()), dtype_name(t.dtype), int(t.storage_offset())
+    )
 
 
 class CaptureError(Exception):
@@ -95,12 +98,34 @@ def _callable_name(func: Callable) -> str:
 
 
 _OPERATORS = {
-    "__add__": "+", "__radd__": "+", "__iadd__": "+=", "__sub__": "-", "__rsub__": "-",
-    "__isub__": "-=", "__mul__": "*", "__rmul__": "*", "__imul__": "*=", "__truediv__": "/",
-    "__rtruediv__": "/", "__pow__": "**", "__rpow__": "**", "__neg__": "unary -",
-    "__matmul__": "@", "__getitem__": "[]", "__setitem__": "[]=", "__lt__": "<", "__le__": "<=",
-    "__gt__": ">", "__ge__": ">=", "__eq__": "==", "__ne__": "!=", "__and__": "&", "__or__": "|",
-    "__invert__": "~", "__floordiv__": "//", "__mod__": "%",
+    "__add__": "+",
+    "__radd__": "+",
+    "__iadd__": "+=",
+    "__sub__": "-",
+    "__rsub__": "-",
+    "__isub__": "-=",
+    "__mul__": "*",
+    "__rmul__": "*",
+    "__imul__": "*=",
+    "__truediv__": "/",
+    "__rtruediv__": "/",
+    "__pow__": "**",
+    "__rpow__": "**",
+    "__neg__": "unary -",
+    "__matmul__": "@",
+    "__getitem__": "[]",
+    "__setitem__": "[]=",
+    "__lt__": "<",
+    "__le__": "<=",
+    "__gt__": ">",
+    "__ge__": ">=",
+    "__eq__": "==",
+    "__ne__": "!=",
+    "__and__": "&",
+    "__or__": "|",
+    "__invert__": "~",
+    "__floordiv__": "//",
+    "__mod__": "%",
 }
 
 
@@ -115,7 +140,9 @@ def _display(func: Callable, name: str) -> str:
         return "Tensor." + name
     if module.startswith("torch.nn.functional") or module == "torch._C._nn":
         return "torch.nn.functional." + name
-    if module in ("torch", "torch.functional", "torch._C._VariableFunctions") or qual.startswith("_VariableFunctionsClass"):
+    if module in ("torch", "torch.functional", "torch._C._VariableFunctions") or qual.startswith(
+        "_VariableFunctionsClass"
+    ):
         return "torch." + name
     return f"{module}.{name}" if module else name
 
@@ -123,9 +150,15 @@ def _display(func: Callable, name: str) -> str:
 class Recorder(TorchFunctionMode):
     """Records torch calls into a `Graph` while the user's forward runs."""
 
-    def __init__(self, user_code: UserCode, sources: dict[int, tuple[str, str]],
-                 module_paths: dict[int, str], stop_at: Any, decisions: Sequence[bool] = (),
-                 retain: bool = False):
+    def __init__(
+        self,
+        user_code: UserCode,
+        sources: dict[int, tuple[str, str]],
+        module_paths: dict[int, str],
+        stop_at: Any,
+        decisions: Sequence[bool] = (),
+        retain: bool = False,
+    ):
         super().__init__()
         self.retain = retain  # keep a copy of every value (validation runs on real tensors)
         self.values: dict[int, torch.Tensor] = {}
@@ -145,7 +178,7 @@ class Recorder(TorchFunctionMode):
         self._memo: dict[Any, tuple] = {}
         self._invocations: dict[int, int] = {}
         self._frame_refs: list[Any] = []
-        self._caller = None
+        self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
 
     # ---- inputs -------------------------------------------------------------------
     def add_input(self, tensor: torch.Tensor, name: str) -> int:
@@ -240,7 +273,7 @@ class Recorder(TorchFunctionMode):
     def _frames(self) -> tuple[Frame, ...]:
         frames = []
         self._caller = None
-        f = sys._getframe(2)
+        f: types.FrameType | None = sys._getframe(2)
         while f is not None and f.f_code is not self.stop_at:
             code = f.f_code
             if self.user_code(code.co_filename):
@@ -262,10 +295,16 @@ class Recorder(TorchFunctionMode):
         stack = fields.pop("stack", None)
         if stack is None:
             stack = self._frames()
-        node = Node(id=len(self.graph.nodes), op=op, cls=cls, stack=stack,
-                    source=stack[0] if stack else None,
-                    module=self.module_stack[-1] if self.module_stack else "",
-                    piece=self.piece, **fields)
+        node = Node(
+            id=len(self.graph.nodes),
+            op=op,
+            cls=cls,
+            stack=stack,
+            source=stack[0] if stack else None,
+            module=self.module_stack[-1] if self.module_stack else "",
+            piece=self.piece,
+            **fields,
+        )
         if stack and self._caller is not None and node.inputs:
             self._name_operands(node, self._caller)
             if cls is OpClass.VIEW and node.inputs[0] in node.operand_names:
@@ -290,7 +329,7 @@ class Recorder(TorchFunctionMode):
             for vid in wanted - set(names):
                 src = self.graph.nodes[vid]
                 if src.op in ("param", "buffer") and src.name.startswith(prefix):
-                    names[vid] = "self." + src.name[len(prefix):]
+                    names[vid] = "self." + src.name[len(prefix) :]
         node.operand_names = names
 
     def _bind_value(self, tensor: Any, node_id: int) -> None:
@@ -356,16 +395,28 @@ class Recorder(TorchFunctionMode):
             else:
                 take = True
             self.branches_taken.append(take)
-            self.graph.breaks.append(GraphBreak(
-                file=frame.file if frame else "", line=frame.line if frame else 0, code=code,
-                reason=("data-dependent branch: the condition needs a tensor's value, so torch.compile "
-                        f"splits the graph here; analysed the path where it is {take}")))
+            self.graph.breaks.append(
+                GraphBreak(
+                    file=frame.file if frame else "",
+                    line=frame.line if frame else 0,
+                    code=code,
+                    reason=(
+                        "data-dependent branch: the condition needs a tensor's value, so torch.compile "
+                        f"splits the graph here; analyzed the path where it is {take}"
+                    ),
+                )
+            )
             self.piece += 1
             return take
         self.stopped = GraphBreak(
-            file=frame.file if frame else "", line=frame.line if frame else 0, code=code,
-            reason=(f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
-                    "so the ops after this line are not analysed"))
+            file=frame.file if frame else "",
+            line=frame.line if frame else 0,
+            code=code,
+            reason=(
+                f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
+                "so the ops after this line are not analyzed"
+            ),
+        )
         self.graph.breaks.append(self.stopped)
         raise _StopTrace()
 
@@ -383,13 +434,27 @@ class Recorder(TorchFunctionMode):
         if canon in FACTORIES:
             self._output(out, canon, OpClass.SOURCE, [], {}, call)
             return
-        if canon in ("split", "chunk", "unbind", "split_with_sizes", "unsafe_split", "tensor_split", "hsplit", "vsplit"):
-            if canon != "tensor_split" and isinstance(out, (tuple, list)) and isinstance(first, torch.Tensor):
-                self._record_split(canon, args, kwargs, out, call)
-                return
+        if (
+            canon in ("split", "chunk", "unbind", "split_with_sizes", "unsafe_split", "hsplit", "vsplit")
+            and isinstance(out, (tuple, list))
+            and isinstance(first, torch.Tensor)
+        ):
+            self._record_split(canon, args, kwargs, out, call)
+            return
         if isinstance(out, torch.Tensor) and out is first and not inplace:
             cls = op_class(canon)
-            if cls.free or canon in ("to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"):
+            if cls.free or canon in (
+                "to",
+                "float",
+                "half",
+                "bfloat16",
+                "double",
+                "long",
+                "int",
+                "bool",
+                "type",
+                "type_as",
+            ):
                 return  # returned its input unchanged: nothing happened
             inplace = cls.absorbable  # F.relu(x, inplace=True) and friends
         normalised = normalise(canon, func, args, kwargs, out, swapped)
@@ -411,11 +476,23 @@ class Recorder(TorchFunctionMode):
             self._bind_value(out, node.id)
             return node
         tensors = tensors_in(out)
-        node = self._new(op, cls if cls is not OpClass.VIEW else OpClass.OPAQUE, args=op_args,
-                         params=dict(params, outputs=[tensor_meta(t) for t in tensors]), call=call)
+        node = self._new(
+            op,
+            cls if cls is not OpClass.VIEW else OpClass.OPAQUE,
+            args=op_args,
+            params=dict(params, outputs=[tensor_meta(t) for t in tensors]),
+            call=call,
+        )
         for i, t in enumerate(tensors):
-            item = self._new("item", OpClass.IDENTITY, args=[Ref(node.id)], params={"index": i},
-                             meta=tensor_meta(t), call=call, stack=node.stack)
+            item = self._new(
+                "item",
+                OpClass.IDENTITY,
+                args=[Ref(node.id)],
+                params={"index": i},
+                meta=tensor_meta(t),
+                call=call,
+                stack=node.stack,
+            )
             self._bind_value(t, item.id)
         return node
 
@@ -425,8 +502,15 @@ class Recorder(TorchFunctionMode):
         canon = canon[0] if isinstance(canon, tuple) else canon
         params = {"note": note} if note else {}
         if out is None and args and isinstance(args[0], torch.Tensor):  # __setitem__ and other in-place writes
-            node = self._new(canon, OpClass.OPAQUE, args=refs, params=params, meta=tensor_meta(args[0]),
-                             call=_display(func, name), inplace=True)
+            node = self._new(
+                canon,
+                OpClass.OPAQUE,
+                args=refs,
+                params=params,
+                meta=tensor_meta(args[0]),
+                call=_display(func, name),
+                inplace=True,
+            )
             self._bind_value(args[0], node.id)
             return
         self._output(out, canon, OpClass.OPAQUE, refs, params, _display(func, name))
@@ -446,13 +530,21 @@ class Recorder(TorchFunctionMode):
         stack = self._frames()
         offset = 0
         for i, piece in enumerate(out):
+            steps: list[tuple]
             if canon == "unbind":
                 steps = [("select", dim, i)]
             else:
                 steps = [("slice", dim, offset, 1)]
                 offset += int(piece.shape[dim])
-            node = self._new("getitem" if canon != "unbind" else "select", OpClass.VIEW, args=list(ref),
-                             params={"steps": steps, "from": canon}, meta=tensor_meta(piece), call=call, stack=stack)
+            node = self._new(
+                "getitem" if canon != "unbind" else "select",
+                OpClass.VIEW,
+                args=list(ref),
+                params={"steps": steps, "from": canon},
+                meta=tensor_meta(piece),
+                call=call,
+                stack=stack,
+            )
             self._bind_value(piece, node.id)
 
 
@@ -460,10 +552,7 @@ def _aliases_inputs(out: torch.Tensor, args, kwargs) -> bool:
     """Does `out` share memory with an input (an in-place result or a view of one)?"""
     inputs = tensors_in((args, kwargs))
     base = out._base if out._is_view() else None
-    for t in inputs:
-        if out is t or (base is not None and (base is t or base is t._base)):
-            return True
-    return False
+    return any(out is t or (base is not None and (base is t or base is t._base)) for t in inputs)
 
 
 def _signature(value: Any) -> Any:
@@ -473,7 +562,7 @@ def _signature(value: Any) -> Any:
             raise TypeError("only meta tensors are described by metadata alone")
         return ("T", tuple(value.shape), value.stride(), value.dtype, value.storage_offset())
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_signature(v) for v in value)
+        return (type(value).__name__, *tuple(_signature(v) for v in value))
     if isinstance(value, dict):
         return tuple(sorted((k, _signature(v)) for k, v in value.items()))
     if isinstance(value, float) and value != value:
@@ -567,8 +656,14 @@ class Trace:
     values: dict[int, torch.Tensor] | None = None  # node id -> value, when traced on real tensors
 
 
-def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
-          user_code: UserCode, decisions: Sequence[bool] = (), real: bool = False) -> Trace:
+def trace(
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    input_names: Sequence[str],
+    user_code: UserCode,
+    decisions: Sequence[bool] = (),
+    real: bool = False,
+) -> Trace:
     """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`)
     keeping every value, for validation."""
     sources: dict[int, tuple[str, str]] = {}
@@ -578,7 +673,7 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
         sources.setdefault(id(b), ("buffer", name))
     module_paths = {id(m): name for name, m in model.named_modules()}
     recorder = Recorder(user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions, retain=real)
-    for tensor, name in zip(inputs, input_names):
+    for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)
 
     def push(module, _args):
@@ -608,8 +703,9 @@ def trace(model: torch.nn.Module, inputs: Sequence[torch.Tensor], input_names: S
             except SystemExit as exc:
                 raise CaptureError(f"forward() called sys.exit({exc.code!r})", user_frame(exc, user_code)) from exc
             except Exception as exc:
-                raise CaptureError(describe_failure(exc), user_frame(exc, user_code),
-                                   "memory" if out_of_memory(exc) else "trace") from exc
+                raise CaptureError(
+                    describe_failure(exc), user_frame(exc, user_code), "memory" if out_of_memory(exc) else "trace"
+                ) from exc
         if out is not None:
             with recorder:
                 recorder.mark_outputs(out)
@@ -642,8 +738,10 @@ def wants_integer_inputs(exc: BaseException) -> bool:
 def describe_failure(exc: BaseException) -> str:
     """One line for a diagnostic: what went wrong in the user's code, in the user's terms."""
     if out_of_memory(exc):
-        return ("the model's code allocated more memory than the worker may use (real tensors: fuselens "
-                "traces on meta tensors, so only tensors created with an explicit device take memory)")
+        return (
+            "the model's code allocated more memory than the worker may use (real tensors: fuselens "
+            "traces on meta tensors, so only tensors created with an explicit device take memory)"
+        )
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "meta" in text.lower() and ("data" in text.lower() or "item" in text.lower() or "numpy" in text.lower()):
         return f"{type(exc).__name__}: {text} (fuselens traces on meta tensors, which have shapes but no values)"

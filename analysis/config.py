@@ -22,11 +22,21 @@ Nothing here imports torch or runs user code: `example_inputs()` comes in as a c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
-from fuselens.contracts.config import (InputSpec, ModelConfig, ModelSettings, canonical_dtype, cli_dtypes, from_cli,
-                                       from_comment, from_pyproject, pyproject_where)
+from fuselens.contracts.config import (
+    InputSpec,
+    ModelConfig,
+    ModelSettings,
+    canonical_dtype,
+    cli_dtypes,
+    from_cli,
+    from_comment,
+    from_pyproject,
+    pyproject_where,
+)
 from fuselens.contracts.options import AnalyzeOptions
 
 EDITOR = "editor settings"
@@ -52,7 +62,9 @@ class ModelClass:
     outermost: bool  # no other class of the file uses it
 
 
-def sources_for(model: ModelClass, options: AnalyzeOptions, tool_table: dict, pyproject: str | None) -> list[Source]:
+def sources_for(
+    model: ModelClass, options: AnalyzeOptions, tool_table: dict[str, Any], pyproject: str | None
+) -> list[Source]:
     """Every source that says something about `model`, highest precedence first."""
     sources: list[Source] = []
     cli_inputs = from_cli(options.input_shapes, options.dtypes)
@@ -81,8 +93,9 @@ def _cli_param_dtype(name: str) -> ModelSettings:
     return ModelSettings(param_dtype=canonical_dtype(name, "--param-dtype"))
 
 
-def resolve(sources: list[Source], example_inputs: ExampleInputs | None = None,
-            retype: list[str] | None = None) -> ModelConfig:
+def resolve(
+    sources: list[Source], example_inputs: ExampleInputs | None = None, retype: list[str] | None = None
+) -> ModelConfig:
     """The configuration `sources` (highest first) add up to; `retype`: `--dtype` given without shapes."""
     config = ModelConfig()
     for source in sources:
@@ -103,15 +116,19 @@ def resolve(sources: list[Source], example_inputs: ExampleInputs | None = None,
             break
     if retype and config.inputs:
         dtypes = cli_dtypes(retype, len(config.inputs))
-        config.inputs = [InputSpec(list(spec.shape), dtype) for spec, dtype in zip(config.inputs, dtypes)]
+        config.inputs = [InputSpec(list(spec.shape), dtype) for spec, dtype in zip(config.inputs, dtypes, strict=True)]
         config.inputs_source += " with --dtype"
     return config
 
 
-def resolve_model(model: ModelClass, options: AnalyzeOptions, tool_table: dict, pyproject: str | None,
-                  example_inputs: ExampleInputs | None = None) -> ModelConfig:
+def resolve_model(
+    model: ModelClass,
+    options: AnalyzeOptions,
+    tool_table: dict[str, Any],
+    pyproject: str | None,
+    example_inputs: ExampleInputs | None = None,
+) -> ModelConfig:
     """`model`'s configuration from every source (a `ConfigError` names a malformed one)."""
     sources = sources_for(model, options, tool_table, pyproject)
     retype = options.dtypes if not options.input_shapes and targeted_by_cli(model, options) else None
     return resolve(sources, example_inputs, retype)
-

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fuselens.contracts.report import Regime
+
 from .graph import DTYPE_BYTES, Graph, Node
 from .ops import OpClass
 
@@ -40,14 +42,16 @@ DEVICES = {
 DEFAULT_DEVICE = "h200"
 
 
-def device_profile(name: str | None = None, peak_gbps: float | None = None,
-                   l2_mb: float | None = None) -> DeviceProfile:
+def device_profile(
+    name: str | None = None, peak_gbps: float | None = None, l2_mb: float | None = None
+) -> DeviceProfile:
     key = (name or DEFAULT_DEVICE).lower().replace("-", "").replace(" ", "")
     if key not in DEVICES:
         raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
     base = DEVICES[key]
-    return DeviceProfile(base.name, peak_gbps or base.peak_gbps,
-                         int(l2_mb * 2**20) if l2_mb else base.l2_bytes, base.launch_us)
+    return DeviceProfile(
+        base.name, peak_gbps or base.peak_gbps, int(l2_mb * 2**20) if l2_mb else base.l2_bytes, base.launch_us
+    )
 
 
 def value_bytes(node: Node) -> int:
@@ -68,7 +72,7 @@ def _nbytes(meta) -> int:
 
 def op_bytes(graph: Graph, node: Node) -> int:
     """Bytes one op moves when it runs as its own kernel."""
-    if node.cls.free or node.cls is OpClass.SOURCE and node.op in ("input", "param", "buffer", "const"):
+    if node.cls.free or (node.cls is OpClass.SOURCE and node.op in ("input", "param", "buffer", "const")):
         return 0
     if node.op == "output":
         return 0
@@ -95,7 +99,7 @@ def cluster_bytes(graph: Graph, compute: list[int], inputs: list[int], outputs: 
     return unfused, reads + writes
 
 
-def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> str:
+def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> Regime:
     if device.dram_us(fused) < device.launch_us:
         return "launch-bound"
     largest = max((op_bytes(graph, graph[i]) for i in compute), default=0)

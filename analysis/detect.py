@@ -23,8 +23,8 @@ same-dtype casts) move no data: they join clusters as glue but never count as op
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .graph import Graph, Node
 from .ops import OpClass
@@ -162,7 +162,8 @@ def _functionalise_inplace(graph: Graph) -> list[int]:
             continue
         victim = graph[target]
         aliased = victim.cls in (OpClass.SOURCE, OpClass.VIEW) or any(
-            graph[u].cls in (OpClass.VIEW, OpClass.IDENTITY) for u in graph.users(target) if u != node.id)
+            graph[u].cls in (OpClass.VIEW, OpClass.IDENTITY) for u in graph.users(target) if u != node.id
+        )
         if not aliased:
             safe.append(node.id)
     return safe
@@ -172,8 +173,11 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
     if node.inplace and node.id not in functionalised:
         victim = graph[node.params["mutates"]] if node.params.get("mutates") is not None else None
         what = f"{victim.cls.value} `{victim.name or victim.op}`" if victim else "its input"
-        return ("aliasing", f"{describe(node)} writes in place into {what}, which other views or the caller "
-                            "can observe; a fused kernel would change what they see")
+        return (
+            "aliasing",
+            f"{describe(node)} writes in place into {what}, which other views or the caller "
+            "can observe; a fused kernel would change what they see",
+        )
     if node.cls is OpClass.REDUCTION:
         if node.params.get("scan"):
             return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
@@ -183,11 +187,17 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
             ndim = len(x.meta.shape)
             trailing = list(range(ndim - len(dims), ndim))
             if dims != trailing:
-                return ("reduction", f"{describe(node)} reduces dim {', '.join(map(str, dims))} of a "
-                                     f"{shape_text(x)} tensor; a row-per-program kernel reduces trailing dims only")
+                return (
+                    "reduction",
+                    f"{describe(node)} reduces dim {', '.join(map(str, dims))} of a "
+                    f"{shape_text(x)} tensor; a row-per-program kernel reduces trailing dims only",
+                )
             if ndim and len(dims) == ndim and x.meta.numel > 1:
-                return ("reduction", f"{describe(node)} reduces all of {shape_text(x)} to one value; "
-                                     "a row-per-program kernel would run it in a single program")
+                return (
+                    "reduction",
+                    f"{describe(node)} reduces all of {shape_text(x)} to one value; "
+                    "a row-per-program kernel would run it in a single program",
+                )
     return None
 
 
@@ -223,7 +233,7 @@ def _try_join(graph, reach, planner, node, glue, producers, groups, cluster_of, 
     attempts = [list(producers)]
     if len(producers) > 1:
         attempts += [[p] for p in sorted(producers, key=lambda p: -len(groups[p].members))]
-    first_failure: tuple[str, str, int] | None = None
+    failures: list[tuple[str, str, int]] = []  # (reason, detail, cluster) of each refused attempt
     for attempt in attempts:
         members = {node.id} | {m for p in attempt for m in groups[p].members}
         members |= {g for g in glue if any(_reaches_group(graph, g, groups[p].members) for p in attempt)}
@@ -238,9 +248,8 @@ def _try_join(graph, reach, planner, node, glue, producers, groups, cluster_of, 
             for m in members:
                 cluster_of[m] = target
             return True
-        if first_failure is None:
-            first_failure = (*verdict, attempt[0])
-    reason, detail, cid = first_failure
+        failures.append((*verdict, attempt[0]))
+    reason, detail, cid = failures[0]  # every attempt was refused, and there is at least one
     failed_join[node.id] = (reason, detail)
     groups[cid].splits.append(Split(node.id, reason, detail))
     return False
@@ -261,19 +270,27 @@ def _legal(graph: Graph, reach: _Reach, planner: Planner, members: set[int]) -> 
         return "graph-break", f"the ops sit on both sides of the graph break{where}"
     outsider = reach.escapee(members)
     if outsider is not None:
-        return ("convexity", f"{describe(graph[outsider])} depends on the group and feeds it; "
-                             "fusing around it would need its result before it can run")
+        return (
+            "convexity",
+            f"{describe(graph[outsider])} depends on the group and feeds it; "
+            "fusing around it would need its result before it can run",
+        )
     ok, reason, detail = planner(graph, frozenset(members))
     return None if ok else (reason, detail)
 
 
 def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:
     node = graph[node_id]
-    neighbours = [graph[graph.view_root(i)] for i in node.inputs] + [graph[u] for u in _users_through_free(graph, node_id)]
+    neighbours = [graph[graph.view_root(i)] for i in node.inputs] + [
+        graph[u] for u in _users_through_free(graph, node_id)
+    ]
     barriers = [n for n in neighbours if n.cls is OpClass.OPAQUE and n.op != "output"]
     if barriers:
         names = ", ".join(sorted({describe(n) for n in barriers}))
-        return "no-neighbour", f"{describe(node)} sits between ops that cannot be fused ({names}); nothing to fuse it with"
+        return (
+            "no-neighbour",
+            f"{describe(node)} sits between ops that cannot be fused ({names}); nothing to fuse it with",
+        )
     return "no-neighbour", f"{describe(node)} has no adjacent fusable op"
 
 

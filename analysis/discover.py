@@ -1,7 +1,7 @@
 """Find the model classes a file defines, from its syntax alone (nothing is imported).
 
 The server uses this to place code lenses before any analysis has run, and the worker
-uses it to pick which classes to analyse and to read inline `# fuselens:` comments.
+uses it to pick which classes to analyze and to read inline `# fuselens:` comments.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def find_classes(source: str) -> list[ClassInfo]:
         if not isinstance(node, ast.ClassDef):
             continue
         info = ClassInfo(
-            name=node.name, line=node.lineno, end_line=node.end_lineno or node.lineno,
+            name=node.name,
+            line=node.lineno,
+            end_line=node.end_lineno or node.lineno,
             bases=[_base_name(b) for b in node.bases],
             comment=_class_line(lines, node),
         )
@@ -76,8 +78,3 @@ def top_level(classes: list[ClassInfo]) -> list[ClassInfo]:
     for c in classes:
         used |= (c.references & names) - {c.name}
     return [c for c in classes if c.name not in used]
-
-
-def has_module_example_inputs(source: str) -> bool:
-    tree = ast.parse(source)
-    return any(isinstance(n, ast.FunctionDef) and n.name == "example_inputs" for n in tree.body)

@@ -11,15 +11,27 @@ Plain data only: no torch import, so passes can be unit-tested on hand-built gra
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .ops import OpClass
 
 DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "complex64": 8,
+    "complex128": 16,
 }
 
 
@@ -59,7 +71,7 @@ class TensorMeta:
     @property
     def is_contiguous(self) -> bool:
         expected = 1
-        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+        for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
             if size != 1 and stride != expected:
                 return False
             expected *= size
@@ -102,6 +114,11 @@ class Node:
     @property
     def line(self) -> int | None:
         return self.source.line if self.source else None
+
+    @property
+    def file(self) -> str:
+        """The file of the user's code that made this op ("" for one without a user frame)."""
+        return self.source.file if self.source else ""
 
 
 def _flatten(values: Any) -> Iterator[Any]:

@@ -52,8 +52,9 @@ import logging
 import re
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -65,15 +66,50 @@ from .ops import ALIASES, CASTS, OpClass, op_class
 # Aten ops that only move or relabel memory.  A user op that reaches a kernel only through
 # these (a linear's output reshaped inside the next kernel's indexing, a layout copy) is not
 # computed by that kernel.
-LAYOUT_ATEN = frozenset({
-    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "slice",
-    "select", "squeeze", "unsqueeze", "as_strided", "alias", "split", "split_with_sizes",
-    "unbind", "clone", "getitem", "unfold", "diagonal", "view_as_real", "view_as_complex",
-})
+LAYOUT_ATEN = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "slice",
+        "select",
+        "squeeze",
+        "unsqueeze",
+        "as_strided",
+        "alias",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "clone",
+        "getitem",
+        "unfold",
+        "diagonal",
+        "view_as_real",
+        "view_as_complex",
+    }
+)
 
 # Torch calls Dynamo records that we treat as views (our capture turns them into getitems).
-_VIEW_CALLS = frozenset({"split", "chunk", "unbind", "split_with_sizes", "tensor_split", "hsplit",
-                         "vsplit", "view_as", "reshape_as", "expand_as", "contiguous", "size"})
+_VIEW_CALLS = frozenset(
+    {
+        "split",
+        "chunk",
+        "unbind",
+        "split_with_sizes",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+        "view_as",
+        "reshape_as",
+        "expand_as",
+        "contiguous",
+        "size",
+    }
+)
 
 
 _ARTIFACTS = ("inductor_provenance_tracking_node_mappings", "inductor_post_grad_graph")
@@ -92,9 +128,13 @@ class InductorCaptureError(Exception):
 # ---- the capture -----------------------------------------------------------------------------
 
 
-def capture_inductor(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor,
-                     user_code_predicate: Callable[[str], bool] | None = None, *,
-                     pattern_matcher: bool = True) -> InductorCapture:
+def capture_inductor(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor] | torch.Tensor,
+    user_code_predicate: Callable[[str], bool] | None = None,
+    *,
+    pattern_matcher: bool = True,
+) -> InductorCapture:
     """Compile `model(*example_inputs)` with Inductor and return the kernels it generated.
 
     `example_inputs` may be real tensors (used as they are) or meta tensors (replaced by
@@ -109,8 +149,12 @@ def capture_inductor(model: torch.nn.Module, example_inputs: Sequence[torch.Tens
     inputs = _real_inputs(example_inputs)
     device = "cuda" if any(t.is_cuda for t in inputs) else "cpu"
     model = _materialised(model, device)
-    result = InductorCapture(device=device, backend="cuda" if device == "cuda" else "triton-cpu",
-                             pattern_matcher=pattern_matcher, torch_version=torch.__version__)
+    result = InductorCapture(
+        device=device,
+        backend="cuda" if device == "cuda" else "triton-cpu",
+        pattern_matcher=pattern_matcher,
+        torch_version=torch.__version__,
+    )
     collector = _ArtifactCollector()
 
     def backend(gm: torch.fx.GraphModule, backend_inputs):
@@ -136,8 +180,10 @@ def capture_inductor(model: torch.nn.Module, example_inputs: Sequence[torch.Tens
         inferred = [op for op in graph.ops if op.inferred]
         if inferred:
             where = ", ".join(f"{op.op} (line {op.line})" for op in inferred)
-            result.notes.append(f"graph {graph.index}: a pattern rewrite dropped the provenance of {where}; "
-                                "placed by the kernel that consumes it")
+            result.notes.append(
+                f"graph {graph.index}: a pattern rewrite dropped the provenance of {where}; "
+                "placed by the kernel that consumes it"
+            )
     if len(result.graphs) > 1:
         result.notes.append(f"Dynamo split the forward into {len(result.graphs)} graphs (graph breaks)")
     result.seconds = round(time.perf_counter() - start, 3)
@@ -301,7 +347,8 @@ class _ArtifactCollector(logging.Handler):
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[dict[str, str]]:
-        self._bucket = bucket = {}
+        bucket: dict[str, str] = {}
+        self._bucket = bucket
         try:
             yield bucket
         finally:
@@ -338,7 +385,7 @@ def _snapshot(gm: torch.fx.GraphModule, is_user: Callable[[str], bool]) -> dict[
 def _canonical(node: torch.fx.Node) -> tuple[str, str]:
     """(fuselens op name, display name of the callable) for one Dynamo node."""
     if node.op == "call_method":
-        name, display = node.target, f"Tensor.{node.target}"
+        name, display = str(node.target), f"Tensor.{node.target}"  # a method's target is its name
     elif node.op == "call_module":
         name, display = str(node.target).split(".")[-1], f"module {node.target}"
     else:
@@ -383,8 +430,9 @@ def _user_frame(stack_trace: str, is_user: Callable[[str], bool]) -> tuple[str, 
 # ---- one compiled graph ----------------------------------------------------------------------
 
 
-def _build_graph(index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str, str],
-                 is_user: Callable[[str], bool]) -> InductorGraph:
+def _build_graph(
+    index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str, str], is_user: Callable[[str], bool]
+) -> InductorGraph:
     mapping = json.loads(artifacts.get("inductor_provenance_tracking_node_mappings") or "{}")
     kernel_to_post = mapping.get("cppCodeToPost") or {}
     post_to_pre = mapping.get("postToPre") or {}
@@ -402,15 +450,23 @@ def _build_graph(index: int, nodes: dict[str, _PreGradNode], artifacts: dict[str
     for key, post_names in kernel_to_post.items():
         name, _, handle = key.rpartition(":")
         kernel = InductorKernel(
-            id=f"g{index}.k{handle}", name=name, kind=kinds.get(name) or _kind_from_name(name), graph=index,
-            aten_ops=[], user_ops=[], lines=[],
-            source=sources.get(name) or launches.get((name, int(handle or 0)), ""))
+            id=f"g{index}.k{handle}",
+            name=name,
+            kind=kinds.get(name) or _kind_from_name(name),
+            graph=index,
+            aten_ops=[],
+            user_ops=[],
+            lines=[],
+            source=sources.get(name) or launches.get((name, int(handle or 0)), ""),
+        )
         computed: list[str] = []
         for post in post_names:
             target = targets.get(post, "")
             pre = [p for p in post_to_pre.get(post, []) if p in ops]
-            file, line = next(((ops[p].file, ops[p].line) for p in pre if ops[p].line and not ops[p].free),
-                              post_lines.get(post, ("", 0)))
+            file, line = next(
+                ((ops[p].file, ops[p].line) for p in pre if ops[p].line and not ops[p].free),
+                post_lines.get(post, ("", 0)),
+            )
             layout = _aten_base(target) in LAYOUT_ATEN
             kernel.aten_ops.append(AtenOp(post, target, file, line, pre, layout))
             if layout:
@@ -450,8 +506,9 @@ def _producers(node: _PreGradNode, nodes: dict[str, _PreGradNode]) -> list[str]:
     return sorted(found, key=lambda n: nodes[n].order)
 
 
-def _place_orphans(ops: dict[str, InductorOp], nodes: dict[str, _PreGradNode], post_to_pre: dict,
-                   kernels: dict[str, InductorKernel]) -> None:
+def _place_orphans(
+    ops: dict[str, InductorOp], nodes: dict[str, _PreGradNode], post_to_pre: dict, kernels: dict[str, InductorKernel]
+) -> None:
     """Attribute ops whose provenance a pattern rewrite dropped to the kernel consuming them.
 
     An orphan maps to no post-grad node at all.  If every op reading its value (through
@@ -515,7 +572,7 @@ def _post_grad_nodes(text: str, is_user: Callable[[str], bool]) -> tuple[dict[st
 
 
 def _aten_base(target: str) -> str:
-    """"aten.mul.Tensor" -> "mul"; "getitem" -> "getitem"."""
+    """ "aten.mul.Tensor" -> "mul"; "getitem" -> "getitem"."""
     parts = target.split(".")
     return parts[1] if len(parts) >= 2 else target
 
@@ -534,8 +591,13 @@ def _heuristic_kind(source: str) -> str:
 
 
 def _kind_from_name(name: str) -> str:
-    prefixes = {"triton_poi_": "pointwise", "triton_red_": "reduction", "triton_per_": "persistent-reduction",
-                "triton_tem_": "template", "triton_for_": "foreach"}
+    prefixes = {
+        "triton_poi_": "pointwise",
+        "triton_red_": "reduction",
+        "triton_per_": "persistent-reduction",
+        "triton_tem_": "template",
+        "triton_for_": "foreach",
+    }
     for prefix, kind in prefixes.items():
         if name.startswith(prefix):
             return kind

@@ -56,9 +56,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from fuselens.contracts.inductor import (AbsorbedOp, AtenOp, ClusterComparison, InductorCapture, InductorComparison,
-                                         InductorKernel, InductorOp, InstanceComparison, KernelAccount, KernelShare,
-                                         OpSummary, UnmatchedFusion)
+from fuselens.contracts.inductor import (
+    AbsorbedOp,
+    AtenOp,
+    ClusterComparison,
+    InductorCapture,
+    InductorComparison,
+    InductorKernel,
+    InductorOp,
+    InstanceComparison,
+    KernelAccount,
+    KernelShare,
+    OpSummary,
+    UnmatchedFusion,
+)
 from fuselens.contracts.report import Cluster, Model, OpRef
 
 from .ops import op_class
@@ -108,8 +119,9 @@ def compare_with_inductor(model: Model, capture: InductorCapture) -> InductorCom
     return result
 
 
-def _account(kernel: InductorKernel, clusters: list[str], result: InductorComparison, inductor: _Inductor,
-             ours: _Ours) -> KernelAccount:
+def _account(
+    kernel: InductorKernel, clusters: list[str], result: InductorComparison, inductor: _Inductor, ours: _Ours
+) -> KernelAccount:
     """What one Inductor kernel is, from our side; an unmatched fusion is also listed as one."""
     n = len(kernel.user_ops)
     if clusters:
@@ -243,8 +255,9 @@ def _compare_cluster(cluster: Cluster, inductor: _Inductor, ours: _Ours, claimed
     return result
 
 
-def _instances(candidates: list[list[Key]], placed: list[int], inductor: _Inductor,
-               claimed: set[Key]) -> list[tuple[list[Key], bool]]:
+def _instances(
+    candidates: list[list[Key]], placed: list[int], inductor: _Inductor, claimed: set[Key]
+) -> list[tuple[list[Key], bool]]:
     """Connected groups of candidate ops that each cover every placed op of the cluster.
 
     Ops another cluster's instance already took are left out, unless without them no group
@@ -254,8 +267,10 @@ def _instances(candidates: list[list[Key]], placed: list[int], inductor: _Induct
     if not groups:
         groups = _complete_groups(candidates, placed, inductor)
     if groups:
-        return [(sorted(g, key=inductor.order.__getitem__), True) for g in
-                sorted(groups, key=lambda g: min(inductor.order[k] for k in g))]
+        return [
+            (sorted(g, key=inductor.order.__getitem__), True)
+            for g in sorted(groups, key=lambda g: min(inductor.order[k] for k in g))
+        ]
     pool = {key for c in candidates for key in c}
     return [(sorted(pool, key=inductor.order.__getitem__), False)]
 
@@ -291,8 +306,9 @@ def _complete_groups(candidates: list[list[Key]], placed: list[int], inductor: _
     return [g for g in groups.values() if all(g & set(candidates[i]) for i in placed)]
 
 
-def _classify(group: list[Key], connected: bool, cluster: Cluster, inductor: _Inductor,
-              ours: _Ours) -> InstanceComparison:
+def _classify(
+    group: list[Key], connected: bool, cluster: Cluster, inductor: _Inductor, ours: _Ours
+) -> InstanceComparison:
     members = set(group)
     held: dict[str, list[Key]] = {}
     for key in group:
@@ -311,17 +327,20 @@ def _classify(group: list[Key], connected: bool, cluster: Cluster, inductor: _In
     return InstanceComparison("inductor-splits" if fusing else "inductor-misses", shares, connected=connected)
 
 
-def _share(kid: str, keys: Iterable[Key], members: set[Key], cluster: Cluster, inductor: _Inductor,
-           ours: _Ours) -> KernelShare:
+def _share(
+    kid: str, keys: Iterable[Key], members: set[Key], cluster: Cluster, inductor: _Inductor, ours: _Ours
+) -> KernelShare:
     kernel = inductor.kernels[kid]
-    absorbed = [_absorbed(key, kernel, inductor, ours, cluster) for key in inductor.kernel_ops(kernel)
-                if key not in members]
+    absorbed = [
+        _absorbed(key, kernel, inductor, ours, cluster) for key in inductor.kernel_ops(kernel) if key not in members
+    ]
     ops = [inductor.summary(k) for k in sorted(keys, key=inductor.order.__getitem__)]
     return KernelShare(kid, kernel.name, kernel.kind, ops, sorted({o.line for o in ops}), absorbed)
 
 
-def _absorbed(key: Key, kernel: InductorKernel, inductor: _Inductor, ours: _Ours,
-              cluster: Cluster | None) -> AbsorbedOp:
+def _absorbed(
+    key: Key, kernel: InductorKernel, inductor: _Inductor, ours: _Ours, cluster: Cluster | None
+) -> AbsorbedOp:
     op = inductor.ops[key]
     reason, detail = ours.rejection_of(op, cluster)
     here = inductor.aten_of.get((kernel.id, key), [])
@@ -329,10 +348,17 @@ def _absorbed(key: Key, kernel: InductorKernel, inductor: _Inductor, ours: _Ours
     part: list[str] = []
     if here and {a.name for a in here} < inductor.aten_all.get(key, set()):
         part = list(dict.fromkeys(a.target.split(".")[1] if "." in a.target else a.target for a in here))
-    return AbsorbedOp(op.op, op.file, op.line,
-                      cluster=ours.cluster_of(op, cluster.id if cluster else None),
-                      reason=reason, detail=detail, recomputed=recomputed,
-                      inferred=key[1] in kernel.inferred_ops, part=part)
+    return AbsorbedOp(
+        op.op,
+        op.file,
+        op.line,
+        cluster=ours.cluster_of(op, cluster.id if cluster else None),
+        reason=reason,
+        detail=detail,
+        recomputed=recomputed,
+        inferred=key[1] in kernel.inferred_ops,
+        part=part,
+    )
 
 
 def _unmatched(kernel: InductorKernel, inductor: _Inductor, ours: _Ours) -> UnmatchedFusion:
@@ -340,8 +366,7 @@ def _unmatched(kernel: InductorKernel, inductor: _Inductor, ours: _Ours) -> Unma
     chain = " + ".join(f"{o.op} (line {o.line})" for o in ops)
     why = sorted({o.reason for o in ops if o.reason})
     tail = f"; we rejected: {', '.join(why)}" if why else ""
-    return UnmatchedFusion(kernel.id, kernel.name, kernel.kind, ops,
-                           f"Inductor fuses {chain} in {kernel.name}{tail}")
+    return UnmatchedFusion(kernel.id, kernel.name, kernel.kind, ops, f"Inductor fuses {chain} in {kernel.name}{tail}")
 
 
 # ---- wording ---------------------------------------------------------------------------------
@@ -361,8 +386,9 @@ def _instance_summary(instance: InstanceComparison) -> str:
         return f"Inductor fuses the same ops in {shares[0].name}"
     if instance.status == "inductor-wider":
         return f"Inductor's {shares[0].name} also fuses {_absorbed_text(shares[0].absorbed)}"
-    parts = ", ".join(f"{s.name} (line{'s' if len(s.lines) > 1 else ''} {', '.join(map(str, s.lines))})"
-                      for s in shares)
+    parts = ", ".join(
+        f"{s.name} (line{'s' if len(s.lines) > 1 else ''} {', '.join(map(str, s.lines))})" for s in shares
+    )
     if instance.status == "inductor-splits":
         extra = "; ".join(f"{s.name} also fuses {_absorbed_text(s.absorbed)}" for s in shares if s.absorbed)
         return f"Inductor splits this into {len(shares)} kernels: {parts}" + (f"; {extra}" if extra else "")
@@ -370,7 +396,7 @@ def _instance_summary(instance: InstanceComparison) -> str:
 
 
 def _absorbed_text(ops: list[AbsorbedOp]) -> str:
-    """"mul ×2 and add (line 61), in our c2; sum (line 16), which we left out: reduction"."""
+    """ "mul ×2 and add (line 61), in our c2; sum (line 16), which we left out: reduction"."""
     groups: dict[tuple, list[str]] = {}
     for op in ops:
         name = f"{op.op}'s {' and '.join(op.part)}" if op.part else op.op

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
+from fuselens.contracts.config import InputSpec
+
 from .capture import UserCode, user_frame
 from .graph import Frame
-from fuselens.contracts.config import InputSpec
 from .normalise import dtype_name
 
 
@@ -67,21 +68,24 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
         frame = Frame(exc.filename or path, exc.lineno or 1, "<module>")
         raise LoadError("syntax", f"SyntaxError: {exc.msg}", frame) from exc
     except SystemExit as exc:
-        raise LoadError("import", f"the module called sys.exit({exc.code!r}) while being imported",
-                        user_frame(exc, user_code) or Frame(path, 1, "<module>"),
-                        hint="guard script code with `if __name__ == \"__main__\":`") from exc
+        raise LoadError(
+            "import",
+            f"the module called sys.exit({exc.code!r}) while being imported",
+            user_frame(exc, user_code) or Frame(path, 1, "<module>"),
+            hint='guard script code with `if __name__ == "__main__":`',
+        ) from exc
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         frame = user_frame(exc, user_code) or Frame(path, 1, "<module>")
-        kind = "import" if isinstance(exc, ImportError) else "import"
-        raise LoadError(kind, f"importing the file failed: {type(exc).__name__}: {exc}", frame) from exc
+        raise LoadError("import", f"importing the file failed: {type(exc).__name__}: {exc}", frame) from exc
     return module
 
 
 def model_classes(module: ModuleType) -> dict[str, type]:
     return {
-        name: obj for name, obj in vars(module).items()
+        name: obj
+        for name, obj in vars(module).items()
         if isinstance(obj, type) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
     }
 
@@ -93,8 +97,9 @@ class Built:
     note: str = ""
 
 
-def build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str = "",
-          param_dtype: str | None = None) -> Built:
+def build(
+    cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str = "", param_dtype: str | None = None
+) -> Built:
     """Instantiate `cls(**init)` in eval mode, on the meta device when the code allows it, with its
     weights cast to `param_dtype` when one is given."""
     built = _build(cls, init, user_code, init_hint)
@@ -107,25 +112,37 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
     missing = _missing_arguments(cls, init)
     if missing:
         raise LoadError(
-            "construct", f"{cls.__name__}(...) needs constructor arguments: {', '.join(missing)}",
-            _class_frame(cls), hint=init_hint)
+            "construct",
+            f"{cls.__name__}(...) needs constructor arguments: {', '.join(missing)}",
+            _class_frame(cls),
+            hint=init_hint,
+        )
     try:
         with torch.device("meta"):
             model = cls(**init)
         return Built(model.eval(), on_meta=True)
     except SystemExit as exc:
-        raise LoadError("construct", f"{cls.__name__}() called sys.exit({exc.code!r})",
-                        user_frame(exc, user_code) or _class_frame(cls)) from exc
+        raise LoadError(
+            "construct",
+            f"{cls.__name__}() called sys.exit({exc.code!r})",
+            user_frame(exc, user_code) or _class_frame(cls),
+        ) from exc
     except Exception as meta_exc:
         meta_error = meta_exc
     try:
         model = cls(**init)
         model = model.to("meta")
-        return Built(model.eval(), on_meta=False,
-                     note=f"built on the CPU: constructing on the meta device failed ({type(meta_error).__name__}: {meta_error})")
+        return Built(
+            model.eval(),
+            on_meta=False,
+            note=f"built on the CPU: constructing on the meta device failed ({type(meta_error).__name__}: {meta_error})",
+        )
     except Exception as exc:
-        raise LoadError("construct", f"{cls.__name__}() failed: {type(exc).__name__}: {exc}",
-                        user_frame(exc, user_code) or _class_frame(cls)) from exc
+        raise LoadError(
+            "construct",
+            f"{cls.__name__}() failed: {type(exc).__name__}: {exc}",
+            user_frame(exc, user_code) or _class_frame(cls),
+        ) from exc
 
 
 def build_real(cls: type, init: dict[str, Any], seed: int = 0, param_dtype: str | None = None) -> torch.nn.Module:
@@ -135,7 +152,9 @@ def build_real(cls: type, init: dict[str, Any], seed: int = 0, param_dtype: str 
     return model.to(getattr(torch, param_dtype)) if param_dtype else model
 
 
-def _missing_arguments(cls: type, init: dict[str, Any]) -> list[str]:
+def _missing_arguments(cls: type[Any], init: dict[str, Any]) -> list[str]:
+    # `type[Any]`: any class, whose own `__init__` (self first) is read; mypy takes a bare `type`
+    # for an instance of `type`, whose `__init__` would be the metaclass's.
     try:
         sig = inspect.signature(cls.__init__)
     except (TypeError, ValueError):
@@ -173,13 +192,14 @@ def specs_of(tensors: list[torch.Tensor]) -> list[InputSpec]:
     return [InputSpec([int(d) for d in t.shape], dtype_name(t.dtype)) for t in tensors]
 
 
-def user_example_inputs(module: ModuleType, cls: type, is_top_level: bool, user_code: UserCode):
+def user_example_inputs(module: ModuleType, cls: type[Any], is_top_level: bool, user_code: UserCode):
     """Inputs from an `example_inputs()` classmethod or module function, as meta tensors."""
     provider = None
     source = ""
-    if "example_inputs" in vars(cls) or any("example_inputs" in vars(b) for b in cls.__mro__[1:-1]
-                                             if b.__module__ == cls.__module__):
-        provider = getattr(cls, "example_inputs")
+    if "example_inputs" in vars(cls) or any(
+        "example_inputs" in vars(b) for b in cls.__mro__[1:-1] if b.__module__ == cls.__module__
+    ):
+        provider = cls.example_inputs
         source = f"{cls.__name__}.example_inputs()"
     elif callable(getattr(module, "example_inputs", None)):
         provider = module.example_inputs
@@ -190,8 +210,7 @@ def user_example_inputs(module: ModuleType, cls: type, is_top_level: bool, user_
         with torch.device("meta"):
             value = provider()
     except (Exception, SystemExit) as exc:
-        raise LoadError("inputs", f"{source} failed: {type(exc).__name__}: {exc}",
-                        user_frame(exc, user_code)) from exc
+        raise LoadError("inputs", f"{source} failed: {type(exc).__name__}: {exc}", user_frame(exc, user_code)) from exc
     if isinstance(value, dict) and source == "example_inputs()":
         if cls.__name__ not in value:
             return None, ""
@@ -220,8 +239,11 @@ def _as_tensors(value: Any, source: str) -> list[torch.Tensor]:
 
 def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
     try:
-        params = [p for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     names = [p.name for p in params][:count]
@@ -229,11 +251,15 @@ def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
 
 
 def hint_for_inputs(class_name: str) -> str:
-    return (f"give example inputs: `# fuselens: input=(16384, 1024) float32` on the `class {class_name}` line, "
-            f"[tool.fuselens.models.{class_name}] inputs = [[16384, 1024]] in pyproject.toml, "
-            "an example_inputs() classmethod, or --input-shape on the command line")
+    return (
+        f"give example inputs: `# fuselens: input=(16384, 1024) float32` on the `class {class_name}` line, "
+        f"[tool.fuselens.models.{class_name}] inputs = [[16384, 1024]] in pyproject.toml, "
+        "an example_inputs() classmethod, or --input-shape on the command line"
+    )
 
 
 def hint_for_init(class_name: str) -> str:
-    return (f"give constructor arguments: [tool.fuselens.models.{class_name}] init = {{ ... }} in pyproject.toml, "
-            f"or `# fuselens: init=(name=value, ...)` on the `class {class_name}` line, or give them defaults")
+    return (
+        f"give constructor arguments: [tool.fuselens.models.{class_name}] init = {{ ... }} in pyproject.toml, "
+        f"or `# fuselens: init=(name=value, ...)` on the `class {class_name}` line, or give them defaults"
+    )

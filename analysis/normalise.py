@@ -11,7 +11,8 @@ its base.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -22,8 +23,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def bind(func: Callable, args: Sequence, kwargs: dict, names: Sequence[str]) -> dict[str, Any]:
-    """Name the arguments of a call: by signature for Python functions, else by `names`."""
+def bind(func: Callable | None, args: Sequence, kwargs: dict, names: Sequence[str]) -> dict[str, Any]:
+    """Name the arguments of a call: by signature for Python functions, else (and for no
+    `func`) by `names`."""
     if inspect.isfunction(func):
         try:
             sig = inspect.signature(func)
@@ -35,7 +37,7 @@ def bind(func: Callable, args: Sequence, kwargs: dict, names: Sequence[str]) -> 
             return out
         except (TypeError, ValueError):
             pass
-    out = dict(zip(names, args))
+    out = dict(zip(names, args, strict=False))
     out.update(kwargs)
     if "self" in out:
         out["input"] = out.pop("self")
@@ -82,8 +84,12 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
             return ("maximum" if canon == "max" else "minimum", OpClass.BINARY, [bound["input"], other], {})
         if other is None and out_t is not None:
             x = bound["input"]
-            return ("amax" if canon == "max" else "amin", OpClass.REDUCTION, [x],
-                    {"dims": list(range(x.dim())), "keepdim": False})
+            return (
+                "amax" if canon == "max" else "amin",
+                OpClass.REDUCTION,
+                [x],
+                {"dims": list(range(x.dim())), "keepdim": False},
+            )
         return None  # max(dim) -> (values, indices): opaque
     if canon in ("clamp", "clamp_min", "clamp_max"):
         names = {"clamp": ["input", "min", "max"], "clamp_min": ["input", "min"], "clamp_max": ["input", "max"]}[canon]
@@ -115,9 +121,13 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
     if cls is OpClass.BINARY:
         return _normalise_binary(canon, func, args, kwargs, swapped)
     if cls is OpClass.TERNARY:
-        names = {"where": ["condition", "input", "other"], "masked_fill": ["input", "mask", "value"],
-                 "lerp": ["input", "end", "weight"], "addcmul": ["input", "tensor1", "tensor2", "value"],
-                 "addcdiv": ["input", "tensor1", "tensor2", "value"]}[canon]
+        names = {
+            "where": ["condition", "input", "other"],
+            "masked_fill": ["input", "mask", "value"],
+            "lerp": ["input", "end", "weight"],
+            "addcmul": ["input", "tensor1", "tensor2", "value"],
+            "addcdiv": ["input", "tensor1", "tensor2", "value"],
+        }[canon]
         bound = bind(func, args, kwargs, names)
         if canon == "where" and "other" not in bound:
             return None  # where(cond) -> indices
@@ -125,6 +135,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         params = {"value": bound.get("value", 1)} if canon in ("addcmul", "addcdiv") else {}
         return canon, cls, operands, params
     if canon == "cat":
+        if out_t is None:
+            return None  # torch.cat always returns a tensor; anything else is not a concatenation we model
         bound = bind(func, args, kwargs, ["tensors", "dim"])
         tensors = [t for t in bound["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
         return "cat", OpClass.CONCAT, [list(tensors)], {"dim": norm_dim(int(bound.get("dim", 0)), out_t.dim())}
@@ -167,14 +179,22 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
         dim = bound.get("dim")
         if dim is None:
             dim = 0 if x.dim() in (0, 1, 3) else 1  # torch's legacy implicit dim
-        return canon, OpClass.REDUCTION, [x], {"dims": [norm_dim(int(dim), x.dim())], "keepdim": True,
-                                                "dtype": dtype_name(out_t.dtype)}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x],
+            {"dims": [norm_dim(int(dim), x.dim())], "keepdim": True, "dtype": dtype_name(out_t.dtype)},
+        )
     if canon == "layer_norm":
         bound = bind(func, args, kwargs, ["input", "normalized_shape", "weight", "bias", "eps"])
         x = bound["input"]
         k = len(bound["normalized_shape"])
-        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
-            "dims": list(range(x.dim() - k, x.dim())), "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x, bound.get("weight"), bound.get("bias")],
+            {"dims": list(range(x.dim() - k, x.dim())), "eps": float(bound.get("eps", 1e-5)), "keepdim": True},
+        )
     if canon == "rms_norm":
         bound = bind(func, args, kwargs, ["input", "normalized_shape", "weight", "eps"])
         x = bound["input"]
@@ -182,14 +202,26 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
         eps = bound.get("eps")
         if eps is None:
             eps = float(torch.finfo(x.dtype).eps) if x.is_floating_point() else 1e-6
-        return canon, OpClass.REDUCTION, [x, bound.get("weight")], {
-            "dims": list(range(x.dim() - k, x.dim())), "eps": float(eps), "keepdim": True}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x, bound.get("weight")],
+            {"dims": list(range(x.dim() - k, x.dim())), "eps": float(eps), "keepdim": True},
+        )
     if canon == "group_norm":
         bound = bind(func, args, kwargs, ["input", "num_groups", "weight", "bias", "eps"])
         x = bound["input"]
-        return canon, OpClass.REDUCTION, [x, bound.get("weight"), bound.get("bias")], {
-            "dims": list(range(1, x.dim())), "groups": int(bound["num_groups"]),
-            "eps": float(bound.get("eps", 1e-5)), "keepdim": True}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x, bound.get("weight"), bound.get("bias")],
+            {
+                "dims": list(range(1, x.dim())),
+                "groups": int(bound["num_groups"]),
+                "eps": float(bound.get("eps", 1e-5)),
+                "keepdim": True,
+            },
+        )
     if canon in ("var", "std"):
         bound = bind(func, args, kwargs, ["input", "dim", "unbiased", "keepdim"])
         x = bound["input"]
@@ -200,9 +232,16 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
         correction = bound.get("correction")
         if correction is None:
             correction = 1 if unbiased else 0
-        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(dim, x.dim()),
-                                                "keepdim": bool(bound.get("keepdim", False)),
-                                                "correction": float(correction)}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x],
+            {
+                "dims": _norm_dims(dim, x.dim()),
+                "keepdim": bool(bound.get("keepdim", False)),
+                "correction": float(correction),
+            },
+        )
     if canon == "norm":
         bound = bind(func, args, kwargs, ["input", "p", "dim", "keepdim"])
         x = bound["input"]
@@ -211,13 +250,25 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
             p = 2
         if not isinstance(p, (int, float)):
             return None
-        return canon, OpClass.REDUCTION, [x], {"dims": _norm_dims(bound.get("dim"), x.dim()),
-                                                "keepdim": bool(bound.get("keepdim", False)), "p": float(p)}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x],
+            {
+                "dims": _norm_dims(bound.get("dim"), x.dim()),
+                "keepdim": bool(bound.get("keepdim", False)),
+                "p": float(p),
+            },
+        )
     if canon in ("cumsum", "cumprod"):
         bound = bind(func, args, kwargs, ["input", "dim"])
         x = bound["input"]
-        return canon, OpClass.REDUCTION, [x], {"dims": [norm_dim(int(bound["dim"]), x.dim())], "keepdim": True,
-                                                "scan": True}
+        return (
+            canon,
+            OpClass.REDUCTION,
+            [x],
+            {"dims": [norm_dim(int(bound["dim"]), x.dim())], "keepdim": True, "scan": True},
+        )
     bound = bind(func, args, kwargs, ["input", "dim", "keepdim", "dtype"])
     x = bound["input"]
     params = {"dims": _norm_dims(bound.get("dim"), x.dim()), "keepdim": bool(bound.get("keepdim", False))}
@@ -256,7 +307,7 @@ def _normalise_view(canon, func, args, kwargs, out_t):
         src = [norm_dim(int(d), ndim) for d in src]
         dst = [norm_dim(int(d), ndim) for d in dst]
         perm = [-1] * ndim
-        for s, d in zip(src, dst):
+        for s, d in zip(src, dst, strict=True):
             perm[d] = s
         others = iter(d for d in range(ndim) if d not in src)
         perm = [p if p >= 0 else next(others) for p in perm]
@@ -284,11 +335,12 @@ def _normalise_view(canon, func, args, kwargs, out_t):
         index = int(bound["index"])
         steps = [("select", dim, index + int(x.shape[dim]) if index < 0 else index)]
     elif canon == "getitem":
-        steps = _index_steps(x, args[1] if len(args) > 1 else kwargs.get("indices"))
-        if steps is None:
+        basic = _index_steps(x, args[1] if len(args) > 1 else kwargs.get("indices"))
+        if basic is None:
             return None  # advanced indexing: a gather
+        steps = basic
     else:  # view, reshape, flatten, unflatten, view_as, reshape_as
-        if not out_t._is_view() and not (out_t.untyped_storage() is x.untyped_storage()):
+        if not out_t._is_view() and out_t.untyped_storage() is not x.untyped_storage():
             return "reshape", OpClass.OPAQUE, [x], {"shape": list(shape), "copies": True}
         steps = [("reshape", list(shape))]
     return canon, OpClass.VIEW, [x], {"steps": steps}
@@ -297,7 +349,7 @@ def _normalise_view(canon, func, args, kwargs, out_t):
 def _index_steps(x: torch.Tensor, index: Any) -> list[tuple] | None:
     """Basic indexing (ints, slices, None, ...) as a list of view steps; None if advanced."""
     items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, (torch.Tensor, list)) or (isinstance(i, bool)) for i in items):
+    if any(isinstance(i, (torch.Tensor, list, bool)) for i in items):
         return None
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     if consumed > x.dim():

@@ -28,7 +28,9 @@ class Match:
     bytes_after: int
     dims: dict = field(default_factory=dict)
     summary: str = ""
-    output: int | None = None  # the value the pattern produces
+    # The value the pattern produces: every pattern has one (the residual and GEMM-block patterns
+    # start from a norm's), so it is required, by keyword as it follows fields with defaults.
+    output: int = field(kw_only=True)
 
     @property
     def speedup(self) -> float | None:
@@ -90,9 +92,17 @@ def _rmsnorms(graph: Graph) -> list[Match]:
     out = []
     for node in graph:
         if node.op == "rms_norm":
-            x, *rest = node.inputs
-            out.append(Match("rmsnorm", [node.id], op_bytes(graph, node), op_bytes(graph, node),
-                             summary="RMSNorm as one op (already one kernel in eager)", output=node.id))
+            _x, *_rest = node.inputs
+            out.append(
+                Match(
+                    "rmsnorm",
+                    [node.id],
+                    op_bytes(graph, node),
+                    op_bytes(graph, node),
+                    summary="RMSNorm as one op (already one kernel in eager)",
+                    output=node.id,
+                )
+            )
             continue
         if node.op != "rsqrt":
             continue
@@ -110,9 +120,9 @@ def _decomposed_rmsnorm(graph: Graph, rsqrt: Node) -> Match | None:
     if mean.op != "mean" or not mean.params.get("keepdim"):
         return None
     square = graph[_through_free(graph, mean.inputs[0])]
-    if square.op == "pow" and _scalar_arg(square) == 2:
-        x = _through_free(graph, square.inputs[0])
-    elif square.op == "mul" and len(set(_tensor_args(graph, square))) == 1 and len(square.refs) == 2:
+    if (square.op == "pow" and _scalar_arg(square) == 2) or (
+        square.op == "mul" and len(set(_tensor_args(graph, square))) == 1 and len(square.refs) == 2
+    ):
         x = _through_free(graph, square.inputs[0])
     else:
         return None
@@ -150,14 +160,29 @@ def _decomposed_rmsnorm(graph: Graph, rsqrt: Node) -> Match | None:
         x = _through_free(graph, xnode.inputs[0])
     before = _bytes(graph, nodes)
     after = _io_bytes(graph, [x] + ([weight] if weight is not None else []), [tail.id])
-    return Match("rmsnorm", sorted(nodes), before, after, output=tail.id,
-                 summary=f"RMSNorm spelled out as {len(nodes)} ops ({' → '.join(graph[i].op for i in sorted(nodes))})")
+    return Match(
+        "rmsnorm",
+        sorted(nodes),
+        before,
+        after,
+        output=tail.id,
+        summary=f"RMSNorm spelled out as {len(nodes)} ops ({' → '.join(graph[i].op for i in sorted(nodes))})",
+    )
 
 
 def _layernorms(graph: Graph) -> list[Match]:
-    return [Match("layernorm", [n.id], op_bytes(graph, n), op_bytes(graph, n), output=n.id,
-                  summary="LayerNorm as one op (already one kernel in eager)")
-            for n in graph if n.op == "layer_norm"]
+    return [
+        Match(
+            "layernorm",
+            [n.id],
+            op_bytes(graph, n),
+            op_bytes(graph, n),
+            output=n.id,
+            summary="LayerNorm as one op (already one kernel in eager)",
+        )
+        for n in graph
+        if n.op == "layer_norm"
+    ]
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------
@@ -179,8 +204,17 @@ def _swiglu(graph: Graph) -> list[Match]:
                 after = _io_bytes(graph, [gate, up], [node.id])
                 g = graph[gate].meta
                 dims = {"tokens": g.numel // g.shape[-1], "hidden": g.shape[-1], "dtype": g.dtype} if g else {}
-                out.append(Match("swiglu", [act.id, node.id], before, after, dims, output=node.id,
-                                 summary="SwiGLU: silu(gate) * up; a GEMM epilogue could also skip writing gate/up"))
+                out.append(
+                    Match(
+                        "swiglu",
+                        [act.id, node.id],
+                        before,
+                        after,
+                        dims,
+                        output=node.id,
+                        summary="SwiGLU: silu(gate) * up; a GEMM epilogue could also skip writing gate/up",
+                    )
+                )
                 break
     return out
 
@@ -208,16 +242,27 @@ def _rope(graph: Graph) -> list[Match]:
         x = _rotated_source(graph, cat)
         if x is None or x not in _tensor_args(graph, other):
             continue
-        neg = [graph[_through_free(graph, r.node)] for r in cat.args[0] if graph[_through_free(graph, r.node)].op == "neg"]
+        neg = [
+            graph[_through_free(graph, r.node)] for r in cat.args[0] if graph[_through_free(graph, r.node)].op == "neg"
+        ]
         nodes = sorted({other.id, mul_rot.id, cat.id, node.id} | {n.id for n in neg})
         cos = [i for i in _tensor_args(graph, other) if i != x]
         sin = [i for i in _tensor_args(graph, mul_rot) if i != cat.id]
         before = _bytes(graph, nodes)
-        after = _io_bytes(graph, [x] + cos + sin, [node.id])
+        after = _io_bytes(graph, [x, *cos, *sin], [node.id])
         meta = graph[x].meta
         dims = {"shape": list(meta.shape), "dtype": meta.dtype} if meta else {}
-        out.append(Match("rope", nodes, before, after, dims, output=node.id,
-                         summary="rotary embedding: x * cos + rotate_half(x) * sin"))
+        out.append(
+            Match(
+                "rope",
+                nodes,
+                before,
+                after,
+                dims,
+                output=node.id,
+                summary="rotary embedding: x * cos + rotate_half(x) * sin",
+            )
+        )
     return out
 
 
@@ -265,8 +310,17 @@ def _softmax(graph: Graph) -> list[Match]:
         before = _bytes(graph, nodes)
         after = _io_bytes(graph, reads, [tail])
         label = " and ".join(sorted(set(kinds))) or "plain"
-        out.append(Match("softmax", nodes, before, after, {"variant": label}, output=tail,
-                         summary=f"{label} {node.op} over the last dim"))
+        out.append(
+            Match(
+                "softmax",
+                nodes,
+                before,
+                after,
+                {"variant": label},
+                output=tail,
+                summary=f"{label} {node.op} over the last dim",
+            )
+        )
     return out
 
 
@@ -285,14 +339,23 @@ def _residual_norm(graph: Graph, norms: list[Match]) -> list[Match]:
         if add.op != "add" or len(add.refs) != 2:
             continue
         escapes = [u for u in _consumers(graph, add.id) if u not in norm.nodes]
-        nodes = sorted([add.id] + norm.nodes)
+        nodes = sorted([add.id, *norm.nodes])
         before = _bytes(graph, nodes)
-        reads = _tensor_args(graph, add) + [i for n in norm.nodes for i in _tensor_args(graph, graph[n])
-                                           if graph[i].op in ("param", "buffer")]
+        reads = _tensor_args(graph, add) + [
+            i for n in norm.nodes for i in _tensor_args(graph, graph[n]) if graph[i].op in ("param", "buffer")
+        ]
         writes = [norm.output] + ([add.id] if escapes else [])
         after = _io_bytes(graph, reads, writes)
-        out.append(Match(f"residual-{norm.name}", nodes, before, after, output=norm.output,
-                         summary="residual add feeding a norm" + (" (the sum is also kept)" if escapes else "")))
+        out.append(
+            Match(
+                f"residual-{norm.name}",
+                nodes,
+                before,
+                after,
+                output=norm.output,
+                summary="residual add feeding a norm" + (" (the sum is also kept)" if escapes else ""),
+            )
+        )
     return out
 
 
@@ -328,9 +391,16 @@ def _gemm_block(graph: Graph, norms: list[Match]) -> list[Match]:
         reads += [i for n in norm.nodes for i in _tensor_args(graph, graph[n]) if graph[i].op in ("param", "buffer")]
         writes = [gemm2.id] + ([add.id] if escapes else [])
         after = _io_bytes(graph, reads, writes)
-        out.append(Match("gemm-residual-rmsnorm-gemm", nodes, before, after,
-                         {"M": m_dim, "N": n_dim, "K0": k0, "K1": k1, "dtype": dtype, "bytes_per_element": size},
-                         output=gemm2.id,
-                         summary=f"GEMM [{m_dim}×{k0}]·[{k0}×{n_dim}] → + residual → RMSNorm → GEMM [{n_dim}×{k1}]; "
-                                 "one kernel keeps each N-wide row on chip between the GEMMs"))
+        out.append(
+            Match(
+                "gemm-residual-rmsnorm-gemm",
+                nodes,
+                before,
+                after,
+                {"M": m_dim, "N": n_dim, "K0": k0, "K1": k1, "dtype": dtype, "bytes_per_element": size},
+                output=gemm2.id,
+                summary=f"GEMM [{m_dim}×{k0}]·[{k0}×{n_dim}] → + residual → RMSNorm → GEMM [{n_dim}×{k1}]; "
+                "one kernel keeps each N-wide row on chip between the GEMMs",
+            )
+        )
     return out

@@ -6,7 +6,8 @@ same shapes and dtypes; only the module instance differs (`blocks.0`, `blocks.1`
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -17,11 +18,3 @@ def group_repeats(items: Iterable[T], signature: Callable[[T], Hashable]) -> lis
     for item in items:
         groups.setdefault(signature(item), []).append(item)
     return list(groups.values())
-
-
-def instance_label(paths: list[str]) -> str:
-    """`blocks.0 … blocks.11` style summary of where the repeats live."""
-    paths = [p or "(root)" for p in paths]
-    if len(paths) <= 2:
-        return ", ".join(paths)
-    return f"{paths[0]} … {paths[-1]}"

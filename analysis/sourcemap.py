@@ -5,7 +5,7 @@ Each op carries the innermost frame of the user's code that made it (file, line,
 function, and which call of that function), plus the names the calling frame had for
 its operands.  A cluster maps
 
-- `exact` when every op comes from one call of one function in the analysed file,
+- `exact` when every op comes from one call of one function in the analyzed file,
   its lines are whole sibling statements that contain no op outside the cluster, each
   external input has a name at the first line, each escaping output is bound to a
   name (or returned) by those lines, and no other name they assign is read later.
@@ -24,13 +24,15 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from .graph import Frame, Graph, Node
+from fuselens.contracts.report import Mapping as MappingQuality
+
+from .graph import Graph, Node
 from .ops import OpClass
 
 
 @dataclass
 class Mapping:
-    quality: str  # "exact" | "pointer" | "unavailable"
+    quality: MappingQuality
     detail: str
     file: str = ""
     function: str = ""
@@ -42,7 +44,7 @@ class Mapping:
 
 
 class SourceIndex:
-    """Parsed source of the analysed file, to reason about statements and names."""
+    """Parsed source of the analyzed file, to reason about statements and names."""
 
     def __init__(self, path: str, text: str):
         self.path = os.path.abspath(path)
@@ -51,14 +53,14 @@ class SourceIndex:
         self.tree = ast.parse(text)
         self._functions = [n for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
-    def function_at(self, line: int, name: str) -> ast.FunctionDef | None:
+    def function_at(self, line: int, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         """The innermost def named `name` (last part of a qualname) containing `line`."""
         short = name.split(".")[-1]
         best = None
         for fn in self._functions:
-            if fn.name == short and fn.lineno <= line <= (fn.end_lineno or fn.lineno):
-                if best is None or fn.lineno > best.lineno:
-                    best = fn
+            inside = fn.lineno <= line <= (fn.end_lineno or fn.lineno)
+            if fn.name == short and inside and (best is None or fn.lineno > best.lineno):
+                best = fn
         return best
 
     def line_text(self, line: int) -> str:
@@ -101,27 +103,50 @@ def common_place(graph: Graph, node_ids: list[int]) -> Place | None:
     frames = [next(f for f in stack if f.invocation == invocation) for stack in stacks]
     lines = [f.line for f in frames]
     direct = sorted({stack[0].function for stack in stacks})
-    return Place(frames[0].file, frames[0].function, invocation, (min(lines), max(lines)),
-                 all(stack[0].invocation == invocation for stack in stacks), direct)
+    return Place(
+        frames[0].file,
+        frames[0].function,
+        invocation,
+        (min(lines), max(lines)),
+        all(stack[0].invocation == invocation for stack in stacks),
+        direct,
+    )
 
 
-def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: list[int], outputs: list[int],
-                source: SourceIndex | None) -> Mapping:
+def map_cluster(
+    graph: Graph,
+    compute: list[int],
+    members: set[int],
+    inputs: list[int],
+    outputs: list[int],
+    source: SourceIndex | None,
+) -> Mapping:
     place = common_place(graph, compute)
     if place is None:
-        located = [graph[i].source for i in compute if graph[i].source]
+        located = [f for f in (graph[i].source for i in compute) if f is not None]
         if not located:
             return Mapping("unavailable", "no op of this cluster was called from your code")
         first = min(located, key=lambda f: f.line)
-        return Mapping("pointer", "its ops are not called from one place in your code", first.file, first.function,
-                       (first.line, first.line))
+        return Mapping(
+            "pointer",
+            "its ops are not called from one place in your code",
+            first.file,
+            first.function,
+            (first.line, first.line),
+        )
     base = Mapping("pointer", "", place.file, place.function, place.lines)
     if not place.innermost:
         if len(place.functions) > 1:
-            return _with(base, f"its ops come from several functions ({', '.join(place.functions)}); "
-                               f"shown where {place.function} calls them")
-        return _with(base, f"its ops come from different calls of {place.functions[0]} (for example two layers); "
-                           f"shown where {place.function} makes those calls")
+            return _with(
+                base,
+                f"its ops come from several functions ({', '.join(place.functions)}); "
+                f"shown where {place.function} calls them",
+            )
+        return _with(
+            base,
+            f"its ops come from different calls of {place.functions[0]} (for example two layers); "
+            f"shown where {place.function} makes those calls",
+        )
     file = place.file
     if source is None or os.path.abspath(file) != source.path:
         return _with(base, f"its code is in {os.path.basename(file)}, not in this file")
@@ -144,7 +169,7 @@ def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: lis
         return _with(base, f"an input ({_what(graph[missing])}) has no name at line {start}")
     base.input_names = names_in
     stored = _stored_names(statements)
-    for name in names_in:
+    for name in _named(names_in):
         for root in _names_in(name):
             if root in stored and _assigned_before_use(statements, root):
                 return _with(base, f"`{root}` is reassigned before the cluster reads it")
@@ -172,14 +197,15 @@ def map_cluster(graph: Graph, compute: list[int], members: set[int], inputs: lis
     return base
 
 
-
 def _with(mapping: Mapping, detail: str) -> Mapping:
     mapping.detail = detail
     return mapping
 
 
 def _what(node: Node) -> str:
-    return f"`{node.name}`" if node.name else f"the result of `{node.op}`" + (f" on line {node.line}" if node.line else "")
+    return (
+        f"`{node.name}`" if node.name else f"the result of `{node.op}`" + (f" on line {node.line}" if node.line else "")
+    )
 
 
 def _indent(text: str) -> str:
@@ -194,15 +220,18 @@ def _enclosing_block(fn: ast.AST, lines: tuple[int, int]):
         if not covering:
             continue
         if covering[0].lineno <= first and (covering[-1].end_lineno or covering[-1].lineno) >= last:
-            if any(isinstance(s, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef))
-                   for s in covering):
+            if any(
+                isinstance(s, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef))
+                for s in covering
+            ):
                 continue  # the ops sit in a nested block; look for that block instead
             return covering, covering[0].lineno, covering[-1].end_lineno or covering[-1].lineno
     return None
 
 
-def _intruder(graph: Graph, members: set[int], inputs: list[int], file: str, invocation: int,
-              start: int, end: int) -> Node | None:
+def _intruder(
+    graph: Graph, members: set[int], inputs: list[int], file: str, invocation: int, start: int, end: int
+) -> Node | None:
     for node in graph:
         if node.id in members or node.source is None or node.cls is OpClass.SOURCE:
             continue
@@ -229,6 +258,15 @@ def _input_names(graph: Graph, compute: list[int], members: set[int], inputs: li
             name = graph[value].expr
         names.append(name)
     return names
+
+
+def _named(names: list[str | None]) -> list[str]:
+    """`names`, every one of them known: an exact mapping names each input, and each output
+    unless its lines end in the `return` that hands back the single one."""
+    known = [n for n in names if n is not None]
+    if len(known) != len(names):
+        raise ValueError(f"an unnamed value among {names}: only an exact mapping names them all")
+    return known
 
 
 def _names_in(expression: str) -> set[str]:
@@ -293,9 +331,5 @@ def replacement(mapping: Mapping, call_name: str, args: list[str]) -> str:
     call = f"{call_name}({', '.join(args)})"
     if mapping.returns:
         return f"{mapping.indent}return {call}"
-    targets = ", ".join(mapping.output_names)  # type: ignore[arg-type]
+    targets = ", ".join(_named(mapping.output_names))
     return f"{mapping.indent}{targets} = {call}"
-
-
-def frame_text(frame: Frame | None) -> str:
-    return f"{os.path.basename(frame.file)}:{frame.line}" if frame else "?"

@@ -36,8 +36,13 @@ _MEASURE = (
 def cold_cli(path: str, args: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS MB) of one `fuselens analyze` run in a fresh process."""
     command = [sys.executable, "-m", "fuselens.cli.main", "analyze", path, *args]
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *command], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+    ).stdout.split()
     seconds, rss_kb, code = float(out[0]), int(out[1]), int(out[2])
     if code != 0:
         raise RuntimeError(f"fuselens analyze {path} exited {code}")
@@ -66,13 +71,16 @@ def main() -> int:
     from fuselens.worker.jobs import warm_up
 
     warm_up()
-    cases = [(name, os.path.join(EXAMPLES, name), []) for name in
-             ("example_net.py", "gpt.py", "llama_block.py", "conv_block.py", "branchy.py")]
+    cases = [
+        (name, os.path.join(EXAMPLES, name), [])
+        for name in ("example_net.py", "gpt.py", "llama_block.py", "conv_block.py", "branchy.py")
+    ]
     cases[0] = ("example_net.py", cases[0][1], ["--input-shape", "16384,1024"])
     with tempfile.TemporaryDirectory() as tmp:
         cases += [(f"gpt.py, {n} layers", gpt_with_layers(n, tmp), []) for n in (12, 24, 48)]
-        print(f"{'example':24} {'ops':>5} {'clusters':>8} {'warm p50':>9} {'warm min':>9} "
-              f"{'cold CLI':>9} {'peak RSS':>9}")
+        print(
+            f"{'example':24} {'ops':>5} {'clusters':>8} {'warm p50':>9} {'warm min':>9} {'cold CLI':>9} {'peak RSS':>9}"
+        )
         for label, path, cli_args in cases:
             shapes = cli_args[1:2] if cli_args else None
             timings, report = [], None
@@ -80,12 +88,14 @@ def main() -> int:
                 start = time.perf_counter()
                 report = analyze_file(path, AnalyzeOptions(input_shapes=shapes))
                 timings.append(time.perf_counter() - start)
-            models = [m for m in report.models if m.status == "analysed"]
+            models = [m for m in report.models if m.status == "analyzed"]
             ops = sum(m.ops_total for m in models)
             clusters = sum(len(m.clusters) for m in models)
             seconds, rss = cold_cli(path, cli_args)
-            print(f"{label:24} {ops:5d} {clusters:8d} {statistics.median(timings) * 1000:7.0f}ms "
-                  f"{min(timings) * 1000:7.0f}ms {seconds:8.2f}s {rss:7.0f}MB")
+            print(
+                f"{label:24} {ops:5d} {clusters:8d} {statistics.median(timings) * 1000:7.0f}ms "
+                f"{min(timings) * 1000:7.0f}ms {seconds:8.2f}s {rss:7.0f}MB"
+            )
     return 0
 
 

@@ -26,31 +26,46 @@ EXAMPLES = os.path.join(ROOT, "examples")
 
 # example -> (class, {size label: (input shapes, constructor kwargs)})
 SUITE = {
-    "example_net.py": ("ExampleNet", {
-        "launch": ([[256, 1024]], {}),
-        "l2": ([[4096, 1024]], {}),
-        "dram": ([[65536, 4096]], {"width": 4096, "hidden": 4096}),
-    }),
-    "branchy.py": ("GatedNet", {
-        "launch": ([[256, 1024]], {}),
-        "l2": ([[4096, 1024]], {}),
-        "dram": ([[65536, 4096]], {"width": 4096}),
-    }),
-    "llama_block.py": ("LlamaBlock", {
-        "launch": ([[1, 64, 1024]], {}),
-        "l2": ([[2, 512, 1024]], {}),
-        "dram": ([[4, 2048, 4096]], {"dim": 4096, "n_heads": 32, "hidden": 11008, "max_len": 2048}),
-    }),
-    "conv_block.py": ("ResBlock", {
-        "launch": ([[1, 128, 16, 16], [1, 512]], {}),
-        "l2": ([[8, 128, 32, 32], [8, 512]], {}),
-        "dram": ([[32, 256, 64, 64], [32, 512]], {"channels": 256}),
-    }),
-    "gpt.py": ("GPT", {
-        "launch": ([[1, 64]], {"n_layers": 2}),
-        "l2": ([[4, 256]], {"n_layers": 2}),
-        "dram": ([[16, 2048]], {"n_layers": 2, "max_len": 2048}),
-    }),
+    "example_net.py": (
+        "ExampleNet",
+        {
+            "launch": ([[256, 1024]], {}),
+            "l2": ([[4096, 1024]], {}),
+            "dram": ([[65536, 4096]], {"width": 4096, "hidden": 4096}),
+        },
+    ),
+    "branchy.py": (
+        "GatedNet",
+        {
+            "launch": ([[256, 1024]], {}),
+            "l2": ([[4096, 1024]], {}),
+            "dram": ([[65536, 4096]], {"width": 4096}),
+        },
+    ),
+    "llama_block.py": (
+        "LlamaBlock",
+        {
+            "launch": ([[1, 64, 1024]], {}),
+            "l2": ([[2, 512, 1024]], {}),
+            "dram": ([[4, 2048, 4096]], {"dim": 4096, "n_heads": 32, "hidden": 11008, "max_len": 2048}),
+        },
+    ),
+    "conv_block.py": (
+        "ResBlock",
+        {
+            "launch": ([[1, 128, 16, 16], [1, 512]], {}),
+            "l2": ([[8, 128, 32, 32], [8, 512]], {}),
+            "dram": ([[32, 256, 64, 64], [32, 512]], {"channels": 256}),
+        },
+    ),
+    "gpt.py": (
+        "GPT",
+        {
+            "launch": ([[1, 64]], {"n_layers": 2}),
+            "l2": ([[4, 256]], {"n_layers": 2}),
+            "dram": ([[16, 2048]], {"n_layers": 2, "max_len": 2048}),
+        },
+    ),
 }
 
 
@@ -65,27 +80,53 @@ def run_case(example: str, size: str, dtype: str, peak_gbps: float | None) -> li
     in_dtype = "int64" if int_inputs else dtype
     specs = [InputSpec(list(s), in_dtype) for s in shapes]
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init, "param_dtype": dtype}
-    report = validate_file(os.path.join(EXAMPLES, example), AnalyzeOptions(models={cls: config}),
-                           ValidateOptions(shapes=specs, benchmark=True, peak_gbps=peak_gbps))
+    report = validate_file(
+        os.path.join(EXAMPLES, example),
+        AnalyzeOptions(models={cls: config}),
+        ValidateOptions(shapes=specs, benchmark=True, peak_gbps=peak_gbps),
+    )
     rows = []
     for problem in report.problems:
         rows.append({"example": example, "size": size, "dtype": dtype, "error": problem})
     for model in report.models:
         for c in model.clusters:
-            row = {"example": example, "model": model.name, "size": size, "dtype": dtype, "shapes": model.inputs,
-                   "cluster": c.id, "ops": c.ops, "status": c.status, "regime": c.regime, "max_abs": c.max_abs,
-                   "bytes_unfused": c.bytes_unfused, "bytes_fused": c.bytes_fused, "instances": c.instances,
-                   "message": c.message}
+            row = {
+                "example": example,
+                "model": model.name,
+                "size": size,
+                "dtype": dtype,
+                "shapes": model.inputs,
+                "cluster": c.id,
+                "ops": c.ops,
+                "status": c.status,
+                "regime": c.regime,
+                "max_abs": c.max_abs,
+                "bytes_unfused": c.bytes_unfused,
+                "bytes_fused": c.bytes_fused,
+                "instances": c.instances,
+                "message": c.message,
+            }
             if c.timing:
                 row.update(vars(c.timing))
                 if c.bytes_unfused and c.bytes_fused:
                     row["predicted_ratio"] = round(c.bytes_unfused / c.bytes_fused, 3)
             rows.append(row)
         if model.model:
-            rows.append({"example": example, "model": model.name, "size": size, "dtype": dtype,
-                         "cluster": "model", "status": model.model.status, "eager_us": model.model.eager_us,
-                         "patched_us": model.model.patched_us, "speedup": model.model.speedup,
-                         "amdahl_speedup": model.model.amdahl_speedup, "applied": model.model.applied})
+            rows.append(
+                {
+                    "example": example,
+                    "model": model.name,
+                    "size": size,
+                    "dtype": dtype,
+                    "cluster": "model",
+                    "status": model.model.status,
+                    "eager_us": model.model.eager_us,
+                    "patched_us": model.model.patched_us,
+                    "speedup": model.model.speedup,
+                    "amdahl_speedup": model.model.amdahl_speedup,
+                    "applied": model.model.applied,
+                }
+            )
     return rows
 
 
@@ -94,10 +135,16 @@ def _f(value, digits=1, suffix=""):
 
 
 def markdown(rows: list[dict], device: str, versions: dict) -> str:
-    head = ("| example | size | dtype | cluster | ops | regime | fused bytes | eager µs | compile µs | fused µs "
-            "| GB/s | % peak | vs eager | vs compile | predicted | launch µs fused / compile / eager |")
-    lines = [f"Device: {device}; " + ", ".join(f"{k} {v}" for k, v in versions.items()), "", head,
-             "|" + "---|" * (head.count("|") - 1)]
+    head = (
+        "| example | size | dtype | cluster | ops | regime | fused bytes | eager µs | compile µs | fused µs "
+        "| GB/s | % peak | vs eager | vs compile | predicted | launch µs fused / compile / eager |"
+    )
+    lines = [
+        f"Device: {device}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
+    ]
     for r in rows:
         if r.get("cluster") == "model" or "error" in r:
             continue
@@ -108,19 +155,27 @@ def markdown(rows: list[dict], device: str, versions: dict) -> str:
             f"{_f(r.get('fused_us'))} | {_f(r.get('achieved_gbps'), 0)} | {_f(r.get('pct_of_peak'), 0, '%')} | "
             f"{_f(r.get('speedup_vs_eager'), 2, '×')} | {_f(r.get('speedup_vs_compiled'), 2, '×')} | "
             f"{_f(r.get('predicted_ratio'), 2, '×')} | {_f(r.get('fused_launch_us'))} / "
-            f"{_f(r.get('compiled_launch_us'))} / {_f(r.get('eager_launch_us'))} |")
+            f"{_f(r.get('compiled_launch_us'))} / {_f(r.get('eager_launch_us'))} |"
+        )
     models = [r for r in rows if r.get("cluster") == "model"]
     if models:
-        lines += ["", "| example | size | dtype | forward µs (eager) | patched µs | measured | if all clusters fused |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| example | size | dtype | forward µs (eager) | patched µs | measured | if all clusters fused |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in models:
-            lines.append(f"| {r['example'].removesuffix('.py')} | {r['size']} | {r['dtype']} | {_f(r.get('eager_us'))} | "
-                         f"{_f(r.get('patched_us'))} | {_f(r.get('speedup'), 2, '×')} | "
-                         f"{_f(r.get('amdahl_speedup'), 2, '×')} |")
+            lines.append(
+                f"| {r['example'].removesuffix('.py')} | {r['size']} | {r['dtype']} | {_f(r.get('eager_us'))} | "
+                f"{_f(r.get('patched_us'))} | {_f(r.get('speedup'), 2, '×')} | "
+                f"{_f(r.get('amdahl_speedup'), 2, '×')} |"
+            )
     errors = [r for r in rows if "error" in r or r.get("status") not in (None, "verified", "matches", "skipped")]
     for r in errors:
-        lines.append(f"\n- {r['example']} {r['size']} {r['dtype']} {r.get('cluster', '')}: "
-                     f"{r.get('error') or r.get('status')} {r.get('message', '')}")
+        lines.append(
+            f"\n- {r['example']} {r['size']} {r['dtype']} {r.get('cluster', '')}: "
+            f"{r.get('error') or r.get('status')} {r.get('message', '')}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -132,9 +187,13 @@ def main() -> int:
     parser.add_argument("--peak-gbps", type=float)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting new cases after this many seconds")
-    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
-                        help="write one table from the results.json of earlier runs (a suite split across "
-                             "machines or time limits); needs no GPU")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULTS_JSON",
+        help="write one table from the results.json of earlier runs (a suite split across "
+        "machines or time limits); needs no GPU",
+    )
     args = parser.parse_args()
     if args.merge:
         return _merge(args.merge, args.out)
@@ -171,8 +230,12 @@ def main() -> int:
                 print(f"{example} {size} {dtype}: {len(got)} rows in {time.perf_counter() - started:.0f} s", flush=True)
                 torch.cuda.empty_cache()
                 with open(os.path.join(args.out, "results.json"), "w") as fh:  # after every case: a cut run keeps it
-                    json.dump({"device": device, "copy_gbps": peak, "versions": versions, "rows": rows}, fh,
-                              indent=1, default=str)
+                    json.dump(
+                        {"device": device, "copy_gbps": peak, "versions": versions, "rows": rows},
+                        fh,
+                        indent=1,
+                        default=str,
+                    )
     _write_table(args.out, rows, device, versions)
     return 0
 
@@ -189,9 +252,14 @@ def _merge(paths: list[str], out: str) -> int:
     for path in paths:
         with open(path, encoding="utf-8") as fh:
             part = json.load(fh)
-        if merged.get("device", part["device"]) != part["device"] or merged.get("versions", part["versions"]) != part["versions"]:
-            print(f"{path} was measured on {part['device']} with {part['versions']}, not on "
-                  f"{merged['device']} with {merged['versions']}: one table needs one device and one toolchain")
+        if (
+            merged.get("device", part["device"]) != part["device"]
+            or merged.get("versions", part["versions"]) != part["versions"]
+        ):
+            print(
+                f"{path} was measured on {part['device']} with {part['versions']}, not on "
+                f"{merged['device']} with {merged['versions']}: one table needs one device and one toolchain"
+            )
             return 1
         merged.update({k: v for k, v in part.items() if k != "rows"})
         merged["rows"] += part["rows"]
@@ -220,13 +288,21 @@ def _each_in_its_own_process(args, examples: list[str]) -> int:
                 continue
             command.append(f"--budget-s={left}")
         with tempfile.TemporaryDirectory(prefix="fuselens-bench-") as out:
-            code = subprocess.call(command + ["--out", out])
+            code = subprocess.call([*command, "--out", out])
             try:
                 with open(os.path.join(out, "results.json"), encoding="utf-8") as fh:
                     part = json.load(fh)
             except (OSError, ValueError):
-                part = {"rows": [{"example": example, "size": "", "dtype": "",
-                                  "error": f"the benchmark process exited with {code} before writing results"}]}
+                part = {
+                    "rows": [
+                        {
+                            "example": example,
+                            "size": "",
+                            "dtype": "",
+                            "error": f"the benchmark process exited with {code} before writing results",
+                        }
+                    ]
+                }
         merged.update({k: v for k, v in part.items() if k != "rows"})
         merged["rows"] += part["rows"]
         os.makedirs(args.out, exist_ok=True)

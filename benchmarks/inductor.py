@@ -62,14 +62,18 @@ def main() -> int:
         print(json.dumps(one(args.one)))
         return 0
     for name in EXAMPLES:
-        done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", name],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         if done.returncode != 0:
             print(f"{name}: failed\n{done.stderr[-2000:]}")
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"\n{name}: cold {result['cold_s']} s, warm {result['warm_s']} s")
-        for model, cluster, ops, status, summary in result["rows"]:
+        for _model, cluster, ops, status, summary in result["rows"]:
             print(f"  {cluster:4} {status:16} {ops[:40]:40} {summary[:110]}")
     return 0
 

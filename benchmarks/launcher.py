@@ -83,8 +83,10 @@ def main() -> int:
                     us = _us_per_call(getattr(kernels, c.kernel.name), inputs, args.calls)
                     figures.append(us)
                     print(f"{name[:-3]:<16} {c.id:<8} {c.op_chain[:46]:<46} {us:8.1f}")
-    print(f"\nmedian {statistics.median(figures):.1f} µs, range {min(figures):.1f}–{max(figures):.1f} µs "
-          f"over {len(figures)} clusters (kernel launch itself excluded)")
+    print(
+        f"\nmedian {statistics.median(figures):.1f} µs, range {min(figures):.1f}–{max(figures):.1f} µs "
+        f"over {len(figures)} clusters (kernel launch itself excluded)"
+    )
     return 0
 
 

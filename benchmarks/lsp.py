@@ -49,7 +49,7 @@ def children(pid: int) -> list[int]:
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 class Client(LanguageClient):
@@ -66,8 +66,12 @@ class Client(LanguageClient):
                 if uri == params.uri and params.version == version and not fut.done():
                     fut.set_result((now, len(params.diagnostics)))
 
-        for method in (lsp.WORKSPACE_CODE_LENS_REFRESH, lsp.WORKSPACE_INLAY_HINT_REFRESH,
-                       lsp.CLIENT_REGISTER_CAPABILITY, lsp.WINDOW_WORK_DONE_PROGRESS_CREATE):
+        for method in (
+            lsp.WORKSPACE_CODE_LENS_REFRESH,
+            lsp.WORKSPACE_INLAY_HINT_REFRESH,
+            lsp.CLIENT_REGISTER_CAPABILITY,
+            lsp.WINDOW_WORK_DONE_PROGRESS_CREATE,
+        ):
             self.feature(method)(lambda params: None)
 
         @self.feature(lsp.WORKSPACE_CONFIGURATION)
@@ -89,11 +93,16 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
         shutil.copy(os.path.join(ROOT, "examples", name), work)
     client = Client()
     started = time.perf_counter()
-    await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", "--log-file", os.path.join(work, "server.log"))
-    await client.initialize_async(lsp.InitializeParams(
-        capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
-        initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": inductor}},
-        workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="bench")]))
+    await client.start_io(
+        sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", "--log-file", os.path.join(work, "server.log")
+    )
+    await client.initialize_async(
+        lsp.InitializeParams(
+            capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
+            initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": inductor}},
+            workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="bench")],
+        )
+    )
     client.initialized(lsp.InitializedParams())
     print(f"server start -> initialized: {(time.perf_counter() - started) * 1000:.0f} ms")
     server_pid = client._server.pid  # the subprocess pygls started
@@ -101,7 +110,8 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
     for name, label in (("example_net.py", "ExampleNet"), ("gpt.py", "GPT, 12 layers")):
         path = os.path.join(work, name)
         uri = f"file://{path}"
-        text = open(path).read()
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
         version = 1
         t0 = time.perf_counter()
         waiter = client.wait_for(uri, version)
@@ -113,24 +123,43 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
             version += 1
             text = text + f"# save {i}\n"
             lines = text.count("\n")
-            client.text_document_did_change(lsp.DidChangeTextDocumentParams(
-                lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
-                [lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(lines - 1, 0), lsp.Position(lines - 1, 0)),
-                                                      text=f"# save {i}\n")]))
+            client.text_document_did_change(
+                lsp.DidChangeTextDocumentParams(
+                    lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
+                    [
+                        lsp.TextDocumentContentChangePartial(
+                            range=lsp.Range(lsp.Position(lines - 1, 0), lsp.Position(lines - 1, 0)),
+                            text=f"# save {i}\n",
+                        )
+                    ],
+                )
+            )
             waiter = client.wait_for(uri, version)
             t0 = time.perf_counter()
             client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
             done, _ = await asyncio.wait_for(waiter, 120)
             timings.append((done - t0) * 1000)
-        print(f"{label}: save -> diagnostics p50 {statistics.median(timings):.0f} ms, p95 {pct(timings, 0.95):.0f} ms "
-              f"over {saves} saves")
+        print(
+            f"{label}: save -> diagnostics p50 {statistics.median(timings):.0f} ms, p95 {pct(timings, 0.95):.0f} ms "
+            f"over {saves} saves"
+        )
         doc = lsp.TextDocumentIdentifier(uri)
         for feature, call in (
-            ("hover", lambda: client.text_document_hover_async(lsp.HoverParams(doc, lsp.Position(18, 8)))),
-            ("inlay", lambda: client.text_document_inlay_hint_async(lsp.InlayHintParams(
-                doc, lsp.Range(lsp.Position(0, 0), lsp.Position(80, 0))))),
-            ("codeAction", lambda: client.text_document_code_action_async(lsp.CodeActionParams(
-                doc, lsp.Range(lsp.Position(18, 0), lsp.Position(18, 0)), lsp.CodeActionContext(diagnostics=[])))),
+            ("hover", lambda doc=doc: client.text_document_hover_async(lsp.HoverParams(doc, lsp.Position(18, 8)))),
+            (
+                "inlay",
+                lambda doc=doc: client.text_document_inlay_hint_async(
+                    lsp.InlayHintParams(doc, lsp.Range(lsp.Position(0, 0), lsp.Position(80, 0)))
+                ),
+            ),
+            (
+                "codeAction",
+                lambda doc=doc: client.text_document_code_action_async(
+                    lsp.CodeActionParams(
+                        doc, lsp.Range(lsp.Position(18, 0), lsp.Position(18, 0)), lsp.CodeActionContext(diagnostics=[])
+                    )
+                ),
+            ),
         ):
             times = []
             for _ in range(requests):
@@ -151,8 +180,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--saves", type=int, default=20)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--inductor", action="store_true",
-                        help="keep the background torch.compile comparison on (it competes for the CPU)")
+    parser.add_argument(
+        "--inductor",
+        action="store_true",
+        help="keep the background torch.compile comparison on (it competes for the CPU)",
+    )
     args = parser.parse_args()
     asyncio.run(bench(args.saves, args.requests, args.inductor))
     return 0

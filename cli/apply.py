@@ -31,6 +31,8 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
     if not result.applied:
         console.print("nothing to apply: no cluster maps exactly onto its lines")
         return 0
-    console.print(f"applied {', '.join(result.applied)} to {os.path.relpath(args.file)}; "
-                  f"kernels in {os.path.relpath(result.module_path)}")
+    console.print(
+        f"applied {', '.join(result.applied)} to {os.path.relpath(args.file)}; "
+        f"kernels in {os.path.relpath(result.module_path)}"
+    )
     return 0

@@ -23,11 +23,19 @@ from fuselens.contracts.report import Report
 
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="Python file that defines nn.Module classes")
-    parser.add_argument("--model-class", help="analyse only this class")
-    parser.add_argument("--input-shape", action="append", metavar="SHAPE",
-                        help="example input shape, e.g. 16384,1024 (repeat for several inputs)")
-    parser.add_argument("--dtype", action="append", metavar="DTYPE",
-                        help="input dtype (float32, bfloat16, int64, ...): one for all inputs or one per input")
+    parser.add_argument("--model-class", help="analyze only this class")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="SHAPE",
+        help="example input shape, e.g. 16384,1024 (repeat for several inputs)",
+    )
+    parser.add_argument(
+        "--dtype",
+        action="append",
+        metavar="DTYPE",
+        help="input dtype (float32, bfloat16, int64, ...): one for all inputs or one per input",
+    )
     parser.add_argument("--param-dtype", help="cast the model's parameters, e.g. bfloat16")
     parser.add_argument("--device", help="device profile for regimes: h200 (default), h100, a100, rtx4090")
     parser.add_argument("--peak-gbps", type=float, help="override the device's DRAM bandwidth (GB/s)")
@@ -46,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", metavar="OUT", help="write the JSON report to OUT ('-' for stdout)")
     analyze.add_argument("--explain-rejections", action="store_true", help="list ops left unfused and why")
     analyze.add_argument("--show-kernels", action="store_true", help="print each generated kernel")
-    analyze.add_argument("--vs-inductor", action="store_true",
-                         help="also compile with torch.compile and compare its fusions with ours (slower)")
+    analyze.add_argument(
+        "--vs-inductor",
+        action="store_true",
+        help="also compile with torch.compile and compare its fusions with ours (slower)",
+    )
 
     apply = sub.add_parser("apply", help="write the kernel module and replace exact clusters in FILE")
     _analysis_arguments(apply)
@@ -59,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--interpret", action="store_true", help="run kernels in the Triton interpreter on CPU")
     validate.add_argument("--cluster", action="append", help="validate only these cluster ids")
     validate.add_argument("--json", metavar="OUT", help="write the validation results as JSON")
-    validate.add_argument("--no-benchmark", action="store_true",
-                          help="on a GPU, check numerics only (by default kernels are also timed)")
+    validate.add_argument(
+        "--no-benchmark", action="store_true", help="on a GPU, check numerics only (by default kernels are also timed)"
+    )
 
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
@@ -69,9 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> AnalyzeOptions:
-    return AnalyzeOptions(model_class=args.model_class, input_shapes=args.input_shape, dtypes=args.dtype,
-                          param_dtype=args.param_dtype, device=args.device, peak_gbps=args.peak_gbps,
-                          out_dir=args.out_dir)
+    return AnalyzeOptions(
+        model_class=args.model_class,
+        input_shapes=args.input_shape,
+        dtypes=args.dtype,
+        param_dtype=args.param_dtype,
+        device=args.device,
+        peak_gbps=args.peak_gbps,
+        out_dir=args.out_dir,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +128,7 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.vs_inductor:
         from fuselens.pipeline.compare import compare
 
-        compare(analyzed, lambda message, fraction=None: print(f"… {message}", file=sys.stderr))
+        compare(analyzed, _print_progress)
     data = report.to_dict()
     if args.json:
         from fuselens.contracts.schema import validate_report
@@ -126,8 +144,12 @@ def _analyze(args: argparse.Namespace) -> int:
     return _exit_code(report)
 
 
+def _print_progress(message: str, fraction: float | None = None) -> None:
+    print(f"… {message}", file=sys.stderr)
+
+
 def _exit_code(report: Report) -> int:
-    """1 when the file could not be analysed at all, 0 otherwise (findings are not failures)."""
+    """1 when the file could not be analyzed at all, 0 otherwise (findings are not failures)."""
     if report.problems or any(m.status == "error" for m in report.models):
         return 1
     return 0

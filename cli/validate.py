@@ -6,6 +6,7 @@ import argparse
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
@@ -18,11 +19,12 @@ def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> i
     console = Console(stderr=False)
     if not console.is_terminal:
         console = Console(width=160)
-    options = ValidateOptions(interpret=args.interpret, clusters=args.cluster, benchmark=not args.no_benchmark,
-                              peak_gbps=args.peak_gbps)
+    options = ValidateOptions(
+        interpret=args.interpret, clusters=args.cluster, benchmark=not args.no_benchmark, peak_gbps=args.peak_gbps
+    )
 
     def progress(message: str, fraction=None) -> None:
-        console.print(f"[dim]… {message}[/]")
+        console.print(f"[dim]… {escape(message)}[/]")
 
     report = validate_file(args.file, analyze_options, options, progress)
     if args.json:
@@ -38,12 +40,13 @@ def _err(value) -> str:
 
 
 def render_validation(report: ValidationReport, console: Console) -> None:
+    # Messages, names and devices are data, not markup: escaped, so that "[...]" in them prints as written.
     for problem in report.problems:
-        console.print(f"[bold red]error[/] {problem}")
+        console.print(f"[bold red]error[/] {escape(problem)}")
     where = "Triton interpreter on CPU" if report.mode == "interpret" else report.device
     for model in report.models:
-        shapes = ", ".join(f"({', '.join(map(str, s))}) {d}" for s, d in zip(model.inputs, model.dtypes))
-        console.print(f"[bold]{model.name}[/] validated at {shapes} · {where}")
+        shapes = ", ".join(f"({', '.join(map(str, s))}) {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
+        console.print(f"[bold]{escape(model.name)}[/] validated at {escape(shapes)} · {escape(where)}")
         table = Table(show_edge=True, header_style="bold")
         for col in ("cluster", "kernel", "status", "instances", "max |err|", "max rel", "tolerance", "note"):
             table.add_column(col)
@@ -53,13 +56,31 @@ def render_validation(report: ValidationReport, console: Console) -> None:
                 table.add_column(col, justify="right")
         for c in model.clusters:
             style = {"verified": "green", "not-reached": "yellow"}.get(c.status, "bold red")
-            row = [c.id, c.kernel, f"[{style}]{c.status}[/]", str(c.instances), _err(c.max_abs), _err(c.max_rel),
-                   f"{c.atol:g}/{c.rtol:g}" if c.atol is not None else "—", c.message]
+            row = [
+                escape(c.id),
+                escape(c.kernel),
+                f"[{style}]{escape(c.status)}[/]",
+                str(c.instances),
+                _err(c.max_abs),
+                _err(c.max_rel),
+                f"{c.atol:g}/{c.rtol:g}" if c.atol is not None else "—",
+                escape(c.message),
+            ]
             if timed:
                 t = c.timing
-                row += ["—"] * 7 if t is None else [
-                    _num(t.eager_us), _num(t.compiled_us), _num(t.fused_us), _num(t.achieved_gbps, 0),
-                    _num(t.pct_of_peak, 0), _x(t.speedup_vs_eager), _x(t.speedup_vs_compiled)]
+                row += (
+                    ["—"] * 7
+                    if t is None
+                    else [
+                        _num(t.eager_us),
+                        _num(t.compiled_us),
+                        _num(t.fused_us),
+                        _num(t.achieved_gbps, 0),
+                        _num(t.pct_of_peak, 0),
+                        _x(t.speedup_vs_eager),
+                        _x(t.speedup_vs_compiled),
+                    ]
+                )
             table.add_row(*row)
         console.print(table)
         m = model.model
@@ -67,7 +88,8 @@ def render_validation(report: ValidationReport, console: Console) -> None:
             style = {"matches": "green", "skipped": "yellow"}.get(m.status, "bold red")
             detail = f"max |err| {_err(m.max_abs)}" if m.max_abs is not None else m.message
             applied = ", ".join(m.applied) or "none"
-            console.print(f"  whole model with {applied} applied: [{style}]{m.status}[/] {detail}")
+            outcome = f"[{style}]{escape(m.status)}[/] {escape(detail)}"
+            console.print(f"  whole model with {escape(applied)} applied: {outcome}")
             if m.speedup:
                 console.print(f"  whole-model speedup: {m.speedup:.2f}×")
         console.print()
@@ -81,4 +103,3 @@ def _num(value, digits: int = 1) -> str:
 
 def _x(value) -> str:
     return "—" if value is None else f"{value:.2f}×"
-

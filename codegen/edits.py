@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from fuselens.contracts.report import Cluster, Report
+from fuselens.contracts.report import Cluster, Edit, Report
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,11 @@ def import_edit(source: str, statement: str) -> LineEdit:
         tree = None
     if tree is not None:
         for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and ("." * node.level + (node.module or "")) == module \
-                    and node.lineno == node.end_lineno:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and ("." * node.level + (node.module or "")) == module
+                and node.lineno == node.end_lineno
+            ):
                 have = [a.name for a in node.names]
                 missing = [n for n in wanted if n not in have]
                 if not missing:
@@ -75,10 +78,12 @@ def _after_imports(tree: ast.Module) -> int:
     """The line after the last import at the top of the module (after the docstring)."""
     last = 0
     for i, node in enumerate(tree.body):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            last = node.end_lineno or node.lineno
-        elif i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
-                and isinstance(node.value.value, str):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
+            i == 0
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             last = node.end_lineno or node.lineno
         elif isinstance(node, ast.If) and last:  # `if TYPE_CHECKING:` and the like end the header
             break
@@ -89,17 +94,17 @@ def _after_imports(tree: ast.Module) -> int:
 
 def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = None) -> list[LineEdit]:
     """Edits for the exact clusters `cluster_ids` (all exact ones when None), import included."""
-    chosen: list[Cluster] = []
+    chosen: list[tuple[Cluster, Edit]] = []  # each with its edit, known here to be there
     for _, cluster in report.clusters():
         if cluster.edit is None or cluster.mapping != "exact":
             continue
         if cluster_ids is None or cluster.id in cluster_ids:
-            chosen.append(cluster)
+            chosen.append((cluster, cluster.edit))
     if not chosen:
         return []
-    edits = [LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen]
-    names = [c.kernel.name for c in chosen if c.kernel]
-    module = chosen[0].edit.import_line.split(" import ")[0] + " import " + ", ".join(names)
+    edits = [LineEdit(e.start_line, e.end_line, e.text) for _, e in chosen]
+    names = [c.kernel.name for c, _ in chosen if c.kernel]
+    module = chosen[0][1].import_line.split(" import ")[0] + " import " + ", ".join(names)
     edits.append(import_edit(source, module))
     return edits
 
@@ -111,10 +116,3 @@ def apply_line_edits(source: str, edits: list[LineEdit]) -> str:
     for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
         lines[edit.start - 1 : edit.end] = [edit.text] if edit.text else []
     return "".join(lines)
-
-
-def stale(source: str, report: Report) -> bool:
-    """True when `source` is not the text the report was computed from."""
-    import hashlib
-
-    return hashlib.sha256(source.encode()).hexdigest() != report.source_sha256

@@ -16,7 +16,8 @@ the launcher checks those before launching.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
@@ -83,8 +84,9 @@ class Emitted:
     helpers: list[str]
 
 
-def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list[str],
-         doc: str, comments: dict[str, str]) -> Emitted:
+def emit(
+    plan: KernelPlan, name: str, input_names: list[str], output_names: list[str], doc: str, comments: dict[str, str]
+) -> Emitted:
     kernel_name = f"_{name}_kernel"
     flat = plan.kind == "elementwise" and flat_ok(plan)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
@@ -107,8 +109,9 @@ def emit(plan: KernelPlan, name: str, input_names: list[str], output_names: list
 # ---- kernel text --------------------------------------------------------------------------
 
 
-def _signature(plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[str, ...] = (),
-               scalars: tuple[str, ...] = ()) -> str:
+def _signature(
+    plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[str, ...] = (), scalars: tuple[str, ...] = ()
+) -> str:
     args = [f"in{k}_ptr" for k in range(len(plan.inputs))]
     args += [f"out{k}_ptr" for k in range(len(plan.outputs))]
     args += [f"d{i}" for i in range(len(plan.domain))]
@@ -202,8 +205,14 @@ def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
     return not used >= set(range(n)) and along_columns and not plan.groups
 
 
-def _stmt_line(plan: KernelPlan, s: Stmt, comments: dict[str, str], contiguous: set[int] = frozenset(),
-               evict: str = "", views: set[int] = frozenset()) -> str:
+def _stmt_line(
+    plan: KernelPlan,
+    s: Stmt,
+    comments: dict[str, str],
+    contiguous: AbstractSet[int] = frozenset(),
+    evict: str = "",
+    views: AbstractSet[int] = frozenset(),
+) -> str:
     """One statement; a load of a full-size input in `contiguous` gets a flat-address branch
     (and the cache `evict` policy, when given), as does one of a row view in `views`, at its
     own column."""
@@ -244,18 +253,6 @@ def _store(plan: KernelPlan, k: int, value: Stmt) -> str:
     return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
 
 
-_LOOP_COLS = "cols = col0 + tl.arange(0, BLOCK_C)"
-
-
-def _loop_store(k: int, value: Stmt, row: bool = False) -> str:
-    """A store of the loop kernel, where a row value is a scalar and a column block 1-D."""
-    cast = f".to(out{k}_ptr.dtype.element_ty)"
-    if row:
-        return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
-    v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
-    return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
-
-
 def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
     """The statements `targets` need, in order, not looking past those `keep` rejects."""
     by_name = {s.name: s for s in plan.stmts}
@@ -271,60 +268,6 @@ def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
     return [s for s in plan.stmts if s.name in seen and keep(s)]
 
 
-def _folds(later: Stmt, r: Stmt) -> bool:
-    """Whether the reduction `later` can be accumulated in the same pass as `r`."""
-    if later.centered:
-        return r.reduce == "sum" and later.centered == (r.expr, r.name)
-    if later.online:
-        return r.reduce == "max" and later.online == (r.expr, r.name)
-    return False
-
-
-def _shift_prologue(r: Stmt, x_stmts: list[Stmt], col_coords: list[str], statement) -> list[str]:
-    """`{r}_shift`: the mean of the row's first column block.  Sums of (x - shift) and its square
-    give the mean and the centred sum of squares in one pass without the cancellation that
-    sum(x^2) - sum(x)^2 / n suffers when the mean is large against the spread."""
-    x = r.expr
-    inner = [_LOOP_COLS, "cmask = cols < C", "mask = rmask & cmask"]
-    inner += col_coords + [statement(s) for s in x_stmts]
-    inner += [f"{r.name}_shift = tl.sum(tl.where(mask, {x}, 0.0), axis=0) / "
-              "tl.maximum(tl.sum(mask.to(tl.float32), axis=0), 1.0)"]
-    return [f"{r.name}_shift = 0.0",
-            "for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only"] + _indented(inner)
-
-
-def _accumulate(r: Stmt, folded: Stmt | None) -> list[str]:
-    """Loop-body lines that add one column block to `r`'s accumulator (and `folded`'s)."""
-    x, acc = r.expr, f"{r.name}_acc"
-    if folded is None:
-        return [f"{acc} = " + _COMBINE[r.reduce].format(acc=acc, x=f"tl.where(mask, {x}, {_IDENTITY[r.reduce]})")]
-    if folded.centered:
-        d = f"{r.name}_d"
-        return [f"{d} = tl.where(mask, {x} - {r.name}_shift, 0.0)", f"{acc} = {acc} + {d}",
-                f"{folded.name}_acc = {folded.name}_acc + {d} * {d}"]
-    # Online softmax: a running max per lane, the running sum rescaled whenever the max grows.
-    xm, new, safe = f"{r.name}_x", f"{r.name}_new", f"{r.name}_safe"
-    return [f"{xm} = tl.where(mask, {x}, float('-inf'))", f"{new} = tl.maximum({acc}, {xm})",
-            f"{safe} = tl.where({new} == float('-inf'), 0.0, {new})  # no -inf - -inf",
-            f"{folded.name}_acc = {folded.name}_acc * tl.exp({acc} - {safe}) + tl.exp({xm} - {safe})",
-            f"{acc} = {new}"]
-
-
-def _finish(r: Stmt, folded: Stmt | None, note: str) -> list[str]:
-    """After the loop: `r` (and `folded`) as the row's values."""
-    if folded is None:
-        return [f"{r.name} = {_FINAL[r.reduce]}({r.name}_acc, axis=0){note}"]
-    if folded.centered:
-        dsum = f"{r.name}_dsum"
-        return [f"{dsum} = tl.sum({r.name}_acc, axis=0)",
-                f"{r.name} = {dsum} + {r.name}_shift * C{note}",
-                f"{folded.name} = tl.maximum(tl.sum({folded.name}_acc, axis=0) - {dsum} * {dsum} / C, 0.0)"]
-    safe = f"{r.name}_safe"
-    return [f"{r.name} = tl.max({r.name}_acc, axis=0){note}",
-            f"{safe} = tl.where({r.name} == float('-inf'), 0.0, {r.name})",
-            f"{folded.name} = tl.sum({folded.name}_acc * tl.exp({r.name}_acc - {safe}), axis=0)"]
-
-
 def flat_ok(plan: KernelPlan) -> bool:
     """Whether the 1-D kernel can run the plan: every load is of a full-size input at the
     output's own position (or of a single value), so no coordinate is ever computed."""
@@ -333,8 +276,7 @@ def flat_ok(plan: KernelPlan) -> bool:
     return not _used_coords([s for s in stmts if s.load_input not in direct])
 
 
-def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors,
-                 flat: bool) -> str:
+def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, flat: bool) -> str:
     """The 2-D tile kernel, or (`flat`) the 1-D kernel for plans that need no coordinates:
     one flat offset addresses every full-size input and the output when they share a layout,
     as Inductor's pointwise kernels do."""
@@ -374,8 +316,10 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
         if flat and st.load_input in direct:
             note = comments.get(st.name) or st.comment
             convert = ".to(tl.float32)" if st.kind == FLOAT else ""
-            lines.append(f"{st.name} = tl.load(in{st.load_input}_ptr + offs, mask=mask, other=0){convert}"
-                         + (f"  # {note}" if note else ""))
+            lines.append(
+                f"{st.name} = tl.load(in{st.load_input}_ptr + offs, mask=mask, other=0){convert}"
+                + (f"  # {note}" if note else "")
+            )
         else:
             lines.append(_stmt_line(plan, st, comments, direct, views=views))
     used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)])
@@ -393,102 +337,276 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
             body.append(_store(plan, k, value))
     if flat:
         return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
-    return (_signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), ("col_blocks",)) + "\n"
-            + "\n".join(_indented(body)))
+    return (
+        _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), ("col_blocks",))
+        + "\n"
+        + "\n".join(_indented(body))
+    )
+
+
+# ---- row kernels --------------------------------------------------------------------------
+
+
+@dataclass
+class _RowKernel:
+    """What every part of a row kernel's text reads."""
+
+    plan: KernelPlan
+    comments: dict[str, str]  # statement name -> the source it comes from, for the trailing comment
+    every: list[Stmt]  # the statements the outputs need, in order
+    col_coords: list[str]  # the column coordinates, defined again for each column block
+    by_name: dict[str, Stmt] = field(init=False)
+    contiguous: set[int] = field(init=False)  # the full-size inputs, read at the output's offset under CONTIG
+
+    def __post_init__(self) -> None:
+        self.by_name = {s.name: s for s in self.plan.stmts}
+        self.contiguous = set(identity_inputs(self.plan))
+
+    def statement(self, s: Stmt) -> str:
+        """`s` with no cache policy: the whole-row kernel reads its row once, and a looped kernel's
+        row values load no full-size input."""
+        return _stmt_line(self.plan, s, self.comments, self.contiguous)
+
+    def reduction_pass_statement(self, s: Stmt) -> str:
+        """`s` in a pass of a looped kernel that accumulates reductions."""
+        # A looped kernel reads its rows once per pass: ask L2 to keep them until the last pass,
+        # which then streams them out.
+        return _stmt_line(self.plan, s, self.comments, self.contiguous, "evict_last")
+
+    def output_pass_statement(self, s: Stmt) -> str:
+        """`s` in the last pass of a looped kernel, the one that writes the outputs."""
+        return _stmt_line(self.plan, s, self.comments, self.contiguous, "evict_first")
 
 
 def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, looped: bool) -> str:
-    """A row kernel.  With CONTIG (the launcher checks the full-size inputs are contiguous)
-    those inputs are read at rows * C + cols, the same flat offset the output uses."""
-    by_name = {s.name: s for s in plan.stmts}
-    contiguous = set(identity_inputs(plan))
-    statement = lambda st: _stmt_line(plan, st, comments, contiguous)  # noqa: E731
-    # A looped kernel reads its rows once per pass: ask L2 to keep them until the last pass,
-    # which then streams them out.
-    stats = lambda st: _stmt_line(plan, st, comments, contiguous, "evict_last")  # noqa: E731
-    last = lambda st: _stmt_line(plan, st, comments, contiguous, "evict_first")  # noqa: E731
+    """A row kernel: `_block` holds a whole row in registers, `_loop` (`looped`) walks it in column
+    blocks.  With CONTIG (the launcher checks the full-size inputs are contiguous) those inputs
+    are read at rows * C + cols, the same flat offset the output uses."""
+    every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
+    used = _used_coords(every)
+    head = _row_head(plan, used, divs, looped)
+    row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
+    body = _loop_body(row) if looped else _block_body(row)
+    return _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
+
+
+def _row_head(plan: KernelPlan, used: set[int], divs: Divisors, looped: bool) -> list[str]:
+    """The program's rows, their mask and the row coordinates the statements use."""
     # The loop kernel owns one row a program and keeps it 1-D: the same code over [1, BLOCK_C]
     # tiles took 126 µs instead of 97 µs on an H200 (GroupNorm, 32768-wide rows).
-    head = [
+    rows = "rows = pid" if looped else "rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
+    return [
         "pid = tl.program_id(0)",
-        "rows = pid" if looped else "rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        rows,
         "if INDEX_64:",
         "    rows = rows.to(tl.int64)",
         "rmask = rows < R",
+        *_coords(plan, used, "r", divs),
     ]
-    targets = [o.stmt for o in plan.outputs]
-    every = _closure(plan, targets, lambda s: True)
-    used = _used_coords(every)
-    head += _coords(plan, used, "r", divs)
-    col_coords = _coords(plan, used, "c", divs)
-    is_row = lambda s: "c" not in s.axes  # noqa: E731
-    body: list[str] = []
-    if not looped:
-        body += ["cols = tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask"]
-        body += col_coords
-        # Each output is stored as soon as it is computed: the write is under way while the
-        # row's reductions run, and the value need not stay live across them (GPT's embedding
-        # add + LayerNorm, which also returns the sum, in bf16 on an H200: 41.6 -> 40.1 µs).
-        stores: dict[str, list[int]] = {}
-        for k, o in enumerate(plan.outputs):
-            stores.setdefault(o.stmt, []).append(k)
-        for s in every:
-            if s.reduce:
-                fill = "0.0" if s.reduce == "sum" else _IDENTITY[s.reduce]
-                line = f"{s.name} = {_FINAL[s.reduce]}(tl.where(mask, {s.expr}, {fill}), axis=1)[:, None]"
-                note = comments.get(s.name) or s.comment
-                body.append(line + (f"  # {note}" if note else ""))
-            else:
-                body.append(statement(s))
-            body += [_store(plan, k, s) for k in stores.get(s.name, [])]  # `every` holds each output
-        return _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
 
+
+# ---- the whole-row kernel (_block) --------------------------------------------------------
+
+
+def _block_body(row: _RowKernel) -> list[str]:
+    """The whole row's columns and coordinates, then every statement in order, each reduction
+    over the tile's columns, each output stored right after its value."""
+    body = ["cols = tl.arange(0, BLOCK_C)[None, :]", "cmask = cols < C", "mask = rmask & cmask", *row.col_coords]
+    # Each output is stored as soon as it is computed: the write is under way while the
+    # row's reductions run, and the value need not stay live across them (GPT's embedding
+    # add + LayerNorm, which also returns the sum, in bf16 on an H200: 41.6 -> 40.1 µs).
+    stores = _outputs_by_statement(row.plan)
+    for s in row.every:
+        body.append(_block_reduction(s, row.comments) if s.reduce else row.statement(s))
+        body += [_store(row.plan, k, s) for k in stores.get(s.name, [])]  # `every` holds each output
+    return body
+
+
+def _outputs_by_statement(plan: KernelPlan) -> dict[str, list[int]]:
+    """Statement name -> the outputs it is (one value may be returned twice)."""
+    outputs: dict[str, list[int]] = {}
+    for k, o in enumerate(plan.outputs):
+        outputs.setdefault(o.stmt, []).append(k)
+    return outputs
+
+
+def _block_reduction(s: Stmt, comments: dict[str, str]) -> str:
+    """The reduction `s` over a row held whole, masked lanes at its identity, kept [BLOCK_R, 1]."""
+    reduced = f"{_FINAL[s.how]}(tl.where(mask, {s.expr}, {_IDENTITY[s.how]}), axis=1)[:, None]"
+    return f"{s.name} = {reduced}{_note(s, comments)}"
+
+
+# ---- the looped kernel (_loop) ------------------------------------------------------------
+
+
+def _loop_body(row: _RowKernel) -> list[str]:
+    """One pass over the row's column blocks per reduction level, accumulating that level's
+    reductions (and those folded into them); the row values, scalars here, computed as soon as
+    the reductions they need are; then one pass that recomputes and stores the full-size
+    outputs, and the stores of the row outputs."""
     done: set[str] = set()
+    body = [row.statement(s) for s in _ready_row_values(row, done, 0)]
+    for level in range(1, row.plan.levels + 1):
+        reductions = [s for s in row.every if s.reduce and s.level == level and s.name not in done]
+        if reductions:
+            folded = _folded_into(reductions, row.every)
+            body += _reduction_pass(row, reductions, folded)
+            done |= {r.name for r in reductions} | {f.name for f in folded.values()}
+        body += [row.statement(s) for s in _ready_row_values(row, done, level)]
+    return body + _output_pass(row) + _row_output_stores(row)
 
-    def emit_rows(level: int) -> None:
-        for s in every:
-            if is_row(s) and not s.reduce and s.level <= level and s.name not in done:
-                if all(d in done or not is_row(by_name[d]) for d in s.deps):
-                    body.append(statement(s))
-                    done.add(s.name)
 
-    emit_rows(0)
-    for level in range(1, plan.levels + 1):
-        reductions = [s for s in every if s.reduce and s.level == level and s.name not in done]
-        if not reductions:
-            emit_rows(level)
-            continue
-        folded = {r.name: f for r in reductions for f in every if _folds(f, r)}
-        loop_stmts = _closure(plan, [s.expr for s in reductions], lambda s: not is_row(s))
-        for r in reductions:
-            later = folded.get(r.name)
-            if later is not None and later.centered:
-                body += _shift_prologue(r, _closure(plan, [r.expr], lambda s: not is_row(s)), col_coords, stats)
-            body.append(f"{r.name}_acc = tl.full([BLOCK_C], {_IDENTITY[r.reduce]}, tl.float32)")
-            if later is not None:
-                body.append(f"{later.name}_acc = tl.full([BLOCK_C], 0.0, tl.float32)")
-        body.append("for col0 in range(0, C, BLOCK_C):")
-        inner = [_LOOP_COLS, "cmask = cols < C", "mask = rmask & cmask"]
-        inner += col_coords
-        inner += [stats(s) for s in loop_stmts]
-        for r in reductions:
-            inner += _accumulate(r, folded.get(r.name))
-        body += _indented(inner)
-        for r in reductions:
-            note = comments.get(r.name) or r.comment
-            body += _finish(r, folded.get(r.name), f"  # {note}" if note else "")
-            done.add(r.name)
-            if r.name in folded:
-                done.add(folded[r.name].name)
-        emit_rows(level)
-    full_outputs = [(k, o) for k, o in enumerate(plan.outputs) if not o.row_only]
-    if full_outputs:
-        final = _closure(plan, [o.stmt for _, o in full_outputs], lambda s: not is_row(s))
-        body.append("for col0 in range(0, C, BLOCK_C):")
-        inner = [_LOOP_COLS, "cmask = cols < C", "mask = rmask & cmask"]
-        inner += col_coords
-        inner += [last(s) for s in final]
-        inner += [_loop_store(k, by_name[o.stmt]) for k, o in full_outputs]
-        body += _indented(inner)
-    body += [_loop_store(k, by_name[o.stmt], row=True) for k, o in enumerate(plan.outputs) if o.row_only]
-    return _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
+def _ready_row_values(row: _RowKernel, done: set[str], level: int) -> list[Stmt]:
+    """The row values (not reductions) of `level` or below not yet computed whose row operands all
+    are, in order; they are added to `done` as found, so one that needs another found here follows it."""
+    ready = []
+    for s in row.every:
+        pending = _is_row_value(s) and not s.reduce and s.level <= level and s.name not in done
+        if pending and all(d in done or not _is_row_value(row.by_name[d]) for d in s.deps):
+            ready.append(s)
+            done.add(s.name)
+    return ready
+
+
+def _folded_into(reductions: list[Stmt], every: list[Stmt]) -> dict[str, Stmt]:
+    """Reduction name -> the later reduction accumulated in the same pass (`_folds`)."""
+    return {r.name: f for r in reductions for f in every if _folds(f, r)}
+
+
+def _reduction_pass(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stmt]) -> list[str]:
+    """A pass that accumulates `reductions` (and those `folded` into them) lane by lane over the
+    row's column blocks, then reduces the lanes to the row's values."""
+    operands = _closure(row.plan, [r.expr for r in reductions], _varies_along_columns)
+    loop = [row.reduction_pass_statement(s) for s in operands]
+    loop += [line for r in reductions for line in _accumulate(r, folded.get(r.name))]
+    body = _accumulators(row, reductions, folded) + _column_loop(row.col_coords, loop)
+    for r in reductions:
+        body += _finish(r, folded.get(r.name), _note(r, row.comments))
+    return body
+
+
+def _accumulators(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stmt]) -> list[str]:
+    """Before a pass: each reduction's accumulator, a lane per column of a block, at its identity
+    (a folded one's at 0); a shifted sum first finds its shift."""
+    lines = []
+    for r in reductions:
+        later = folded.get(r.name)
+        if later is not None and later.centered:
+            operands = _closure(row.plan, [r.expr], _varies_along_columns)
+            lines += _shift_prologue(r, [row.reduction_pass_statement(s) for s in operands], row.col_coords)
+        lines.append(f"{r.name}_acc = tl.full([BLOCK_C], {_IDENTITY[r.how]}, tl.float32)")
+        if later is not None:
+            lines.append(f"{later.name}_acc = tl.full([BLOCK_C], 0.0, tl.float32)")
+    return lines
+
+
+def _shift_prologue(r: Stmt, operand_lines: list[str], col_coords: list[str]) -> list[str]:
+    """`{r}_shift`: the mean of the row's first column block.  Sums of (x - shift) and its square
+    give the mean and the centred sum of squares in one pass without the cancellation that
+    sum(x^2) - sum(x)^2 / n suffers when the mean is large against the spread."""
+    shift = (
+        f"{r.name}_shift = tl.sum(tl.where(mask, {r.expr}, 0.0), axis=0) / "
+        "tl.maximum(tl.sum(mask.to(tl.float32), axis=0), 1.0)"
+    )
+    first_block = "for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only"
+    return [f"{r.name}_shift = 0.0", *_column_loop(col_coords, [*operand_lines, shift], first_block)]
+
+
+def _accumulate(r: Stmt, folded: Stmt | None) -> list[str]:
+    """Loop-body lines that add one column block to `r`'s accumulator (and `folded`'s)."""
+    x, acc = r.expr, f"{r.name}_acc"
+    if folded is None:
+        return [f"{acc} = " + _COMBINE[r.how].format(acc=acc, x=f"tl.where(mask, {x}, {_IDENTITY[r.how]})")]
+    if folded.centered:
+        d = f"{r.name}_d"
+        return [
+            f"{d} = tl.where(mask, {x} - {r.name}_shift, 0.0)",
+            f"{acc} = {acc} + {d}",
+            f"{folded.name}_acc = {folded.name}_acc + {d} * {d}",
+        ]
+    # Online softmax: a running max per lane, the running sum rescaled whenever the max grows.
+    xm, new, safe = f"{r.name}_x", f"{r.name}_new", f"{r.name}_safe"
+    return [
+        f"{xm} = tl.where(mask, {x}, float('-inf'))",
+        f"{new} = tl.maximum({acc}, {xm})",
+        f"{safe} = tl.where({new} == float('-inf'), 0.0, {new})  # no -inf - -inf",
+        f"{folded.name}_acc = {folded.name}_acc * tl.exp({acc} - {safe}) + tl.exp({xm} - {safe})",
+        f"{acc} = {new}",
+    ]
+
+
+def _finish(r: Stmt, folded: Stmt | None, note: str) -> list[str]:
+    """After the loop: `r` (and `folded`) as the row's values."""
+    if folded is None:
+        return [f"{r.name} = {_FINAL[r.how]}({r.name}_acc, axis=0){note}"]
+    if folded.centered:
+        dsum = f"{r.name}_dsum"
+        return [
+            f"{dsum} = tl.sum({r.name}_acc, axis=0)",
+            f"{r.name} = {dsum} + {r.name}_shift * C{note}",
+            f"{folded.name} = tl.maximum(tl.sum({folded.name}_acc, axis=0) - {dsum} * {dsum} / C, 0.0)",
+        ]
+    safe = f"{r.name}_safe"
+    return [
+        f"{r.name} = tl.max({r.name}_acc, axis=0){note}",
+        f"{safe} = tl.where({r.name} == float('-inf'), 0.0, {r.name})",
+        f"{folded.name} = tl.sum({folded.name}_acc * tl.exp({r.name}_acc - {safe}), axis=0)",
+    ]
+
+
+def _output_pass(row: _RowKernel) -> list[str]:
+    """The last pass: the full-size outputs, recomputed column block by column block from the
+    inputs and the row's values, and stored."""
+    full = [(k, o) for k, o in enumerate(row.plan.outputs) if not o.row_only]
+    if not full:
+        return []
+    operands = _closure(row.plan, [o.stmt for _, o in full], _varies_along_columns)
+    stores = [_loop_store(k, row.by_name[o.stmt]) for k, o in full]
+    return _column_loop(row.col_coords, [row.output_pass_statement(s) for s in operands] + stores)
+
+
+def _row_output_stores(row: _RowKernel) -> list[str]:
+    """The stores of the outputs of one value per row (a reduction's result), after every pass."""
+    return [_loop_store(k, row.by_name[o.stmt], row=True) for k, o in enumerate(row.plan.outputs) if o.row_only]
+
+
+def _column_loop(
+    col_coords: list[str], lines: list[str], header: str = "for col0 in range(0, C, BLOCK_C):"
+) -> list[str]:
+    """A loop over the row's column blocks: each block's columns, masks and column coordinates, then `lines`."""
+    block = ["cols = col0 + tl.arange(0, BLOCK_C)", "cmask = cols < C", "mask = rmask & cmask", *col_coords, *lines]
+    return [header, *_indented(block)]
+
+
+def _loop_store(k: int, value: Stmt, row: bool = False) -> str:
+    """A store of the loop kernel, where a row value is a scalar and a column block 1-D."""
+    cast = f".to(out{k}_ptr.dtype.element_ty)"
+    if row:
+        return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
+    v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
+    return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
+
+
+def _folds(later: Stmt, r: Stmt) -> bool:
+    """Whether the reduction `later` can be accumulated in the same pass as `r`."""
+    if later.centered:
+        return r.reduce == "sum" and later.centered == (r.expr, r.name)
+    if later.online:
+        return r.reduce == "max" and later.online == (r.expr, r.name)
+    return False
+
+
+def _is_row_value(s: Stmt) -> bool:
+    """Whether `s` is one value per row: it does not vary along the columns."""
+    return "c" not in s.axes
+
+
+def _varies_along_columns(s: Stmt) -> bool:
+    """Whether `s` differs from column to column, so that a looped kernel computes it inside a pass."""
+    return not _is_row_value(s)
+
+
+def _note(s: Stmt, comments: dict[str, str]) -> str:
+    """`s`'s trailing comment: the source it comes from, or the planner's own note."""
+    note = comments.get(s.name) or s.comment
+    return f"  # {note}" if note else ""

@@ -1,12 +1,206 @@
 """The launcher text of a `KernelPlan`: the Python that reads sizes and strides at call time,
 allocates the outputs in the inputs' layout, picks a tile and launches the kernel, then the
-autograd wrapper and the public function the user's code calls."""
+autograd wrapper and the public function the user's code calls.
+
+`launcher_text` reads top to bottom as the generated `_<name>_launch` does: shape guards,
+domain sizes, outputs, rows and columns, the early return, strides and magic numbers, the
+launch (elementwise or rows), then the wrapper class and the public function.  The names
+the text uses (`d<i>`, `out<k>`, `st<k>`, `R`, `C`, `G`, `dense`, `pitches`, `magic`,
+`index_64`) are the launcher's locals, and the kernels' signatures (`emit._signature`)
+take them in the order `_kernel_arguments` lists them."""
 
 from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
-from .plan import KernelPlan, identity_inputs, row_views
+from .plan import KernelPlan, OutputSlot, identity_inputs, row_views
+
+
+def launcher_text(
+    plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], doc: str, flat: bool, divisors: list[str]
+) -> str:
+    """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
+    `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
+    it passes (see `emit.Divisors`)."""
+    wrapper = _function_class_name(name)
+    lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors)
+    lines += ["", "", *_autograd_class(wrapper, name, input_names)]
+    lines += ["", "", *_public_function(wrapper, name, input_names, doc)]
+    return "\n".join(lines)
+
+
+# ---- _<name>_launch -----------------------------------------------------------------------
+
+
+def _launch_function(
+    plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], flat: bool, divisors: list[str]
+) -> list[str]:
+    """`_<name>_launch(inputs)`: everything from the inputs to the launched kernel and its outputs."""
+    body = _shape_guards(plan, name, input_names)
+    body += _domain_sizes(plan, input_names)
+    body += _memory_order(plan, input_names)
+    body += _output_allocations(plan, input_names)
+    body += _rows_and_columns(plan)
+    body += _return_early(plan, input_names)
+    body += _index_width(plan, input_names)
+    body += _stride_reads(plan, input_names)
+    body += _magic_numbers(divisors)
+    call_args = ", ".join(_kernel_arguments(plan, input_names, divisors))
+    if plan.kind == "elementwise":
+        body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat)
+    else:
+        body += _row_launch(plan, kernel_name, input_names, call_args)
+    body.append("return " + _returns(plan))
+    return [f"def _{name}_launch({', '.join(input_names)}):"] + ["    " + line for line in body]
+
+
+def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
+    """A check of every input dim the kernel reads through a fixed offset (a slice, a head split):
+    those sizes are the model's own constants, baked into the kernel, so the launcher refuses
+    any other size instead of launching."""
+    lines = []
+    for k, slot in enumerate(plan.inputs):
+        x = input_names[k]
+        for j in sorted(slot.guarded_dims):
+            lines.append(f"if {x}.shape[{j}] != {slot.shape[j]}:")
+            lines.append(
+                f'    raise ValueError("{name}: input {x} needs size {slot.shape[j]} in dim {j} '
+                f"(the model's own constant), got %d\" % {x}.shape[{j}])"
+            )
+    return lines
+
+
+def _domain_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape."""
+    return [f"d{i} = {size}" for i, size in enumerate(_size_exprs(plan, input_names))]
+
+
+def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
+    """Each domain dim as an expression over the inputs' run-time shapes (its analysis-time size
+    when no input is loaded along it at that size)."""
+    return [_size_expr(plan, names, i, size) or str(size) for i, size in enumerate(plan.domain)]
+
+
+def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | None:
+    """`<input>.shape[j]` of the first load that reads domain dim `i` as its dim `j` at the domain's size."""
+    for s in plan.stmts:
+        if s.load_input is None:
+            continue
+        slot = plan.inputs[s.load_input]
+        for j, c in enumerate(s.load_coords):
+            if c == f"c{i}" and slot.shape[j] == size:
+                return f"{names[s.load_input]}.shape[{j}]"
+    return None
+
+
+def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """Elementwise only: `pitches` numbers the rows in the memory order of the full-size inputs and
+    `dense` says whether they share one dense layout (the module's `_row_pitches`)."""
+    if plan.kind != "elementwise":
+        return []
+    leads = _tuple([input_names[k] for k in identity_inputs(plan)])
+    domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+    return [f"pitches, dense = _row_pitches({leads}, {domain})"]
+
+
+def _output_allocations(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`out<k> = ...`: each output, full-size or one value per row (a reduction's result)."""
+    return [f"out{k} = {_output_allocation(plan, input_names, out)}" for k, out in enumerate(plan.outputs)]
+
+
+def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot) -> str:
+    """A fresh tensor for `out`; an elementwise output takes the full-size inputs' layout when
+    they share a dense one, as eager's result would, and is contiguous otherwise."""
+    n, k_rows = len(plan.domain), plan.row_dims
+    if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
+        dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
+    else:
+        dims = [f"d{i}" for i in range(n)]
+    device = f"{input_names[0]}.device" if input_names else "'cuda'"
+    fresh = f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype})"
+    direct = [input_names[k] for k in identity_inputs(plan)]
+    if plan.kind == "elementwise" and direct:
+        return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if dense else {fresh}"
+    return fresh
+
+
+def _rows_and_columns(plan: KernelPlan) -> list[str]:
+    """`R`, `C`: the domain as rows by columns.  A group norm's rows are (batch, group), its columns
+    the group's channels by the spatial dims."""
+    n = len(plan.domain)
+    if plan.groups:
+        return [f"G = {plan.groups}", "R = d0 * G", "C = (" + " * ".join(f"d{i}" for i in range(1, n)) + ") // G"]
+    rows = " * ".join(f"d{i}" for i in range(plan.row_dims)) or "1"
+    cols = " * ".join(f"d{i}" for i in range(plan.row_dims, n)) or "1"
+    return [f"R = {rows}", f"C = {cols}"]
+
+
+def _return_early(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """Return the outputs without launching when the inputs are meta tensors, which carry shapes
+    only (a re-analysis of code that already calls the kernel), or when there is nothing to do."""
+    meta = f"{input_names[0]}.device.type == 'meta' or " if input_names else ""
+    return [f"if {meta}R == 0 or C == 0:  # shapes only (re-analysis) or nothing to do", "    return " + _returns(plan)]
+
+
+def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`index_64`: whether an offset into any tensor can pass 32 bits (the module's `_needs_int64`)."""
+    tensors = ", ".join(input_names + _output_names(plan))
+    return [f"index_64 = _needs_int64({tensors})"]
+
+
+def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`st<k> = <input>.stride()` for each input the kernel addresses through strides."""
+    # One call per tensor: the launcher's own time is part of every call.
+    return [f"st{k} = {input_names[k]}.stride()" for k, slot in enumerate(plan.inputs) if slot.strides_used]
+
+
+def _magic_numbers(divisors: list[str]) -> list[str]:
+    """`magic`: the magic numbers of the kernels' run-time divisors (the module's `_magic`)."""
+    return [f"magic = _magic({', '.join(divisors)})"] if divisors else []
+
+
+def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[str]) -> list[str]:
+    """The kernels' run-time arguments, in their signature's order (`emit._signature`)."""
+    args = input_names + _output_names(plan) + [f"d{i}" for i in range(len(plan.domain))]
+    for k, slot in enumerate(plan.inputs):
+        args += [f"st{k}[{j}]" for j in sorted(slot.strides_used)]
+    args += ["R", "C"]
+    if plan.kind == "elementwise":
+        args.append("*pitches")
+    if plan.groups:
+        args.append("G")
+    if divisors:
+        args.append("*magic")
+    return args
+
+
+def _elementwise_launch(
+    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, flat: bool
+) -> list[str]:
+    """The tile kernel's launch; with `flat`, the flat kernel's when the inputs are dense, the tile's otherwise."""
+    tile = _tile_launch(plan, kernel_name, input_names, call_args)
+    if not flat:
+        return tile
+    return [
+        "if dense:  # one flat offset addresses every full-size input and the output",
+        f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
+        f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},",
+        "        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, num_warps=warps)",
+        "else:",
+    ] + ["    " + line for line in tile]
+
+
+def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+    """The 2-D tile kernel's launch: one program a (row block, column block), numbered row-block
+    major; the kernel takes the column-block count to split its program id."""
+    contig = _contig_condition(plan, input_names)
+    return [
+        f"block_r, block_c, warps = _pointwise_tile(R, C, {_widest_item(plan)})",
+        "col_blocks = (C + block_c - 1) // block_c",
+        "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
+        f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contig}, num_warps=warps)",
+    ]
 
 
 def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
@@ -23,137 +217,19 @@ def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
     return " and ".join(["dense"] + [f"{stride(k)} == {stride(lead)}" for k in views])
 
 
-def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
-    """Each domain dim as an expression over the inputs' run-time shapes."""
-    exprs = []
-    for i, size in enumerate(plan.domain):
-        found = None
-        for s in plan.stmts:
-            if s.load_input is None:
-                continue
-            slot = plan.inputs[s.load_input]
-            for j, c in enumerate(s.load_coords):
-                if c == f"c{i}" and slot.shape[j] == size:
-                    found = f"{names[s.load_input]}.shape[{j}]"
-                    break
-            if found:
-                break
-        exprs.append(found or str(size))
-    return exprs
-
-
-def launcher_text(plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], doc: str,
-                  flat: bool, divisors: list[str]) -> str:
-    """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
-    `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
-    it passes (see `emit.Divisors`)."""
-    params = ", ".join(input_names)
-    n = len(plan.domain)
-    sizes = _size_exprs(plan, input_names)
-    lines = [f"def _{name}_launch({params}):"]
-    body = []
-    for k, slot in enumerate(plan.inputs):
-        for j in sorted(slot.guarded_dims):
-            body.append(f"if {input_names[k]}.shape[{j}] != {slot.shape[j]}:")
-            body.append(f"    raise ValueError(\"{name}: input {input_names[k]!s} needs size {slot.shape[j]} in dim {j} "
-                        f"(the model's own constant), got %d\" % {input_names[k]}.shape[{j}])")
-    for i in range(n):
-        body.append(f"d{i} = {sizes[i]}")
-    device = f"{input_names[0]}.device" if input_names else "'cuda'"
-    k_rows = plan.row_dims
+def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+    """A row kernel's launch: one program a block of rows, the whole-row `_block` kernel when a row
+    fits in registers and the looped `_loop` one otherwise (the module's `_row_tile` decides);
+    CONTIG when the full-size inputs are contiguous, so they share the outputs' flat offsets."""
     direct = [input_names[k] for k in identity_inputs(plan)]
-    elementwise = plan.kind == "elementwise"
-    if elementwise:
-        leads = "(" + ", ".join(direct) + ("," if len(direct) == 1 else "") + ")"
-        domain = "(" + ", ".join(f"d{i}" for i in range(n)) + ("," if n == 1 else "") + ")"
-        body.append(f"pitches, dense = _row_pitches({leads}, {domain})")
-    for k, out in enumerate(plan.outputs):
-        if out.row_only:
-            dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
-        else:
-            dims = [f"d{i}" for i in range(n)]
-        shape = "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
-        fresh = f"torch.empty({shape}, device={device}, dtype=torch.{out.dtype})"
-        if elementwise and direct:  # the layout of the inputs, as eager's result would have
-            fresh = f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if dense else {fresh}"
-        body.append(f"out{k} = {fresh}")
-    if plan.groups:
-        body.append(f"G = {plan.groups}")
-        body.append("R = d0 * G")
-        body.append("C = (" + " * ".join(f"d{i}" for i in range(1, n)) + ") // G")
-    else:
-        rows = " * ".join(f"d{i}" for i in range(k_rows)) or "1"
-        cols = " * ".join(f"d{i}" for i in range(k_rows, n)) or "1"
-        body.append(f"R = {rows}")
-        body.append(f"C = {cols}")
-    meta = f"{input_names[0]}.device.type == 'meta' or " if input_names else ""
-    body.append(f"if {meta}R == 0 or C == 0:  # shapes only (re-analysis) or nothing to do")
-    body.append("    return " + _returns(plan))
-    tensors = ", ".join(input_names + [f"out{k}" for k in range(len(plan.outputs))])
-    body.append(f"index_64 = _needs_int64({tensors})")
-    strides = []
-    for k, slot in enumerate(plan.inputs):
-        if slot.strides_used:  # one call per tensor: the launcher's own time is part of every call
-            body.append(f"st{k} = {input_names[k]}.stride()")
-            strides += [f"st{k}[{j}]" for j in sorted(slot.strides_used)]
-    args = input_names + [f"out{k}" for k in range(len(plan.outputs))] + [f"d{i}" for i in range(n)] + strides + ["R", "C"]
-    if elementwise:
-        args.append("*pitches")
-    if plan.groups:
-        args.append("G")
-    if divisors:
-        body.append(f"magic = _magic({', '.join(divisors)})")
-        args.append("*magic")
-    call_args = ", ".join(args)
-    if elementwise:
-        contig = _contig_condition(plan, input_names)
-        tile = [
-            f"block_r, block_c, warps = _pointwise_tile(R, C, {_widest_item(plan)})",
-            "col_blocks = (C + block_c - 1) // block_c",
-            "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
-            f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
-            f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contig}, num_warps=warps)",
-        ]
-        if flat:
-            body.append("if dense:  # one flat offset addresses every full-size input and the output")
-            body.append(f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})")
-            body.append(f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},")
-            body.append("        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, num_warps=warps)")
-            body.append("else:")
-            body += ["    " + line for line in tile]
-        else:
-            body += tile
-    else:
-        contiguous = " and ".join(f"{n}.is_contiguous()" for n in direct) or "True"
-        body.append(f"block_r, block_c, warps, whole_row = _row_tile(R, C, {_widest_item(plan)})")
-        body.append("grid = ((R + block_r - 1) // block_r,)")
-        body.append(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
-        body.append(f"kernel[grid]({call_args},")
-        body.append(f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)")
-    body.append("return " + _returns(plan))
-    lines += ["    " + b for b in body]
-    cls = "_" + "".join(p.capitalize() for p in name.split("_")) + "Function"
-    lines += [
-        "",
-        "",
-        f"class {cls}(torch.autograd.Function):",
-        "    @staticmethod",
-        f"    def forward(ctx, {params}):",
-        f"        return _{name}_launch({params})",
-        "",
-        "    @staticmethod",
-        "    def backward(ctx, *grads):",
-        f"        raise RuntimeError(\"{name} is an inference-only fused kernel: run the model under torch.no_grad() \"",
-        "                           \"or keep the original code where gradients are needed\")",
-        "",
-        "",
-        f"def {name}({params}):",
-        _docstring(doc),
-        f"    if torch.is_grad_enabled() and any(t.requires_grad for t in ({params}{',' if len(input_names) == 1 else ''})):",
-        f"        return {cls}.apply({params})",
-        f"    return _{name}_launch({params})",
+    contiguous = " and ".join(f"{x}.is_contiguous()" for x in direct) or "True"
+    return [
+        f"block_r, block_c, warps, whole_row = _row_tile(R, C, {_widest_item(plan)})",
+        "grid = ((R + block_r - 1) // block_r,)",
+        f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
+        f"kernel[grid]({call_args},",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)",
     ]
-    return "\n".join(lines)
 
 
 def _widest_item(plan: KernelPlan) -> int:
@@ -162,13 +238,61 @@ def _widest_item(plan: KernelPlan) -> int:
     return max(DTYPE_BYTES.get(d, 4) for d in dtypes)
 
 
+def _output_names(plan: KernelPlan) -> list[str]:
+    return [f"out{k}" for k in range(len(plan.outputs))]
+
+
 def _returns(plan: KernelPlan) -> str:
-    outs = [f"out{k}" for k in range(len(plan.outputs))]
+    """The launcher's return value: the output, or a tuple of them."""
+    outs = _output_names(plan)
     return outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+
+
+def _tuple(items: list[str]) -> str:
+    """A Python tuple display of `items`, with the trailing comma a single item needs."""
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+# ---- the autograd wrapper and the public function -----------------------------------------
+
+
+def _function_class_name(name: str) -> str:
+    """`cluster_3` -> `_Cluster3Function`."""
+    return "_" + "".join(p.capitalize() for p in name.split("_")) + "Function"
+
+
+def _autograd_class(wrapper: str, name: str, input_names: list[str]) -> list[str]:
+    """The `torch.autograd.Function` the public function goes through when gradients are wanted:
+    the kernels have no backward, so it refuses one loudly rather than return wrong gradients."""
+    params = ", ".join(input_names)
+    return [
+        f"class {wrapper}(torch.autograd.Function):",
+        "    @staticmethod",
+        f"    def forward(ctx, {params}):",
+        f"        return _{name}_launch({params})",
+        "",
+        "    @staticmethod",
+        "    def backward(ctx, *grads):",
+        f'        raise RuntimeError("{name} is an inference-only fused kernel: run the model under torch.no_grad() "',
+        '                           "or keep the original code where gradients are needed")',
+    ]
+
+
+def _public_function(wrapper: str, name: str, input_names: list[str], doc: str) -> list[str]:
+    """`<name>(inputs)`, the call the user's code makes: straight to the launcher unless an input
+    needs gradients, when it goes through the autograd wrapper so that backward can refuse."""
+    params = ", ".join(input_names)
+    return [
+        f"def {name}({params}):",
+        _docstring(doc),
+        f"    if torch.is_grad_enabled() and any(t.requires_grad for t in {_tuple(input_names)}):",
+        f"        return {wrapper}.apply({params})",
+        f"    return _{name}_launch({params})",
+    ]
 
 
 def _docstring(doc: str) -> str:
     lines = doc.strip().splitlines() or [""]
     if len(lines) == 1:
         return f'    """{lines[0]}"""'
-    return '    """' + lines[0] + "\n" + "\n".join(("    " + l) if l else "" for l in lines[1:]) + '\n    """'
+    return '    """' + lines[0] + "\n" + "\n".join(("    " + line) if line else "" for line in lines[1:]) + '\n    """'

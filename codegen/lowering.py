@@ -20,13 +20,24 @@ FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 INT_DTYPES = {"int64", "int32", "int16", "int8", "uint8"}
 
 TL_DTYPES = {
-    "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
-    "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8", "uint8": "tl.uint8",
+    "float32": "tl.float32",
+    "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16",
+    "float64": "tl.float64",
+    "int64": "tl.int64",
+    "int32": "tl.int32",
+    "int16": "tl.int16",
+    "int8": "tl.int8",
+    "uint8": "tl.uint8",
     "bool": "tl.int1",
 }
 
-FINFO_MAX = {"float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38,
-             "float64": 1.7976931348623157e308}
+FINFO_MAX = {
+    "float32": 3.4028234663852886e38,
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float64": 1.7976931348623157e308,
+}
 
 
 class LoweringError(Exception):
@@ -82,12 +93,12 @@ def convert(operand: Operand, kind: str) -> str:
 
 # Helpers a kernel module defines once when any kernel uses them.
 HELPERS = {
-    "_tanh": '''@triton.jit
+    "_tanh": """@triton.jit
 def _tanh(x):
     # tl has no tanh that also runs in the interpreter; tanh(x) = 2*sigmoid(2x) - 1.
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
-''',
-    "_pow": '''@triton.jit
+""",
+    "_pow": """@triton.jit
 def _pow(base, exponent):
     # base ** exponent for float tensors; negative bases need an integral exponent.
     magnitude = tl.exp2(exponent * tl.log2(tl.abs(base)))
@@ -95,8 +106,8 @@ def _pow(base, exponent):
     odd = integral & (tl.abs(exponent - 2.0 * tl.floor(exponent * 0.5)) == 1.0)
     signed = tl.where((base < 0) & odd, -magnitude, magnitude)
     return tl.where((base < 0) & (~integral), float("nan"), tl.where(base == 0, tl.where(exponent == 0, 1.0, tl.where(exponent > 0, 0.0, float("inf"))), signed))
-''',
-    "_div": '''@triton.jit
+""",
+    "_div": """@triton.jit
 def _div(n, d, q, WIDE: tl.constexpr):
     # n // d for n >= 0.  With 32-bit offsets, q (the launcher's _magic(d)) turns the division
     # into a multiply-high and a shift; 64-bit offsets (WIDE) divide.
@@ -107,11 +118,11 @@ def _div(n, d, q, WIDE: tl.constexpr):
         shift = (q & 31).to(tl.uint32)
         out = (tl.umulhi(n.to(tl.uint32) << 1, m) >> shift).to(tl.int32)
     return out
-''',
-    "_mod": '''@triton.jit
+""",
+    "_mod": """@triton.jit
 def _mod(n, d, q, WIDE: tl.constexpr):
     return n - _div(n, d, q, WIDE) * d
-''',
+""",
 }
 
 
@@ -158,8 +169,11 @@ UNARY_FLOAT = {
     "copy": "{a}",
 }
 
-PREDICATES = {"isnan": "{a} != {a}", "isinf": "tl.abs({a}) == float('inf')",
-              "isfinite": "({a} == {a}) & (tl.abs({a}) != float('inf'))"}
+PREDICATES = {
+    "isnan": "{a} != {a}",
+    "isinf": "tl.abs({a}) == float('inf')",
+    "isfinite": "({a} == {a}) & (tl.abs({a}) != float('inf'))",
+}
 
 COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
@@ -208,8 +222,8 @@ def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dty
         alpha = literal(float(params.get("alpha", 1.0)))
         return f"tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))"
     if op == "celu":
-        alpha = float(params.get("alpha", 1.0))
-        return f"tl.where({a} > 0, {a}, {literal(alpha)} * (tl.exp({a} / {literal(alpha)}) - 1.0))"
+        alpha = literal(float(params.get("alpha", 1.0)))
+        return f"tl.where({a} > 0, {a}, {alpha} * (tl.exp({a} / {alpha}) - 1.0))"
     if op == "leaky_relu":
         return f"tl.where({a} > 0, {a}, {a} * {literal(float(params.get('negative_slope', 0.01)))})"
     if op == "hardtanh":
@@ -227,8 +241,10 @@ def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dty
         nan = literal(float(params.get("nan") or 0.0))
         pos = literal(float(params["posinf"])) if params.get("posinf") is not None else literal(big)
         neg = literal(float(params["neginf"])) if params.get("neginf") is not None else literal(-big)
-        return (f"tl.where({a} != {a}, {nan}, tl.where({a} == float('inf'), {pos}, "
-                f"tl.where({a} == float('-inf'), {neg}, {a})))")
+        return (
+            f"tl.where({a} != {a}, {nan}, tl.where({a} == float('inf'), {pos}, "
+            f"tl.where({a} == float('-inf'), {neg}, {a})))"
+        )
     if op == "cast":
         return _cast(operands[0], out_dtype)
     if op == "logical_not":
@@ -257,7 +273,11 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
         mode = params.get("rounding_mode")
         if out_kind == INT:
             _need(mode == "floor" or mode == "trunc", op, "integer division with a rounding mode")
-            q = f"({a} // {b})" if mode == "trunc" else f"tl.where(({a} % {b} != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
+            q = (
+                f"({a} // {b})"
+                if mode == "trunc"
+                else f"tl.where(({a} % {b} != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
+            )
             return q
         if mode == "floor":
             return f"tl.floor({a} / {b})"

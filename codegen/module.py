@@ -159,7 +159,7 @@ def existing_sections(module_text: str) -> dict[str, str]:
     out = {}
     for i, m in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(module_text)
-        out[m.group(1)] = module_text[m.start():end].rstrip() + "\n"
+        out[m.group(1)] = module_text[m.start() : end].rstrip() + "\n"
     return out
 
 

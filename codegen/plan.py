@@ -21,11 +21,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fuselens.analysis.graph import Graph, Node, Ref
+from fuselens.analysis.graph import Graph, Node, Ref, TensorMeta
 from fuselens.analysis.ops import OpClass
+from fuselens.contracts.report import ClusterKind
 
 from .lowering import (
-    BOOL, FLOAT, LoweringError, Operand, convert, kind_of, literal, lower, operand_kind,
+    BOOL,
+    FLOAT,
+    LoweringError,
+    Operand,
+    convert,
+    kind_of,
+    literal,
+    lower,
+    operand_kind,
 )
 
 
@@ -43,7 +52,7 @@ class Coord:
     guard: str = ""  # lanes where this coordinate is in range (a `cat` piece); loads mask the rest
 
     @staticmethod
-    def const(value: int) -> "Coord":
+    def const(value: int) -> Coord:
         return Coord(str(value))
 
 
@@ -69,6 +78,13 @@ class Stmt:
     centered: tuple[str, str] | None = None  # sum((x - sum_x / C)^2), as (x, sum_x): shifted sums
     online: tuple[str, str] | None = None  # sum(exp(x - max_x)), as (x, max_x): online softmax
 
+    @property
+    def how(self) -> str:
+        """How a reduction statement reduces: "sum", "max" or "min"."""
+        if self.reduce is None:
+            raise ValueError(f"{self.name} is not a reduction")
+        return self.reduce
+
 
 @dataclass
 class InputSlot:
@@ -90,7 +106,7 @@ class OutputSlot:
 
 @dataclass
 class KernelPlan:
-    kind: str  # "elementwise" | "reduction"
+    kind: ClusterKind
     members: list[int]
     compute: list[int]
     domain: tuple[int, ...]
@@ -103,13 +119,6 @@ class KernelPlan:
     @property
     def levels(self) -> int:
         return max((s.level for s in self.stmts), default=0)
-
-    @property
-    def row_length(self) -> int:
-        n = 1
-        for d in self.domain[self.row_dims:]:
-            n *= d
-        return n // (self.groups or 1) if self.groups else n
 
 
 def check(graph: Graph, members: frozenset[int]) -> tuple[bool, str, str]:
@@ -126,6 +135,15 @@ def plan_cluster(graph: Graph, members: set[int]) -> KernelPlan:
 
 def _describe(node: Node) -> str:
     return f"`{node.op}` (line {node.line})" if node.line else f"`{node.op}`"
+
+
+def _meta(node: Node) -> TensorMeta:
+    """`node`'s tensor metadata.  Cluster members always have it (detect only groups ops with
+    a tensor result, and views of tensors are tensors); an input without it is a tuple or
+    non-tensor value that no kernel can load."""
+    if node.meta is None:
+        raise PlanError("no-lowering", f"{_describe(node)} does not produce a single tensor")
+    return node.meta
 
 
 def _shape(shape) -> str:
@@ -148,32 +166,39 @@ class _Planner:
         outputs = self._escaping()
         reductions = [m for m in self.compute if g[m].cls is OpClass.REDUCTION]
         self.groups = None
+        kind: ClusterKind
         if reductions:
             kind = "reduction"
             self.domain, self.row_dims = self._row_space(reductions)
         else:
             kind = "elementwise"
-            shapes = {g[o].meta.shape for o in outputs}
+            shapes = {_meta(g[o]).shape for o in outputs}
             if len(shapes) > 1:
-                small = min(outputs, key=lambda o: g[o].meta.numel)
-                big = max(outputs, key=lambda o: g[o].meta.numel)
-                if g[small].meta.numel < g[big].meta.numel:
-                    raise PlanError("fan-out", f"{_describe(g[small])} produces a {_shape(g[small].meta.shape)} value "
-                                               f"used outside the group, but the kernel runs over "
-                                               f"{_shape(g[big].meta.shape)}; it cannot be written once")
-                raise PlanError("shape", "the group's outputs have different shapes: "
-                                         + ", ".join(_shape(s) for s in sorted(shapes)))
+                small = min(outputs, key=lambda o: _meta(g[o]).numel)
+                big = max(outputs, key=lambda o: _meta(g[o]).numel)
+                if _meta(g[small]).numel < _meta(g[big]).numel:
+                    raise PlanError(
+                        "fan-out",
+                        f"{_describe(g[small])} produces a {_shape(_meta(g[small]).shape)} "
+                        f"value used outside the group, but the kernel runs over "
+                        f"{_shape(_meta(g[big]).shape)}; it cannot be written once",
+                    )
+                raise PlanError(
+                    "shape",
+                    "the group's outputs have different shapes: " + ", ".join(_shape(s) for s in sorted(shapes)),
+                )
             self.domain = next(iter(shapes))
             self.row_dims = max(len(self.domain) - 1, 0)
         n = len(self.domain)
         full = tuple(Coord(f"c{i}", frozenset({"r" if i < self.row_dims else "c"})) for i in range(n))
         if self.groups and n > 1:  # the channel coordinate mixes the group (row) and the column
-            full = full[:1] + (Coord("c1", frozenset({"r", "c"})),) + full[2:]
+            full = (*full[:1], Coord("c1", frozenset({"r", "c"})), *full[2:])
         self.full = full
         out_slots = []
         for o in outputs:
             node = g[o]
-            shape = node.meta.shape
+            meta = _meta(node)
+            shape = meta.shape
             if shape == self.domain:
                 stmt = self.value(o, full)
                 row_only = False
@@ -181,15 +206,27 @@ class _Planner:
                 stmt = self.value(o, self._row_coords_for(shape))
                 row_only = True
             else:
-                raise PlanError("fan-out", f"{_describe(node)} produces a {_shape(shape)} value used outside the "
-                                           f"group; a kernel over {_shape(self.domain)} cannot write it once")
+                raise PlanError(
+                    "fan-out",
+                    f"{_describe(node)} produces a {_shape(shape)} value used outside the "
+                    f"group; a kernel over {_shape(self.domain)} cannot write it once",
+                )
             try:
-                kind_of(node.meta.dtype)
+                kind_of(meta.dtype)
             except LoweringError as exc:
                 raise PlanError("no-lowering", str(exc)) from None
-            out_slots.append(OutputSlot(o, stmt.name, shape, node.meta.dtype, row_only))
-        return KernelPlan(kind, sorted(self.members), self.compute, self.domain, self.row_dims, self.inputs,
-                          out_slots, self.stmts, self.groups)
+            out_slots.append(OutputSlot(o, stmt.name, shape, meta.dtype, row_only))
+        return KernelPlan(
+            kind,
+            sorted(self.members),
+            self.compute,
+            self.domain,
+            self.row_dims,
+            self.inputs,
+            out_slots,
+            self.stmts,
+            self.groups,
+        )
 
     def _escaping(self) -> list[int]:
         g = self.g
@@ -199,7 +236,9 @@ class _Planner:
             if not outside:
                 continue
             if not g[m].cls.absorbable:
-                raise PlanError("fan-out", f"the view {_describe(g[m])} of a fused value is also used outside the group")
+                raise PlanError(
+                    "fan-out", f"the view {_describe(g[m])} of a fused value is also used outside the group"
+                )
             out.append(m)
         if not out:
             raise PlanError("shape", "the group has no output")
@@ -210,18 +249,21 @@ class _Planner:
         spaces = set()
         for r in reductions:
             node = g[r]
-            x = g[node.inputs[0]]
+            x = _meta(g[node.inputs[0]])
             if node.op == "group_norm":
                 if len(reductions) > 1:
-                    raise PlanError("reduction", f"{_describe(node)} reduces over channel groups; it cannot share "
-                                                 "a kernel with another reduction")
+                    raise PlanError(
+                        "reduction",
+                        f"{_describe(node)} reduces over channel groups; it cannot share "
+                        "a kernel with another reduction",
+                    )
                 groups = node.params["groups"]
-                if x.meta.shape[1] % groups:
+                if x.shape[1] % groups:
                     raise PlanError("reduction", f"{_describe(node)}: channels are not divisible by groups")
                 self.groups = groups
-                return x.meta.shape, 1
+                return x.shape, 1
             dims = node.params["dims"]
-            spaces.add((x.meta.shape, len(x.meta.shape) - len(dims)))
+            spaces.add((x.shape, len(x.shape) - len(dims)))
         if len(spaces) > 1:
             listed = ", ".join(f"{_shape(s)} over its last {len(s) - k} dim(s)" for s, k in sorted(spaces))
             raise PlanError("reduction", f"the reductions run over different rows ({listed})")
@@ -262,32 +304,40 @@ class _Planner:
         self.memo[key] = stmt
         return stmt
 
-    def _emit(self, expr: str, kind: str, deps: list[Stmt], comment: str = "", reduce: str | None = None,
-              axes: frozenset | None = None, load_input: int | None = None) -> Stmt:
+    def _emit(
+        self,
+        expr: str,
+        kind: str,
+        deps: list[Stmt],
+        comment: str = "",
+        reduce: str | None = None,
+        axes: frozenset | None = None,
+        load_input: int | None = None,
+    ) -> Stmt:
         level = max((d.level for d in deps), default=0) + (1 if reduce else 0)
         if axes is None:
             axes = frozenset().union(*(d.axes for d in deps)) if deps else frozenset()
-        stmt = Stmt(f"v{len(self.stmts)}", expr, kind, axes, level, reduce, comment,
-                    tuple(d.name for d in deps), load_input)
+        stmt = Stmt(
+            f"v{len(self.stmts)}", expr, kind, axes, level, reduce, comment, tuple(d.name for d in deps), load_input
+        )
         self.stmts.append(stmt)
         return stmt
 
     def _load(self, node: Node, coords: tuple[Coord, ...]) -> Stmt:
-        if node.meta is None:
-            raise PlanError("no-lowering", f"{_describe(node)} does not produce a single tensor")
+        meta = _meta(node)
         try:
-            kind = kind_of(node.meta.dtype)
+            kind = kind_of(meta.dtype)
         except LoweringError as exc:
             raise PlanError("no-lowering", str(exc)) from None
         slot_index = self.input_index.get(node.id)
         if slot_index is None:
             slot_index = len(self.inputs)
             self.input_index[node.id] = slot_index
-            self.inputs.append(InputSlot(node.id, node.meta.shape, node.meta.dtype))
+            self.inputs.append(InputSlot(node.id, meta.shape, meta.dtype))
         slot = self.inputs[slot_index]
         terms = []
         axes: set = set()
-        for j, (c, size) in enumerate(zip(coords, node.meta.shape)):
+        for j, (c, size) in enumerate(zip(coords, meta.shape, strict=True)):
             if size == 1 or c.text == "0":
                 continue
             slot.strides_used.add(j)
@@ -296,8 +346,14 @@ class _Planner:
             if not c.text.startswith("c") or not c.text[1:].isdigit():
                 slot.guarded_dims.add(j)
         address = " + ".join(terms) if terms else "0"
-        stmt = self._emit(f"in{slot_index}_ptr + ({address})", kind, [], comment=self._input_comment(node),
-                          axes=frozenset(axes), load_input=slot_index)
+        stmt = self._emit(
+            f"in{slot_index}_ptr + ({address})",
+            kind,
+            [],
+            comment=self._input_comment(node),
+            axes=frozenset(axes),
+            load_input=slot_index,
+        )
         stmt.load_coords = tuple(c.text for c in coords)
         stmt.load_guard = " & ".join(sorted({c.guard for c in coords if c.guard}))
         return stmt
@@ -308,11 +364,11 @@ class _Planner:
     def _view_back(self, node: Node, coords: tuple[Coord, ...]) -> tuple[Coord, ...]:
         """Coordinates of the view's input that hold the view's element at `coords`."""
         src = self.g[node.inputs[0]]
-        shapes = [tuple(src.meta.shape)]
+        shapes = [tuple(_meta(src).shape)]
         for step in node.params.get("steps", []):
             shapes.append(_step_shape(shapes[-1], step))
         current = list(coords)
-        for step, before in zip(reversed(node.params.get("steps", [])), reversed(shapes[:-1])):
+        for step, before in zip(reversed(node.params.get("steps", [])), reversed(shapes[:-1]), strict=True):
             current = _step_back(step, before, current)
         return tuple(current)
 
@@ -325,7 +381,7 @@ class _Planner:
     def _operand(self, node: Node, arg, coords) -> Operand:
         if isinstance(arg, Ref):
             src = self.g[arg.node]
-            stmt = self.value(arg.node, self._broadcast(coords, node.meta.shape, src.meta.shape))
+            stmt = self.value(arg.node, self._broadcast(coords, _meta(node).shape, _meta(src).shape))
             return Operand(stmt.name, stmt.kind)
         if arg is None:
             return Operand("None", FLOAT, True)
@@ -344,16 +400,21 @@ class _Planner:
         compute_kind = operand_kind(node.op, [o.kind for o in operands if not o.is_scalar] or [out_kind], out_kind)
         if node.op in ("where",):
             operands = [Operand(convert(operands[0], BOOL), BOOL)] + [
-                Operand(convert(o, compute_kind), compute_kind, o.is_scalar) for o in operands[1:]]
+                Operand(convert(o, compute_kind), compute_kind, o.is_scalar) for o in operands[1:]
+            ]
         elif node.op == "masked_fill":
-            operands = [Operand(convert(operands[0], compute_kind), compute_kind),
-                        Operand(convert(operands[1], BOOL), BOOL),
-                        Operand(convert(operands[2], compute_kind), compute_kind, operands[2].is_scalar)]
+            operands = [
+                Operand(convert(operands[0], compute_kind), compute_kind),
+                Operand(convert(operands[1], BOOL), BOOL),
+                Operand(convert(operands[2], compute_kind), compute_kind, operands[2].is_scalar),
+            ]
         elif node.op != "cast":
-            operands = [o if o.text == "None" else Operand(convert(o, compute_kind), compute_kind, o.is_scalar)
-                        for o in operands]
+            operands = [
+                o if o.text == "None" else Operand(convert(o, compute_kind), compute_kind, o.is_scalar)
+                for o in operands
+            ]
         try:
-            expr = lower(node.op, operands, node.params, out_kind, node.meta.dtype)
+            expr = lower(node.op, operands, node.params, out_kind, _meta(node).dtype)
         except LoweringError as exc:
             raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
         return self._emit(expr, out_kind, deps, comment=self._comment(node))
@@ -366,13 +427,14 @@ class _Planner:
         chosen: list[tuple[int, int, Stmt]] = []
         for piece in pieces:
             src = self.g[piece.node]
-            size = src.meta.shape[dim]
+            size = _meta(src).shape[dim]
             shifted = list(coords)
             # Shifted, not clamped: an affine index keeps loads vectorised; lanes that belong
             # to another piece are masked off instead.
             text = f"({c.text} - {offset})" if offset else c.text
-            guard = " & ".join(g for g in (c.guard, f"({c.text} >= {offset})" if offset else "",
-                                           f"({c.text} < {offset + size})") if g)
+            guard = " & ".join(
+                g for g in (c.guard, f"({c.text} >= {offset})" if offset else "", f"({c.text} < {offset + size})") if g
+            )
             shifted[dim] = Coord(text, c.axes, guard)
             stmt = self.value(piece.node, tuple(shifted))
             chosen.append((offset, size, stmt))
@@ -381,8 +443,13 @@ class _Planner:
         expr = convert(Operand(chosen[-1][2].name, chosen[-1][2].kind), out_kind)
         for start, size, stmt in reversed(chosen[:-1]):
             expr = f"tl.where({c.text} < {start + size}, {convert(Operand(stmt.name, stmt.kind), out_kind)}, {expr})"
-        return self._emit(expr, out_kind, [s for _, _, s in chosen], comment=self._comment(node),
-                          axes=frozenset().union(c.axes, *(s.axes for _, _, s in chosen)))
+        return self._emit(
+            expr,
+            out_kind,
+            [s for _, _, s in chosen],
+            comment=self._comment(node),
+            axes=frozenset().union(c.axes, *(s.axes for _, _, s in chosen)),
+        )
 
     def _reduction(self, node: Node, coords) -> Stmt:
         x = self.g[node.inputs[0]]
@@ -394,12 +461,15 @@ class _Planner:
                 raise PlanError("shape", f"{_describe(node)} is read through a view that reorders its rows")
         elif not self._same_place(coords[:k], self.full[:k]) or any(c.text != "0" for c in coords[k:]):
             raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
-        if x.meta.shape != self.domain:
-            raise PlanError("reduction", f"{_describe(node)} reads {_shape(x.meta.shape)}, not the kernel's rows "
-                                         f"{_shape(self.domain)}")
+        x_meta = _meta(x)
+        if x_meta.shape != self.domain:
+            raise PlanError(
+                "reduction",
+                f"{_describe(node)} reads {_shape(x_meta.shape)}, not the kernel's rows {_shape(self.domain)}",
+            )
         xs = self.value(x.id, self.full)
         if xs.kind != FLOAT:
-            raise PlanError("no-lowering", f"{_describe(node)} on {x.meta.dtype} values")
+            raise PlanError("no-lowering", f"{_describe(node)} on {x_meta.dtype} values")
         comment = self._comment(node)
         n = "C"  # the runtime number of elements per row
         r = self._reduce
@@ -454,18 +524,21 @@ class _Planner:
     def _same_place(self, coords, target) -> bool:
         """Same coordinates, where a size-1 domain dim's coordinate may also be written as 0."""
         return len(coords) == len(target) and all(
-            a.text == b.text or (a.text == "0" and self.domain[i] == 1) for i, (a, b) in enumerate(zip(coords, target)))
+            a.text == b.text or (a.text == "0" and self.domain[i] == 1)
+            for i, (a, b) in enumerate(zip(coords, target, strict=True))
+        )
 
     def _affine(self, node: Node, y: Stmt, comment: str) -> Stmt:
         out = y
-        for arg, sym in zip(node.args[1:], ("*", "+")):
+        for arg, sym in zip(node.args[1:], ("*", "+"), strict=False):
             if not isinstance(arg, Ref):
                 continue
             w = self.g[arg.node]
+            coords: tuple[Coord, ...]
             if node.op == "group_norm":
                 coords = (self.full[1],)  # weight/bias are per channel
             else:
-                coords = self._broadcast(self.full, self.domain, w.meta.shape)
+                coords = self._broadcast(self.full, self.domain, _meta(w).shape)
             ws = self.value(arg.node, coords)
             wv = convert(Operand(ws.name, ws.kind), FLOAT)
             out = self._emit(f"{out.name} {sym} {wv}", FLOAT, [out, ws])
@@ -497,15 +570,16 @@ class _Planner:
     def _reduce(self, how: str, operand: Stmt, comment: str) -> Stmt:
         if "c" not in operand.axes:
             raise PlanError("reduction", "the reduced value does not vary along the row")
-        return self._emit(operand.name, FLOAT, [operand], comment=comment, reduce=how,
-                          axes=frozenset(operand.axes - {"c"}))
+        return self._emit(
+            operand.name, FLOAT, [operand], comment=comment, reduce=how, axes=frozenset(operand.axes - {"c"})
+        )
 
     def _stmt(self, name: str) -> Stmt:
         return self.stmts[int(name[1:])]
 
     def _kind(self, node: Node) -> str:
         try:
-            return kind_of(node.meta.dtype)
+            return kind_of(_meta(node).dtype)
         except LoweringError as exc:
             raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
 
@@ -545,9 +619,9 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
             out[p] = coords[i]
         return out
     if kind == "unsqueeze":
-        return coords[: step[1]] + coords[step[1] + 1:]
+        return coords[: step[1]] + coords[step[1] + 1 :]
     if kind == "squeeze":
-        return coords[: step[1]] + [ZERO] + coords[step[1]:]
+        return [*coords[: step[1]], ZERO, *coords[step[1] :]]
     if kind == "expand":
         offset = len(coords) - len(before)
         return [ZERO if before[j] == 1 else coords[j + offset] for j in range(len(before))]
@@ -560,16 +634,20 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
         out[dim] = Coord(text, c.axes, c.guard)
         return out
     if kind == "select":
-        return coords[: step[1]] + [Coord.const(step[2])] + coords[step[1]:]
+        return [*coords[: step[1]], Coord.const(step[2]), *coords[step[1] :]]
     raise PlanError("shape", f"a `{kind}` view changes the iteration space")
 
 
 def identity_inputs(plan: KernelPlan) -> list[int]:
     """Inputs read element for element over the whole domain (candidates for flat indexing)."""
     full = tuple(f"c{i}" for i in range(len(plan.domain)))
-    return sorted({s.load_input for s in plan.stmts
-                   if s.load_input is not None and s.load_coords == full
-                   and plan.inputs[s.load_input].shape == plan.domain})
+    return sorted(
+        {
+            s.load_input
+            for s in plan.stmts
+            if s.load_input is not None and s.load_coords == full and plan.inputs[s.load_input].shape == plan.domain
+        }
+    )
 
 
 def row_views(plan: KernelPlan) -> list[int]:
@@ -588,7 +666,9 @@ def row_views(plan: KernelPlan) -> list[int]:
             continue
         coords = tuple(str(c) for c in s.load_coords)
         fits[s.load_input] = fits.get(s.load_input, True) and (
-            len(coords) == n and coords[:-1] == rows
+            len(coords) == n
+            and coords[:-1] == rows
             and set(COORD.findall(coords[-1])) == {str(n - 1)}
-            and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1])
+            and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1]
+        )
     return sorted(k for k, ok in fits.items() if ok)

@@ -25,8 +25,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = {
-    "float32", "float", "float16", "half", "bfloat16", "float64", "double", "int64", "long",
-    "int32", "int", "int16", "int8", "uint8", "bool",
+    "float32",
+    "float",
+    "float16",
+    "half",
+    "bfloat16",
+    "float64",
+    "double",
+    "int64",
+    "long",
+    "int32",
+    "int",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
 }
 _CANONICAL = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32"}
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -92,7 +105,10 @@ def from_cli(shapes: list[str] | None, dtypes: list[str] | None) -> list[InputSp
     """`--input-shape` values with their `--dtype`s (one for all, or one per shape)."""
     if not shapes:
         return None
-    return [InputSpec(parse_shape(s, "--input-shape"), d) for s, d in zip(shapes, cli_dtypes(dtypes, len(shapes)))]
+    return [
+        InputSpec(parse_shape(s, "--input-shape"), d)
+        for s, d in zip(shapes, cli_dtypes(dtypes, len(shapes)), strict=True)
+    ]
 
 
 def cli_dtypes(dtypes: list[str] | None, count: int) -> list[str]:
@@ -113,12 +129,14 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
         raise ConfigError(f"{where} must be a table of {', '.join(SETTINGS_KEYS)}")
     unknown = sorted(set(entry) - set(SETTINGS_KEYS))
     if unknown:
-        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                          f"(known: {', '.join(SETTINGS_KEYS)})")
+        raise ConfigError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(SETTINGS_KEYS)})"
+        )
     settings = ModelSettings()
     dtype = entry.get("dtype", "float32")
     if not isinstance(dtype, str):
-        raise ConfigError(f"{where}.dtype must be a dtype name such as \"bfloat16\"")
+        raise ConfigError(f'{where}.dtype must be a dtype name such as "bfloat16"')
     if "inputs" in entry:
         settings.inputs = _inputs(entry["inputs"], dtype, where)
     elif "dtype" in entry:
@@ -129,7 +147,7 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
         settings.init = dict(entry["init"])
     if entry.get("param_dtype") is not None:
         if not isinstance(entry["param_dtype"], str):
-            raise ConfigError(f"{where}.param_dtype must be a dtype name such as \"bfloat16\"")
+            raise ConfigError(f'{where}.param_dtype must be a dtype name such as "bfloat16"')
         settings.param_dtype = canonical_dtype(entry["param_dtype"], f"{where}.param_dtype")
     return settings
 
@@ -145,12 +163,13 @@ def _inputs(value: Any, default_dtype: str, where: str) -> list[InputSpec]:
         if isinstance(item, dict):
             if not isinstance(item.get("shape"), list):
                 raise ConfigError(f"{here} needs a 'shape' list")
-            specs.append(InputSpec(_int_list(item["shape"], here),
-                                   canonical_dtype(str(item.get("dtype", default_dtype)), here)))
+            specs.append(
+                InputSpec(_int_list(item["shape"], here), canonical_dtype(str(item.get("dtype", default_dtype)), here))
+            )
         elif isinstance(item, list):
             specs.append(InputSpec(_int_list(item, here), canonical_dtype(default_dtype, where)))
         else:
-            raise ConfigError(f"{here} must be a shape list or {{shape = [...], dtype = \"...\"}}")
+            raise ConfigError(f'{here} must be a shape list or {{shape = [...], dtype = "..."}}')
     return specs
 
 
@@ -224,8 +243,8 @@ def from_comment(line: str, where: str) -> ModelSettings | None:
         end = _closing_paren(body, init.end() - 1)
         if end < 0:
             raise ConfigError(f"{where}: init=( has no closing parenthesis")
-        settings.init = _literal_kwargs(body[init.end():end], where)
-        body = body[: init.start()] + body[end + 1:]
+        settings.init = _literal_kwargs(body[init.end() : end], where)
+        body = body[: init.start()] + body[end + 1 :]
     specs = []
     for m in _INPUT.finditer(body):
         dtype = m.group("dtype") or "float32"

@@ -11,8 +11,9 @@ Two contracts, both plain data (no torch), so the language server reads them:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .plain import to_plain
 
@@ -57,7 +58,7 @@ class InductorKernel:
     graph: int
     aten_ops: list[AtenOp]
     user_ops: list[str]  # names of the non-free InductorOps it computes, in program order
-    lines: list[list]  # [[file, line], ...] of those ops, sorted
+    lines: list[list[str | int]]  # [[file, line], ...] of those ops, sorted
     source: str  # the @triton.jit function, or the library call for extern kernels
     inferred_ops: list[str] = field(default_factory=list)  # subset of user_ops placed by adjacency
     unattributed: int = 0  # aten nodes it computes that map to no user op (pattern-rewrite output)
@@ -92,7 +93,7 @@ class InductorCapture:
             yield from graph.kernels
 
     def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
+        return dict(to_plain(self))
 
 
 # ---- the comparison ----------------------------------------------------------------------------
@@ -191,7 +192,7 @@ class InductorComparison:
         return counts
 
     def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
+        return dict(to_plain(self))
 
 
 @dataclass

@@ -7,23 +7,31 @@ same pipeline (`pipeline/`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import InputSpec, ModelSettings
 
 MAX_BRANCH_PATHS = 4  # data-dependent branches followed the other way, per model
 
+# How a long job says how far it is: (message, fraction done or None).
+Progress = Callable[[str, "float | None"], None]
+
+
+def no_progress(message: str, fraction: float | None = None) -> None:
+    """A Progress for callers that show none."""
+
 
 @dataclass
 class AnalyzeOptions:
-    model_class: str | None = None  # analyse only this class
+    model_class: str | None = None  # analyze only this class
     input_shapes: list[str] | None = None  # --input-shape values
     dtypes: list[str] | None = None  # --dtype values
     param_dtype: str | None = None  # --param-dtype
     device: str | None = None  # device profile for regimes (h200, h100, a100, rtx4090)
     peak_gbps: float | None = None
     out_dir: str | None = None  # where the kernel module goes (default: beside the file)
-    source_text: str | None = None  # analyse this text as the file's content (an editor buffer)
+    source_text: str | None = None  # analyze this text as the file's content (an editor buffer)
     models: dict[str, ModelSettings] = field(default_factory=dict)  # per-class settings from the editor
     branch_paths: int = MAX_BRANCH_PATHS
 

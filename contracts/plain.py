@@ -68,7 +68,7 @@ def _read(tp: Any, value: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ContractError(f"{where}: expected {len(args)} items, got {len(value)}")
-            return tuple(_read(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+            return tuple(_read(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
         item = args[0] if args else Any
         items = [_read(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
@@ -77,7 +77,7 @@ def _read(tp: Any, value: Any, where: str) -> Any:
             raise ContractError(f"{where}: expected an object, got {_kind(value)}")
         _, item = typing.get_args(tp) or (str, Any)
         return {str(k): _read(item, v, f"{where}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _read_dataclass(tp, value, where)
     return _read_scalar(tp, value, where)
 
@@ -107,7 +107,7 @@ def _tagged(options: tuple[Any, ...], value: Any, where: str) -> Any:
         return None
     tags: dict[tuple[str, Any], Any] = {}
     for option in options:
-        if not dataclasses.is_dataclass(option):
+        if not (isinstance(option, type) and dataclasses.is_dataclass(option)):
             continue
         for name, hint in _hints(option).items():
             if typing.get_origin(hint) is typing.Literal and len(typing.get_args(hint)) == 1:
@@ -130,10 +130,15 @@ def _read_dataclass(tp: type, value: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise ContractError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                            f"(known: {', '.join(fields)})")
-    missing = [name for name, f in fields.items() if name not in value
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ContractError(
+            f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(fields)})"
+        )
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in value and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ContractError(f"{where}: missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
     return tp(**{k: _read(hints[k], v, f"{where}.{k}") for k, v in value.items()})
@@ -150,5 +155,12 @@ def _read_scalar(tp: Any, value: Any, where: str) -> Any:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

@@ -13,13 +13,14 @@ Bump SCHEMA_VERSION on any change that could break a reader.
 from __future__ import annotations
 
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a model that was analyzed says "analyzed"
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -33,8 +34,12 @@ REJECTION_REASONS = {
     "no-neighbour": "no other fusable op is adjacent",
 }
 
-MAPPINGS = ("exact", "pointer", "unavailable")
-REGIMES = ("launch-bound", "l2-resident", "dram-bound")
+Mapping = Literal["exact", "pointer", "unavailable"]
+Regime = Literal["launch-bound", "l2-resident", "dram-bound"]
+ModelStatus = Literal["analyzed", "skipped", "error"]
+ClusterKind = Literal["elementwise", "reduction"]
+MAPPINGS: tuple[str, ...] = typing.get_args(Mapping)
+REGIMES: tuple[str, ...] = typing.get_args(Regime)
 
 
 @dataclass
@@ -87,18 +92,18 @@ class Edit:
 @dataclass
 class Cluster:
     id: str
-    kind: str  # "elementwise" | "reduction"
+    kind: ClusterKind
     ops: list[OpRef]
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
     file: str
     lines: list[int]  # [first, last]
     function: str
-    mapping: str  # "exact" | "pointer" | "unavailable"
+    mapping: Mapping
     mapping_detail: str
     bytes_unfused: int | None
     bytes_fused: int | None
-    regime: str | None
+    regime: Regime | None
     multiplicity: int = 1
     instances: list[str] = field(default_factory=list)
     kernel: Kernel | None = None
@@ -182,7 +187,7 @@ class Model:
     name: str
     file: str
     line: int
-    status: str  # "analysed" | "skipped" | "error"
+    status: ModelStatus
     inputs: list[TensorInfo] = field(default_factory=list)
     inputs_source: str = ""  # where the example inputs came from
     param_dtype: str | None = None  # the dtype the weights were cast to, when one was asked for
@@ -229,7 +234,8 @@ class Report:
             raise ContractError(f"report schema_version {version!r} is not {SCHEMA_VERSION}")
         return from_plain(cls, data, "report")
 
-    def clusters(self):
+    def clusters(self) -> Iterator[tuple[Model, Cluster]]:
+        """Every cluster of every model, with its model."""
         for model in self.models:
             for cluster in model.clusters:
                 yield model, cluster

@@ -86,8 +86,11 @@ class ValidationReport:
     def ok(self) -> bool:
         checks = [c for m in self.models for c in m.clusters]
         models = [m.model for m in self.models if m.model]
-        return not self.problems and all(c.status in ("verified", "not-reached") for c in checks) and all(
-            m.status in ("matches", "skipped") for m in models)
+        return (
+            not self.problems
+            and all(c.status in ("verified", "not-reached") for c in checks)
+            and all(m.status in ("matches", "skipped") for m in models)
+        )
 
     @property
     def needs_gpu(self) -> bool:

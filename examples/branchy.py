@@ -1,5 +1,5 @@
 """A model whose forward() branches on a tensor's value: torch.compile breaks the graph at
-the `if`, and fuselens analyses the pieces on both sides.
+the `if`, and fuselens analyzes the pieces on both sides.
 """
 
 import torch

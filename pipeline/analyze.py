@@ -1,4 +1,4 @@
-"""Analyse one Python file: one `Report` out, with what produced it for the steps after.
+"""Analyze one Python file: one `Report` out, with what produced it for the steps after.
 
 This is the engine both the CLI (in-process) and the language server (in a worker
 subprocess) run:
@@ -25,7 +25,7 @@ from fuselens.analysis import capture, cost, discover, loader, sourcemap
 from fuselens.analysis.config import ModelClass, resolve_model
 from fuselens.analysis.ops import OpClass
 from fuselens.contracts import report as R
-from fuselens.contracts.config import ConfigError, ModelConfig, find_pyproject, read_tool_table
+from fuselens.contracts.config import ConfigError, InputSpec, ModelConfig, find_pyproject, read_tool_table
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.contracts.version import TOOL_VERSION
 
@@ -40,8 +40,8 @@ class AnalyzedFile:
     report: R.Report
     text: str
     module: ModuleType | None = None
-    classes: dict[str, type] = field(default_factory=dict)  # the analysed classes, by name
-    configs: dict[str, ModelConfig] = field(default_factory=dict)  # each analysed class's configuration
+    classes: dict[str, type] = field(default_factory=dict)  # the analyzed classes, by name
+    configs: dict[str, ModelConfig] = field(default_factory=dict)  # each analyzed class's configuration
     user_code: capture.UserCode = field(default_factory=capture.UserCode)
 
 
@@ -62,9 +62,11 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
             text = fh.read()
     profile = cost.device_profile(options.device, options.peak_gbps)
     report = R.Report(
-        file=path, source_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        file=path,
+        source_sha256=hashlib.sha256(text.encode()).hexdigest(),
         device=R.DeviceInfo(profile.name, profile.peak_gbps, profile.l2_bytes, profile.launch_us),
-        torch_version=torch.__version__, tool_version=TOOL_VERSION,
+        torch_version=torch.__version__,
+        tool_version=TOOL_VERSION,
     )
     analyzed = AnalyzedFile(report, text)
     try:
@@ -75,8 +77,9 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
     classes = discover.find_classes(text)
     if options.model_class and options.model_class not in {c.name for c in classes}:
         names = ", ".join(c.name for c in classes) or "none"
-        report.problems.append(R.Problem("inputs", f"no nn.Module class {options.model_class!r} in this file "
-                                                   f"(found: {names})", path, 1))
+        report.problems.append(
+            R.Problem("inputs", f"no nn.Module class {options.model_class!r} in this file (found: {names})", path, 1)
+        )
         return analyzed
     if not classes:
         return analyzed
@@ -85,8 +88,15 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
     except loader.LoadError as exc:
         report.problems.append(load_problem(exc, path))
         return analyzed
-    file = _FileContext(path, options, profile, source, analyzed, _tool_table(report, path),
-                        {c.name for c in discover.top_level(classes)})
+    file = _FileContext(
+        path,
+        options,
+        profile,
+        source,
+        analyzed,
+        _tool_table(report, path),
+        {c.name for c in discover.top_level(classes)},
+    )
     available = loader.model_classes(analyzed.module)
     found: list[list[Found]] = []
     for info in classes:
@@ -112,7 +122,7 @@ def _tool_table(report: R.Report, path: str) -> tuple[dict, str | None]:
 
 @dataclass
 class _FileContext:
-    """What every model of one file is analysed with."""
+    """What every model of one file is analyzed with."""
 
     path: str
     options: AnalyzeOptions
@@ -124,13 +134,13 @@ class _FileContext:
 
 
 def _note_parents(report: R.Report, classes: list[discover.ClassInfo]) -> None:
-    """A class skipped for want of inputs is still analysed inside the models that use it: say so."""
-    analysed = [m.name for m in report.models if m.status == "analysed"]
+    """A class skipped for want of inputs is still analyzed inside the models that use it: say so."""
+    analyzed = [m.name for m in report.models if m.status == "analyzed"]
     for model in report.models:
-        if model.status == "skipped" and analysed:
-            parents = [n for n in analysed if model.name in _used_by(classes, n)]
+        if model.status == "skipped" and analyzed:
+            parents = [n for n in analyzed if model.name in _used_by(classes, n)]
             if parents:
-                model.notes.append(f"its code is analysed inside {', '.join(parents)}")
+                model.notes.append(f"its code is analyzed inside {', '.join(parents)}")
 
 
 def _used_by(classes: list[discover.ClassInfo], name: str, seen: frozenset[str] = frozenset()) -> set[str]:
@@ -167,7 +177,8 @@ def configure(info: discover.ClassInfo, cls: type, file: _FileContext) -> ModelC
     model = ModelClass(info.name, info.line, info.comment, info.name in file.outermost)
     analyzed = file.analyzed
 
-    def example_inputs():
+    def example_inputs() -> tuple[list[InputSpec], str] | None:
+        assert analyzed.module is not None  # a class of it is being configured
         tensors, where = loader.user_example_inputs(analyzed.module, cls, model.outermost, analyzed.user_code)
         return (loader.specs_of(tensors), where) if tensors is not None else None
 
@@ -176,7 +187,7 @@ def configure(info: discover.ClassInfo, cls: type, file: _FileContext) -> ModelC
 
 
 def _analyze_model(info: discover.ClassInfo, cls: type, file: _FileContext) -> tuple[R.Model, list[Found]]:
-    model = R.Model(name=info.name, file=file.path, line=info.line, status="analysed")
+    model = R.Model(name=info.name, file=file.path, line=info.line, status="analyzed")
     started = time.perf_counter()
     try:
         config = configure(info, cls, file)
@@ -186,8 +197,14 @@ def _analyze_model(info: discover.ClassInfo, cls: type, file: _FileContext) -> t
         return _failed(model, load_problem(exc, file.path)), []
     if config.inputs is None:
         model.status = "skipped"
-        model.problem = R.Problem("inputs", f"{info.name}: no example inputs, so no shapes: costs are unknown",
-                                  file.path, info.line, None, loader.hint_for_inputs(info.name))
+        model.problem = R.Problem(
+            "inputs",
+            f"{info.name}: no example inputs, so no shapes: costs are unknown",
+            file.path,
+            info.line,
+            None,
+            loader.hint_for_inputs(info.name),
+        )
         return model, []
     model.inputs = [R.TensorInfo(s.shape, s.dtype) for s in config.inputs]
     model.inputs_source = config.inputs_source
@@ -205,7 +222,7 @@ def _analyze_model(info: discover.ClassInfo, cls: type, file: _FileContext) -> t
     model.graph_breaks = list(main.breaks)
     model.ops_total = sum(1 for n in main if n.cls is not OpClass.SOURCE and n.op != "output")
     model.totals.bytes_total = cost.model_bytes(main)
-    model.timings_ms["analyse"] = _ms(started)
+    model.timings_ms["analyze"] = _ms(started)
     return model, found
 
 
@@ -215,8 +232,9 @@ def _failed(model: R.Model, problem: R.Problem) -> R.Model:
     return model
 
 
-def _trace_paths(model: R.Model, cls: type, config: ModelConfig, file: _FileContext,
-                 started: float) -> list[tuple[capture.Trace, str]]:
+def _trace_paths(
+    model: R.Model, cls: type, config: ModelConfig, file: _FileContext, started: float
+) -> list[tuple[capture.Trace, str]]:
     """Build the model and trace it: the main path, then each data-dependent branch the other way."""
     user_code = file.analyzed.user_code
     built = build_model(cls, config, user_code, loader.hint_for_init(model.name))
@@ -228,12 +246,12 @@ def _trace_paths(model: R.Model, cls: type, config: ModelConfig, file: _FileCont
     started = time.perf_counter()
     tensors = loader.meta_inputs(config.inputs or [])
     names = loader.forward_input_names(built.model, len(tensors))
-    for tensor_info, name in zip(model.inputs, names):
+    for tensor_info, name in zip(model.inputs, names, strict=True):
         tensor_info.name = name
     main = capture.trace(built.model, tensors, names, user_code)
     paths = [(main, "")]
     for i in range(min(len(main.branches), file.options.branch_paths)):
-        decisions = main.branches[:i] + [not main.branches[i]]
+        decisions = [*main.branches[:i], not main.branches[i]]
         try:
             alt = capture.trace(built.model, tensors, names, user_code, decisions)
         except capture.CaptureError:
@@ -255,8 +273,10 @@ def _trace_problem(exc: capture.CaptureError, config: ModelConfig, path: str) ->
     message = str(exc) if exc.kind == "memory" else f"forward() failed: {exc}"
     hint = f"traced with example inputs {shapes} from {config.inputs_source}"
     if capture.wants_integer_inputs(exc) and any(not s.dtype.startswith(("int", "uint")) for s in inputs):
-        hint += ("; the model looks up token ids, so give it integer inputs: `--dtype int64`, "
-                 "`dtype = \"int64\"` in pyproject.toml, or `input=(2, 64) int64` in the comment")
+        hint += (
+            "; the model looks up token ids, so give it integer inputs: `--dtype int64`, "
+            '`dtype = "int64"` in pyproject.toml, or `input=(2, 64) int64` in the comment'
+        )
     return problem_at(exc.kind, message, exc.frame, path, hint)
 
 

@@ -1,6 +1,6 @@
 """Apply: write the kernel module and replace each exactly-mapped cluster's lines.
 
-The edits are computed from the text that was analysed; if the file changes on disk
+The edits are computed from the text that was analyzed; if the file changes on disk
 before we write (an editor saved while we asked for confirmation, say), nothing is
 written.  Clusters whose mapping is not exact are never touched.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
@@ -28,9 +28,10 @@ class ApplyResult:
     refused: str = ""  # why nothing was written, when something should have been
 
 
-def apply_file(path: str, analyze_options: AnalyzeOptions, cluster_ids: list[str] | None,
-               confirm: Callable[[ApplyResult], bool]) -> ApplyResult:
-    """Analyse `path`, show `confirm` the diff, then write the kernel module and the edits."""
+def apply_file(
+    path: str, analyze_options: AnalyzeOptions, cluster_ids: list[str] | None, confirm: Callable[[ApplyResult], bool]
+) -> ApplyResult:
+    """Analyze `path`, show `confirm` the diff, then write the kernel module and the edits."""
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
     analyze_options.source_text = source
@@ -41,8 +42,9 @@ def apply_file(path: str, analyze_options: AnalyzeOptions, cluster_ids: list[str
         return result
     wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
     exact = [c for c in wanted if c.edit is not None]
-    result.skipped = [f"{c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}" for c in wanted
-                      if c.edit is None]
+    result.skipped = [
+        f"{c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}" for c in wanted if c.edit is None
+    ]
     if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
         result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
         return result
@@ -56,7 +58,7 @@ def apply_file(path: str, analyze_options: AnalyzeOptions, cluster_ids: list[str
         return result
     with open(path, encoding="utf-8") as fh:
         if fh.read() != source:
-            result.refused = f"{rel} changed on disk since it was analysed; nothing was written"
+            result.refused = f"{rel} changed on disk since it was analyzed; nothing was written"
             return result
     existing = None
     if os.path.exists(result.module_path):

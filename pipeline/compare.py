@@ -11,27 +11,23 @@ it, for the editor command that shows it.
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 from fuselens.analysis import loader
 from fuselens.analysis.inductor import InductorCaptureError, capture_inductor
 from fuselens.analysis.inductor_compare import compare_with_inductor
 from fuselens.contracts.inductor import ComparisonResult
-from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.options import AnalyzeOptions, Progress, no_progress
 
 from .analyze import AnalyzedFile, analyze, build_model
 
-Progress = Callable[[str, "float | None"], None]
 
-
-def compare(analyzed: AnalyzedFile, progress: Progress | None = None) -> dict[str, str]:
-    """Fill `model.inductor` for every analysed model of the file; returns {kernel id: source}."""
+def compare(analyzed: AnalyzedFile, progress: Progress = no_progress) -> dict[str, str]:
+    """Fill `model.inductor` for every analyzed model of the file; returns {kernel id: source}."""
     report = analyzed.report
     sources: dict[str, str] = {}
-    models = [m for m in report.models if m.status == "analysed"]
+    models = [m for m in report.models if m.status == "analyzed"]
     for index, model in enumerate(models):
-        if progress is not None:
-            progress(f"torch.compile {model.name}", index / len(models))
+        progress(f"torch.compile {model.name}", index / len(models))
         config = analyzed.configs[model.name]
         try:
             built = build_model(analyzed.classes[model.name], config, analyzed.user_code)
@@ -42,17 +38,20 @@ def compare(analyzed: AnalyzedFile, progress: Progress | None = None) -> dict[st
         model.inductor = compare_with_inductor(model, result)
         for kernel in result.kernels():
             sources[kernel.id] = kernel.source
-    if models and progress is not None:
+    if models:
         progress("torch.compile comparison done", 1.0)
     return sources
 
 
-def compare_file(path: str, options: AnalyzeOptions, progress: Progress | None = None) -> ComparisonResult:
-    """Analyse `path` and compare every model with torch.compile."""
+def compare_file(path: str, options: AnalyzeOptions, progress: Progress = no_progress) -> ComparisonResult:
+    """Analyze `path` and compare every model with torch.compile."""
     analyzed = analyze(path, options)
     sources = compare(analyzed, progress)
     report = analyzed.report
-    return ComparisonResult(os.path.abspath(path), report.source_sha256,
-                            models={m.name: m.inductor for m in report.models},
-                            errors={m.name: m.inductor_error for m in report.models if m.inductor_error},
-                            sources=sources)
+    return ComparisonResult(
+        os.path.abspath(path),
+        report.source_sha256,
+        models={m.name: m.inductor for m in report.models},
+        errors={m.name: m.inductor_error for m in report.models if m.inductor_error},
+        sources=sources,
+    )

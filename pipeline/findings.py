@@ -36,13 +36,20 @@ class Found:
 def op_ref(node: Node) -> R.OpRef:
     src = node.source
     meta = node.meta
-    return R.OpRef(node.op, src.file if src else "", src.line if src else 0,
-                   list(meta.shape) if meta else None, meta.dtype if meta else None,
-                   node.owner or node.module, node.call)
+    return R.OpRef(
+        node.op,
+        src.file if src else "",
+        src.line if src else 0,
+        list(meta.shape) if meta else None,
+        meta.dtype if meta else None,
+        node.owner or node.module,
+        node.call,
+    )
 
 
-def findings(model: R.Model, paths: list[tuple[Trace, str]], source: sourcemap.SourceIndex,
-             profile: cost.DeviceProfile) -> list[Found]:
+def findings(
+    model: R.Model, paths: list[tuple[Trace, str]], source: sourcemap.SourceIndex, profile: cost.DeviceProfile
+) -> list[Found]:
     """Fill the model's clusters, rejections and patterns; return the cluster instances behind them."""
     found: list[Found] = []
     rejected: list[tuple[Graph, Any, str]] = []
@@ -76,10 +83,13 @@ def findings(model: R.Model, paths: list[tuple[Trace, str]], source: sourcemap.S
     pattern_groups = group_repeats(matches, _pattern_signature)
     model.patterns = [_pattern(group) for group in pattern_groups]
     # Which clusters each pattern overlaps, by op identity within the same trace.
-    for pattern, group in zip(model.patterns, pattern_groups):
-        graph, match, _ = group[0]
-        pattern.clusters = [str(i) for i, f in enumerate(g[0] for g in groups)
-                            if f.graph is graph and set(f.plan.compute) & set(match.nodes)]
+    for pattern, matched in zip(model.patterns, pattern_groups, strict=True):
+        graph, match, _ = matched[0]
+        pattern.clusters = [
+            str(i)
+            for i, f in enumerate(g[0] for g in groups)
+            if f.graph is graph and set(f.plan.compute) & set(match.nodes)
+        ]
     model.totals.clusters = len(model.clusters)
     saved = [c.bytes_saved * c.multiplicity for c in model.clusters if c.bytes_saved is not None and not c.branch]
     model.totals.bytes_avoidable = sum(saved)
@@ -88,7 +98,7 @@ def findings(model: R.Model, paths: list[tuple[Trace, str]], source: sourcemap.S
 
 def _signature(f: Found):
     g = f.graph
-    ops = tuple((g[i].op, g[i].source.file if g[i].source else "", g[i].line) for i in f.plan.compute)
+    ops = tuple((g[i].op, g[i].file, g[i].line) for i in f.plan.compute)
     ins = tuple((s.shape, s.dtype) for s in f.plan.inputs)
     outs = tuple((o.shape, o.dtype) for o in f.plan.outputs)
     return ops, ins, outs
@@ -99,30 +109,50 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile) -> R.Cluster:
     g, plan, mapping = first.graph, first.plan, first.mapping
     ops = [op_ref(g[i]) for i in plan.compute]
     names_in = mapping.input_names or [None] * len(plan.inputs)
-    inputs = [R.TensorInfo(list(s.shape), s.dtype, names_in[k] if k < len(names_in) else None)
-              for k, s in enumerate(plan.inputs)]
+    inputs = [
+        R.TensorInfo(list(s.shape), s.dtype, names_in[k] if k < len(names_in) else None)
+        for k, s in enumerate(plan.inputs)
+    ]
     for k, info in enumerate(inputs):
         if info.name is None:
             node = g[plan.inputs[k].node]
             info.name = _param_expr(node)
     names_out = mapping.output_names or [None] * len(plan.outputs)
-    outputs = [R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
-               for k, o in enumerate(plan.outputs)]
+    outputs = [
+        R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
+        for k, o in enumerate(plan.outputs)
+    ]
     lines = list(mapping.lines) if mapping.lines != (0, 0) else [min(op.line for op in ops), max(op.line for op in ops)]
     boundaries = []
     for split in first.splits:
         node = g[split.node]
         boundaries.append(R.Boundary(op_ref(node), split.reason, split.detail))
     cluster = R.Cluster(
-        id="", kind=plan.kind, ops=ops, inputs=inputs, outputs=outputs, file=mapping.file or (ops[0].file if ops else ""),
-        lines=lines, function=mapping.function, mapping=mapping.quality, mapping_detail=mapping.detail,
-        bytes_unfused=first.unfused, bytes_fused=first.fused,
-        regime=cost.regime(g, plan.compute, first.fused, profile),
-        multiplicity=len(group), instances=[f.graph[f.plan.compute[0]].owner for f in group],
-        boundaries=boundaries, branch=first.path_note,
-        total_bytes_unfused=first.unfused * len(group), total_bytes_fused=first.fused * len(group),
+        id="",
+        kind=plan.kind,
+        ops=ops,
+        inputs=inputs,
+        outputs=outputs,
+        file=mapping.file or (ops[0].file if ops else ""),
+        lines=lines,
+        function=mapping.function,
+        mapping=mapping.quality,
+        mapping_detail=mapping.detail,
+        bytes_unfused=first.unfused,
+        bytes_fused=first.fused,
+        regime=cost.regime(g, plan.compute, first.fused, profile) if first.fused is not None else None,
+        multiplicity=len(group),
+        instances=[f.graph[f.plan.compute[0]].owner for f in group],
+        boundaries=boundaries,
+        branch=first.path_note,
+        total_bytes_unfused=_times(first.unfused, len(group)),
+        total_bytes_fused=_times(first.fused, len(group)),
     )
     return cluster
+
+
+def _times(count: int | None, multiplicity: int) -> int | None:
+    return None if count is None else count * multiplicity
 
 
 def _param_expr(node: Node) -> str | None:
@@ -136,7 +166,7 @@ def _param_expr(node: Node) -> str | None:
 def _rejection_signature(item):
     graph, r, _ = item
     node = graph[r.node]
-    return node.op, node.source.file if node.source else "", node.line, r.reason
+    return node.op, node.file, node.line, r.reason
 
 
 def _rejection(group) -> R.Rejection:
@@ -156,6 +186,13 @@ def _pattern(group) -> R.Pattern:
     ops = [op_ref(graph[i]) for i in m.nodes]
     place = sourcemap.common_place(graph, m.nodes)
     lines = list(place.lines) if place else [0, 0]
-    return R.Pattern(m.name, ops, place.file if place else (ops[0].file if ops else ""), lines,
-                     R.PatternEstimate(m.bytes_before, m.bytes_after, m.speedup), dict(m.dims),
-                     multiplicity=len(group), summary=m.summary)
+    return R.Pattern(
+        m.name,
+        ops,
+        place.file if place else (ops[0].file if ops else ""),
+        lines,
+        R.PatternEstimate(m.bytes_before, m.bytes_after, m.speedup),
+        dict(m.dims),
+        multiplicity=len(group),
+        summary=m.summary,
+    )

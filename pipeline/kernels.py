@@ -19,17 +19,18 @@ from fuselens.contracts import report as R
 from .findings import Found
 
 
-def generate_kernels(report: R.Report, found: list[list[Found]], source: sourcemap.SourceIndex,
-                     out_dir: str | None) -> None:
+def generate_kernels(
+    report: R.Report, found: list[list[Found]], source: sourcemap.SourceIndex, out_dir: str | None
+) -> None:
     """Number the clusters of the file, emit each kernel, and attach exact call-site edits."""
     module_path = edits_mod.kernel_module_path(report.file, out_dir)
     taken = _kernel_names_in_use(source.text, module_path)
     n = 0
-    for model, model_found in zip(report.models, found):
-        if model.status != "analysed":
+    for model, model_found in zip(report.models, found, strict=True):
+        if model.status != "analyzed":
             continue
         model.kernel_module = os.path.basename(module_path)
-        for cluster, instance in zip(model.clusters, model_found):
+        for cluster, instance in zip(model.clusters, model_found, strict=True):
             while f"cluster{n}" in taken:  # names the file already calls keep their kernels
                 n += 1
             cluster.id = f"c{n}"
@@ -37,18 +38,29 @@ def generate_kernels(report: R.Report, found: list[list[Found]], source: sourcem
             n += 1
             params = _launcher_params(cluster)
             try:
-                emitted = emit(instance.plan, name, params, [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)],
-                               _doc(cluster, source), _comments(instance, source, params))
+                emitted = emit(
+                    instance.plan,
+                    name,
+                    params,
+                    [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)],
+                    _doc(cluster, source),
+                    _comments(instance, source, params),
+                )
             except Exception as exc:  # codegen must never lose the analysis
                 cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
                 continue
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
-            if cluster.mapping == "exact" and not cluster.branch:
-                args = [i.name for i in cluster.inputs]
+            args = [i.name for i in cluster.inputs if i.name]
+            if cluster.mapping == "exact" and not cluster.branch and len(args) == len(cluster.inputs):
                 call = sourcemap.replacement(instance.mapping, name, args)
-                cluster.edit = R.Edit(cluster.lines[0], cluster.lines[1], call + "\n",
-                                      edits_mod.import_statement(report.file, module_path, [name]), call.strip())
+                cluster.edit = R.Edit(
+                    cluster.lines[0],
+                    cluster.lines[1],
+                    call + "\n",
+                    edits_mod.import_statement(report.file, module_path, [name]),
+                    call.strip(),
+                )
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
 
@@ -69,9 +81,11 @@ def _doc(cluster: R.Cluster, source: sourcemap.SourceIndex) -> str:
     fn = f" ({cluster.function})" if cluster.function else ""
     ins = ", ".join(f"{i.name or 'in'} {i.shape} {i.dtype}" for i in cluster.inputs)
     outs = ", ".join(f"{o.shape} {o.dtype}" for o in cluster.outputs)
-    return (f"Fused {cluster.op_chain} from {where}{fn}.\n\n"
-            f"Inputs at analysis time: {ins}.\nReturns {outs}.\n"
-            "Sizes and strides are read at call time; any shape works.")
+    return (
+        f"Fused {cluster.op_chain} from {where}{fn}.\n\n"
+        f"Inputs at analysis time: {ins}.\nReturns {outs}.\n"
+        "Sizes and strides are read at call time; any shape works."
+    )
 
 
 def _comments(found: Found, source: sourcemap.SourceIndex, params: list[str]) -> dict[str, str]:
@@ -85,7 +99,7 @@ def _comments(found: Found, source: sourcemap.SourceIndex, params: list[str]) ->
             head, op = text.split(": ", 1)
             line = int(head.split()[1])
             code = source.line_text(line).strip()
-            if code and " (" not in op and os.path.abspath(found.graph[found.plan.compute[0]].source.file) == source.path:
+            if code and " (" not in op and os.path.abspath(found.graph[found.plan.compute[0]].file) == source.path:
                 comments[stmt.name] = f"{head}: {code}"
     return comments
 

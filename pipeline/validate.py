@@ -1,4 +1,4 @@
-"""Validate a file's kernels: analyse it, then check every kernel of the report against eager.
+"""Validate a file's kernels: analyze it, then check every kernel of the report against eager.
 
 The analysis and the validation see the same models: the classes the analysis imported
 from the text it was given (an editor buffer, or the file), built with the configuration it
@@ -7,26 +7,25 @@ resolved for each of them.
 
 from __future__ import annotations
 
-from typing import Callable
-
-from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions, no_progress
 from fuselens.contracts.validation import ValidationReport
 from fuselens.validate import runner
 
 from .analyze import analyze
 
-Progress = Callable[[str, "float | None"], None]
 
-
-def validate_file(path: str, analyze_options: AnalyzeOptions, options: ValidateOptions,
-                  progress: Progress | None = None) -> ValidationReport:
-    report_progress: Progress = progress or (lambda message, fraction=None: None)
+def validate_file(
+    path: str, analyze_options: AnalyzeOptions, options: ValidateOptions, progress: Progress = no_progress
+) -> ValidationReport:
     result = runner.start(path, options)
     if result.problems:
         return result
-    report_progress("analysing", 0.0)
+    progress("analyzing", 0.0)
     analyzed = analyze(path, analyze_options)
-    subjects = {name: runner.Subject(cls, analyzed.configs[name].init, analyzed.configs[name].param_dtype)
-                for name, cls in analyzed.classes.items()}
-    return runner.validate_report(result, analyzed.report, analyzed.text, subjects, analyzed.user_code, options,
-                                  report_progress)
+    subjects = {
+        name: runner.Subject(cls, analyzed.configs[name].init, analyzed.configs[name].param_dtype)
+        for name, cls in analyzed.classes.items()
+    }
+    return runner.validate_report(
+        result, analyzed.report, analyzed.text, subjects, analyzed.user_code, options, progress
+    )

@@ -9,9 +9,11 @@ Nothing runs until the user has trusted the workspace (`trust.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote
 
@@ -39,7 +41,6 @@ from .scheduler import Analysis, Scheduler
 from .trust import Trust, client_trust
 from .watch import Watcher, affects
 from .workers import WorkerClient
-
 
 log = logging.getLogger("fuselens.server")
 
@@ -73,8 +74,12 @@ class FuselensProtocol(LanguageServerProtocol):
 
 class FuselensServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("fuselens", TOOL_VERSION, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
-                         protocol_cls=FuselensProtocol)
+        super().__init__(
+            "fuselens",
+            TOOL_VERSION,
+            text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+            protocol_cls=FuselensProtocol,
+        )
         self.settings = settings_mod.Settings()
         self.init_options: dict[str, Any] = {}
         self.roots: list[str] = []
@@ -87,6 +92,7 @@ class FuselensServer(LanguageServer):
         self.seen_changes: dict[str, float] = {}
         self.stats = {"published": 0, "dropped_stale": 0}
         self.inductor = InductorComparer(self)
+        self.background: set[asyncio.Future[Any]] = set()
 
     # ---- state -----------------------------------------------------------------------------
     def get_worker(self) -> WorkerClient:
@@ -95,15 +101,20 @@ class FuselensServer(LanguageServer):
             old = self.worker
             self.worker = WorkerClient(python, log=self.log_line)
             if old is not None:
-                asyncio.ensure_future(old.stop())
+                self.in_background(old.stop())
         return self.worker
+
+    def in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` without waiting for it; the server holds the task until it ends (the loop keeps
+        only weak references to tasks, and a task nobody holds can vanish mid-way)."""
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     def log_line(self, text: str) -> None:
         log.info(text)
-        try:
+        with contextlib.suppress(Exception):  # logging must never break the server
             self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, text))
-        except Exception:  # noqa: BLE001 - logging must never break the server
-            pass
 
     def tell(self, text: str, kind: lsp.MessageType = lsp.MessageType.Info) -> None:
         self.window_show_message(lsp.ShowMessageParams(kind, text))
@@ -137,15 +148,20 @@ class FuselensServer(LanguageServer):
                     table = {}
                 merged, found = settings_mod.merge(merged, settings_mod.from_pyproject(table), "pyproject.toml")
                 problems += found
-        merged, found = settings_mod.merge(merged, self.init_options.get("settings", self.init_options),
-                                           "initializationOptions")
+        merged, found = settings_mod.merge(
+            merged, self.init_options.get("settings", self.init_options), "initializationOptions"
+        )
         problems += [p for p in found if "unknown setting 'settings'" not in p]
         caps = self.client_capabilities.workspace
         if caps is not None and caps.configuration:
             try:
-                (config,) = await asyncio.wait_for(self.workspace_configuration_async(
-                    lsp.ConfigurationParams([lsp.ConfigurationItem(section="fuselens")])), 5)
-            except Exception:  # noqa: BLE001 - a client that cannot answer keeps the other sources
+                (config,) = await asyncio.wait_for(
+                    self.workspace_configuration_async(
+                        lsp.ConfigurationParams([lsp.ConfigurationItem(section="fuselens")])
+                    ),
+                    5,
+                )
+            except Exception:  # a client that cannot answer keeps the other sources
                 config = None
             merged, found = settings_mod.merge(merged, config, "settings")
             problems += found
@@ -182,18 +198,21 @@ class FuselensServer(LanguageServer):
             self.stats["dropped_stale"] += 1  # the user typed since: never show stale results
             return
         self.publish(uri, analysis)
-        self.log_line(f"analysed {os.path.basename(uri_to_path(uri) or uri)} v{analysis.version} "
-                      f"in {analysis.elapsed_ms:.0f} ms")
+        self.log_line(
+            f"analyzed {os.path.basename(uri_to_path(uri) or uri)} v{analysis.version} in {analysis.elapsed_ms:.0f} ms"
+        )
         self.refresh_views()
         if self.settings.compare_inductor:
             self.inductor.start(uri, uri_to_path(uri) or "", analysis)
 
     def refresh_views(self) -> None:
         """Ask the client to re-request lenses and inlay hints (they derive from the cache)."""
-        for refresh, supported in ((self.workspace_code_lens_refresh_async, self._client_refreshes("code_lens")),
-                                   (self.workspace_inlay_hint_refresh_async, self._client_refreshes("inlay_hint"))):
+        for refresh, supported in (
+            (self.workspace_code_lens_refresh_async, self._client_refreshes("code_lens")),
+            (self.workspace_inlay_hint_refresh_async, self._client_refreshes("inlay_hint")),
+        ):
             if supported:
-                asyncio.ensure_future(_quietly(refresh(None)))
+                self.in_background(_quietly(refresh(None)))
 
     def _client_refreshes(self, feature: str) -> bool:
         ws = self.client_capabilities.workspace
@@ -202,11 +221,8 @@ class FuselensServer(LanguageServer):
 
     def publish(self, uri: str, analysis: Analysis) -> None:
         path = uri_to_path(uri) or ""
-        report = analysis.report
         lines = analysis.text.splitlines()
-        if report is None:
-            report = Report(file=path, source_sha256="")
-        diags = diagnostics(report, path, lines, self.settings.severity, self.settings.show, analysis.failure)
+        diags = diagnostics(analysis.report, path, lines, self.settings.severity, self.settings.show, analysis.failure)
         self.stats["published"] += 1
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, diags, analysis.version))
 
@@ -214,12 +230,12 @@ class FuselensServer(LanguageServer):
         """The cached analysis, if it is of the document's current version."""
         analysis = self.scheduler.cache.get(uri)
         doc = self.document(uri)
-        if analysis is None or analysis.report is None or doc is None or (doc.version or 0) != analysis.version:
+        if analysis is None or analysis.failure is not None or doc is None or (doc.version or 0) != analysis.version:
             return None  # typed since: its lines no longer line up with the document's
         return analysis
 
     def file_changed(self, path: str) -> None:
-        """A file changed on disk: re-analyse the open documents that depend on it."""
+        """A file changed on disk: re-analyze the open documents that depend on it."""
         try:
             stamp = os.stat(path).st_mtime
         except OSError:
@@ -230,7 +246,7 @@ class FuselensServer(LanguageServer):
         for doc in list(self.workspace.text_documents.values()):
             doc_path = uri_to_path(doc.uri)
             if doc_path and not same_file(doc_path, path) and affects(path, doc_path, doc.source):
-                self.log_line(f"{os.path.basename(path)} changed: re-analysing {os.path.basename(doc_path)}")
+                self.log_line(f"{os.path.basename(path)} changed: re-analyzing {os.path.basename(doc_path)}")
                 self.schedule(doc.uri)
 
 
@@ -254,32 +270,49 @@ async def on_initialized(ls: FuselensServer, params: lsp.InitializedParams) -> N
     watched = caps.did_change_watched_files if caps else None
     if watched and watched.dynamic_registration:
         try:
-            await asyncio.wait_for(ls.client_register_capability_async(lsp.RegistrationParams([lsp.Registration(
-                id="fuselens-watch", method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
-                register_options=lsp.DidChangeWatchedFilesRegistrationOptions(watchers=[
-                    lsp.FileSystemWatcher(glob_pattern="**/*.py"),
-                    lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml")]))])), 5)
-        except Exception as exc:  # noqa: BLE001 - watchdog still watches
+            await asyncio.wait_for(
+                ls.client_register_capability_async(
+                    lsp.RegistrationParams(
+                        [
+                            lsp.Registration(
+                                id="fuselens-watch",
+                                method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                                register_options=lsp.DidChangeWatchedFilesRegistrationOptions(
+                                    watchers=[
+                                        lsp.FileSystemWatcher(glob_pattern="**/*.py"),
+                                        lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml"),
+                                    ]
+                                ),
+                            )
+                        ]
+                    )
+                ),
+                5,
+            )
+        except Exception as exc:  # watchdog still watches
             ls.log_line(f"the client did not register file watching ({exc}); using watchdog only")
     if any(ls.trusted(os.path.join(r, "x.py")) for r in ls.roots):
         loop = asyncio.get_running_loop()
-        ls.watcher = Watcher(ls.roots, lambda p: loop.call_soon_threadsafe(ls.file_changed, p))
+        ls.watcher = Watcher(ls.roots, lambda p: _call_soon(loop, ls.file_changed, p))
         ls.watcher.start()
-        asyncio.ensure_future(_warm(ls))
+        ls.in_background(_warm(ls))
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], path: str) -> None:
+    """Run `callback(path)` on the server's loop (the watcher calls from its own thread)."""
+    loop.call_soon_threadsafe(callback, path)
 
 
 async def _quietly(request) -> None:
     """Await a request whose failure does not matter (a client that cannot refresh lenses)."""
-    try:
+    with contextlib.suppress(Exception):
         await asyncio.wait_for(request, 10)
-    except Exception:  # noqa: BLE001
-        pass
 
 
 async def _warm(ls: FuselensServer) -> None:
     try:
         await ls.get_worker().ensure_started()
-    except Exception as exc:  # noqa: BLE001 - reported on first use
+    except Exception as exc:  # reported on first use
         ls.log_line(f"worker did not start: {exc}")
 
 
@@ -340,8 +373,9 @@ def on_inlay_hint(ls: FuselensServer, params: lsp.InlayHintParams) -> list[lsp.I
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None or not ls.settings.inlay_hints:
         return []
-    return inlay_hints(analysis.report, path, analysis.text.splitlines(),
-                       params.range.start.line + 1, params.range.end.line + 1)
+    return inlay_hints(
+        analysis.report, path, analysis.text.splitlines(), params.range.start.line + 1, params.range.end.line + 1
+    )
 
 
 @server.feature(lsp.TEXT_DOCUMENT_CODE_LENS, lsp.CodeLensOptions(resolve_provider=False))
@@ -353,8 +387,12 @@ def on_code_lens(ls: FuselensServer, params: lsp.CodeLensParams) -> list[lsp.Cod
     return code_lenses(analysis.report, path, params.text_document.uri, analysis.text.splitlines())
 
 
-@server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
-    code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite], resolve_provider=False))
+@server.feature(
+    lsp.TEXT_DOCUMENT_CODE_ACTION,
+    lsp.CodeActionOptions(
+        code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite], resolve_provider=False
+    ),
+)
 def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
     uri = params.text_document.uri
     analysis = ls.current(uri)  # edits are offered only for the exact text they were computed from
@@ -369,9 +407,18 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
     ops = (edit_caps.resource_operations or []) if edit_caps else []
     document_changes = bool(edit_caps and edit_caps.document_changes)
     create_ok = document_changes and lsp.ResourceOperationKind.Create in ops
-    return actions_mod.code_actions(analysis.report, path, uri, analysis.version, analysis.text,
-                                    params.range.start.line + 1, params.range.end.line + 1, module_text, create_ok,
-                                    document_changes)
+    return actions_mod.code_actions(
+        analysis.report,
+        path,
+        uri,
+        analysis.version,
+        analysis.text,
+        params.range.start.line + 1,
+        params.range.end.line + 1,
+        module_text,
+        create_ok,
+        document_changes,
+    )
 
 
 def kernel_module_text(report) -> str:

@@ -9,6 +9,7 @@ to a GPU elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -34,11 +35,11 @@ if TYPE_CHECKING:
 INTERPRET = "Check numerics in the Triton interpreter"
 
 
-def _args(args: tuple, spec: list[tuple[str, type, bool]]) -> list[Any]:
+def _args(args: tuple[Any, ...], spec: list[tuple[str, type, bool]]) -> list[Any]:
     """Check positional command arguments against (name, type, required); a JSON-RPC error if wrong."""
     if len(args) > len(spec):
         raise JsonRpcInvalidParams.of(TypeError(f"expected at most {len(spec)} arguments, got {len(args)}"))
-    out = []
+    out: list[Any] = []
     for i, (name, kind, required) in enumerate(spec):
         value = args[i] if i < len(args) else None
         if value is None:
@@ -47,20 +48,21 @@ def _args(args: tuple, spec: list[tuple[str, type, bool]]) -> list[Any]:
             out.append(None)
             continue
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise JsonRpcInvalidParams.of(TypeError(f"argument '{name}' must be {kind.__name__}, "
-                                                    f"got {type(value).__name__}"))
+            raise JsonRpcInvalidParams.of(
+                TypeError(f"argument '{name}' must be {kind.__name__}, got {type(value).__name__}")
+            )
         out.append(value)
     return out
 
 
-def _document_path(ls: "FuselensServer", uri: str) -> str:
+def _document_path(ls: FuselensServer, uri: str) -> str:
     path = uri_to_path(uri)
     if path is None or not path.endswith(".py"):
         raise JsonRpcInvalidParams.of(ValueError(f"not a Python file URI: {uri!r}"))
     return path
 
 
-def register_commands(server: "FuselensServer") -> None:
+def register_commands(server: FuselensServer) -> None:
     @server.command("fuselens.analyze")
     async def analyze(ls, *args):
         (uri,) = _args(args, [("uri", str, True)])
@@ -98,15 +100,16 @@ def register_commands(server: "FuselensServer") -> None:
         return _write_module(ls, uri, version, ids)
 
 
-def _analysis_for(ls: "FuselensServer", uri: str):
+def _analysis_for(ls: FuselensServer, uri: str):
     analysis = ls.current(uri)
     if analysis is None:
         raise JsonRpcInvalidParams.of(ValueError(f"no analysis of {uri} yet: open or save it first"))
     return analysis
 
 
-async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, model: str | None,
-                    options: dict[str, Any]) -> dict[str, Any]:
+async def _validate(
+    ls: FuselensServer, uri: str, clusters: list[str] | None, model: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
     path = _document_path(ls, uri)
     if not ls.trusted(path):
         return {"error": "untrusted", "message": "validation runs the model's code; trust the workspace first"}
@@ -120,7 +123,7 @@ async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, 
     elif model is not None:
         clusters = [c.id for m in report.models if m.name == model for c in m.clusters]
         if not clusters:
-            raise JsonRpcInvalidParams.of(ValueError(f"no analysed model {model!r} with clusters"))
+            raise JsonRpcInvalidParams.of(ValueError(f"no analyzed model {model!r} with clusters"))
     interpret = bool(options.get("interpret"))
     title = f"fuselens: validating {', '.join(clusters) if clusters and len(clusters) <= 3 else 'kernels'}"
     progress = await _Progress.start(ls, title)
@@ -131,8 +134,9 @@ async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, 
                 progress.report("no local GPU: running the remote runner")
                 result = await _remote(ls, path, progress)
             else:
-                choice = await _ask(ls, "No CUDA GPU here, so kernels cannot be timed. " + result.problems[0],
-                                    [INTERPRET])
+                choice = await _ask(
+                    ls, "No CUDA GPU here, so kernels cannot be timed. " + result.problems[0], [INTERPRET]
+                )
                 if choice == INTERPRET:
                     result = await _run_validation(ls, path, analysis.text, clusters, True, progress)
     except (JobFailed, RemoteFailed) as exc:
@@ -144,13 +148,16 @@ async def _validate(ls: "FuselensServer", uri: str, clusters: list[str] | None, 
     return result.to_dict()
 
 
-async def _run_validation(ls: "FuselensServer", path: str, text: str, clusters: list[str] | None, interpret: bool,
-                          progress: "_Progress") -> ValidationReport:
+async def _run_validation(
+    ls: FuselensServer, path: str, text: str, clusters: list[str] | None, interpret: bool, progress: _Progress
+) -> ValidationReport:
     w = ls.settings.worker
     job = ValidateJob(path, ls.settings.analyze_options(text), ValidateOptions(interpret=interpret, clusters=clusters))
     result: ValidationReport = await ls.get_worker().run(
-        job, Limits(w.validate_timeout_seconds, w.memory_mb),
-        on_progress=lambda message, fraction: progress.report(message, fraction))
+        job,
+        Limits(w.validate_timeout_seconds, w.memory_mb),
+        on_progress=lambda message, fraction: progress.report(message, fraction),
+    )
     return result
 
 
@@ -158,13 +165,14 @@ class RemoteFailed(Exception):
     kind = "remote"
 
 
-async def _remote(ls: "FuselensServer", path: str, progress: "_Progress") -> ValidationReport:
+async def _remote(ls: FuselensServer, path: str, progress: _Progress) -> ValidationReport:
     template = ls.settings.remote_runner or ""
     with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:
         out = os.path.join(tmp, "validation.json")
         command = template.format(file=shlex.quote(path), json=shlex.quote(out))
-        proc = await asyncio.create_subprocess_shell(command, stdout=asyncio.subprocess.PIPE,
-                                                     stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_shell(
+            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         lines: list[str] = []
         assert proc.stdout
         async for raw in proc.stdout:
@@ -181,14 +189,18 @@ async def _remote(ls: "FuselensServer", path: str, progress: "_Progress") -> Val
             raise RemoteFailed(f"the remote runner exited {code}: " + " / ".join(lines[-5:])) from None
 
 
-async def _ask(ls: "FuselensServer", message: str, options: list[str]) -> str | None:
+async def _ask(ls: FuselensServer, message: str, options: list[str]) -> str | None:
     window = ls.client_capabilities.window
     if not (window and window.show_message):
         return None
     try:
-        answer = await asyncio.wait_for(ls.window_show_message_request_async(lsp.ShowMessageRequestParams(
-            lsp.MessageType.Info, message, [lsp.MessageActionItem(o) for o in options])), 600)
-    except Exception:  # noqa: BLE001 - no answer is "no"
+        answer = await asyncio.wait_for(
+            ls.window_show_message_request_async(
+                lsp.ShowMessageRequestParams(lsp.MessageType.Info, message, [lsp.MessageActionItem(o) for o in options])
+            ),
+            600,
+        )
+    except Exception:  # no answer is "no"
         return None
     return answer.title if answer else None
 
@@ -219,14 +231,14 @@ class _Progress:
         self.token = token
 
     @classmethod
-    async def start(cls, ls: "FuselensServer", title: str) -> "_Progress":
+    async def start(cls, ls: FuselensServer, title: str) -> _Progress:
         window = ls.client_capabilities.window
         if not (window and window.work_done_progress):
             return cls(ls, None)
         token = f"fuselens-{uuid.uuid4().hex[:8]}"
         try:
             await asyncio.wait_for(ls.work_done_progress.create_async(token), 10)
-        except Exception:  # noqa: BLE001
+        except Exception:
             return cls(ls, None)
         ls.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(title=title, cancellable=False, percentage=0))
         return cls(ls, token)
@@ -234,15 +246,16 @@ class _Progress:
     def report(self, message: str, fraction: float | None = None) -> None:
         if self.token:
             percentage = int(fraction * 100) if fraction is not None else None
-            self.ls.work_done_progress.report(self.token, lsp.WorkDoneProgressReport(message=message,
-                                                                                    percentage=percentage))
+            self.ls.work_done_progress.report(
+                self.token, lsp.WorkDoneProgressReport(message=message, percentage=percentage)
+            )
 
     def end(self) -> None:
         if self.token:
             self.ls.work_done_progress.end(self.token, lsp.WorkDoneProgressEnd(message="done"))
 
 
-def _views_folder(ls: "FuselensServer", path: str, kind: str) -> str:
+def _views_folder(ls: FuselensServer, path: str, kind: str) -> str:
     """`.fuselens/<kind>` in the workspace folder that holds `path`: inside the workspace, never
     elsewhere (a file opened from outside it gets its views in the first workspace folder)."""
     folder = os.path.join(ls.workspace_root(path) or ls.roots[0], ".fuselens", kind)
@@ -250,15 +263,16 @@ def _views_folder(ls: "FuselensServer", path: str, kind: str) -> str:
     return folder
 
 
-async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dict[str, Any]:
+async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[str, Any]:
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
     analysis = _analysis_for(ls, uri)
     report = analysis.report
     text = kernel_module_text(report)
-    chosen = [c for m in report.models for c in m.clusters
-              if c.kernel and (which in (None, m.name, c.id, c.kernel.name))]
+    chosen = [
+        c for m in report.models for c in m.clusters if c.kernel and (which in (None, m.name, c.id, c.kernel.name))
+    ]
     if which and not chosen:
         raise JsonRpcInvalidParams.of(ValueError(f"no model or cluster {which!r} in {os.path.basename(path)}"))
     folder = _views_folder(ls, path, "kernels")
@@ -270,16 +284,19 @@ async def _show_kernel(ls: "FuselensServer", uri: str, which: str | None) -> dic
         line = 0
         if chosen:
             marker = f"def {chosen[0].kernel.name}("
-            line = next((i for i, l in enumerate(text.splitlines()) if l.startswith(marker)), 0)
-        try:
-            await ls.window_show_document_async(lsp.ShowDocumentParams(
-                path_to_uri(target), take_focus=True, selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))))
-        except Exception:  # noqa: BLE001
-            pass
+            line = next((i for i, code in enumerate(text.splitlines()) if code.startswith(marker)), 0)
+        with contextlib.suppress(Exception):
+            await ls.window_show_document_async(
+                lsp.ShowDocumentParams(
+                    path_to_uri(target),
+                    take_focus=True,
+                    selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0)),
+                )
+            )
     return {"path": target, "kernels": [c.kernel.name for c in chosen], "text": text}
 
 
-async def _show_inductor(ls: "FuselensServer", uri: str, cluster: str) -> dict[str, Any]:
+async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str, Any]:
     """Inductor's Triton for the kernels that compute `cluster`, in a file beside ours."""
     path = _document_path(ls, uri)
     analysis = _analysis_for(ls, uri)
@@ -297,24 +314,22 @@ async def _show_inductor(ls: "FuselensServer", uri: str, cluster: str) -> dict[s
         fh.write(text)
     window = ls.client_capabilities.window
     if window and window.show_document and window.show_document.support:
-        try:
+        with contextlib.suppress(Exception):
             await ls.window_show_document_async(lsp.ShowDocumentParams(path_to_uri(target), take_focus=True))
-        except Exception:  # noqa: BLE001
-            pass
     return {"path": target, "kernels": ids, "status": comparison.status, "text": text}
 
 
-def _write_module(ls: "FuselensServer", uri: str, version: int, ids: list) -> dict[str, Any]:
+def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict[str, Any]:
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
     analysis = ls.scheduler.cache.get(uri)  # not ls.current(): the edit this command follows changed the document
-    if analysis is None or analysis.report is None or analysis.version != version:
+    if analysis is None or analysis.failure is not None or analysis.version != version:
         raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
-    clusters = [c for _, c in analysis.report.clusters() if c.id in ids and c.kernel]
-    if not clusters:
+    kernels = [c.kernel for _, c in analysis.report.clusters() if c.id in ids and c.kernel]
+    if not kernels:
         raise JsonRpcInvalidParams.of(ValueError(f"no kernels for clusters {ids}"))
-    target = clusters[0].kernel.path
+    target = kernels[0].path
     if os.path.dirname(os.path.realpath(target)) != os.path.dirname(os.path.realpath(path)):
         raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
     if ls.workspace_root(path) is None:

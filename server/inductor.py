@@ -29,7 +29,7 @@ CACHE_SIZE = 16
 
 
 class InductorComparer:
-    def __init__(self, server: "FuselensServer"):
+    def __init__(self, server: FuselensServer):
         self.server = server
         self.jobs: dict[str, asyncio.Task] = {}
         self.cache: OrderedDict[str, ComparisonResult] = OrderedDict()
@@ -51,7 +51,7 @@ class InductorComparer:
     def start(self, uri: str, path: str, analysis: Analysis) -> None:
         """After `analysis` is published: merge a cached comparison, or compute one in the background."""
         report = analysis.report
-        if report is None or not any(m.status == "analysed" and m.clusters for m in report.models):
+        if analysis.failure is not None or not any(m.status == "analyzed" and m.clusters for m in report.models):
             return
         self.cancel(uri)
         cached = self.cache.get(self.key(analysis))
@@ -70,8 +70,10 @@ class InductorComparer:
             w = server.settings.worker
             job = CompareJob(path, server.settings.analyze_options(analysis.text))
             result = await server.get_worker().run(
-                job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb),
-                on_progress=lambda message, fraction: progress.report(message, fraction))
+                job,
+                Limits(max(w.timeout_seconds, 300.0), w.memory_mb),
+                on_progress=lambda message, fraction: progress.report(message, fraction),
+            )
         except JobFailed as exc:
             if exc.kind != "cancelled":
                 server.log_line(f"torch.compile comparison failed: {exc}")
@@ -88,7 +90,7 @@ class InductorComparer:
 
     def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
         server = self.server
-        if server.scheduler.cache.get(uri) is not analysis or analysis.report is None:
+        if server.scheduler.cache.get(uri) is not analysis:
             return  # a newer analysis replaced the one this comparison belongs to
         for model in analysis.report.models:
             comparison = result.models.get(model.name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from fuselens.contracts.report import Report
 from fuselens.worker.protocol import Failure
@@ -26,8 +26,8 @@ class Analysis:
 
     version: int
     text: str
-    report: Report | None
-    failure: Failure | None = None
+    report: Report  # empty when the job failed
+    failure: Failure | None = None  # why there is no real report
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
 
@@ -100,7 +100,7 @@ class Scheduler:
                 if exc.kind == "cancelled":
                     self.cancelled += 1
                     continue
-                analysis = Analysis(version, text, None, exc.error)
+                analysis = Analysis(version, text, Report(file=path, source_sha256=""), exc.error)
             finally:
                 slot.running_version = None
             analysis.elapsed_ms = round((loop.time() - started) * 1000, 1)

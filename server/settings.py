@@ -43,13 +43,18 @@ class Settings:
     remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
 
     def analyze_options(self, text: str | None = None) -> AnalyzeOptions:
-        """What the worker analyses with: these settings, and the editor's `text` of the file."""
+        """What the worker analyzes with: these settings, and the editor's `text` of the file."""
         return AnalyzeOptions(device=self.device, peak_gbps=self.peak_gbps, models=dict(self.models), source_text=text)
 
 
 _ALIASES = {  # accept the camelCase spellings editors use
-    "peakGbps": "peak_gbps", "inlayHints": "inlay_hints", "codeLens": "code_lens", "compareInductor": "compare_inductor",
-    "remoteRunner": "remote_runner", "timeoutSeconds": "timeout_seconds", "memoryMb": "memory_mb",
+    "peakGbps": "peak_gbps",
+    "inlayHints": "inlay_hints",
+    "codeLens": "code_lens",
+    "compareInductor": "compare_inductor",
+    "remoteRunner": "remote_runner",
+    "timeoutSeconds": "timeout_seconds",
+    "memoryMb": "memory_mb",
     "validateTimeoutSeconds": "validate_timeout_seconds",
 }
 

@@ -1,6 +1,6 @@
 """Workspace trust: the server runs user code only in folders the *user* trusted.
 
-Analysing a model means importing it, and importing is running.  So nothing runs until
+Analyzing a model means importing it, and importing is running.  So nothing runs until
 trust comes from outside the workspace:
 
 - the client says so at initialisation (`initializationOptions.workspaceTrusted`, which
@@ -32,7 +32,9 @@ def _listed_folders(path: str) -> list[str]:
             data = json.load(fh)
     except (OSError, ValueError):
         return []
-    return [os.path.realpath(os.path.expanduser(p)) for p in data if isinstance(p, str)] if isinstance(data, list) else []
+    return (
+        [os.path.realpath(os.path.expanduser(p)) for p in data if isinstance(p, str)] if isinstance(data, list) else []
+    )
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -56,10 +58,12 @@ class Trust:
 
     @staticmethod
     def explanation(path: str) -> str:
-        return ("fuselens analyses a model by running its code, so it waits until you trust this folder: "
-                "in VS Code, trust the workspace (Workspaces: Manage Workspace Trust); in Neovim, add it to "
-                "`trusted_folders` in require('fuselens').setup{}; or add "
-                f"\"{os.path.dirname(path)}\" to {user_trust_file()}.")
+        return (
+            "fuselens analyzes a model by running its code, so it waits until you trust this folder: "
+            "in VS Code, trust the workspace (Workspaces: Manage Workspace Trust); in Neovim, add it to "
+            "`trusted_folders` in require('fuselens').setup{}; or add "
+            f'"{os.path.dirname(path)}" to {user_trust_file()}.'
+        )
 
 
 def client_trust(init_options: dict | None) -> bool | None:

@@ -1,6 +1,6 @@
 """Which open documents a changed file affects, and a watchdog observer to notice changes.
 
-An open model is re-analysed when a local module it imports changes on disk, or when
+An open model is re-analyzed when a local module it imports changes on disk, or when
 the pyproject.toml that holds its example inputs does.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from fuselens.contracts.config import find_pyproject
 
@@ -57,7 +58,7 @@ class Watcher:
     def __init__(self, roots: list[str], on_change: Callable[[str], None]):
         self.roots = [r for r in roots if os.path.isdir(r)]
         self.on_change = on_change
-        self._observer = None
+        self._observer: Any = None  # a watchdog Observer, once started
         self._lock = threading.Lock()
 
     def start(self) -> bool:
@@ -73,9 +74,9 @@ class Watcher:
                 if event.is_directory or event.event_type not in ("modified", "created", "moved", "deleted"):
                     return
                 path = getattr(event, "dest_path", "") or event.src_path
-                if path.endswith(".py") or os.path.basename(path) == "pyproject.toml":
-                    if "/.fuselens/" not in path and "/.git/" not in path:
-                        outer.on_change(path)
+                watched = path.endswith(".py") or os.path.basename(path) == "pyproject.toml"
+                if watched and "/.fuselens/" not in path and "/.git/" not in path:
+                    outer.on_change(path)
 
         observer = Observer()
         for root in self.roots:

@@ -9,17 +9,34 @@ starts a fresh host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fuselens.contracts.plain import ContractError, from_plain
 from fuselens.contracts.report import Report
-from fuselens.worker.protocol import (Cancel, Done, Event, Failed, Failure, Job, Limits, Progress, Ready, Request, Run,
-                                      Shutdown, decode_event, encode, result_type)
+from fuselens.worker.protocol import (
+    Cancel,
+    Done,
+    Event,
+    Failed,
+    Failure,
+    Job,
+    Limits,
+    Progress,
+    Ready,
+    Request,
+    Run,
+    Shutdown,
+    decode_event,
+    encode,
+    result_type,
+)
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
 HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
@@ -27,7 +44,8 @@ HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which
 _PASS_THROUGH = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LC_\w+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHOME|VIRTUAL_ENV|"
     r"CONDA_\w+|LD_LIBRARY_PATH|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|TORCH_\w+|XDG_\w+|OMP_NUM_THREADS|"
-    r"MKL_NUM_THREADS|HF_HUB_OFFLINE)$")
+    r"MKL_NUM_THREADS|HF_HUB_OFFLINE)$"
+)
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE", re.I)
 
 
@@ -81,25 +99,36 @@ class WorkerClient:
             # -P and a neutral working directory: nothing in the folder the editor started
             # the server from can shadow the worker's own imports.
             self._proc = await asyncio.create_subprocess_exec(
-                self.python, "-P", "-m", "fuselens.worker.host",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=scrubbed_environment(), limit=1 << 26, cwd=tempfile.gettempdir())
+                self.python,
+                "-P",
+                "-m",
+                "fuselens.worker.host",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=scrubbed_environment(),
+                limit=1 << 26,
+                cwd=tempfile.gettempdir(),
+            )
         except OSError as exc:
             raise JobFailed(Failure("unavailable", f"cannot start {self.python}: {exc}")) from exc
         # Each reader holds its own process: a restart must never put two readers on one pipe.
         self._reader = asyncio.create_task(self._read(self._proc, self._ready))
         self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
         try:
-            self.info = await asyncio.wait_for(asyncio.shield(self._ready), READY_TIMEOUT)
-        except (asyncio.TimeoutError, JobFailed) as exc:
+            info: Ready = await asyncio.wait_for(asyncio.shield(self._ready), READY_TIMEOUT)
+            self.info = info
+        except (TimeoutError, JobFailed) as exc:
             tail = "\n".join(self.stderr_tail[-8:])
             await self.stop()
             hint = ""
             if "No module named 'fuselens" in tail or "No module named 'torch'" in tail:
                 hint = f" Install fuselens and torch into {self.python} (`{self.python} -m pip install fuselens`)."
-            raise JobFailed(Failure("unavailable",
-                                    f"the analysis worker ({self.python}) did not start.{hint}\n{tail}")) from exc
-        self.log(f"worker ready: pid {self.info.pid}, torch {self.info.torch}, warm-up {self.info.warmup_ms} ms")
+            raise JobFailed(
+                Failure("unavailable", f"the analysis worker ({self.python}) did not start.{hint}\n{tail}")
+            ) from exc
+        info = self.info
+        self.log(f"worker ready: pid {info.pid}, torch {info.torch}, warm-up {info.warmup_ms} ms")
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
         assert proc.stdout
@@ -131,7 +160,7 @@ class WorkerClient:
             if not line:
                 return
             text = line.decode(errors="replace").rstrip()
-            self.stderr_tail = (self.stderr_tail + [text])[-50:]
+            self.stderr_tail = ([*self.stderr_tail, text])[-50:]
             self.log(f"worker: {text}")
 
     def _dispatch(self, message: Event) -> None:
@@ -158,7 +187,9 @@ class WorkerClient:
         except ContractError as exc:  # a worker of another fuselens version, say
             future.set_exception(JobFailed(Failure("internal", f"the worker's answer cannot be read: {exc}")))
 
-    async def run(self, job: Job, limits: Limits, on_progress: Callable[[str, float | None], None] | None = None) -> Any:
+    async def run(
+        self, job: Job, limits: Limits, on_progress: Callable[[str, float | None], None] | None = None
+    ) -> Any:
         """Run a job and return its result (its `result_type()`); cancelling the awaiting task
         cancels (kills) the job in the worker."""
         await self.ensure_started()
@@ -169,7 +200,7 @@ class WorkerClient:
         self._send(Run(job_id, job, limits))
         try:
             return await asyncio.wait_for(future, limits.seconds + HOST_GRACE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # The host kills a job at its time limit; past that it is wedged (the model's code stopped
             # it, say). Kill it: its other jobs fail, and the next job starts a fresh host.
             self._jobs.pop(job_id, None)
@@ -177,8 +208,9 @@ class WorkerClient:
             if proc is self._proc and proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-            raise JobFailed(Failure("timeout", "the analysis worker stopped responding within the time limit; "
-                                               "it was restarted")) from None
+            raise JobFailed(
+                Failure("timeout", "the analysis worker stopped responding within the time limit; it was restarted")
+            ) from None
         except asyncio.CancelledError:
             self._jobs.pop(job_id, None)
             if self.alive:
@@ -187,10 +219,8 @@ class WorkerClient:
 
     def _send(self, message: Request) -> None:
         assert self._proc and self._proc.stdin
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
             self._proc.stdin.write(encode(message))
-        except (BrokenPipeError, ConnectionResetError, RuntimeError):
-            pass
 
     async def stop(self) -> None:
         proc = self._proc
@@ -199,10 +229,12 @@ class WorkerClient:
         if proc.returncode is None:
             try:
                 self._send(Shutdown())
-                proc.stdin.close()
+                if proc.stdin is not None:
+                    proc.stdin.close()
                 await asyncio.wait_for(proc.wait(), 3)
-            except (asyncio.TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
-                proc.kill()
+            except (TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
+                with contextlib.suppress(ProcessLookupError):  # it may exit just as the grace runs out
+                    proc.kill()
                 await proc.wait()
         for task in (self._reader, self._stderr):
             if task:

@@ -28,8 +28,17 @@ class Builder:
             self.line += 1
             line = self.line
         frame = (Frame(self.file, line, "Net.forward", 0),) if line else ()
-        node = Node(len(self.graph.nodes), op, cls, list(args), dict(params or {}), meta,
-                    source=frame[0] if frame else None, stack=frame, name=name)
+        node = Node(
+            len(self.graph.nodes),
+            op,
+            cls,
+            list(args),
+            dict(params or {}),
+            meta,
+            source=frame[0] if frame else None,
+            stack=frame,
+            name=name,
+        )
         self.graph.add(node)
         return node.id
 
@@ -40,8 +49,12 @@ class Builder:
         return self._add("param", op_class("param"), [], shape, dtype, name=name)
 
     def op(self, op, *args, shape=None, dtype="float32", params=None, line=None) -> int:
-        refs = [Ref(a) if isinstance(a, int) and not isinstance(a, bool) and a < len(self.graph.nodes)
-                and not isinstance(a, float) else a for a in args]
+        refs = [
+            Ref(a)
+            if isinstance(a, int) and not isinstance(a, bool) and a < len(self.graph.nodes) and not isinstance(a, float)
+            else a
+            for a in args
+        ]
         if shape is None:
             first = next(a for a in refs if isinstance(a, Ref))
             shape = self.graph[first.node].meta.shape

@@ -19,7 +19,8 @@ import os
 import shutil
 import sys
 from collections import Counter
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote, unquote
 
 import pytest_asyncio
@@ -34,14 +35,39 @@ SERVER = [sys.executable, "-m", "fuselens.cli.main", "serve"]
 PROFILES = ["visual-studio-code", "neovim"]
 TIMEOUT = 60.0  # generous: a 2-core CI machine also runs a worker warm-up per server
 
+
+def time_limit(seconds: float) -> float:
+    """A wall-clock limit that a `timing` test asserts (those tests are left out of a plain `pytest`),
+    times FUSELENS_TIMING_SCALE (default 1): a slow or busy machine loosens them all at once."""
+    return seconds * float(os.environ.get("FUSELENS_TIMING_SCALE", "1"))
+
+
 # What the server says about examples/example_net.py (1-based lines).
 CLUSTERS = [
-    {"lines": (18, 20), "chain": "mul → relu → add", "bytes": "384 MB → 128 MB", "saved": "256 MB",
-     "kind": "elementwise", "ops": [18, 19, 20]},
-    {"lines": (23, 25), "chain": "gelu → sigmoid → mul", "bytes": "192 MB → 64 MB", "saved": "128 MB",
-     "kind": "elementwise", "ops": [23, 24, 25]},
-    {"lines": (28, 30), "chain": "tanh → mul → softmax", "bytes": "192 MB → 64 MB", "saved": "128 MB",
-     "kind": "reduction", "ops": [28, 29, 30]},
+    {
+        "lines": (18, 20),
+        "chain": "mul → relu → add",
+        "bytes": "384 MB → 128 MB",
+        "saved": "256 MB",
+        "kind": "elementwise",
+        "ops": [18, 19, 20],
+    },
+    {
+        "lines": (23, 25),
+        "chain": "gelu → sigmoid → mul",
+        "bytes": "192 MB → 64 MB",
+        "saved": "128 MB",
+        "kind": "elementwise",
+        "ops": [23, 24, 25],
+    },
+    {
+        "lines": (28, 30),
+        "chain": "tanh → mul → softmax",
+        "bytes": "192 MB → 64 MB",
+        "saved": "128 MB",
+        "kind": "reduction",
+        "ops": [28, 29, 30],
+    },
 ]
 MODEL_LINE = 11  # `class ExampleNet(nn.Module):`
 INTERPRET = "Check numerics in the Triton interpreter"
@@ -66,13 +92,13 @@ def uri_of(path: str) -> str:
 
 def path_of(uri: str) -> str:
     assert uri.startswith("file://"), uri
-    return unquote(uri[len("file://"):])
+    return unquote(uri[len("file://") :])
 
 
 def make_workspace(folder: str) -> str:
     """A fresh copy of the examples (their .py files and pyproject.toml) in `folder`."""
     os.makedirs(folder, exist_ok=True)
-    for path in glob.glob(os.path.join(EXAMPLES, "*.py")) + [os.path.join(EXAMPLES, "pyproject.toml")]:
+    for path in [*glob.glob(os.path.join(EXAMPLES, "*.py")), os.path.join(EXAMPLES, "pyproject.toml")]:
         shutil.copy(path, folder)
     return os.path.realpath(folder)
 
@@ -96,8 +122,11 @@ def _offset(text: str, position: lsp.Position) -> int:
 
 def apply_text_edits(text: str, edits: list[lsp.TextEdit]) -> str:
     """Apply edits that all refer to the original text (as LSP requires), last first."""
-    spans = sorted(((_offset(text, e.range.start), _offset(text, e.range.end), e.new_text) for e in edits),
-                   key=lambda s: (s[0], s[1]), reverse=True)
+    spans = sorted(
+        ((_offset(text, e.range.start), _offset(text, e.range.end), e.new_text) for e in edits),
+        key=lambda s: (s[0], s[1]),
+        reverse=True,
+    )
     for start, end, new in spans:
         text = text[:start] + new + text[end:]
     return text
@@ -133,8 +162,9 @@ class Client(LanguageClient):
     def arrived(self) -> None:
         self._arrived.set()
 
-    async def wait_until(self, predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT,
-                         poll: float | None = None) -> Any:
+    async def wait_until(
+        self, predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT, poll: float | None = None
+    ) -> Any:
         """Wait until predicate() is truthy: checked whenever the server sends something, and every
         `poll` seconds if given (for state outside the conversation, such as processes)."""
         loop = asyncio.get_running_loop()
@@ -147,16 +177,15 @@ class Client(LanguageClient):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(remaining, poll or remaining))
-            except asyncio.TimeoutError:
-                pass
 
     def published_for(self, uri: str) -> list[lsp.PublishDiagnosticsParams]:
         return [p for p in self.published if p.uri == uri]
 
-    async def diagnostics_of(self, uri: str, version: int | None = None, timeout: float = TIMEOUT,
-                             after: int = 0) -> list[lsp.Diagnostic]:
+    async def diagnostics_of(
+        self, uri: str, version: int | None = None, timeout: float = TIMEOUT, after: int = 0
+    ) -> list[lsp.Diagnostic]:
         """The diagnostics the server publishes for `uri` at `version` (default: the current one)."""
         version = self.versions[uri] if version is None else version
 
@@ -172,9 +201,16 @@ class Client(LanguageClient):
         hits = [p for p in self.published[after:] if p.uri == uri]
         return list(hits[-1].diagnostics) if hits else None
 
-    async def diagnostics_until(self, uri: str, check: Callable[[list[lsp.Diagnostic]], bool], what: str,
-                                after: int = 0, timeout: float = TIMEOUT) -> list[lsp.Diagnostic]:
+    async def diagnostics_until(
+        self,
+        uri: str,
+        check: Callable[[list[lsp.Diagnostic]], bool],
+        what: str,
+        after: int = 0,
+        timeout: float = TIMEOUT,
+    ) -> list[lsp.Diagnostic]:
         """Wait until the latest publication for `uri` passes `check` (earlier ones may be transient)."""
+
         def found():
             diags = self.latest(uri, after)
             return diags if diags is not None and check(diags) else None
@@ -184,8 +220,11 @@ class Client(LanguageClient):
 
     async def roundtrip(self) -> None:
         """A request the server answers only after handling everything sent before it."""
-        await self.text_document_hover_async(lsp.HoverParams(
-            lsp.TextDocumentIdentifier(uri_of(os.path.join(self.root, "never-opened.py"))), lsp.Position(0, 0)))
+        await self.text_document_hover_async(
+            lsp.HoverParams(
+                lsp.TextDocumentIdentifier(uri_of(os.path.join(self.root, "never-opened.py"))), lsp.Position(0, 0)
+            )
+        )
 
     def messages_matching(self, needle: str) -> list[lsp.ShowMessageParams]:
         return [m for m in self.messages if needle in m.message]
@@ -207,8 +246,9 @@ class Client(LanguageClient):
             text = fh.read()
         uri = uri_of(self.path(name))
         self.texts[uri], self.versions[uri] = text, 1
-        self.text_document_did_open(lsp.DidOpenTextDocumentParams(
-            lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+        self.text_document_did_open(
+            lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
+        )
         return uri
 
     def change(self, uri: str, text: str) -> int:
@@ -216,9 +256,16 @@ class Client(LanguageClient):
         old = self.texts[uri]
         self.versions[uri] += 1
         self.texts[uri] = text
-        self.text_document_did_change(lsp.DidChangeTextDocumentParams(
-            lsp.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
-            [lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(0, 0), end_position(old)), text=text)]))
+        self.text_document_did_change(
+            lsp.DidChangeTextDocumentParams(
+                lsp.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+                [
+                    lsp.TextDocumentContentChangePartial(
+                        range=lsp.Range(lsp.Position(0, 0), end_position(old)), text=text
+                    )
+                ],
+            )
+        )
         return self.versions[uri]
 
     def edit(self, uri: str, edits: list[lsp.TextEdit]) -> int:
@@ -248,12 +295,17 @@ class Client(LanguageClient):
     async def hover(self, uri: str, line: int, character: int = 8) -> lsp.Hover | None:
         """Hover at a 1-based line."""
         return await self.text_document_hover_async(
-            lsp.HoverParams(lsp.TextDocumentIdentifier(uri), lsp.Position(line - 1, character)))
+            lsp.HoverParams(lsp.TextDocumentIdentifier(uri), lsp.Position(line - 1, character))
+        )
 
     async def inlay_hints(self, uri: str) -> list[lsp.InlayHint]:
         end = end_position(self.texts[uri])
-        return await self.text_document_inlay_hint_async(lsp.InlayHintParams(
-            lsp.TextDocumentIdentifier(uri), lsp.Range(lsp.Position(0, 0), end))) or []
+        return (
+            await self.text_document_inlay_hint_async(
+                lsp.InlayHintParams(lsp.TextDocumentIdentifier(uri), lsp.Range(lsp.Position(0, 0), end))
+            )
+            or []
+        )
 
     async def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
         return await self.text_document_code_lens_async(lsp.CodeLensParams(lsp.TextDocumentIdentifier(uri))) or []
@@ -261,8 +313,14 @@ class Client(LanguageClient):
     async def code_actions(self, uri: str, line: int, diagnostics: list[lsp.Diagnostic] | None = None) -> list:
         """Code actions for a cursor on a 1-based line."""
         here = lsp.Range(lsp.Position(line - 1, 0), lsp.Position(line - 1, 0))
-        return await self.text_document_code_action_async(lsp.CodeActionParams(
-            lsp.TextDocumentIdentifier(uri), here, lsp.CodeActionContext(diagnostics=diagnostics or []))) or []
+        return (
+            await self.text_document_code_action_async(
+                lsp.CodeActionParams(
+                    lsp.TextDocumentIdentifier(uri), here, lsp.CodeActionContext(diagnostics=diagnostics or [])
+                )
+            )
+            or []
+        )
 
     def supports_document_changes(self) -> bool:
         edit = self.capabilities.workspace.workspace_edit if self.capabilities and self.capabilities.workspace else None
@@ -276,14 +334,17 @@ class Client(LanguageClient):
             steps = edit.document_changes
         else:
             assert edit.changes, "a client without documentChanges support needs `changes`"
-            steps = [lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None), edits)
-                     for uri, edits in edit.changes.items()]
+            steps = [
+                lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None), edits)
+                for uri, edits in edit.changes.items()
+            ]
         for step in steps:
             if isinstance(step, lsp.CreateFile):
                 path = path_of(step.uri)
                 exists = os.path.exists(path)
-                assert not (exists and step.options and not step.options.overwrite
-                            and not step.options.ignore_if_exists), f"{path} exists"
+                assert not (
+                    exists and step.options and not step.options.overwrite and not step.options.ignore_if_exists
+                ), f"{path} exists"
                 if not exists:
                     open(path, "w").close()
                 continue
@@ -292,8 +353,9 @@ class Client(LanguageClient):
             edits = [e for e in step.edits if isinstance(e, lsp.TextEdit)]
             if uri in self.texts:  # an open buffer: the version must match, as an editor requires
                 if step.text_document.version is not None:
-                    assert step.text_document.version == self.versions[uri], \
+                    assert step.text_document.version == self.versions[uri], (
                         f"edit for v{step.text_document.version}, buffer at v{self.versions[uri]}"
+                    )
                 self.edit(uri, edits)  # (not saved: the user saves when they like)
             else:
                 path = path_of(uri)
@@ -381,7 +443,7 @@ def _converter():
             return converter.structure(obj, lsp.Command)
         return converter.structure(obj, lsp.CodeAction)
 
-    converter.register_structure_hook(Union[lsp.Command, lsp.CodeAction], command_or_action)
+    converter.register_structure_hook(lsp.Command | lsp.CodeAction, command_or_action)
     return converter
 
 
@@ -395,12 +457,18 @@ def make_client() -> Client:
 
 
 @contextlib.asynccontextmanager
-async def running_server(profile: str, root: str, init_options: dict | None = None,
-                         configuration: dict | None = None, server_env: dict[str, str] | None = None,
-                         wait_ready: bool = True):
+async def running_server(
+    profile: str,
+    root: str,
+    init_options: dict | None = None,
+    configuration: dict | None = None,
+    server_env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+):
     """A server started on workspace `root` and initialised as `profile`; shut down on leaving."""
-    config = ClientServerConfig(server_command=SERVER, client_factory=make_client,
-                                server_env={**os.environ, **(server_env or {})})
+    config = ClientServerConfig(
+        server_command=SERVER, client_factory=make_client, server_env={**os.environ, **(server_env or {})}
+    )
     client = await config.start()
     client.root, client.profile = root, profile
     for section, value in (configuration or {}).items():
@@ -409,15 +477,21 @@ async def running_server(profile: str, root: str, init_options: dict | None = No
     if isinstance(options.get("settings", {}), dict):
         # The background torch.compile comparison (seconds of CPU per file) only where a test asks for it.
         options["settings"] = {"compareInductor": False, **options.get("settings", {})}
-    client.init_result = await client.initialize_session(lsp.InitializeParams(
-        capabilities=client_capabilities(profile),
-        initialization_options=options,
-        root_uri=uri_of(root),
-        workspace_folders=[lsp.WorkspaceFolder(uri=uri_of(root), name="examples")]))
+    client.init_result = await client.initialize_session(
+        lsp.InitializeParams(
+            capabilities=client_capabilities(profile),
+            initialization_options=options,
+            root_uri=uri_of(root),
+            workspace_folders=[lsp.WorkspaceFolder(uri=uri_of(root), name="examples")],
+        )
+    )
     try:
         if wait_ready:
-            await client.wait_until(lambda: any("worker ready" in m.message for m in client.log_messages),
-                                    "the worker to warm up", timeout=180)
+            await client.wait_until(
+                lambda: any("worker ready" in m.message for m in client.log_messages),
+                "the worker to warm up",
+                timeout=180,
+            )
         yield client
     finally:
         if client._server is not None and client._server.returncode is None:
@@ -425,9 +499,14 @@ async def running_server(profile: str, root: str, init_options: dict | None = No
         await client.stop()
 
 
-def server_fixture(init_options: dict | None = None, configuration: dict | None = None,
-                   server_env: Callable[[str], dict[str, str]] | None = None,
-                   prepare: Callable[[str], None] | None = None, wait_ready: bool = True, scope: str = "module"):
+def server_fixture(
+    init_options: dict | None = None,
+    configuration: dict | None = None,
+    server_env: Callable[[str], dict[str, str]] | None = None,
+    prepare: Callable[[str], None] | None = None,
+    wait_ready: bool = True,
+    scope: str = "module",
+):
     """A fixture: a server per client profile, initialised on a fresh copy of the examples.
 
     init_options: initializationOptions (default: a trusted workspace).
@@ -442,23 +521,24 @@ def server_fixture(init_options: dict | None = None, configuration: dict | None 
         root = make_workspace(str(tmp_path_factory.mktemp("ws") / "my models ü"))  # URIs need encoding
         if prepare:
             prepare(root)
-        async with running_server(request.param, root, init_options, configuration,
-                                  server_env(root) if server_env else None, wait_ready) as client:
+        async with running_server(
+            request.param, root, init_options, configuration, server_env(root) if server_env else None, wait_ready
+        ) as client:
             yield client
 
     return client
 
 
-def analysed_fixture(name: str = "example_net.py"):
+def analyzed_fixture(name: str = "example_net.py"):
     """A fixture: the example `name` opened in the module's `client`, once its first diagnostics are in."""
 
     @pytest_asyncio.fixture(scope="module", loop_scope="module")
-    async def analysed(client: Client) -> str:
+    async def analyzed(client: Client) -> str:
         uri = client.open(name)
         await client.diagnostics_of(uri, 1)
         return uri
 
-    return analysed
+    return analyzed
 
 
 def server_pid(client: Client) -> int:

@@ -19,13 +19,18 @@ from typing import Any
 import pytest_asyncio
 from lsprotocol import types as lsp
 
-from lsp_helpers import Client, children, make_workspace, running_server
+from lsp_helpers import TIMEOUT, Client, children, make_workspace, running_server
 
 _ids = itertools.count(1)
 
 
-def single_server(profiles: tuple[str, ...] = ("visual-studio-code",), init_options: dict | None = None,
-                  configuration: dict | None = None, prepare=None, scope: str = "module"):
+def single_server(
+    profiles: tuple[str, ...] = ("visual-studio-code",),
+    init_options: dict | None = None,
+    configuration: dict | None = None,
+    prepare=None,
+    scope: str = "module",
+):
     """A fixture: one server per profile in `profiles`, on a fresh copy of the examples."""
 
     @pytest_asyncio.fixture(scope=scope, loop_scope=scope, params=list(profiles), ids=list(profiles))
@@ -57,7 +62,7 @@ class Answer:
         return text if len(text) < 300 else text[:300] + "…"
 
 
-async def raw_request(client: Client, method: str, params: Any, timeout: float = 10.0) -> Answer:
+async def raw_request(client: Client, method: str, params: Any, timeout: float = TIMEOUT) -> Answer:
     """Send a request with `params` as literal JSON; AssertionError if no answer comes in `timeout` s."""
     msg_id = f"raw-{next(_ids)}"
     future: concurrent.futures.Future = concurrent.futures.Future()
@@ -65,10 +70,10 @@ async def raw_request(client: Client, method: str, params: Any, timeout: float =
     client.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
     try:
         result = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         client.protocol._request_futures.pop(msg_id, None)
         raise AssertionError(f"no answer within {timeout:.0f}s to {method} {json.dumps(params)[:200]}") from None
-    except Exception as exc:  # noqa: BLE001 - a JSON-RPC error response
+    except Exception as exc:  # a JSON-RPC error response
         return Answer(error=exc)
     return Answer(result=result)
 
@@ -77,11 +82,20 @@ def raw_notify(client: Client, method: str, params: Any) -> None:
     client.protocol._send_data({"jsonrpc": "2.0", "method": method, "params": params})
 
 
+_PENDING_WRITES: set[asyncio.Future] = set()
+
+
+def _prune_writes() -> None:
+    for task in [t for t in _PENDING_WRITES if t.done()]:
+        _PENDING_WRITES.discard(task)
+
+
 def raw_bytes(client: Client, body: bytes) -> None:
     """A framed message whose body is `body` exactly (which need not be JSON)."""
     written = client.protocol.writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
     if inspect.isawaitable(written):
-        asyncio.ensure_future(written)
+        _PENDING_WRITES.add(asyncio.ensure_future(written))  # held until done: the loop holds tasks weakly
+        _prune_writes()
 
 
 # ---- processes ------------------------------------------------------------------------------------
@@ -133,8 +147,11 @@ def worker_starts(client: Client) -> int:
 
 def fusable(diags: list[lsp.Diagnostic]) -> list[tuple[int, int, str]]:
     """(first line, last line, op chain) of each cluster diagnostic, 1-based, sorted."""
-    return sorted((d.range.start.line + 1, d.range.end.line + 1, d.message.split(",")[0].removeprefix("fusable: "))
-                  for d in diags if d.message.startswith("fusable:"))
+    return sorted(
+        (d.range.start.line + 1, d.range.end.line + 1, d.message.split(",")[0].removeprefix("fusable: "))
+        for d in diags
+        if d.message.startswith("fusable:")
+    )
 
 
 def errors(diags: list[lsp.Diagnostic]) -> list[lsp.Diagnostic]:

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from fuselens.pipeline.apply import apply_file
 from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.apply import apply_file
 
 from conftest import EXAMPLES
 
@@ -22,7 +22,7 @@ CASES = [  # example, class, small inputs for the numerical check, constructor k
     ("branchy.py", "GatedNet", "[torch.randn(40, 1024)]", "{}"),
 ]
 
-CHECK = textwrap.dedent('''
+CHECK = textwrap.dedent("""
     import importlib.util, os, sys, torch
     os.environ["TRITON_INTERPRET"] = "1"
     def load(path, name):
@@ -44,7 +44,7 @@ CHECK = textwrap.dedent('''
     err = (got.float() - want.float()).abs().max().item()
     print("max_err", err)
     assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), err
-''')
+""")
 
 
 @pytest.mark.parametrize("name, cls, inputs, init", CASES)
@@ -64,8 +64,9 @@ def test_apply_then_run_matches_the_original(tmp_path, name, cls, inputs, init):
     assert module.exists() and "@triton.jit" in module.read_text()
     assert "import cluster" in patched and patched != original.read_text()
     check = CHECK.format(inputs=inputs, cls=cls, init=init)
-    run = subprocess.run([sys.executable, "-c", check, str(original), str(work / name)],
-                         capture_output=True, text=True, cwd=work)
+    run = subprocess.run(
+        [sys.executable, "-c", check, str(original), str(work / name)], capture_output=True, text=True, cwd=work
+    )
     assert run.returncode == 0, run.stdout + run.stderr
 
 

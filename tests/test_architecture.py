@@ -32,7 +32,9 @@ def imports_of(package: str) -> list[tuple[str, str]]:
                 continue
             path = os.path.join(root, name)
             here = "fuselens." + os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
-            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.level:
                     base = here.split(".")[: -node.level]
                     target = ".".join(base + ([node.module] if node.module else []))
@@ -66,7 +68,7 @@ def test_the_packages_import_each_other_without_cycles():
     visiting: list[str] = []
 
     def visit(package: str) -> None:
-        assert package not in visiting, f"import cycle: {' -> '.join(visiting + [package])}"
+        assert package not in visiting, f"import cycle: {' -> '.join([*visiting, package])}"
         visiting.append(package)
         for other in edges.get(package, ()):
             visit(other)
@@ -80,6 +82,9 @@ def test_every_package_folder_is_in_the_map():
     """A new folder of fuselens code gets a row above, so that its imports are checked too."""
     with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as fh:
         text = fh.read()
-    packages = {line.split('"')[1].removeprefix("fuselens.") for line in text.splitlines()
-                if line.startswith('"fuselens.') and "=" in line and '" = "' in line}
+    packages = {
+        line.split('"')[1].removeprefix("fuselens.")
+        for line in text.splitlines()
+        if line.startswith('"fuselens.') and "=" in line and '" = "' in line
+    }
     assert packages == set(ALLOWED)

@@ -7,8 +7,8 @@ import resource
 import torch
 
 from fuselens.analysis import capture, loader
-from fuselens.contracts.config import InputSpec
 from fuselens.analysis.ops import OpClass
+from fuselens.contracts.config import InputSpec
 
 from conftest import example
 
@@ -27,7 +27,8 @@ def _ops(graph):
 
 def test_ops_carry_the_users_line_not_torch_internals():
     t = _trace(example("example_net.py"), "ExampleNet", [InputSpec([64, 1024])])
-    source = open(example("example_net.py")).read().splitlines()
+    with open(example("example_net.py"), encoding="utf-8") as fh:
+        source = fh.read().splitlines()
     by_op = [(n.op, source[n.line - 1].strip()) for n in _ops(t.graph)]
     assert by_op[:3] == [("mul", "x = x * 2.0"), ("relu", "x = F.relu(x)"), ("add", "x = x + 1.0")]
     linear = next(n for n in t.graph if n.op == "linear")
@@ -44,7 +45,7 @@ def test_a_huge_input_costs_no_memory():
 
 
 def test_real_model_code_traces(write_model):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn, torch.nn.functional as F
 
         class Net(nn.Module):
@@ -60,7 +61,7 @@ def test_real_model_code_traces(write_model):
                 q = a.view(2, s, 4, 4).transpose(1, 2).reshape(2, 4, s * 4)
                 r = b.to(torch.float16).pow(2) * self.cos[:s]
                 return q.sum(-1), r, x.split(3, dim=0)[1]
-    ''')
+    """)
     t = _trace(path, "Net", [InputSpec([2, 10], "int64"), InputSpec([9, 5])])
     ops = [n.op for n in _ops(t.graph)]
     assert ops[:2] == ["embedding", "getitem"]  # .float() of a float32 tensor is not an op
@@ -84,7 +85,7 @@ def test_data_dependent_branch_is_a_graph_break_and_both_sides_are_kept():
 
 
 def test_reading_a_value_stops_the_trace_but_keeps_what_came_before(write_model):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn
 
         class Net(nn.Module):
@@ -92,7 +93,7 @@ def test_reading_a_value_stops_the_trace_but_keeps_what_came_before(write_model)
                 y = torch.relu(x) * 2
                 n = int(y.sum().item())
                 return y[:n] + 1
-    ''')
+    """)
     t = _trace(path, "Net", [InputSpec([8, 8])])
     assert not t.complete
     assert t.graph.breaks[-1].line == 6 and "item" in t.graph.breaks[-1].reason
@@ -100,7 +101,7 @@ def test_reading_a_value_stops_the_trace_but_keeps_what_came_before(write_model)
 
 
 def test_free_ops_are_identities(write_model):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn
 
         class Net(nn.Module):
@@ -112,7 +113,7 @@ def test_free_ops_are_identities(write_model):
             def forward(self, x):
                 y = self.drop(x * 2).contiguous()
                 return self.ident(y).float() + 1
-    ''')
+    """)
     t = _trace(path, "Net", [InputSpec([4, 4])])
     classes = {n.op: n.cls for n in _ops(t.graph)}
     # eval-mode dropout, nn.Identity, contiguous() of a contiguous tensor and a same-dtype
@@ -122,7 +123,7 @@ def test_free_ops_are_identities(write_model):
 
 
 def test_inplace_ops_are_marked(write_model):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn, torch.nn.functional as F
 
         class Net(nn.Module):
@@ -131,7 +132,7 @@ def test_inplace_ops_are_marked(write_model):
                 y.add_(1)
                 F.relu(y, inplace=True)
                 return y
-    ''')
+    """)
     t = _trace(path, "Net", [InputSpec([4, 4])])
     inplace = [n for n in t.graph if n.inplace]
     assert [n.op for n in inplace] == ["add", "relu"]
@@ -147,7 +148,7 @@ def test_operand_names_are_the_callers_locals():
 
 
 def test_a_failing_forward_names_the_users_line_and_cause(write_model):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn
 
         class Net(nn.Module):
@@ -158,7 +159,7 @@ def test_a_failing_forward_names_the_users_line_and_cause(write_model):
             def forward(self, x):
                 h = x * 2
                 return self.proj(h)
-    ''')
+    """)
     try:
         _trace(path, "Net", [InputSpec([4, 10])])
     except capture.CaptureError as exc:

@@ -8,22 +8,32 @@ import sys
 
 import pytest
 
+from fuselens.contracts.report import SCHEMA_VERSION
 from fuselens.contracts.schema import validate_report
 
 from conftest import example
 
 
 def fuselens(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fuselens.cli.main", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def test_analyze_prints_the_compiler_style_table():
     done = fuselens("analyze", example("example_net.py"), "--input-shape", "16384,1024")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for expected in ("ExampleNet", "mul → relu → add", "384 MB → 128 MB", "67%", "dram-bound", "exact", "18–20",
-                     "512 MB of 768 MB"):
+    for expected in (
+        "ExampleNet",
+        "mul → relu → add",
+        "384 MB → 128 MB",
+        "67%",
+        "dram-bound",
+        "exact",
+        "18–20",
+        "512 MB of 768 MB",
+    ):
         assert expected in out, expected
 
 
@@ -33,7 +43,7 @@ def test_analyze_json_follows_the_schema(tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     validate_report(data)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == SCHEMA_VERSION
     assert "left unfused" in done.stdout and "convexity" in done.stdout
 
 
@@ -73,3 +83,38 @@ def test_validate_interpret_checks_every_kernel_and_the_whole_model():
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("verified") == 3
     assert "whole model with c0, c1, c2 applied: matches" in done.stdout
+
+
+def test_a_hint_prints_its_pyproject_table_as_written(write_model):
+    # rich reads "[tool.fuselens.models.Net]" as a style tag unless the report's text is escaped.
+    path = write_model(
+        "import torch\n\n\nclass Net(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x) * 2.0\n"
+    )
+    done = fuselens("analyze", path)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())  # as rich wraps it, words whole
+    assert "skipped" in out
+    assert "[tool.fuselens.models.Net] inputs = [[16384, 1024]] in pyproject.toml" in out, done.stdout
+
+
+def test_validation_text_prints_as_written():
+    import io
+
+    from rich.console import Console
+
+    from fuselens.cli.validate import render_validation
+    from fuselens.contracts.validation import ClusterCheck, ModelCheck, ModelValidation, ValidationReport
+
+    model = ModelValidation(
+        "Net",
+        [[4, 8]],
+        ["float32"],
+        [ClusterCheck("c0", "cluster0", "error", message="x[idx] failed: [bold] is not a style")],
+        ModelCheck("error", message="see [tool.fuselens.models.Net]"),
+    )
+    report = ValidationReport("model.py", "interpret", "cpu", [model], problems=["[red]not markup[/red]"])
+    console = Console(file=io.StringIO(), width=200)
+    render_validation(report, console)
+    out = console.file.getvalue()
+    for text in ("[red]not markup[/red]", "x[idx] failed: [bold] is not a style", "see [tool.fuselens.models.Net]"):
+        assert text in out, out

@@ -1,6 +1,6 @@
 """Every lowering the code generator claims, run in the Triton interpreter against eager.
 
-Each case is a small model file.  `validate_file` analyses it, generates the kernel
+Each case is a small model file.  `validate_file` analyzes it, generates the kernel
 module, runs every cluster's kernel on the real values recorded at the cluster's
 boundary and compares with eager; exact clusters are also patched into the model and
 the whole forward is compared.  A case passes only if
@@ -21,19 +21,19 @@ from collections import Counter
 
 import pytest
 
-# Before triton is first imported: triton.language's own @jit helpers (tl.sigmoid, ...) are
-# decorated at import time, and only become interpretable when this is already set.
+from fuselens.contracts.config import InputSpec
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.pipeline.analyze import analyze_file
+from fuselens.pipeline.validate import validate_file
+
+# Before triton is first imported (fuselens imports it only when kernels run): triton.language's
+# own @jit helpers (tl.sigmoid, ...) are decorated at import time, and only become interpretable
+# when this is already set.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 # The interpreter runs kernels in numpy, which warns on log(0), 0 * inf, ... exactly where eager does.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-from fuselens.contracts.config import InputSpec  # noqa: E402
-from fuselens.contracts.options import ValidateOptions
-from fuselens.pipeline.validate import validate_file  # noqa: E402
-from fuselens.contracts.options import AnalyzeOptions  # noqa: E402
-from fuselens.pipeline.analyze import analyze_file  # noqa: E402
 
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 
@@ -53,17 +53,21 @@ def check(path, inputs, expect, rejects=(), shapes=None):
     report = analyze_file(path, options)
     assert not report.problems, report.problems
     (model,) = report.models
-    assert model.status == "analysed", model.problem
+    assert model.status == "analyzed", model.problem
     chains = [[op.target for op in c.ops] for c in model.clusters]
     for ops in expect:
         assert any(_contains(ops, chain) for chain in chains), (
             f"no cluster with {' → '.join(ops)}; clusters: {[' → '.join(c) for c in chains]}; "
-            f"rejections: {[(r.ops[0].target, r.reason, r.detail) for r in model.rejections]}")
+            f"rejections: {[(r.ops[0].target, r.reason, r.detail) for r in model.rejections]}"
+        )
     found = {(r.ops[0].target, r.reason) for r in model.rejections}
     for wanted in rejects:
         assert wanted in found, f"expected rejection {wanted}; got {sorted(found)}"
-    unlowered = [(r.ops[0].target, r.detail) for r in model.rejections
-                 if r.reason == "no-lowering" and (r.ops[0].target, r.reason) not in rejects]
+    unlowered = [
+        (r.ops[0].target, r.detail)
+        for r in model.rejections
+        if r.reason == "no-lowering" and (r.ops[0].target, r.reason) not in rejects
+    ]
     assert not unlowered, f"unexpected no-lowering rejections: {unlowered}"
     for c in model.clusters:
         assert c.kernel is not None, f"{c.id} ({c.op_chain}): {c.lowering}"
@@ -74,8 +78,7 @@ def check(path, inputs, expect, rejects=(), shapes=None):
     (checked,) = result.models
     assert len(checked.clusters) == len(model.clusters)
     chain_of = {c.id: c.op_chain for c in model.clusters}
-    bad = [(c.id, chain_of[c.id], c.status, c.message, c.max_abs)
-           for c in checked.clusters if c.status != "verified"]
+    bad = [(c.id, chain_of[c.id], c.status, c.message, c.max_abs) for c in checked.clusters if c.status != "verified"]
     assert not bad, bad
     assert checked.model is not None and checked.model.status in ("matches", "skipped"), checked.model
 
@@ -83,15 +86,21 @@ def check(path, inputs, expect, rejects=(), shapes=None):
 # ---- elementwise ------------------------------------------------------------------------------
 
 ELEMENTWISE = [
-    case("unary-activations", """
+    case(
+        "unary-activations",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 1.5
                 return (-h, torch.abs(h), torch.relu(h), F.gelu(h), F.gelu(h, approximate="tanh"), F.silu(h),
                         torch.sigmoid(h), torch.tanh(h), h.neg().abs() - 1)
-        """, [("33,100", "float32")],
-        [["mul", "neg", "abs", "relu", "gelu", "gelu", "silu", "sigmoid", "tanh", "neg", "abs", "sub"]]),
-    case("unary-math", """
+        """,
+        [("33,100", "float32")],
+        [["mul", "neg", "abs", "relu", "gelu", "gelu", "silu", "sigmoid", "tanh", "neg", "abs", "sub"]],
+    ),
+    case(
+        "unary-math",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 2
@@ -100,10 +109,39 @@ ELEMENTWISE = [
                         torch.sin(h), torch.cos(h), torch.erf(h), torch.floor(h), torch.ceil(h), torch.trunc(h),
                         torch.sign(h), torch.square(h), torch.log2(p), torch.log10(p), torch.log1p(p),
                         torch.expm1(h), torch.exp2(h), torch.sign(torch.trunc(h)))  # trunc: exact zeros
-        """, [("33,100", "float32")],
-        [["mul", "exp", "abs", "add", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "erf", "floor",
-          "ceil", "trunc", "sign", "square", "log2", "log10", "log1p", "expm1", "exp2", "trunc", "sign"]]),
-    case("activations-with-params", """
+        """,
+        [("33,100", "float32")],
+        [
+            [
+                "mul",
+                "exp",
+                "abs",
+                "add",
+                "log",
+                "sqrt",
+                "rsqrt",
+                "reciprocal",
+                "sin",
+                "cos",
+                "erf",
+                "floor",
+                "ceil",
+                "trunc",
+                "sign",
+                "square",
+                "log2",
+                "log10",
+                "log1p",
+                "expm1",
+                "exp2",
+                "trunc",
+                "sign",
+            ]
+        ],
+    ),
+    case(
+        "activations-with-params",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 4
@@ -111,10 +149,31 @@ ELEMENTWISE = [
                         F.leaky_relu(h), F.leaky_relu(h, 0.2), F.hardtanh(h, -0.5, 0.7), F.relu6(h),
                         F.hardsigmoid(h), F.hardswish(h), F.mish(h), F.softsign(h), F.selu(h),
                         F.celu(h, alpha=0.7))
-        """, [("33,100", "float32")],
-        [["mul", "softplus", "softplus", "elu", "elu", "leaky_relu", "leaky_relu", "hardtanh", "hardtanh",
-          "hardsigmoid", "hardswish", "mish", "softsign", "selu", "celu"]]),
-    case("clamp-scalar-and-tensor", """
+        """,
+        [("33,100", "float32")],
+        [
+            [
+                "mul",
+                "softplus",
+                "softplus",
+                "elu",
+                "elu",
+                "leaky_relu",
+                "leaky_relu",
+                "hardtanh",
+                "hardtanh",
+                "hardsigmoid",
+                "hardswish",
+                "mish",
+                "softsign",
+                "selu",
+                "celu",
+            ]
+        ],
+    ),
+    case(
+        "clamp-scalar-and-tensor",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -126,9 +185,13 @@ ELEMENTWISE = [
                 return (torch.clamp(h, -0.5, 0.5), h.clamp(min=0.1), h.clamp(max=-0.2), torch.clamp_min(h, 0.3),
                         torch.clamp_max(h, 0.3), torch.clamp(h, self.lo, self.hi), torch.clamp(h, min=self.lo),
                         torch.clamp(h, max=self.hi))
-        """, [("33,777", "float32")],
-        [["mul", "clamp", "clamp", "clamp", "clamp", "clamp", "clamp_tensor", "clamp_tensor", "clamp_tensor"]]),
-    case("where-masked-fill-compare-logical", """
+        """,
+        [("33,777", "float32")],
+        [["mul", "clamp", "clamp", "clamp", "clamp", "clamp", "clamp_tensor", "clamp_tensor", "clamp_tensor"]],
+    ),
+    case(
+        "where-masked-fill-compare-logical",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 h = x * 2
@@ -144,12 +207,50 @@ ELEMENTWISE = [
                 k = torch.floor(h)  # many exact ties with 0 and with each other
                 ties = (k < 0, k <= 0, k > 0, k >= 0, k == torch.trunc(h), k != 0)
                 return (a, b, c, d, pos, inside, odd, h.eq(1.0), h.ne(0)) + ties
-        """, [("33,100", "float32"), ("33,100", "float32")],
-        [["mul", "gt", "neg", "where", "lt", "masked_fill", "lt", "where", "gt", "where",
-          "ge", "le", "bitwise_and", "eq", "bitwise_or", "ne", "bitwise_or",
-          "gt", "logical_and", "ge", "logical_not", "logical_or", "logical_xor", "bitwise_xor", "eq", "ne",
-          "floor", "lt", "le", "gt", "ge", "trunc", "eq", "ne"]]),
-    case("casts", """
+        """,
+        [("33,100", "float32"), ("33,100", "float32")],
+        [
+            [
+                "mul",
+                "gt",
+                "neg",
+                "where",
+                "lt",
+                "masked_fill",
+                "lt",
+                "where",
+                "gt",
+                "where",
+                "ge",
+                "le",
+                "bitwise_and",
+                "eq",
+                "bitwise_or",
+                "ne",
+                "bitwise_or",
+                "gt",
+                "logical_and",
+                "ge",
+                "logical_not",
+                "logical_or",
+                "logical_xor",
+                "bitwise_xor",
+                "eq",
+                "ne",
+                "floor",
+                "lt",
+                "le",
+                "gt",
+                "ge",
+                "trunc",
+                "eq",
+                "ne",
+            ]
+        ],
+    ),
+    case(
+        "casts",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 3
@@ -160,11 +261,35 @@ ELEMENTWISE = [
                 wrapped = (h * 10).to(torch.int8) * 4 > 100  # int8 arithmetic wraps around
                 return (h.to(torch.bfloat16).float(), fp16, h.long(), h.int(), h.bool(), torch.trunc(h).bool(),
                         (h * 4).to(torch.int32).float() * 0.5, h.to(torch.int16).to(torch.float32), wrapped)
-        """, [("33,100", "float32")],
-        [["cast", "cast", "sub", "mul"],
-         ["mul", "cast", "cast", "mul", "cast", "mul", "gt", "cast", "cast", "cast", "trunc", "cast", "mul", "cast",
-          "cast", "mul", "cast", "cast"]]),
-    case("int-arithmetic-to-float", """
+        """,
+        [("33,100", "float32")],
+        [
+            ["cast", "cast", "sub", "mul"],
+            [
+                "mul",
+                "cast",
+                "cast",
+                "mul",
+                "cast",
+                "mul",
+                "gt",
+                "cast",
+                "cast",
+                "cast",
+                "trunc",
+                "cast",
+                "mul",
+                "cast",
+                "cast",
+                "mul",
+                "cast",
+                "cast",
+            ],
+        ],
+    ),
+    case(
+        "int-arithmetic-to-float",
+        """
         class M(nn.Module):
             def forward(self, ids, x):
                 a = ids - 8
@@ -173,11 +298,43 @@ ELEMENTWISE = [
                         torch.div(a, b, rounding_mode="floor"), torch.fmod(a, b), torch.remainder(a, -b),
                         a // -b, a * 3 + b, a ** 2, torch.maximum(a, b), torch.abs(a), -a, a.float() * 0.5 + x,
                         a / b, a > b, a & 6, a | b, a ^ b, ~a)
-        """, [("33,100", "int64"), ("33,100", "float32")],
-        [["sub", "remainder", "add", "floor_divide", "remainder", "div", "div", "fmod", "neg", "remainder",
-          "neg", "floor_divide", "mul", "add", "pow", "maximum", "abs", "neg", "cast", "mul", "add", "div", "gt",
-          "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"]]),
-    case("pow", """
+        """,
+        [("33,100", "int64"), ("33,100", "float32")],
+        [
+            [
+                "sub",
+                "remainder",
+                "add",
+                "floor_divide",
+                "remainder",
+                "div",
+                "div",
+                "fmod",
+                "neg",
+                "remainder",
+                "neg",
+                "floor_divide",
+                "mul",
+                "add",
+                "pow",
+                "maximum",
+                "abs",
+                "neg",
+                "cast",
+                "mul",
+                "add",
+                "div",
+                "gt",
+                "bitwise_and",
+                "bitwise_or",
+                "bitwise_xor",
+                "bitwise_not",
+            ]
+        ],
+    ),
+    case(
+        "pow",
+        """
         class M(nn.Module):
             def forward(self, x, e):
                 h = x * 1.5
@@ -192,11 +349,46 @@ ELEMENTWISE = [
                     torch.relu(h) ** 2.5, torch.relu(h) ** -1.5,  # zero bases
                     h ** float("inf"), torch.pow(-2.0, k / torch.relu(e)),  # infinite exponents
                 )
-        """, [("33,100", "float32"), ("33,100", "float32")],
-        [["mul", "pow", "pow", "pow", "abs", "add", "pow", "pow", "pow", "pow", "pow", "pow", "pow", "pow",
-          "pow", "pow", "pow", "pow", "floor", "pow", "pow", "relu", "pow", "relu", "pow", "pow", "pow", "relu",
-          "div", "pow"]]),
-    case("scalar-operands", """
+        """,
+        [("33,100", "float32"), ("33,100", "float32")],
+        [
+            [
+                "mul",
+                "pow",
+                "pow",
+                "pow",
+                "abs",
+                "add",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "pow",
+                "floor",
+                "pow",
+                "pow",
+                "relu",
+                "pow",
+                "relu",
+                "pow",
+                "pow",
+                "pow",
+                "relu",
+                "div",
+                "pow",
+            ]
+        ],
+    ),
+    case(
+        "scalar-operands",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 h = x * 2
@@ -204,10 +396,35 @@ ELEMENTWISE = [
                 return (1 - h, 2 / p, 3 * h, h - 1, h / 3, 0.5 + h, h + 2, -h - 0.25, torch.add(h, y, alpha=2),
                         torch.sub(h, y, alpha=0.5), torch.rsub(h, 1.5), torch.mul(h, 2), torch.div(3.0, p),
                         7 - p, h * True)
-        """, [("33,100", "float32"), ("33,100", "float32")],
-        [["mul", "sub", "abs", "add", "div", "mul", "sub", "div", "add", "add", "neg", "sub", "add", "sub",
-          "sub", "mul", "div", "sub", "mul"]]),
-    case("division-modes-remainder-fmod", """
+        """,
+        [("33,100", "float32"), ("33,100", "float32")],
+        [
+            [
+                "mul",
+                "sub",
+                "abs",
+                "add",
+                "div",
+                "mul",
+                "sub",
+                "div",
+                "add",
+                "add",
+                "neg",
+                "sub",
+                "add",
+                "sub",
+                "sub",
+                "mul",
+                "div",
+                "sub",
+                "mul",
+            ]
+        ],
+    ),
+    case(
+        "division-modes-remainder-fmod",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 h = x * 5
@@ -215,10 +432,30 @@ ELEMENTWISE = [
                 return (torch.div(h, d, rounding_mode="floor"), torch.div(h, d, rounding_mode="trunc"), h // d,
                         torch.remainder(h, d), h % 0.7, torch.fmod(h, d), torch.fmod(h, -0.7),
                         torch.floor_divide(h, -0.7), h / d)
-        """, [("33,100", "float32"), ("33,100", "float32")],
-        [["mul", "ge", "add", "sub", "where", "div", "div", "floor_divide", "remainder", "remainder", "fmod",
-          "fmod", "floor_divide", "div"]]),
-    case("max-min-lerp-addcmul", """
+        """,
+        [("33,100", "float32"), ("33,100", "float32")],
+        [
+            [
+                "mul",
+                "ge",
+                "add",
+                "sub",
+                "where",
+                "div",
+                "div",
+                "floor_divide",
+                "remainder",
+                "remainder",
+                "fmod",
+                "fmod",
+                "floor_divide",
+                "div",
+            ]
+        ],
+    ),
+    case(
+        "max-min-lerp-addcmul",
+        """
         class M(nn.Module):
             def forward(self, x, y, w):
                 h = x * 2
@@ -226,19 +463,57 @@ ELEMENTWISE = [
                         torch.lerp(h, y, 0.3), torch.lerp(h, y, 0.8), torch.lerp(h, y, torch.sigmoid(w)),
                         torch.addcmul(h, y, w, value=0.5), torch.addcmul(h, y, w),
                         torch.addcdiv(h, y, w.abs() + 0.5, value=-2), torch.copysign(h, y), torch.hypot(h, y))
-        """, [("33,100", "float32")] * 3,
-        [["mul", "maximum", "minimum", "maximum", "minimum", "lerp", "lerp", "sigmoid", "lerp", "addcmul",
-          "addcmul", "abs", "add", "addcdiv", "copysign", "hypot"]]),
-    case("nan-propagation", """
+        """,
+        [("33,100", "float32")] * 3,
+        [
+            [
+                "mul",
+                "maximum",
+                "minimum",
+                "maximum",
+                "minimum",
+                "lerp",
+                "lerp",
+                "sigmoid",
+                "lerp",
+                "addcmul",
+                "addcmul",
+                "abs",
+                "add",
+                "addcdiv",
+                "copysign",
+                "hypot",
+            ]
+        ],
+    ),
+    case(
+        "nan-propagation",
+        """
         class M(nn.Module):  # eager's max, min, clamp, relu, ... keep NaN
             def forward(self, x, y):
                 n = torch.log(x * 2)  # NaN below 0
                 return (torch.maximum(n, y), torch.minimum(n, y), torch.clamp(n, -0.5, 0.5), torch.relu(n),
                         F.hardtanh(n), F.hardsigmoid(n), torch.clamp(n, min=y), torch.clamp(n, max=y))
-        """, [("33,100", "float32")] * 2,
-        [["mul", "log", "maximum", "minimum", "clamp", "relu", "hardtanh", "hardsigmoid", "clamp_tensor",
-          "clamp_tensor"]]),
-    case("predicates-nan-to-num", """
+        """,
+        [("33,100", "float32")] * 2,
+        [
+            [
+                "mul",
+                "log",
+                "maximum",
+                "minimum",
+                "clamp",
+                "relu",
+                "hardtanh",
+                "hardsigmoid",
+                "clamp_tensor",
+                "clamp_tensor",
+            ]
+        ],
+    ),
+    case(
+        "predicates-nan-to-num",
+        """
         class M(nn.Module):
             def forward(self, x):
                 y = torch.log(x) * 3
@@ -246,37 +521,70 @@ ELEMENTWISE = [
                 return (torch.nan_to_num(inf), torch.nan_to_num(-inf), torch.nan_to_num(inf, 1.0, 2.0, -2.0),
                         torch.nan_to_num(-inf, nan=1.0, posinf=2.0, neginf=-2.0),
                         torch.isnan(y), torch.isinf(inf), torch.isfinite(inf))
-        """, [("33,100", "float32")],
-        [["log", "mul", "relu", "div", "nan_to_num", "neg", "nan_to_num", "nan_to_num", "neg", "nan_to_num",
-          "isnan", "isinf", "isfinite"]]),
-    case("ops-without-lowering-rejected", """
+        """,
+        [("33,100", "float32")],
+        [
+            [
+                "log",
+                "mul",
+                "relu",
+                "div",
+                "nan_to_num",
+                "neg",
+                "nan_to_num",
+                "nan_to_num",
+                "neg",
+                "nan_to_num",
+                "isnan",
+                "isinf",
+                "isfinite",
+            ]
+        ],
+    ),
+    case(
+        "ops-without-lowering-rejected",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 a = torch.sigmoid(x) * 2
                 b = torch.atan2(a, y)
                 c = torch.round(b)
                 return torch.relu(c) + 1
-        """, [("33,100", "float32")] * 2,
+        """,
+        [("33,100", "float32")] * 2,
         [["sigmoid", "mul"], ["relu", "add"]],
-        rejects=[("atan2", "no-lowering"), ("round", "no-lowering")]),
-    case("rpow-scalar-base", """
+        rejects=[("atan2", "no-lowering"), ("round", "no-lowering")],
+    ),
+    case(
+        "rpow-scalar-base",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 2
                 return 2 ** h, 0.5 ** h
-        """, [("33,100", "float32")], [["mul", "pow", "pow"]]),
-    case("logsigmoid", """
+        """,
+        [("33,100", "float32")],
+        [["mul", "pow", "pow"]],
+    ),
+    case(
+        "logsigmoid",
+        """
         class M(nn.Module):
             def forward(self, x):
                 return F.logsigmoid(x * 2) + 1
-        """, [("33,100", "float32")], [["mul", "logsigmoid", "add"]]),
+        """,
+        [("33,100", "float32")],
+        [["mul", "logsigmoid", "add"]],
+    ),
 ]
 
 
 # ---- broadcasting, strides, views, concat -----------------------------------------------------
 
 LAYOUT = [
-    case("bias-row-broadcast", """
+    case(
+        "bias-row-broadcast",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -286,28 +594,53 @@ LAYOUT = [
             def forward(self, x):
                 h = F.dropout(x * self.w + self.b, 0.1, training=self.training)  # eval: an identity
                 return F.gelu(h.clone().detach()) - 1
-        """, [("33,777", "float32")], [["mul", "add", "gelu", "sub"]]),
-    case("outer-broadcast", """
+        """,
+        [("33,777", "float32")],
+        [["mul", "add", "gelu", "sub"]],
+    ),
+    case(
+        "outer-broadcast",
+        """
         class M(nn.Module):
             def forward(self, a, b):
                 return torch.sigmoid(a + b) * b
-        """, [("64,1", "float32"), ("1,64", "float32")], [["add", "sigmoid", "mul"]]),
-    case("outer-broadcast-ragged", """
+        """,
+        [("64,1", "float32"), ("1,64", "float32")],
+        [["add", "sigmoid", "mul"]],
+    ),
+    case(
+        "outer-broadcast-ragged",
+        """
         class M(nn.Module):
             def forward(self, a, b):
                 return torch.tanh(a - b) * 3
-        """, [("3,33,1", "float32"), ("1,333", "float32")], [["sub", "tanh", "mul"]]),
-    case("one-dim", """
+        """,
+        [("3,33,1", "float32"), ("1,333", "float32")],
+        [["sub", "tanh", "mul"]],
+    ),
+    case(
+        "one-dim",
+        """
         class M(nn.Module):
             def forward(self, x):
                 return torch.relu(x * 2) + 1
-        """, [("1000", "float32")], [["mul", "relu", "add"]]),
-    case("conditioning-broadcast", """
+        """,
+        [("1000", "float32")],
+        [["mul", "relu", "add"]],
+    ),
+    case(
+        "conditioning-broadcast",
+        """
         class M(nn.Module):
             def forward(self, h, t):
                 return F.silu(h + t[:, :, None, None]) * 2
-        """, [("2,8,5,7", "float32"), ("2,8", "float32")], [["add", "silu", "mul"]]),
-    case("transposed-input", """
+        """,
+        [("2,8,5,7", "float32"), ("2,8", "float32")],
+        [["add", "silu", "mul"]],
+    ),
+    case(
+        "transposed-input",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -316,14 +649,24 @@ LAYOUT = [
             def forward(self, x):
                 y = x.t()
                 return torch.relu(y * 2 + self.b), torch.exp(y.contiguous()) * 2
-        """, [("33,1000", "float32")], [["mul", "add", "relu"], ["copy", "exp", "mul"]]),
-    case("sliced-input", """
+        """,
+        [("33,1000", "float32")],
+        [["mul", "add", "relu"], ["copy", "exp", "mul"]],
+    ),
+    case(
+        "sliced-input",
+        """
         class M(nn.Module):
             def forward(self, x):
                 y = x[:, 3:780]
                 return torch.exp(y * 0.5) - y
-        """, [("33,1000", "float32")], [["mul", "exp", "sub"]]),
-    case("views-inside-cluster", """
+        """,
+        [("33,1000", "float32")],
+        [["mul", "exp", "sub"]],
+    ),
+    case(
+        "views-inside-cluster",
+        """
         class M(nn.Module):
             def forward(self, x, s):
                 h = torch.sigmoid(x)
@@ -332,8 +675,13 @@ LAYOUT = [
                 h = h.transpose(1, 3) + s.unsqueeze(-1)
                 h = torch.tanh(h.unsqueeze(0).squeeze(0).movedim(1, 2))
                 return h.permute(2, 0, 3, 1) - 1  # not its own inverse
-        """, [("2,3,5,7", "float32"), ("2,7,3", "float32")], [["sigmoid", "mul", "add", "tanh", "sub"]]),
-    case("slice-select-expand-inside-cluster", """
+        """,
+        [("2,3,5,7", "float32"), ("2,7,3", "float32")],
+        [["sigmoid", "mul", "add", "tanh", "sub"]],
+    ),
+    case(
+        "slice-select-expand-inside-cluster",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -350,10 +698,19 @@ LAYOUT = [
                 d = e.unsqueeze(1).expand(-1, 4, -1) * self.w
                 f = torch.sin(x[:, :1] * 2).expand(-1, 1000) * x
                 return a, b, c, d, f
-        """, [("3,1000", "float32")],
-        [["mul", "sub", "relu"], ["sigmoid", "exp", "add"], ["mul", "tanh", "sub"], ["cos", "mul"],
-         ["mul", "sin", "mul"]]),
-    case("rope-rotate-half", """
+        """,
+        [("3,1000", "float32")],
+        [
+            ["mul", "sub", "relu"],
+            ["sigmoid", "exp", "add"],
+            ["mul", "tanh", "sub"],
+            ["cos", "mul"],
+            ["mul", "sin", "mul"],
+        ],
+    ),
+    case(
+        "rope-rotate-half",
+        """
         def rotate_half(x):
             x1 = x[..., : x.shape[-1] // 2]
             x2 = x[..., x.shape[-1] // 2 :]
@@ -368,26 +725,41 @@ LAYOUT = [
 
             def forward(self, q):
                 return q * self.cos + rotate_half(q) * self.sin
-        """, [("2,3,16,32", "float32")], [["mul", "neg", "cat", "mul", "add"]]),
-    case("cat-uneven-pieces", """
+        """,
+        [("2,3,16,32", "float32")],
+        [["mul", "neg", "cat", "mul", "add"]],
+    ),
+    case(
+        "cat-uneven-pieces",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 a = torch.sigmoid(x)
                 b = y * 2
                 return torch.cat((a[:, :10], b, a[:, 20:]), dim=-1) + 1
-        """, [("33,100", "float32"), ("33,7", "float32")], [["sigmoid", "mul", "cat", "add"]]),
+        """,
+        [("33,100", "float32"), ("33,7", "float32")],
+        [["sigmoid", "mul", "cat", "add"]],
+    ),
 ]
 
 
 # ---- reductions -------------------------------------------------------------------------------
 
 REDUCTIONS = [
-    case("softmax-plain-scaled", """
+    case(
+        "softmax-plain-scaled",
+        """
         class M(nn.Module):
             def forward(self, x):
                 return F.softmax(x, dim=-1) + torch.softmax(x * 0.125, -1)
-        """, [("33,777", "float32")], [["softmax"], ["mul", "softmax"]]),
-    case("softmax-masked-fill", """
+        """,
+        [("33,777", "float32")],
+        [["softmax"], ["mul", "softmax"]],
+    ),
+    case(
+        "softmax-masked-fill",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -397,8 +769,13 @@ REDUCTIONS = [
                 s = s / math.sqrt(64)
                 s = s.masked_fill(self.mask, float("-inf"))
                 return F.softmax(s, dim=-1)
-        """, [("2,3,40,40", "float32")], [["div", "masked_fill", "softmax"]]),
-    case("softmax-additive-mask", """
+        """,
+        [("2,3,40,40", "float32")],
+        [["div", "masked_fill", "softmax"]],
+    ),
+    case(
+        "softmax-additive-mask",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -407,8 +784,13 @@ REDUCTIONS = [
 
             def forward(self, s):
                 return torch.softmax(s * 0.5 + self.mask, dim=-1).float() * 2
-        """, [("3,40,40", "float32")], [["mul", "add", "softmax", "mul"]]),
-    case("log-softmax", """
+        """,
+        [("3,40,40", "float32")],
+        [["mul", "add", "softmax", "mul"]],
+    ),
+    case(
+        "log-softmax",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -419,9 +801,13 @@ REDUCTIONS = [
                 b = torch.log_softmax(x * 3.0, dim=1)
                 c = F.log_softmax(s.masked_fill(self.mask, float("-inf")), -1)
                 return a, b, c
-        """, [("33,1000", "float32"), ("2,33,33", "float32")],
-        [["log_softmax", "add"], ["mul", "log_softmax"], ["masked_fill", "log_softmax"]]),
-    case("row-stats-keepdim", """
+        """,
+        [("33,1000", "float32"), ("2,33,33", "float32")],
+        [["log_softmax", "add"], ["mul", "log_softmax"], ["masked_fill", "log_softmax"]],
+    ),
+    case(
+        "row-stats-keepdim",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 2 + 1
@@ -429,34 +815,69 @@ REDUCTIONS = [
                 b = h.amax(-1, keepdim=True) - h.amin(-1, keepdim=True)
                 c = h.var(-1, keepdim=True) + h.std(-1, keepdim=True)
                 return a * b + c
-        """, [("33,777", "float32")],
-        [["mul", "add", "mean", "sub", "sum", "mul", "add", "amax", "amin", "sub", "var", "std",
-          "add", "mul", "add"]]),
-    case("row-stats-no-keepdim", """
+        """,
+        [("33,777", "float32")],
+        [["mul", "add", "mean", "sub", "sum", "mul", "add", "amax", "amin", "sub", "var", "std", "add", "mul", "add"]],
+    ),
+    case(
+        "row-stats-no-keepdim",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = torch.tanh(x)
                 centred = h - h.mean(-1).unsqueeze(-1) * h.amax(-1)[..., None]
                 return (centred, h.sum(-1) * 2, h.mean(dim=-1) + 1, torch.amax(h, -1) - 0.5, h.amin(-1).abs(),
                         torch.var(h, -1, unbiased=False), torch.std(h, dim=-1, correction=0) * 3)
-        """, [("3,2,1000", "float32")],
-        [["tanh", "mean", "amax", "mul", "sub", "sum", "mul", "mean", "add", "amax", "sub", "amin", "abs", "var",
-          "std", "mul"]]),
-    case("logsumexp-norm", """
+        """,
+        [("3,2,1000", "float32")],
+        [
+            [
+                "tanh",
+                "mean",
+                "amax",
+                "mul",
+                "sub",
+                "sum",
+                "mul",
+                "mean",
+                "add",
+                "amax",
+                "sub",
+                "amin",
+                "abs",
+                "var",
+                "std",
+                "mul",
+            ]
+        ],
+    ),
+    case(
+        "logsumexp-norm",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 4
                 a = torch.logsumexp(h, dim=-1) + h.norm(dim=-1) + torch.norm(h, p=1, dim=-1)
                 b = torch.norm(h, p=float("inf"), dim=-1, keepdim=True)
                 return a, h / b
-        """, [("33,777", "float32")], [["mul", "logsumexp", "norm", "add", "norm", "add"]]),
-    case("reduce-two-trailing-dims", """
+        """,
+        [("33,777", "float32")],
+        [["mul", "logsumexp", "norm", "add", "norm", "add"]],
+    ),
+    case(
+        "reduce-two-trailing-dims",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = torch.sigmoid(x)
                 return h - h.mean(dim=(-2, -1), keepdim=True), h.sum(dim=(1, 2))
-        """, [("3,16,33", "float32")], [["sigmoid", "mean", "sub"]]),
-    case("rmsnorm-written-out", """
+        """,
+        [("3,16,33", "float32")],
+        [["sigmoid", "mean", "sub"]],
+    ),
+    case(
+        "rmsnorm-written-out",
+        """
         class RMSNorm(nn.Module):
             def __init__(self, dim=777, eps=1e-6):
                 super().__init__()
@@ -467,8 +888,13 @@ REDUCTIONS = [
                 h = x.float()
                 h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
                 return h.type_as(x) * self.weight
-        """, [("33,777", "float32")], [["pow", "mean", "add", "rsqrt", "mul", "mul"]]),
-    case("rmsnorm-functional", """
+        """,
+        [("33,777", "float32")],
+        [["pow", "mean", "add", "rsqrt", "mul", "mul"]],
+    ),
+    case(
+        "rmsnorm-functional",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -476,8 +902,13 @@ REDUCTIONS = [
 
             def forward(self, x):
                 return F.rms_norm(x * 2, (1000,), self.weight, eps=1e-5), F.rms_norm(x, (1000,)) + 1
-        """, [("3,1000", "float32")], [["mul", "rms_norm"], ["rms_norm", "add"]]),
-    case("layer-norm-functional", """
+        """,
+        [("3,1000", "float32")],
+        [["mul", "rms_norm"], ["rms_norm", "add"]],
+    ),
+    case(
+        "layer-norm-functional",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -489,9 +920,13 @@ REDUCTIONS = [
                 b = F.layer_norm(x + 1, (777,)) * 2
                 c = F.layer_norm(x - 1, (777,), self.w, eps=1e-3) * 3
                 return a, b, c
-        """, [("33,777", "float32")],
-        [["mul", "layer_norm", "add"], ["add", "layer_norm", "mul"], ["sub", "layer_norm", "mul"]]),
-    case("layer-norm-module", """
+        """,
+        [("33,777", "float32")],
+        [["mul", "layer_norm", "add"], ["add", "layer_norm", "mul"], ["sub", "layer_norm", "mul"]],
+    ),
+    case(
+        "layer-norm-module",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -501,8 +936,13 @@ REDUCTIONS = [
 
             def forward(self, x):
                 return F.gelu(self.norm(x * 0.5))
-        """, [("2,3,1000", "float32")], [["mul", "layer_norm", "gelu"]]),
-    case("group-norm-silu", """
+        """,
+        [("2,3,1000", "float32")],
+        [["mul", "layer_norm", "gelu"]],
+    ),
+    case(
+        "group-norm-silu",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -512,8 +952,13 @@ REDUCTIONS = [
 
             def forward(self, x):
                 return F.silu(self.norm(x))
-        """, [("2,8,5,7", "float32")], [["group_norm", "silu"]]),
-    case("residual-layer-norm-multi-output", """
+        """,
+        [("2,8,5,7", "float32")],
+        [["group_norm", "silu"]],
+    ),
+    case(
+        "residual-layer-norm-multi-output",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -524,8 +969,13 @@ REDUCTIONS = [
             def forward(self, x, r):
                 h = x + r
                 return h, self.norm(h)
-        """, [("33,777", "float32"), ("33,777", "float32")], [["add", "layer_norm"]]),
-    case("wide-rows-looped", """
+        """,
+        [("33,777", "float32"), ("33,777", "float32")],
+        [["add", "layer_norm"]],
+    ),
+    case(
+        "wide-rows-looped",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -542,10 +992,21 @@ REDUCTIONS = [
                 # Rows entirely below / above zero: a masked lane filled with 0 would win.
                 e = ((-x.abs() - 1).amax(-1), (x.abs() + 1).amin(-1))
                 return a, b, c, d, e
-        """, [("3,10000", "float32")],
-        [["mul", "softmax"], ["add", "layer_norm"], ["sub", "rms_norm"], ["exp", "sum"], ["mul", "logsumexp"],
-         ["abs", "neg", "sub", "amax"], ["abs", "add", "amin"]]),
-    case("wide-rows-far-from-zero", """
+        """,
+        [("3,10000", "float32")],
+        [
+            ["mul", "softmax"],
+            ["add", "layer_norm"],
+            ["sub", "rms_norm"],
+            ["exp", "sum"],
+            ["mul", "logsumexp"],
+            ["abs", "neg", "sub", "amax"],
+            ["abs", "add", "amin"],
+        ],
+    ),
+    case(
+        "wide-rows-far-from-zero",
+        """
         class M(nn.Module):
             # A mean 300 times the spread: one-pass sum(x^2) - sum(x)^2 / n would be off by ~1% in the
             # variance here, while eager's Welford (and the kernel's shifted sums) stay within 1e-4.
@@ -557,9 +1018,13 @@ REDUCTIONS = [
             def forward(self, x, img):
                 h = x + 300.0
                 return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
-        """, [("3,10000", "float32"), ("2,8,40,64", "float32")],
-        [["add", "layer_norm", "var", "std"], ["add", "group_norm"]]),
-    case("narrow-rows", """
+        """,
+        [("3,10000", "float32"), ("2,8,40,64", "float32")],
+        [["add", "layer_norm", "var", "std"], ["add", "group_norm"]],
+    ),
+    case(
+        "narrow-rows",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -569,59 +1034,100 @@ REDUCTIONS = [
 
             def forward(self, x):
                 return F.softmax(x * 2, dim=-1), self.norm(x + 1), (x - 1).amax(-1)
-        """, [("5000,7", "float32")], [["mul", "softmax"], ["add", "layer_norm"], ["sub", "amax"]]),
-    case("reductions-without-lowering-rejected", """
+        """,
+        [("5000,7", "float32")],
+        [["mul", "softmax"], ["add", "layer_norm"], ["sub", "amax"]],
+    ),
+    case(
+        "reductions-without-lowering-rejected",
+        """
         class M(nn.Module):
             def forward(self, x, ids):
                 h = x * 2
                 return (h.prod(-1) + 1, torch.cumsum(h, -1) * 2, torch.argmax(h * 3, -1) + 1, (ids * 2).sum(-1),
                         (h > 0).any(-1))
-        """, [("33,100", "float32"), ("33,100", "int64")], [["mul", "mul", "gt"]],
-        rejects=[("prod", "no-lowering"), ("add", "no-lowering"), ("cumsum", "no-lowering"),
-                 ("argmax", "no-lowering"), ("sum", "no-lowering"), ("mul", "no-lowering"), ("any", "no-lowering")]),
+        """,
+        [("33,100", "float32"), ("33,100", "int64")],
+        [["mul", "mul", "gt"]],
+        rejects=[
+            ("prod", "no-lowering"),
+            ("add", "no-lowering"),
+            ("cumsum", "no-lowering"),
+            ("argmax", "no-lowering"),
+            ("sum", "no-lowering"),
+            ("mul", "no-lowering"),
+            ("any", "no-lowering"),
+        ],
+    ),
 ]
 
 
 # ---- one kernel, other shapes: sizes and strides are read at call time ---------------------------
 
 OTHER_SHAPES = [
-    case("rows-analysed-narrow-validated-wide", """
+    case(
+        "rows-analyzed-narrow-validated-wide",
+        """
         class M(nn.Module):
             def forward(self, x):
                 h = x * 2
                 return F.softmax(h, dim=-1), h - h.amax(-1, keepdim=True), torch.logsumexp(h, -1)
-        """, [("4,64", "float32")], [["mul", "softmax", "amax", "sub", "logsumexp"]],
-        shapes=[([3, 9000], "float32")]),
-    case("broadcast-validated-at-other-sizes", """
+        """,
+        [("4,64", "float32")],
+        [["mul", "softmax", "amax", "sub", "logsumexp"]],
+        shapes=[([3, 9000], "float32")],
+    ),
+    case(
+        "broadcast-validated-at-other-sizes",
+        """
         class M(nn.Module):
             def forward(self, a, b, t):
                 return torch.sigmoid(a + b) * t
-        """, [("64,1", "float32"), ("1,64", "float32"), ("64", "float32")], [["add", "sigmoid", "mul"]],
-        shapes=[([33, 1], "float32"), ([1, 777], "float32"), ([777], "float32")]),
+        """,
+        [("64,1", "float32"), ("1,64", "float32"), ("64", "float32")],
+        [["add", "sigmoid", "mul"]],
+        shapes=[([33, 1], "float32"), ([1, 777], "float32"), ([777], "float32")],
+    ),
 ]
 
 
 # ---- dtypes -----------------------------------------------------------------------------------
 
 DTYPES = [
-    case("bf16-elementwise", """
+    case(
+        "bf16-elementwise",
+        """
         class M(nn.Module):
             def forward(self, x, y):
                 return F.gelu(x) * torch.sigmoid(y) + 1, (x > y) & (x > 0)
-        """, [("33,777", "bfloat16")] * 2, [["gelu", "sigmoid", "mul", "add"]]),
-    case("fp16-elementwise", """
+        """,
+        [("33,777", "bfloat16")] * 2,
+        [["gelu", "sigmoid", "mul", "add"]],
+    ),
+    case(
+        "fp16-elementwise",
+        """
         class M(nn.Module):
             def forward(self, x):
                 return F.silu(x) * 2 - x.float().exp().half()
-        """, [("33,777", "float16")], [["silu", "mul", "cast", "exp", "cast", "sub"]]),
-    case("fp16-softmax", """
+        """,
+        [("33,777", "float16")],
+        [["silu", "mul", "cast", "exp", "cast", "sub"]],
+    ),
+    case(
+        "fp16-softmax",
+        """
         class M(nn.Module):
             def forward(self, x):
                 return (F.softmax(x * 0.5, dim=-1), F.softmax(x.float(), dim=-1).type_as(x),
                         torch.softmax(x + 1, -1, dtype=torch.float32), (x * 2).sum(-1, dtype=torch.float32))
-        """, [("3,40,40", "float16")],
-        [["mul", "softmax"], ["cast", "softmax", "cast"], ["add", "softmax"], ["mul", "sum"]]),
-    case("bf16-layer-norm", """
+        """,
+        [("3,40,40", "float16")],
+        [["mul", "softmax"], ["cast", "softmax", "cast"], ["add", "softmax"], ["mul", "sum"]],
+    ),
+    case(
+        "bf16-layer-norm",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -632,8 +1138,13 @@ DTYPES = [
 
             def forward(self, x):
                 return self.norm(x * 2) * 0.5
-        """, [("33,777", "bfloat16")], [["mul", "layer_norm", "mul"]]),
-    case("bf16-rmsnorm-llama", """
+        """,
+        [("33,777", "bfloat16")],
+        [["mul", "layer_norm", "mul"]],
+    ),
+    case(
+        "bf16-rmsnorm-llama",
+        """
         class RMSNorm(nn.Module):
             def __init__(self, dim=1000, eps=1e-6):
                 super().__init__()
@@ -644,8 +1155,13 @@ DTYPES = [
                 h = x.float()
                 h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
                 return h.type_as(x) * self.weight
-        """, [("3,1000", "bfloat16")], [["cast", "pow", "mean", "add", "rsqrt", "mul", "cast", "mul"]]),
-    case("int64-input-to-float", """
+        """,
+        [("3,1000", "bfloat16")],
+        [["cast", "pow", "mean", "add", "rsqrt", "mul", "cast", "mul"]],
+    ),
+    case(
+        "int64-input-to-float",
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -654,12 +1170,16 @@ DTYPES = [
             def forward(self, ids):
                 pos = ids.float() * 0.5 + 1
                 return torch.sin(pos) * self.scale, torch.softmax(ids * 0.25, dim=-1)
-        """, [("33,100", "int64")], [["cast", "mul", "add", "sin", "mul"], ["mul", "softmax"]]),
+        """,
+        [("33,100", "int64")],
+        [["cast", "mul", "add", "sin", "mul"], ["mul", "softmax"]],
+    ),
 ]
 
 
-@pytest.mark.parametrize("source, inputs, expect, rejects, shapes",
-                         ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES)
+@pytest.mark.parametrize(
+    "source, inputs, expect, rejects, shapes", ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES
+)
 def test_generated_kernels_match_eager(write_model, source, inputs, expect, rejects, shapes):
     check(write_model(HEADER + textwrap.dedent(source).lstrip("\n")), inputs, expect, rejects, shapes)
 
@@ -715,7 +1235,9 @@ def test_rows_wider_than_a_tile_are_covered_by_several_column_blocks(write_model
     several programs, each of which must find its own column block."""
     import torch
 
-    fused = _kernel_module(write_model, """
+    fused = _kernel_module(
+        write_model,
+        """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -723,7 +1245,9 @@ def test_rows_wider_than_a_tile_are_covered_by_several_column_blocks(write_model
 
             def forward(self, x):
                 return torch.relu(x * self.w) + 1
-        """, [("3,2500", "float32")])
+        """,
+        [("3,2500", "float32")],
+    )
     x, w = torch.randn(3, 2500), torch.randn(2500)
     torch.testing.assert_close(fused(x, w), torch.relu(x * w) + 1)
 
@@ -733,11 +1257,15 @@ def test_small_views_of_huge_tensors_get_64_bit_offsets(write_model):
     the launcher must switch the kernel to 64-bit index arithmetic, or its loads wrap around."""
     import torch
 
-    fused = _kernel_module(write_model, """
+    fused = _kernel_module(
+        write_model,
+        """
         class M(nn.Module):
             def forward(self, x):
                 return torch.relu(x * 2) + 1
-        """, [("64,10", "float32")])
+        """,
+        [("64,10", "float32")],
+    )
     needs_int64 = fused.__globals__["_needs_int64"]  # what the launcher asks before every launch
     huge = torch.empty(2**16, 2**16, device="meta")
     assert needs_int64(huge[:, :10])
@@ -757,10 +1285,12 @@ def test_division_by_sizes_read_at_call_time_is_exact_for_every_32_bit_offset(tm
 
     from fuselens.codegen.module import render_module, section
 
-    probe = ("@triton.jit\n"
-             "def _probe(n_ptr, out_ptr, d, q, N: tl.constexpr):\n"
-             "    offs = tl.arange(0, N)\n"
-             "    tl.store(out_ptr + offs, _div(tl.load(n_ptr + offs), d, q, False))\n")
+    probe = (
+        "@triton.jit\n"
+        "def _probe(n_ptr, out_ptr, d, q, N: tl.constexpr):\n"
+        "    offs = tl.arange(0, N)\n"
+        "    tl.store(out_ptr + offs, _div(tl.load(n_ptr + offs), d, q, False))\n"
+    )
     path = tmp_path / "division_probe.py"
     path.write_text(render_module("probe.py", {"probe": section("probe", "division", probe)}))
     spec = importlib.util.spec_from_file_location("division_probe", path)
@@ -771,8 +1301,10 @@ def test_division_by_sizes_read_at_call_time_is_exact_for_every_32_bit_offset(tm
     top = 2**31 - 1
     for d in [1, 2, 3, 7, 64, 100, 768, 1000, 4095, 2**16 + 1, 2**20 - 3, 2**30, 2**30 + 1, top - 1, top]:
         edges = [0, 1, d - 1, d, d + 1, 2 * d - 1, top // d * d - 1, top // d * d, top - 1, top]
-        n = torch.tensor([e for e in edges if 0 <= e <= top]
-                         + torch.randint(0, top, (64,), generator=generator).tolist(), dtype=torch.int32)[:64]
+        n = torch.tensor(
+            [e for e in edges if 0 <= e <= top] + torch.randint(0, top, (64,), generator=generator).tolist(),
+            dtype=torch.int32,
+        )[:64]
         out = torch.empty_like(n)
         module._probe[(1,)](n, out, d, module._magic(d)[0], N=64)
         assert torch.equal(out, n // d), d

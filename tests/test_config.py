@@ -19,8 +19,13 @@ NET = ModelClass("Net", 3, "class Net(nn.Module):", outermost=True)
 # Every source of inputs, highest precedence first, each giving a shape of its own.
 INPUT_SOURCES = ["cli", "editor", "pyproject", "comment", "example_inputs"]
 SHAPE = {"cli": [1, 1], "editor": [2, 2], "pyproject": [3, 3], "comment": [4, 4], "example_inputs": [5, 5]}
-WHERE = {"cli": "--input-shape", "editor": "editor settings", "pyproject": PYPROJECT_WHERE,
-         "comment": COMMENT_WHERE, "example_inputs": "Net.example_inputs()"}
+WHERE = {
+    "cli": "--input-shape",
+    "editor": "editor settings",
+    "pyproject": PYPROJECT_WHERE,
+    "comment": COMMENT_WHERE,
+    "example_inputs": "Net.example_inputs()",
+}
 
 
 class Calls:
@@ -34,27 +39,41 @@ class Calls:
         return ([InputSpec(SHAPE["example_inputs"])], WHERE["example_inputs"]) if self.given else None
 
 
-def configure(present: set[str], entry: dict | None = None, comment: str = "", options: dict | None = None,
-              model: ModelClass = NET):
+def configure(
+    present: set[str],
+    entry: dict | None = None,
+    comment: str = "",
+    options: dict | None = None,
+    model: ModelClass = NET,
+):
     """Resolve Net's configuration with the sources in `present` each giving its own inputs."""
+
     def shape_text(name):
         return ", ".join(map(str, SHAPE[name]))
 
     editor = {"inputs": [SHAPE["editor"]], **(entry or {})} if "editor" in present else dict(entry or {})
     pyproject = {"inputs": [SHAPE["pyproject"]]} if "pyproject" in present else {}
-    header = model.header + (f"  # fuselens: input=({shape_text('comment')}) {comment}" if "comment" in present
-                             else (f"  # fuselens: {comment}" if comment else ""))
-    opts = AnalyzeOptions(input_shapes=[shape_text("cli").replace(" ", "")] if "cli" in present else None,
-                          models={"Net": model_settings(editor, "models.Net")} if editor else {}, **(options or {}))
+    header = model.header + (
+        f"  # fuselens: input=({shape_text('comment')}) {comment}"
+        if "comment" in present
+        else (f"  # fuselens: {comment}" if comment else "")
+    )
+    opts = AnalyzeOptions(
+        input_shapes=[shape_text("cli").replace(" ", "")] if "cli" in present else None,
+        models={"Net": model_settings(editor, "models.Net")} if editor else {},
+        **(options or {}),
+    )
     table = {"models": {"Net": pyproject}} if pyproject else {}
     calls = Calls("example_inputs" in present)
     config = resolve_model(ModelClass(model.name, model.line, header, model.outermost), opts, table, PYPROJECT, calls)
     return config, calls
 
 
-@pytest.mark.parametrize("present", [set(c) for n in range(len(INPUT_SOURCES) + 1)
-                                     for c in itertools.combinations(INPUT_SOURCES, n)],
-                         ids=lambda p: "+".join(sorted(p)) or "none")
+@pytest.mark.parametrize(
+    "present",
+    [set(c) for n in range(len(INPUT_SOURCES) + 1) for c in itertools.combinations(INPUT_SOURCES, n)],
+    ids=lambda p: "+".join(sorted(p)) or "none",
+)
 def test_inputs_come_whole_from_the_highest_source_that_gives_them(present):
     config, calls = configure(present)
     winner = next((s for s in INPUT_SOURCES if s in present), None)
@@ -69,9 +88,11 @@ def test_inputs_come_whole_from_the_highest_source_that_gives_them(present):
 INIT_SOURCES = ["editor", "pyproject", "comment"]
 
 
-@pytest.mark.parametrize("present", [set(c) for n in range(len(INIT_SOURCES) + 1)
-                                     for c in itertools.combinations(INIT_SOURCES, n)],
-                         ids=lambda p: "+".join(sorted(p)) or "none")
+@pytest.mark.parametrize(
+    "present",
+    [set(c) for n in range(len(INIT_SOURCES) + 1) for c in itertools.combinations(INIT_SOURCES, n)],
+    ids=lambda p: "+".join(sorted(p)) or "none",
+)
 def test_constructor_arguments_merge_key_by_key_the_highest_source_winning(present):
     editor = {"init": {"dim": 1, "only_editor": True}} if "editor" in present else {}
     opts = AnalyzeOptions(models={"Net": model_settings(editor, "models.Net")} if editor else {})
@@ -89,20 +110,25 @@ def test_constructor_arguments_merge_key_by_key_the_highest_source_winning(prese
 PARAM_SOURCES = ["cli", "editor", "pyproject"]
 
 
-@pytest.mark.parametrize("present", [set(c) for n in range(len(PARAM_SOURCES) + 1)
-                                     for c in itertools.combinations(PARAM_SOURCES, n)],
-                         ids=lambda p: "+".join(sorted(p)) or "none")
+@pytest.mark.parametrize(
+    "present",
+    [set(c) for n in range(len(PARAM_SOURCES) + 1) for c in itertools.combinations(PARAM_SOURCES, n)],
+    ids=lambda p: "+".join(sorted(p)) or "none",
+)
 def test_the_weight_dtype_comes_from_the_highest_source_that_gives_one(present):
     dtype = {"cli": "bfloat16", "editor": "float16", "pyproject": "float64"}
-    opts = AnalyzeOptions(param_dtype=dtype["cli"] if "cli" in present else None,
-                          models={"Net": model_settings({"param_dtype": dtype["editor"]}, "models.Net")}
-                          if "editor" in present else {})
+    opts = AnalyzeOptions(
+        param_dtype=dtype["cli"] if "cli" in present else None,
+        models={"Net": model_settings({"param_dtype": dtype["editor"]}, "models.Net")} if "editor" in present else {},
+    )
     table = {"models": {"Net": {"param_dtype": dtype["pyproject"]}}} if "pyproject" in present else {}
     config = resolve_model(NET, opts, table, PYPROJECT)
     winner = next((s for s in PARAM_SOURCES if s in present), None)
     assert config.param_dtype == (dtype[winner] if winner else None)
-    assert config.param_dtype_source == {"cli": "--param-dtype", "editor": "editor settings",
-                                         "pyproject": PYPROJECT_WHERE, None: ""}[winner]
+    assert (
+        config.param_dtype_source
+        == {"cli": "--param-dtype", "editor": "editor settings", "pyproject": PYPROJECT_WHERE, None: ""}[winner]
+    )
 
 
 def test_command_line_inputs_are_for_the_named_class_or_the_outermost_ones():
@@ -121,19 +147,22 @@ def test_dtype_alone_retypes_the_inputs_another_source_gave():
     assert config.inputs_source == f"{PYPROJECT_WHERE} with --dtype"
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"inputs": [[2, 2]], "input": [[3]]}, "unknown key 'input'"),
-    ({"inputs": "big"}, "models.Net.inputs must be a list of shapes"),
-    ({"dtype": "bfloat16"}, "the dtype of `inputs`, which are not given"),
-    ({"inputs": [[2]], "param_dtype": "float33"}, "unknown dtype 'float33'"),
-    ({"inputs": [[2]], "init": [1, 2]}, "init must be a table"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"inputs": [[2, 2]], "input": [[3]]}, "unknown key 'input'"),
+        ({"inputs": "big"}, "models.Net.inputs must be a list of shapes"),
+        ({"dtype": "bfloat16"}, "the dtype of `inputs`, which are not given"),
+        ({"inputs": [[2]], "param_dtype": "float33"}, "unknown dtype 'float33'"),
+        ({"inputs": [[2]], "init": [1, 2]}, "init must be a table"),
+    ],
+)
 def test_a_malformed_entry_is_named_not_half_read(entry, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         model_settings(entry, "models.Net")
 
 
-MODEL = '''
+MODEL = """
 import torch, torch.nn as nn
 
 class Net(nn.Module):  # fuselens: input=(32, 64) init=(dim=64, heads=4)
@@ -147,7 +176,7 @@ class Net(nn.Module):  # fuselens: input=(32, 64) init=(dim=64, heads=4)
         if self.heads == 4:
             return torch.relu(h) * 2 + 1
         return torch.sigmoid(h) - 1
-'''
+"""
 
 
 def test_analysis_and_validation_build_the_same_model(write_model, tmp_path):

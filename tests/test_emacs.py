@@ -27,13 +27,18 @@ LISP = os.path.join(REPO, "editors", "emacs")
 def _has_eglot() -> bool:
     if EMACS is None:
         return False
-    probe = subprocess.run([EMACS, "--batch", "-q", "--eval", "(progn (package-initialize) (require 'eglot))"],
-                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    probe = subprocess.run(
+        [EMACS, "--batch", "-q", "--eval", "(progn (package-initialize) (require 'eglot))"],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _has_eglot(),
-                                reason="emacs with eglot is not installed (Debian: apt-get install -y emacs-nox elpa-eglot)")
+pytestmark = pytest.mark.skipif(
+    not _has_eglot(), reason="emacs with eglot is not installed (Debian: apt-get install -y emacs-nox elpa-eglot)"
+)
 
 
 def _env(home) -> dict:
@@ -42,11 +47,19 @@ def _env(home) -> dict:
 
 def test_config_byte_compiles_without_warnings(tmp_path):
     out = tmp_path / "fuselens-eglot.elc"
-    code = ("(progn (package-initialize) (setq byte-compile-error-on-warn t)"
-            f" (setq byte-compile-dest-file-function (lambda (_) {json.dumps(str(out))}))"
-            f" (unless (byte-compile-file {json.dumps(os.path.join(LISP, 'fuselens-eglot.el'))}) (kill-emacs 1)))")
-    proc = subprocess.run([EMACS, "--batch", "-q", "-L", LISP, "--eval", code], env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    code = (
+        "(progn (package-initialize) (setq byte-compile-error-on-warn t)"
+        f" (setq byte-compile-dest-file-function (lambda (_) {json.dumps(str(out))}))"
+        f" (unless (byte-compile-file {json.dumps(os.path.join(LISP, 'fuselens-eglot.el'))}) (kill-emacs 1)))"
+    )
+    proc = subprocess.run(
+        [EMACS, "--batch", "-q", "-L", LISP, "--eval", code],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0 and out.exists(), proc.stderr
 
 
@@ -59,11 +72,22 @@ def session(tmp_path_factory):
     model = workspace / "example_net.py"
     shutil.copy(example("example_net.py"), model)
     results = tmp / "results.json"
-    env = {**_env(tmp / "home"), "FUSELENS_PYTHON": sys.executable, "FUSELENS_TRUSTED": str(workspace),
-           "FUSELENS_MODEL": str(model), "FUSELENS_RESULTS": str(results)}
-    proc = subprocess.run([EMACS, "--batch", "-q", "-L", LISP, "-l", os.path.join(HERE, "emacs", "test-eglot.el")],
-                          env=env, cwd=workspace, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    env = {
+        **_env(tmp / "home"),
+        "FUSELENS_PYTHON": sys.executable,
+        "FUSELENS_TRUSTED": str(workspace),
+        "FUSELENS_MODEL": str(model),
+        "FUSELENS_RESULTS": str(results),
+    }
+    proc = subprocess.run(
+        [EMACS, "--batch", "-q", "-L", LISP, "-l", os.path.join(HERE, "emacs", "test-eglot.el")],
+        env=env,
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert results.exists(), f"emacs wrote no results (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}"
     data = json.loads(results.read_text())
     data["_output"] = proc.stdout + proc.stderr
@@ -78,8 +102,10 @@ def _steps(session, *names):
 def test_trust_and_settings_in_initialization_options(session):
     _steps(session, "start")
     print("Emacs", session["emacs"], "Eglot", session["eglot"])
-    assert session["initialization-options"] == {"settings": {"severity": "warning", "compareInductor": False},
-                                                 "workspaceTrusted": True}
+    assert session["initialization-options"] == {
+        "settings": {"severity": "warning", "compareInductor": False},
+        "workspaceTrusted": True,
+    }
 
 
 def test_diagnostics_in_flymake(session):

@@ -1,4 +1,4 @@
-"""Every shipped example analyses, and the findings a user relies on are there."""
+"""Every shipped example analyzes, and the findings a user relies on are there."""
 
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def test_example_net_finds_the_three_clusters_with_exact_mappings(analyze):
     assert chains(model) == ["mul → relu → add", "gelu → sigmoid → mul", "tanh → mul → softmax"]
     mb = 2**20
     assert [(c.bytes_unfused, c.bytes_fused) for c in model.clusters] == [
-        (384 * mb, 128 * mb), (192 * mb, 64 * mb), (192 * mb, 64 * mb)]
+        (384 * mb, 128 * mb),
+        (192 * mb, 64 * mb),
+        (192 * mb, 64 * mb),
+    ]
     assert [c.mapping for c in model.clusters] == ["exact"] * 3
     assert [c.lines for c in model.clusters] == [[18, 20], [23, 25], [28, 30]]
     assert [c.regime for c in model.clusters] == ["dram-bound"] * 3
@@ -35,12 +38,12 @@ def test_example_net_finds_the_three_clusters_with_exact_mappings(analyze):
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
-def test_every_example_analyses_and_validates_against_the_schema(reports, name):
+def test_every_example_analyzes_and_validates_against_the_schema(reports, name):
     report = reports[name]
     assert not report.problems
-    analysed = [m for m in report.models if m.status == "analysed"]
-    assert analysed and all(m.clusters for m in analysed)
-    assert all(m.status in ("analysed", "skipped") for m in report.models)
+    analyzed = [m for m in report.models if m.status == "analyzed"]
+    assert analyzed and all(m.clusters for m in analyzed)
+    assert all(m.status in ("analyzed", "skipped") for m in report.models)
     data = json.loads(json.dumps(report.to_dict()))
     validate_report(data)
     assert Report.from_dict(data).to_dict() == data
@@ -49,7 +52,7 @@ def test_every_example_analyses_and_validates_against_the_schema(reports, name):
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
 def test_no_silent_drops_and_no_phantom_traffic(reports, name):
     """Every absorbable op is in exactly one cluster or one rejection; free ops never count."""
-    for model in (m for m in reports[name].models if m.status == "analysed"):
+    for model in (m for m in reports[name].models if m.status == "analyzed"):
         places = {}
         for c in model.clusters:
             for op in c.ops:
@@ -67,14 +70,16 @@ def test_ops_are_accounted_for_in_the_traced_graph():
     """The invariant on the graph itself, for every example (including repeated layers)."""
     from fuselens.analysis import capture, loader
     from fuselens.analysis.detect import detect
-    from fuselens.contracts.config import InputSpec
     from fuselens.codegen.plan import check
+    from fuselens.contracts.config import InputSpec
 
-    cases = [("gpt.py", "GPT", [InputSpec([2, 64], "int64")], {"n_layers": 3}),
-             ("llama_block.py", "LlamaBlock", [InputSpec([1, 32, 1024], "bfloat16")], {}),
-             ("conv_block.py", "ResBlock", [InputSpec([2, 128, 8, 8]), InputSpec([2, 512])], {}),
-             ("branchy.py", "GatedNet", [InputSpec([16, 1024])], {}),
-             ("example_net.py", "ExampleNet", [InputSpec([16, 1024])], {})]
+    cases = [
+        ("gpt.py", "GPT", [InputSpec([2, 64], "int64")], {"n_layers": 3}),
+        ("llama_block.py", "LlamaBlock", [InputSpec([1, 32, 1024], "bfloat16")], {}),
+        ("conv_block.py", "ResBlock", [InputSpec([2, 128, 8, 8]), InputSpec([2, 512])], {}),
+        ("branchy.py", "GatedNet", [InputSpec([16, 1024])], {}),
+        ("example_net.py", "ExampleNet", [InputSpec([16, 1024])], {}),
+    ]
     user = capture.UserCode()
     for file, cls, specs, init in cases:
         module = loader.import_file(example(file), user)
@@ -112,7 +117,7 @@ def test_gpt_reports_repeated_layers_once_with_a_count(reports):
     assert repeated.total_bytes_unfused == repeated.bytes_unfused * 12
     assert len(set(repeated.instances)) == 12
     skipped = {m.name: m for m in reports["gpt.py"].models if m.status == "skipped"}
-    assert "analysed inside GPT" in " ".join(skipped["Block"].notes)
+    assert "analyzed inside GPT" in " ".join(skipped["Block"].notes)
 
 
 def test_branchy_model_reports_the_break_and_clusters_from_both_pieces(reports):
@@ -137,4 +142,5 @@ def test_conv_block_fuses_groupnorm_with_silu_and_the_broadcast_add(reports):
 
 def test_shipped_schema_matches_the_report_dataclasses():
     assert load_schema() == generate_schema(), (
-        "regenerate: python -m fuselens.contracts.schema > contracts/report.schema.json")
+        "regenerate: python -m fuselens.contracts.schema > contracts/report.schema.json"
+    )

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fuselens.contracts.config import InputSpec
-from fuselens.contracts.options import ValidateOptions
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.validate import validate_file
-from fuselens.contracts.options import AnalyzeOptions
 
 from conftest import example
 
@@ -23,14 +22,14 @@ CASES = [  # example, class, inputs, constructor kwargs, param dtype
 ]
 
 
-@pytest.mark.parametrize("name, cls, specs, init, param_dtype", CASES,
-                         ids=[f"{c[0]}-{c[2][0].dtype}" for c in CASES])
+@pytest.mark.parametrize("name, cls, specs, init, param_dtype", CASES, ids=[f"{c[0]}-{c[2][0].dtype}" for c in CASES])
 def test_kernels_match_eager_on_cuda(name, cls, specs, init, param_dtype):
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init}
     if param_dtype:
         config["param_dtype"] = param_dtype
-    report = validate_file(example(name), AnalyzeOptions(models={cls: config}),
-                           ValidateOptions(shapes=specs, benchmark=False))
+    report = validate_file(
+        example(name), AnalyzeOptions(models={cls: config}), ValidateOptions(shapes=specs, benchmark=False)
+    )
     assert report.mode == "cuda" and not report.problems, report.problems
     (model,) = report.models
     assert model.clusters
@@ -43,9 +42,11 @@ def test_kernels_match_eager_on_cuda(name, cls, specs, init, param_dtype):
 
 def test_fused_kernels_beat_eager_when_dram_bound():
     specs = [InputSpec([16384, 1024])]
-    report = validate_file(example("example_net.py"),
-                           AnalyzeOptions(models={"ExampleNet": {"inputs": [[16384, 1024]]}}),
-                           ValidateOptions(shapes=specs, benchmark=True))
+    report = validate_file(
+        example("example_net.py"),
+        AnalyzeOptions(models={"ExampleNet": {"inputs": [[16384, 1024]]}}),
+        ValidateOptions(shapes=specs, benchmark=True),
+    )
     (model,) = report.models
     for check in model.clusters:
         t = check.timing
@@ -78,8 +79,9 @@ def test_looped_row_kernels_match_eager_on_cuda(write_model):
     """Rows too wide for registers: online softmax and shifted-sum variance, compiled for the GPU."""
     specs = [InputSpec([64, 20000]), InputSpec([8, 16, 64, 80])]
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs]}
-    report = validate_file(write_model(WIDE_ROWS), AnalyzeOptions(models={"Wide": config}),
-                           ValidateOptions(shapes=specs, benchmark=False))
+    report = validate_file(
+        write_model(WIDE_ROWS), AnalyzeOptions(models={"Wide": config}), ValidateOptions(shapes=specs, benchmark=False)
+    )
     assert report.mode == "cuda" and not report.problems, report.problems
     (model,) = report.models
     verified = [c for c in model.clusters if c.status == "verified"]

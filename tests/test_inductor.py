@@ -19,8 +19,15 @@ import torch.utils._triton
 
 from fuselens.analysis.inductor import capture_inductor
 from fuselens.analysis.inductor_compare import compare_with_inductor
-from fuselens.contracts.inductor import (STATUSES, AtenOp, InductorCapture, InductorComparison, InductorGraph,
-                                         InductorKernel, InductorOp)
+from fuselens.contracts.inductor import (
+    STATUSES,
+    AtenOp,
+    InductorCapture,
+    InductorComparison,
+    InductorGraph,
+    InductorKernel,
+    InductorOp,
+)
 from fuselens.contracts.plain import from_plain
 from fuselens.contracts.report import Boundary, Cluster, Model, OpRef, Rejection
 
@@ -32,14 +39,19 @@ F = "/models/net.py"
 # ---- the comparison rules, on hand-built captures ------------------------------------------
 
 
-def _capture(ops: list[tuple], kernels: dict[str, list[str]], unattributed: dict[str, int] | None = None,
-             aten: dict[str, list[tuple[str, str, str]]] | None = None):
+def _capture(
+    ops: list[tuple],
+    kernels: dict[str, list[str]],
+    unattributed: dict[str, int] | None = None,
+    aten: dict[str, list[tuple[str, str, str]]] | None = None,
+):
     """ops: (name, op, line, producers); kernels: id -> op names, in one graph.
 
     aten: kernel id -> (node name, target, user op) computed there; by default each user op
     lowers to one aten node of its own name (so an op in two kernels is a recomputation)."""
-    graph_ops = [InductorOp(name, op, f"torch.{op}", F, line, False, list(producers))
-                 for name, op, line, producers in ops]
+    graph_ops = [
+        InductorOp(name, op, f"torch.{op}", F, line, False, list(producers)) for name, op, line, producers in ops
+    ]
     by_name = {o.name: o for o in graph_ops}
     graph_kernels = []
     for kid, names in kernels.items():
@@ -48,8 +60,20 @@ def _capture(ops: list[tuple], kernels: dict[str, list[str]], unattributed: dict
         lines = sorted({by_name[n].line for n in names})
         nodes = (aten or {}).get(kid) or [(n, f"aten.{by_name[n].op}.default", n) for n in names]
         aten_ops = [AtenOp(node, target, F, by_name[user].line, [user]) for node, target, user in nodes]
-        graph_kernels.append(InductorKernel(kid, f"triton_{kid}", "pointwise", 0, aten_ops, list(names),
-                                            [[F, ln] for ln in lines], "", [], (unattributed or {}).get(kid, 0)))
+        graph_kernels.append(
+            InductorKernel(
+                kid,
+                f"triton_{kid}",
+                "pointwise",
+                0,
+                aten_ops,
+                list(names),
+                [[F, ln] for ln in lines],
+                "",
+                [],
+                (unattributed or {}).get(kid, 0),
+            )
+        )
     return InductorCapture("cpu", "triton-cpu", True, "test", [InductorGraph(0, graph_ops, graph_kernels)])
 
 
@@ -59,8 +83,22 @@ def _op(target: str, line: int) -> OpRef:
 
 def _cluster(cid: str, *ops: tuple[str, int], boundaries=()) -> Cluster:
     lines = [o[1] for o in ops]
-    return Cluster(cid, "elementwise", [_op(t, ln) for t, ln in ops], [], [], F, [min(lines), max(lines)], "forward",
-                   "exact", "", None, None, None, boundaries=list(boundaries))
+    return Cluster(
+        cid,
+        "elementwise",
+        [_op(t, ln) for t, ln in ops],
+        [],
+        [],
+        F,
+        [min(lines), max(lines)],
+        "forward",
+        "exact",
+        "",
+        None,
+        None,
+        None,
+        boundaries=list(boundaries),
+    )
 
 
 def _rejection(target: str, line: int, reason: str, detail: str = "") -> Rejection:
@@ -68,7 +106,7 @@ def _rejection(target: str, line: int, reason: str, detail: str = "") -> Rejecti
 
 
 def _model(*clusters, rejections=()) -> Model:
-    return Model("Net", F, 1, "analysed", clusters=list(clusters), rejections=list(rejections))
+    return Model("Net", F, 1, "analyzed", clusters=list(clusters), rejections=list(rejections))
 
 
 def _status(result, cid: str) -> str:
@@ -79,8 +117,9 @@ CHAIN = [("a", "mul", 10, []), ("b", "relu", 11, ["a"]), ("c", "sum", 12, ["b"])
 
 
 def test_one_kernel_with_exactly_the_clusters_ops_agrees():
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11))),
-                                   _capture(CHAIN, {"k1": ["a", "b"], "k2": ["c"], "k3": ["d"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("mul", 10), ("relu", 11))), _capture(CHAIN, {"k1": ["a", "b"], "k2": ["c"], "k3": ["d"]})
+    )
     (c0,) = result.clusters
     assert c0.status == "agree"
     assert [s.kernel for s in c0.instances[0].kernels] == ["k1"]
@@ -91,8 +130,10 @@ def test_one_kernel_with_exactly_the_clusters_ops_agrees():
 
 def test_a_wider_kernel_names_what_it_absorbed_and_why_we_left_it_out():
     rejected = _rejection("sum", 12, "reduction", "sum reduces dim 0")
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=[rejected]),
-                                   _capture(CHAIN, {"k1": ["a", "b", "c"], "k3": ["d"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=[rejected]),
+        _capture(CHAIN, {"k1": ["a", "b", "c"], "k3": ["d"]}),
+    )
     (c0,) = result.clusters
     assert c0.status == "inductor-wider"
     (absorbed,) = c0.instances[0].kernels[0].absorbed
@@ -105,18 +146,23 @@ def test_a_boundary_on_the_cluster_explains_an_absorbed_op_before_model_rejectio
     rejected = _rejection("sum", 12, "reduction")
     result = compare_with_inductor(
         _model(_cluster("c0", ("mul", 10), ("relu", 11), boundaries=[boundary]), rejections=[rejected]),
-        _capture(CHAIN, {"k1": ["a", "b", "c"]}))
+        _capture(CHAIN, {"k1": ["a", "b", "c"]}),
+    )
     assert result.clusters[0].instances[0].kernels[0].absorbed[0].reason == "shape"
 
 
 def test_a_kernel_computing_part_of_an_op_names_the_part_and_recomputation_is_told_apart():
     # On CUDA a Linear's bias add joins the next pointwise kernel; the GEMM stays a library call.
     ops = [("l", "linear", 22, []), ("g", "gelu", 23, ["l"]), ("m", "mul", 24, ["g"]), ("t", "tanh", 25, ["m"])]
-    aten = {"k1": [("mm", "aten.mm.default", "l")],
-            "k2": [("add", "aten.add.Tensor", "l"), ("gelu", "aten.gelu.default", "g"), ("mul", "aten.mul.Tensor", "m")],
-            "k3": [("mul", "aten.mul.Tensor", "m"), ("tanh", "aten.tanh.default", "t")]}
-    result = compare_with_inductor(_model(_cluster("c0", ("gelu", 23), ("mul", 24))),
-                                   _capture(ops, {"k1": ["l"], "k2": ["l", "g", "m"], "k3": ["m", "t"]}, aten=aten))
+    aten = {
+        "k1": [("mm", "aten.mm.default", "l")],
+        "k2": [("add", "aten.add.Tensor", "l"), ("gelu", "aten.gelu.default", "g"), ("mul", "aten.mul.Tensor", "m")],
+        "k3": [("mul", "aten.mul.Tensor", "m"), ("tanh", "aten.tanh.default", "t")],
+    }
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("gelu", 23), ("mul", 24))),
+        _capture(ops, {"k1": ["l"], "k2": ["l", "g", "m"], "k3": ["m", "t"]}, aten=aten),
+    )
     (c0,) = result.clusters
     assert c0.status == "inductor-wider"
     (linear,) = c0.instances[0].kernels[0].absorbed
@@ -126,8 +172,9 @@ def test_a_kernel_computing_part_of_an_op_names_the_part_and_recomputation_is_to
 
 
 def test_splits_list_each_kernel_with_the_lines_it_covers():
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11), ("sum", 12))),
-                                   _capture(CHAIN, {"k1": ["a", "b"], "k2": ["c"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("mul", 10), ("relu", 11), ("sum", 12))), _capture(CHAIN, {"k1": ["a", "b"], "k2": ["c"]})
+    )
     (c0,) = result.clusters
     assert c0.status == "inductor-splits"
     assert [(s.kernel, s.lines) for s in c0.instances[0].kernels] == [("k1", [10, 11]), ("k2", [12])]
@@ -135,14 +182,16 @@ def test_splits_list_each_kernel_with_the_lines_it_covers():
 
 
 def test_misses_when_no_kernel_holds_two_of_its_ops():
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11))),
-                                   _capture(CHAIN, {"k1": ["a"], "k2": ["b"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("mul", 10), ("relu", 11))), _capture(CHAIN, {"k1": ["a"], "k2": ["b"]})
+    )
     assert _status(result, "c0") == "inductor-misses"
 
 
 def test_a_cluster_whose_ops_inductor_never_saw_is_not_found():
-    result = compare_with_inductor(_model(_cluster("c0", ("tanh", 40), ("mul", 41))),
-                                   _capture(CHAIN, {"k1": ["a", "b"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("tanh", 40), ("mul", 41))), _capture(CHAIN, {"k1": ["a", "b"]})
+    )
     assert _status(result, "c0") == "not-found"
     assert [o.line for o in result.clusters[0].not_found] == [40, 41]
 
@@ -150,16 +199,23 @@ def test_a_cluster_whose_ops_inductor_never_saw_is_not_found():
 def test_the_op_name_breaks_ties_between_ops_on_one_line():
     # `F.softmax(x * 2.0)`: mul and softmax share line 20; Inductor fused softmax with tanh only.
     ops = [("a", "mul", 20, []), ("b", "softmax", 20, ["a"]), ("c", "tanh", 21, ["b"])]
-    result = compare_with_inductor(_model(_cluster("c0", ("softmax", 20), ("tanh", 21))),
-                                   _capture(ops, {"k1": ["a"], "k2": ["b", "c"]}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("softmax", 20), ("tanh", 21))), _capture(ops, {"k1": ["a"], "k2": ["b", "c"]})
+    )
     (c0,) = result.clusters
     assert c0.status == "agree"  # matched by line alone, the mul in k1 would have made it a split
     assert not c0.by_line_only
 
 
 def test_repeated_layers_are_told_apart_by_data_edges():
-    ops = [("e", "embedding", 5, []), ("a0", "add", 30, ["e"]), ("n0", "layer_norm", 31, ["a0"]),
-           ("l0", "linear", 32, ["n0"]), ("a1", "add", 30, ["l0", "a0"]), ("n1", "layer_norm", 31, ["a1"])]
+    ops = [
+        ("e", "embedding", 5, []),
+        ("a0", "add", 30, ["e"]),
+        ("n0", "layer_norm", 31, ["a0"]),
+        ("l0", "linear", 32, ["n0"]),
+        ("a1", "add", 30, ["l0", "a0"]),
+        ("n1", "layer_norm", 31, ["a1"]),
+    ]
     model = _model(_cluster("c0", ("add", 30), ("layer_norm", 31)))
     same = compare_with_inductor(model, _capture(ops, {"k1": ["a0", "n0"], "k2": ["l0"], "k3": ["a1", "n1"]}))
     assert [i.status for i in same.clusters[0].instances] == ["agree", "agree"]
@@ -171,8 +227,14 @@ def test_repeated_layers_are_told_apart_by_data_edges():
 
 def test_a_larger_cluster_takes_the_occurrence_of_lines_it_contains():
     # RMSNorm's lines (20, 21) run twice; the second time inside "residual add + RMSNorm".
-    ops = [("p0", "pow", 20, []), ("m0", "mul", 21, ["p0"]), ("g", "linear", 30, ["m0"]),
-           ("r", "add", 40, ["g"]), ("p1", "pow", 20, ["r"]), ("m1", "mul", 21, ["p1", "r"])]
+    ops = [
+        ("p0", "pow", 20, []),
+        ("m0", "mul", 21, ["p0"]),
+        ("g", "linear", 30, ["m0"]),
+        ("r", "add", 40, ["g"]),
+        ("p1", "pow", 20, ["r"]),
+        ("m1", "mul", 21, ["p1", "r"]),
+    ]
     model = _model(_cluster("norm", ("pow", 20), ("mul", 21)), _cluster("res", ("add", 40), ("pow", 20), ("mul", 21)))
     result = compare_with_inductor(model, _capture(ops, {"k1": ["p0", "m0"], "k2": ["g"], "k3": ["r", "p1", "m1"]}))
     norm, res = result.clusters
@@ -181,17 +243,23 @@ def test_a_larger_cluster_takes_the_occurrence_of_lines_it_contains():
 
 
 def test_fusions_matching_no_cluster_are_listed_with_our_reasons():
-    ops = CHAIN + [("e", "exp", 50, ["d"]), ("f", "softmax", 50, ["e"])]
+    ops = [*CHAIN, ("e", "exp", 50, ["d"]), ("f", "softmax", 50, ["e"])]
     rejected = [_rejection("softmax", 50, "reduction", "dim 0"), _rejection("exp", 50, "no-neighbour")]
-    result = compare_with_inductor(_model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=rejected),
-                                   _capture(ops, {"k1": ["a", "b"], "k2": ["c"], "k3": ["d"], "k4": ["e", "f"],
-                                                  "k5": []}, unattributed={"k5": 3}))
+    result = compare_with_inductor(
+        _model(_cluster("c0", ("mul", 10), ("relu", 11)), rejections=rejected),
+        _capture(ops, {"k1": ["a", "b"], "k2": ["c"], "k3": ["d"], "k4": ["e", "f"], "k5": []}, unattributed={"k5": 3}),
+    )
     (unmatched,) = result.unmatched
     assert unmatched.kernel == "k4"
     assert [(o.op, o.reason) for o in unmatched.ops] == [("exp", "no-neighbour"), ("softmax", "reduction")]
     roles = {k.kernel: k.role for k in result.kernels}
-    assert roles == {"k1": "cluster", "k2": "single-op", "k3": "single-op", "k4": "unmatched-fusion",
-                     "k5": "unattributed"}
+    assert roles == {
+        "k1": "cluster",
+        "k2": "single-op",
+        "k3": "single-op",
+        "k4": "unmatched-fusion",
+        "k5": "unattributed",
+    }
 
 
 def test_the_result_is_plain_json_and_the_module_needs_no_torch():
@@ -215,7 +283,7 @@ def _load(path: str):
     return module
 
 
-def _analyse_and_capture(analyze, path: str, cls: str, init: dict, shape: list[int], dtype: str):
+def _analyze_and_capture(analyze, path: str, cls: str, init: dict, shape: list[int], dtype: str):
     report = analyze(path, model_class=cls, models={cls: {"init": init, "inputs": [shape], "dtype": dtype}})
     model = only_model(report, cls)
     net = getattr(_load(path), cls)(**init)
@@ -306,8 +374,9 @@ def test_without_the_pattern_matcher_provenance_is_exact_and_the_kernels_are_the
 def test_a_second_capture_compiles_afresh_and_finds_the_same_kernels(example_net):
     _, net, capture = example_net
     again = capture_inductor(net, [torch.randn(64, 1024)])
-    assert [(k.id, k.name, k.user_ops) for k in again.kernels()] == [(k.id, k.name, k.user_ops)
-                                                                     for k in capture.kernels()]
+    assert [(k.id, k.name, k.user_ops) for k in again.kernels()] == [
+        (k.id, k.name, k.user_ops) for k in capture.kernels()
+    ]
     assert all(k.aten_ops for k in again.kernels())  # provenance was emitted again, not skipped by a cache
 
 
@@ -366,16 +435,20 @@ def test_capture_leaves_no_global_state_changed_even_when_it_fails(tmp_path):
     # A fresh interpreter, so that a leak from an earlier capture in this process cannot hide one.
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "user-inductor-cache"))
     env.pop("TRITON_INTERPRET", None)
-    run = subprocess.run([sys.executable, "-c", ISOLATION_CHECK], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", ISOLATION_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "isolated" in run.stdout, run.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_llama_block_every_inductor_kernel_is_accounted_for(analyze):
-    model, capture, result = _analyse_and_capture(
-        analyze, example("llama_block.py"), "LlamaBlock", {"dim": 64, "n_heads": 4, "hidden": 128, "max_len": 64},
-        [2, 16, 64], "float32")
+    model, capture, result = _analyze_and_capture(
+        analyze,
+        example("llama_block.py"),
+        "LlamaBlock",
+        {"dim": 64, "n_heads": 4, "hidden": 128, "max_len": 64},
+        [2, 16, 64],
+        "float32",
+    )
     _assert_every_kernel_accounted_for(capture, result)
     assert {c.status for c in result.clusters} <= set(STATUSES) - {"not-found"}
     by_id = {c.id: c for c in model.clusters}
@@ -386,10 +459,10 @@ def test_llama_block_every_inductor_kernel_is_accounted_for(analyze):
 @pytest.mark.slow
 def test_gpt_every_inductor_kernel_is_accounted_for_and_repeated_blocks_are_instances(analyze):
     init = {"vocab": 128, "max_len": 32, "d_model": 64, "n_heads": 4, "n_layers": 2, "dropout": 0.0}
-    model, capture, result = _analyse_and_capture(analyze, example("gpt.py"), "GPT", init, [2, 16], "int64")
+    model, capture, result = _analyze_and_capture(analyze, example("gpt.py"), "GPT", init, [2, 16], "int64")
     _assert_every_kernel_accounted_for(capture, result)
     assert all(c.status != "not-found" for c in result.clusters)
-    for cluster, comparison in zip(model.clusters, result.clusters):
+    for cluster, comparison in zip(model.clusters, result.clusters, strict=True):
         assert len(comparison.instances) == cluster.multiplicity, cluster.op_chain
     extern = [k for k in capture.kernels() if k.kind == "extern"]
     assert len(extern) == 2 * 5 + 1  # per block: qkv, attention, proj, fc, out; then the head
@@ -407,7 +480,7 @@ def test_meta_models_and_meta_inputs_are_materialised_small(analyze):
     assert all(p.is_meta for p in meta_model.parameters())  # the caller's model is untouched
 
 
-COLUMN_SUM = '''
+COLUMN_SUM = """
     import torch
     import torch.nn as nn
 
@@ -425,7 +498,7 @@ COLUMN_SUM = '''
             a = h.sum(dim=-1, keepdim=True)
             b = h.amax(dim=0, keepdim=True)
             return h - a - b
-'''
+"""
 
 
 @pytest.mark.slow
@@ -463,7 +536,7 @@ def test_a_graph_break_gives_two_graphs_and_the_branch_not_taken_is_not_found(an
     capture = capture_inductor(_load(path).GatedNet(), [torch.randn(64, 1024)])
     assert len(capture.graphs) == 2 and any("graph break" in note for note in capture.notes)
     result = compare_with_inductor(model, capture)
-    status = {c.op_chain: s.status for c, s in zip(model.clusters, result.clusters)}
+    status = {c.op_chain: s.status for c, s in zip(model.clusters, result.clusters, strict=True)}
     branches = [status["sigmoid → mul"], status["tanh → mul"]]  # which one runs depends on the weights
     assert sorted(branches) == ["agree", "not-found"]
     assert status["clamp → mul"] == "agree"  # after the break, in the second graph

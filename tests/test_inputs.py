@@ -8,7 +8,7 @@ from fuselens.contracts.config import ConfigError, from_cli, from_comment
 
 from conftest import only_model
 
-MODEL = '''
+MODEL = """
 import torch, torch.nn as nn
 
 class Net(nn.Module):{comment}
@@ -19,7 +19,7 @@ class Net(nn.Module):{comment}
     def forward(self, x):
         return torch.relu(self.proj(x)) * 2
 {extra}
-'''
+"""
 
 
 def write(write_model, tmp_path, comment="", extra="", pyproject=None):
@@ -36,8 +36,12 @@ def test_inline_comment(write_model, tmp_path, analyze):
 
 
 def test_pyproject_beats_the_comment_and_the_cli_beats_both(write_model, tmp_path, analyze):
-    path = write(write_model, tmp_path, comment="  # fuselens: input=(32, 8) float16",
-                 pyproject='[tool.fuselens.models.Net]\ninputs = [[64, 8]]\ndtype = "bfloat16"\n')
+    path = write(
+        write_model,
+        tmp_path,
+        comment="  # fuselens: input=(32, 8) float16",
+        pyproject='[tool.fuselens.models.Net]\ninputs = [[64, 8]]\ndtype = "bfloat16"\n',
+    )
     model = only_model(analyze(path))
     assert [(i.shape, i.dtype) for i in model.inputs] == [([64, 8], "bfloat16")]
     model = only_model(analyze(path, input_shapes=["16,8"], dtypes=["float32"]))
@@ -46,8 +50,11 @@ def test_pyproject_beats_the_comment_and_the_cli_beats_both(write_model, tmp_pat
 
 
 def test_example_inputs_classmethod_and_module_function(write_model, tmp_path, analyze):
-    path = write(write_model, tmp_path, extra="    @classmethod\n    def example_inputs(cls):\n"
-                                              "        return (torch.randn(1 << 20, 8),)\n")
+    path = write(
+        write_model,
+        tmp_path,
+        extra="    @classmethod\n    def example_inputs(cls):\n        return (torch.randn(1 << 20, 8),)\n",
+    )
     model = only_model(analyze(path))
     assert model.inputs[0].shape == [1 << 20, 8]  # built on meta: no 32 MB allocated
     path = write(write_model, tmp_path, extra="def example_inputs():\n    return {'Net': (torch.randn(4, 8),)}\n")
@@ -62,7 +69,7 @@ def test_without_inputs_the_model_is_skipped_with_a_hint(write_model, tmp_path, 
 
 
 def test_constructor_arguments_are_asked_for_by_name(write_model, tmp_path, analyze):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn
 
         class Net(nn.Module):  # fuselens: input=(4, 8)
@@ -72,7 +79,7 @@ def test_constructor_arguments_are_asked_for_by_name(write_model, tmp_path, anal
 
             def forward(self, x):
                 return torch.relu(self.proj(x)) * 2
-    ''')
+    """)
     (model,) = analyze(path).models
     assert model.status == "error" and model.problem.kind == "construct"
     assert "width, depth" in model.problem.message and model.problem.line == 3
@@ -84,7 +91,7 @@ def test_constructor_arguments_are_asked_for_by_name(write_model, tmp_path, anal
 
 
 def test_models_are_put_in_eval_mode(write_model, tmp_path, analyze):
-    path = write_model('''
+    path = write_model("""
         import torch, torch.nn as nn
 
         class Net(nn.Module):  # fuselens: input=(4, 8)
@@ -94,16 +101,19 @@ def test_models_are_put_in_eval_mode(write_model, tmp_path, analyze):
 
             def forward(self, x):
                 return self.drop(torch.relu(x)) * 2
-    ''')
+    """)
     model = only_model(analyze(path))
     assert [c.op_chain for c in model.clusters] == ["relu → mul"]  # dropout is the identity
 
 
-@pytest.mark.parametrize("text, message", [
-    ("# fuselens: input=(4, x) float32", "must be integers"),
-    ("# fuselens: input=(4, 8) float33", "unknown dtype 'float33'"),
-    ("# fuselens: init=(width=open('f'))", "must be a literal"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("# fuselens: input=(4, x) float32", "must be integers"),
+        ("# fuselens: input=(4, 8) float33", "unknown dtype 'float33'"),
+        ("# fuselens: init=(width=open('f'))", "must be a literal"),
+    ],
+)
 def test_malformed_inline_specs_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         from_comment(text, "line 3")

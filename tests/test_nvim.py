@@ -48,9 +48,23 @@ def run_nvim(tmp_path, mode: str, trusted: bool) -> dict:
         "FUSELENS_MODE": mode,
     }
     proc = subprocess.run(
-        [NVIM, "--headless", "-i", "NONE", "-u", os.path.join(HERE, "nvim", "init.lua"),
-         "-c", f"luafile {os.path.join(HERE, 'nvim', 'test_script.lua')}"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        [
+            NVIM,
+            "--headless",
+            "-i",
+            "NONE",
+            "-u",
+            os.path.join(HERE, "nvim", "init.lua"),
+            "-c",
+            f"luafile {os.path.join(HERE, 'nvim', 'test_script.lua')}",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert results.exists(), f"nvim wrote no results (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}"
     data = json.loads(results.read_text())
     data["_workspace"] = str(workspace)
@@ -134,7 +148,7 @@ def test_quick_fix_through_code_action(session):
     assert session["module_on_disk_before_save"] is True
 
 
-def test_untrusted_folder_is_not_analysed(tmp_path):
+def test_untrusted_folder_is_not_analyzed(tmp_path):
     data = run_nvim(tmp_path, "untrusted", trusted=False)
     _no_errors(data, "open", "no analysis")
     assert data.get("workspace_trusted") is None, "not listed means 'not said', never 'trusted'"

@@ -13,8 +13,12 @@ def names(graph) -> list[str]:
 
 def rmsnorm(b: Builder, x: int, weight: bool = True) -> int:
     sq = b.op("pow", x, 2.0)
-    mean = b.op("mean", sq, shape=b.graph[x].meta.shape[:-1] + (1,), params={"dims": [len(b.graph[x].meta.shape) - 1],
-                                                                            "keepdim": True})
+    mean = b.op(
+        "mean",
+        sq,
+        shape=(*b.graph[x].meta.shape[:-1], 1),
+        params={"dims": [len(b.graph[x].meta.shape) - 1], "keepdim": True},
+    )
     eps = b.op("add", mean, 1e-6)
     inv = b.op("rsqrt", eps)
     y = b.op("mul", x, inv)

@@ -34,8 +34,9 @@ def prepare(root: str) -> None:
         fh.write(example_text())
 
 
-client = server_fixture(init_options={"workspaceTrusted": True, "settings": {"worker": {"memoryMb": MEMORY_MB}}},
-                        prepare=prepare)
+client = server_fixture(
+    init_options={"workspaceTrusted": True, "settings": {"worker": {"memoryMb": MEMORY_MB}}}, prepare=prepare
+)
 
 
 def files_outside(root: str) -> set[str]:
@@ -54,8 +55,10 @@ def inside(path: str, root: str) -> bool:
 
 def uris_in(action: lsp.CodeAction) -> list[str]:
     """Every URI an action would touch: its document changes, plain changes and command arguments."""
-    uris = [c.uri if isinstance(c, (lsp.CreateFile, lsp.RenameFile, lsp.DeleteFile)) else c.text_document.uri
-            for c in action.edit.document_changes or []]
+    uris = [
+        c.uri if isinstance(c, (lsp.CreateFile, lsp.RenameFile, lsp.DeleteFile)) else c.text_document.uri
+        for c in action.edit.document_changes or []
+    ]
     uris += list(action.edit.changes or {})
     if action.command:
         uris += [a for a in action.command.arguments or [] if isinstance(a, str) and ":" in a]
@@ -83,14 +86,17 @@ async def test_generated_files_stay_inside_the_workspace(client: Client):
 
 
 async def test_a_model_outside_the_workspace_gets_no_files_beside_it(client: Client):
-    """A file opened from outside the workspace folder: analysed (the editor's trust covers its
+    """A file opened from outside the workspace folder: analyzed (the editor's trust covers its
     window), its views go to the workspace's .fuselens, and no quick fix would write beside it."""
     before = files_outside(client.root)
     stray = os.path.join(outside_folder(client.root), "stray_model.py")
     uri = uri_of(stray)
     client.texts[uri], client.versions[uri] = example_text(), 1
-    client.text_document_did_open(lsp.DidOpenTextDocumentParams(
-        lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=example_text())))
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(
+            lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=example_text())
+        )
+    )
     assert len(fusable(await client.diagnostics_of(uri, 1))) == 3
 
     shown = await client.command("fuselens.showKernel", uri)
@@ -128,8 +134,10 @@ async def test_nothing_in_a_comment_is_evaluated(client: Client, tmp_path):
     payload = f"__import__('os').system('touch {marker}')"
     cases = {
         "iso_eval_input.py": (f"# fuselens: input=({payload},)", "must be integers like 16384,1024"),
-        "iso_eval_init.py": (f"# fuselens: input=(8, 1024) init=(width={payload})",
-                             "init value for 'width' must be a literal"),
+        "iso_eval_init.py": (
+            f"# fuselens: input=(8, 1024) init=(width={payload})",
+            "init value for 'width' must be a literal",
+        ),
         "iso_eval_dtype.py": (f"# fuselens: input=(8, 1024) {payload}", "unknown dtype '__import__'"),
     }
     for name, (comment, words) in cases.items():
@@ -150,8 +158,9 @@ async def test_the_worker_runs_under_a_memory_limit(client: Client, figures):
     import resource
 
     out = os.path.join(client.root, "rlimit_as.txt")
-    text = replace_line(example_text(), 9, f"import resource; open({out!r}, 'w').write(repr(resource.getrlimit("
-                                           "resource.RLIMIT_AS)))")
+    text = replace_line(
+        example_text(), 9, f"import resource; open({out!r}, 'w').write(repr(resource.getrlimit(resource.RLIMIT_AS)))"
+    )
     with open(f"/proc/{worker_host(client)}/statm") as fh:
         host_mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     uri = client.open("iso_rlimit.py", text)

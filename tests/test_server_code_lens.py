@@ -1,4 +1,4 @@
-"""Language server, code lenses: a summary over each analysed model class, with its commands."""
+"""Language server, code lenses: a summary over each analyzed model class, with its commands."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ async def test_lenses_on_the_model_class_line(client: Client):
     await client.diagnostics_of(uri, 1)
     lenses = await client.code_lenses(uri)
     assert [lens.command.title for lens in lenses] == [
-        "3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable", "Validate all", "Show kernels"]
+        "3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable",
+        "Validate all",
+        "Show kernels",
+    ]
     line = example_text().split("\n")[MODEL_LINE - 1]
     for lens in lenses:
         assert lens.range == lsp.Range(lsp.Position(MODEL_LINE - 1, 0), lsp.Position(MODEL_LINE - 1, len(line)))
@@ -27,24 +30,31 @@ async def test_lenses_on_the_model_class_line(client: Client):
     assert summary.command == "fuselens.showKernel"
     # The lens commands are the server's own.
     assert {c.command for c in (summary, validate, show)} <= set(
-        client.init_result.capabilities.execute_command_provider.commands)
+        client.init_result.capabilities.execute_command_provider.commands
+    )
     result = await client.command(show.command, *show.arguments)
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
 
 
 async def test_one_set_of_lenses_per_model(client: Client):
     second = example_text().split("\n")[10:]  # the class, once more, under another name
-    text = example_text() + "\n\n" + "\n".join(second).replace("ExampleNet", "OtherNet").replace(
-        "input=(16384, 1024)", "input=(4096, 1024)")
+    text = (
+        example_text()
+        + "\n\n"
+        + "\n".join(second).replace("ExampleNet", "OtherNet").replace("input=(16384, 1024)", "input=(4096, 1024)")
+    )
     uri = client.open("lens_two_models.py", text)
     await client.diagnostics_of(uri, 1)
     lenses = await client.code_lenses(uri)
     other = text.split("\n").index("class OtherNet(nn.Module):  # fuselens: input=(4096, 1024) float32")
     assert [(lens.range.start.line, lens.command.title) for lens in lenses] == [
         (MODEL_LINE - 1, "3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable"),
-        (MODEL_LINE - 1, "Validate all"), (MODEL_LINE - 1, "Show kernels"),
+        (MODEL_LINE - 1, "Validate all"),
+        (MODEL_LINE - 1, "Show kernels"),
         (other, "3 fusable clusters · 128 MB of 192 MB avoidable · 3 applicable"),
-        (other, "Validate all"), (other, "Show kernels")]
+        (other, "Validate all"),
+        (other, "Show kernels"),
+    ]
     assert [list(lens.command.arguments)[1] for lens in lenses] == ["ExampleNet"] * 3 + ["OtherNet"] * 3
 
 

@@ -8,12 +8,12 @@ import pytest
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 
-from lsp_helpers import INTERPRET, Client, analysed_fixture, example_text, server_fixture, uri_of
+from lsp_helpers import INTERPRET, Client, analyzed_fixture, example_text, server_fixture, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 client = server_fixture()
-analysed = analysed_fixture()
+analyzed = analyzed_fixture()
 
 
 def statuses(result: dict) -> dict[str, str]:
@@ -21,22 +21,28 @@ def statuses(result: dict) -> dict[str, str]:
 
 
 def progress_kinds(client: Client, since: set) -> list[list[str]]:
-    return [[type(v).__name__ for v in values] for token, values in client.progress_reports.items()
-            if token not in since]
+    return [
+        [type(v).__name__ for v in values] for token, values in client.progress_reports.items() if token not in since
+    ]
 
 
 async def test_the_server_advertises_its_commands(client: Client):
     commands = client.init_result.capabilities.execute_command_provider.commands
-    assert {"fuselens.analyze", "fuselens.validateKernel", "fuselens.validateAll", "fuselens.showKernel",
-            "fuselens.writeKernelModule"} <= set(commands)
+    assert {
+        "fuselens.analyze",
+        "fuselens.validateKernel",
+        "fuselens.validateAll",
+        "fuselens.showKernel",
+        "fuselens.writeKernelModule",
+    } <= set(commands)
 
 
-async def test_validate_without_a_gpu_offers_the_interpreter(client: Client, analysed: str):
+async def test_validate_without_a_gpu_offers_the_interpreter(client: Client, analyzed: str):
     """No CUDA here: the server says so and asks; answering runs the kernel in the Triton interpreter."""
     client.answer = lambda params: INTERPRET if INTERPRET in [a.title for a in params.actions or []] else None
     asked, told, tokens = len(client.message_requests), len(client.messages), set(client.progress_reports)
 
-    result = await client.command("fuselens.validateKernel", analysed, "c0")
+    result = await client.command("fuselens.validateKernel", analyzed, "c0")
 
     (request,) = client.message_requests[asked:]
     assert "no CUDA device" in request.message and [a.title for a in request.actions] == [INTERPRET]
@@ -52,10 +58,10 @@ async def test_validate_without_a_gpu_offers_the_interpreter(client: Client, ana
     assert "WorkDoneProgressReport" in kinds
 
 
-async def test_declining_the_interpreter_reports_the_missing_gpu(client: Client, analysed: str):
+async def test_declining_the_interpreter_reports_the_missing_gpu(client: Client, analyzed: str):
     client.answer = lambda params: None  # the user dismisses the question
     asked, told = len(client.message_requests), len(client.messages)
-    result = await client.command("fuselens.validateKernel", analysed, "c1")
+    result = await client.command("fuselens.validateKernel", analyzed, "c1")
     assert len(client.message_requests) == asked + 1
     assert any("no CUDA device" in p for p in result["problems"]), result
     assert statuses(result) == {}  # nothing ran
@@ -63,28 +69,28 @@ async def test_declining_the_interpreter_reports_the_missing_gpu(client: Client,
     assert summary.type == lsp.MessageType.Warning and "no CUDA device" in summary.message
 
 
-async def test_validate_in_the_interpreter_when_asked_to(client: Client, analysed: str):
+async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyzed: str):
     asked = len(client.message_requests)
-    result = await client.command("fuselens.validateKernel", analysed, "c2", {"interpret": True})
+    result = await client.command("fuselens.validateKernel", analyzed, "c2", {"interpret": True})
     assert len(client.message_requests) == asked  # nothing to ask
     assert statuses(result) == {"c2": "verified"}
 
 
-async def test_validate_all_from_the_code_lens(client: Client, analysed: str):
-    lens = next(lens for lens in await client.code_lenses(analysed) if lens.command.title == "Validate all")
+async def test_validate_all_from_the_code_lens(client: Client, analyzed: str):
+    lens = next(lens for lens in await client.code_lenses(analyzed) if lens.command.title == "Validate all")
     client.answer = lambda params: INTERPRET
     result = await client.command(lens.command.command, *lens.command.arguments)
     assert statuses(result) == {"c0": "verified", "c1": "verified", "c2": "verified"}
     assert result["models"][0]["model"]["status"] == "matches"  # the whole model, every kernel applied
 
 
-async def test_validate_rejects_bad_arguments(client: Client, analysed: str):
-    with pytest.raises(JsonRpcException, match="no cluster c7 in example_net.py"):
-        await client.command("fuselens.validateKernel", analysed, "c7")
-    with pytest.raises(JsonRpcException, match="argument 'cluster' must be str"):
-        await client.command("fuselens.validateKernel", analysed, 3)
+async def test_validate_rejects_bad_arguments(client: Client, analyzed: str):
+    with pytest.raises(JsonRpcException, match=r"no cluster c7 in example_net\.py"):
+        await client.command("fuselens.validateKernel", analyzed, "c7")
+    with pytest.raises(JsonRpcException, match=r"argument 'cluster' must be str"):
+        await client.command("fuselens.validateKernel", analyzed, 3)
     with pytest.raises(JsonRpcException, match="missing argument 'cluster'"):
-        await client.command("fuselens.validateKernel", analysed)
+        await client.command("fuselens.validateKernel", analyzed)
     with pytest.raises(JsonRpcException, match="not a Python file URI"):
         await client.command("fuselens.validateKernel", "file:///tmp/notes.txt", "c0")
 
@@ -100,9 +106,9 @@ async def test_analyze_reschedules_the_document(client: Client):
         await client.command("fuselens.analyze", uri_of(client.path("gpt.py")))
 
 
-async def test_show_kernel_writes_the_module_inside_the_workspace(client: Client, analysed: str):
+async def test_show_kernel_writes_the_module_inside_the_workspace(client: Client, analyzed: str):
     shown = len(client.shown_documents)
-    result = await client.command("fuselens.showKernel", analysed, "c1")
+    result = await client.command("fuselens.showKernel", analyzed, "c1")
     folder = os.path.join(client.root, ".fuselens", "kernels")
     assert result["path"] == os.path.join(folder, "example_net_kernels.py")
     assert result["kernels"] == ["cluster1"]
@@ -118,18 +124,18 @@ async def test_show_kernel_writes_the_module_inside_the_workspace(client: Client
     assert line.startswith("def cluster1(")
 
 
-async def test_show_kernels_for_the_model(client: Client, analysed: str):
-    result = await client.command("fuselens.showKernel", analysed, "ExampleNet")
+async def test_show_kernels_for_the_model(client: Client, analyzed: str):
+    result = await client.command("fuselens.showKernel", analyzed, "ExampleNet")
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
-    result = await client.command("fuselens.showKernel", analysed)
+    result = await client.command("fuselens.showKernel", analyzed)
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
     with pytest.raises(JsonRpcException, match="no model or cluster 'Nope'"):
-        await client.command("fuselens.showKernel", analysed, "Nope")
+        await client.command("fuselens.showKernel", analyzed, "Nope")
 
 
 async def test_commands_need_an_analysis(client: Client):
     uri = client.open("not_yet.py", example_text())
-    client.change(uri, example_text() + "\n")  # typed, not saved: nothing is analysed for this version
+    client.change(uri, example_text() + "\n")  # typed, not saved: nothing is analyzed for this version
     with pytest.raises(JsonRpcException, match="open or save it first"):
         await client.command("fuselens.showKernel", uri)
     version = client.save_text(uri, client.texts[uri])

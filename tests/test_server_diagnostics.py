@@ -24,9 +24,10 @@ async def test_open_publishes_one_diagnostic_per_cluster(client: Client):
     clusters = cluster_diagnostics(diags)
     assert len(clusters) == 3, [d.message for d in diags]
     others = [d for d in diags if d not in clusters]
-    assert all(str(d.code).startswith("pattern:") and d.severity == lsp.DiagnosticSeverity.Hint for d in others), \
-        [(d.code, d.message) for d in others]  # at most the softmax pattern hint besides the clusters
-    for d, want in zip(sorted(clusters, key=lambda d: d.range.start.line), CLUSTERS):
+    assert all(str(d.code).startswith("pattern:") and d.severity == lsp.DiagnosticSeverity.Hint for d in others), [
+        (d.code, d.message) for d in others
+    ]  # at most the softmax pattern hint besides the clusters
+    for d, want in zip(sorted(clusters, key=lambda d: d.range.start.line), CLUSTERS, strict=True):
         first, last = want["lines"]
         indent = len(lines[first - 1]) - len(lines[first - 1].lstrip())
         assert d.range == lsp.Range(lsp.Position(first - 1, indent), lsp.Position(last - 1, len(lines[last - 1])))
@@ -74,7 +75,7 @@ async def test_positions_count_utf16_code_units(client: Client):
     assert hint.position == lsp.Position(19, len(line) + 1)
 
 
-async def test_reopening_a_closed_document_analyses_it_again(client: Client):
+async def test_reopening_a_closed_document_analyzes_it_again(client: Client):
     uri = client.open("diag_reopen.py", example_text())
     await client.diagnostics_of(uri, 1)
     client.close(uri)

@@ -10,31 +10,60 @@ import signal
 import pytest
 from lsprotocol import types as lsp
 
-from lsp_helpers import Client, children, example_text, replace_line, running, server_fixture, server_pid
+from lsp_helpers import Client, children, example_text, replace_line, running, server_fixture, server_pid, time_limit
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TIMEOUT_S = 3
-client = server_fixture(init_options={"workspaceTrusted": True,
-                                      "settings": {"worker": {"timeoutSeconds": TIMEOUT_S, "memoryMb": 2048}}})
+client = server_fixture(
+    init_options={"workspaceTrusted": True, "settings": {"worker": {"timeoutSeconds": TIMEOUT_S, "memoryMb": 2048}}}
+)
 
 HOG = 'torch.ones(50 * 2**30, dtype=torch.uint8, device="cpu")'  # 50 GB of real memory
 # name: (text, 1-based line, diagnostic code, words the message must hold)
 CASES = {
-    "syntax": (replace_line(example_text(), 19, "        x = F.relu(x"), 19, "syntax",
-               ["SyntaxError", "was never closed"]),
-    "import": (replace_line(example_text(), 9, "import not_a_module_xyz"), 9, "import",
-               ["ModuleNotFoundError", "not_a_module_xyz"]),
-    "forward-raises": (replace_line(example_text(), 24, "        x = torch.sigmoid(x) @ torch.ones(3, 3)"), 24,
-                       "trace", ["ExampleNet: forward() failed", "16384, 512", "3, 3"]),
-    "raise-in-forward": (replace_line(example_text(), 29, '        raise ValueError("no good")'), 29, "trace",
-                         ["forward() failed: ValueError: no good"]),
-    "infinite-loop": (replace_line(example_text(), 19, "        while x is not None: pass"), 19, "timeout",
-                      ["timed out", "still running line 19 (forward)"]),
-    "loop-at-import": (replace_line(example_text(), 9, "while True: pass"), 9, "timeout",
-                       ["timed out", "line 9 (<module>)"]),
-    "memory-hog": (replace_line(example_text(), 19, f"        x = x + {HOG}.sum()"), 19, "memory",
-                   ["more memory than the worker may use"]),
+    "syntax": (
+        replace_line(example_text(), 19, "        x = F.relu(x"),
+        19,
+        "syntax",
+        ["SyntaxError", "was never closed"],
+    ),
+    "import": (
+        replace_line(example_text(), 9, "import not_a_module_xyz"),
+        9,
+        "import",
+        ["ModuleNotFoundError", "not_a_module_xyz"],
+    ),
+    "forward-raises": (
+        replace_line(example_text(), 24, "        x = torch.sigmoid(x) @ torch.ones(3, 3)"),
+        24,
+        "trace",
+        ["ExampleNet: forward() failed", "16384, 512", "3, 3"],
+    ),
+    "raise-in-forward": (
+        replace_line(example_text(), 29, '        raise ValueError("no good")'),
+        29,
+        "trace",
+        ["forward() failed: ValueError: no good"],
+    ),
+    "infinite-loop": (
+        replace_line(example_text(), 19, "        while x is not None: pass"),
+        19,
+        "timeout",
+        ["timed out", "still running line 19 (forward)"],
+    ),
+    "loop-at-import": (
+        replace_line(example_text(), 9, "while True: pass"),
+        9,
+        "timeout",
+        ["timed out", "line 9 (<module>)"],
+    ),
+    "memory-hog": (
+        replace_line(example_text(), 19, f"        x = x + {HOG}.sum()"),
+        19,
+        "memory",
+        ["more memory than the worker may use"],
+    ),
 }
 
 
@@ -45,11 +74,8 @@ def clusters(diags) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("case", CASES)
 async def test_an_error_in_the_model_is_one_diagnostic_at_its_line(client: Client, case: str):
     text, line, code, words = CASES[case]
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     uri = client.open(f"broken_{case.replace('-', '_')}.py", text)
     diags = await client.diagnostics_of(uri, 1)
-    elapsed = loop.time() - started
 
     errors = [d for d in diags if d.severity == lsp.DiagnosticSeverity.Error]
     assert len(errors) == 1, [(d.code, d.message) for d in diags]
@@ -61,11 +87,25 @@ async def test_an_error_in_the_model_is_one_diagnostic_at_its_line(client: Clien
     assert "Traceback" not in error.message and 'File "' not in error.message
     assert len(error.message.split("\n")) <= 2  # a sentence (and a hint), not a dump
     assert clusters(diags) == []
-    assert elapsed < (TIMEOUT_S + 10 if code == "timeout" else 10), elapsed
 
     # The server is still up: fixing the file brings the clusters back.
     version = client.save_text(uri, example_text())
     assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (23, 25), (28, 30)]
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("case", CASES)
+async def test_an_error_in_the_model_is_reported_within_the_limits(client: Client, case: str):
+    """At the time limit (and a margin) for code that never finishes; at once for any other error."""
+    text, _, code, _ = CASES[case]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    uri = client.open(f"timed_broken_{case.replace('-', '_')}.py", text)
+    diags = await client.diagnostics_of(uri, 1)
+    elapsed = loop.time() - started
+    assert [d.code for d in diags if d.severity == lsp.DiagnosticSeverity.Error] == [code]
+    assert elapsed < (TIMEOUT_S + time_limit(10) if code == "timeout" else time_limit(10)), elapsed
+    client.close(uri)
 
 
 async def test_a_syntax_error_points_at_the_column(client: Client):
@@ -91,7 +131,7 @@ async def test_a_dead_worker_is_replaced(client: Client):
     assert error.severity == lsp.DiagnosticSeverity.Error and error.code == "crash"
     assert error.message == "analysis crashed: the analysis worker exited unexpectedly"
     # The job (stuck in `while x is not None: pass`) must not outlive the host that enforced its limit.
-    await client.wait_until(lambda: not running(job), "the orphaned job to be killed", timeout=10, poll=0.05)
+    await client.wait_until(lambda: not running(job), "the orphaned job to be killed", poll=0.05)
 
     version = client.save_text(uri, example_text())
     assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (23, 25), (28, 30)]

@@ -5,25 +5,25 @@ from __future__ import annotations
 import pytest
 from lsprotocol import types as lsp
 
-from lsp_helpers import CLUSTERS, Client, analysed_fixture, example_text, server_fixture, uri_of
+from lsp_helpers import CLUSTERS, Client, analyzed_fixture, example_text, server_fixture, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 client = server_fixture()
-analysed = analysed_fixture()
+analyzed = analyzed_fixture()
 
 
 @pytest.mark.parametrize("index", range(3))
-async def test_hover_on_every_line_of_a_cluster(client: Client, analysed: str, index: int):
+async def test_hover_on_every_line_of_a_cluster(client: Client, analyzed: str, index: int):
     want = CLUSTERS[index]
     first, last = want["lines"]
     for line in range(first, last + 1):
-        hover = await client.hover(analysed, line)
+        hover = await client.hover(analyzed, line)
         assert hover is not None, f"no hover on line {line}"
         assert hover.contents.kind == lsp.MarkupKind.Markdown
         text = hover.contents.value
         assert f"c{index}" in text and f"cluster{index}" in text and want["kind"] in text
-        for op, op_line in zip(want["chain"].split(" → "), want["ops"]):
+        for op, op_line in zip(want["chain"].split(" → "), want["ops"], strict=True):
             assert f"| `{op}` | {op_line} | 16384×" in text  # ops with their lines and shapes
         assert f"**{want['bytes']}**" in text
         assert "dram-bound" in text  # the regime
@@ -33,15 +33,15 @@ async def test_hover_on_every_line_of_a_cluster(client: Client, analysed: str, i
         assert f"maps **exactly** to lines {first}–{last}" in text
 
 
-async def test_hover_shows_the_bytes_moved(client: Client, analysed: str):
-    text = (await client.hover(analysed, 19)).contents.value
+async def test_hover_shows_the_bytes_moved(client: Client, analyzed: str):
+    text = (await client.hover(analyzed, 19)).contents.value
     assert "**384 MB → 128 MB** (−67%) DRAM traffic" in text
     assert "reads `x` 16384×1024 float32; writes 16384×1024 float32" in text
 
 
 @pytest.mark.parametrize("line", [1, 11, 14, 17, 21, 22, 26, 27])
-async def test_no_hover_outside_clusters(client: Client, analysed: str, line: int):
-    assert await client.hover(analysed, line) is None  # docstring, class line, __init__, forward, Linears, blanks
+async def test_no_hover_outside_clusters(client: Client, analyzed: str, line: int):
+    assert await client.hover(analyzed, line) is None  # docstring, class line, __init__, forward, Linears, blanks
 
 
 async def test_no_hover_before_the_analysis_or_for_an_unknown_file(client: Client):
@@ -60,7 +60,7 @@ async def test_unsaved_edits_hide_results_that_no_longer_line_up(client: Client)
     assert await client.code_actions(uri, 19) == []
     version = client.save_text(uri, client.texts[uri])
     await client.diagnostics_of(uri, version)
-    hover = await client.hover(uri, 19)  # analysed again: everything is one line further down
+    hover = await client.hover(uri, 19)  # analyzed again: everything is one line further down
     assert hover is not None and "| `mul` | 19 |" in hover.contents.value
     assert await client.hover(uri, 18) is None
     assert [h.position.line + 1 for h in await client.inlay_hints(uri)] == [21, 26, 31]

@@ -8,11 +8,14 @@ import signal
 
 import pytest
 
-from lsp_helpers import (INTERPRET, PROFILES, Client, children, make_workspace, running, running_server,
-                         server_pid)
+from lsp_helpers import INTERPRET, PROFILES, Client, children, make_workspace, running, running_server, server_pid
 
-SECRETS = {"GITHUB_TOKEN": "ghp_x", "AWS_SECRET_ACCESS_KEY": "aws_x", "FUSELENS_TEST_API_KEY": "key_x",
-           "DATABASE_PASSWORD": "pw_x"}
+SECRETS = {
+    "GITHUB_TOKEN": "ghp_x",
+    "AWS_SECRET_ACCESS_KEY": "aws_x",
+    "FUSELENS_TEST_API_KEY": "key_x",
+    "DATABASE_PASSWORD": "pw_x",
+}
 KEPT = {"TORCH_SHOW_CPP_STACKTRACES": "1"}
 
 
@@ -70,7 +73,7 @@ async def test_the_server_never_imports_torch_and_exits_cleanly(profile: str, tm
 
         await client.shutdown_session()  # shutdown, then exit: the server and its worker are gone
         assert client._server.returncode == 0
-        await client.wait_until(lambda: not running(host), "the worker to exit", timeout=10, poll=0.05)
+        await client.wait_until(lambda: not running(host), "the worker to exit", poll=0.05)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -80,4 +83,4 @@ async def test_the_worker_does_not_outlive_a_killed_server(profile: str, tmp_pat
         (host,) = children(server_pid(client))
         os.kill(server_pid(client), signal.SIGKILL)  # the editor crashed, say
         await client._server.wait()
-        await client.wait_until(lambda: not running(host), "the worker to exit", timeout=10, poll=0.05)
+        await client.wait_until(lambda: not running(host), "the worker to exit", poll=0.05)

@@ -18,25 +18,31 @@ EDITS = [
     example_text().replace("        x = torch.tanh(x)\n", ""),
 ]
 FINAL = replace_line(example_text(), 19, "        x = x - 1.0")  # relu -> sub
-FINAL_CLUSTERS = [(18, 20, "fusable: mul → sub → add"), (23, 25, "fusable: gelu → sigmoid → mul"),
-                  (28, 30, "fusable: tanh → mul → softmax")]
+FINAL_CLUSTERS = [
+    (18, 20, "fusable: mul → sub → add"),
+    (23, 25, "fusable: gelu → sigmoid → mul"),
+    (28, 30, "fusable: tanh → mul → softmax"),
+]
 
 
 def clusters(diags) -> list[tuple[int, int, str]]:
-    return sorted((d.range.start.line + 1, d.range.end.line + 1, d.message.split(",")[0])
-                  for d in diags if d.message.startswith("fusable:"))
+    return sorted(
+        (d.range.start.line + 1, d.range.end.line + 1, d.message.split(",")[0])
+        for d in diags
+        if d.message.startswith("fusable:")
+    )
 
 
-async def open_analysed(client: Client, name: str) -> str:
+async def open_analyzed(client: Client, name: str) -> str:
     uri = client.open(name, example_text())
     await client.diagnostics_of(uri, 1)
     return uri
 
 
 async def test_a_burst_of_saves_publishes_only_the_last_version(client: Client):
-    uri = await open_analysed(client, "burst.py")
+    uri = await open_analyzed(client, "burst.py")
     seen = len(client.published)
-    for text in EDITS + [FINAL]:
+    for text in [*EDITS, FINAL]:
         client.save_text(uri, text)  # no waiting in between: the user saves as fast as they type
     final = client.versions[uri]
 
@@ -48,9 +54,9 @@ async def test_a_burst_of_saves_publishes_only_the_last_version(client: Client):
 
 async def test_saves_that_supersede_running_analyses(client: Client):
     """Each save lands while the previous version's analysis is under way: those are cancelled or dropped."""
-    uri = await open_analysed(client, "burst_running.py")
+    uri = await open_analyzed(client, "burst_running.py")
     seen = len(client.published)
-    for text in EDITS + [FINAL]:
+    for text in [*EDITS, FINAL]:
         client.save_text(uri, text)
         await client.roundtrip()  # the server has handled the save (and sent the job) before the next one
     final = client.versions[uri]
@@ -64,7 +70,7 @@ async def test_saves_that_supersede_running_analyses(client: Client):
 
 async def test_typing_after_a_save_drops_that_result(client: Client):
     """Saved as v2, then typed (v3, unsaved): v2's result no longer matches the buffer, so it is not shown."""
-    uri = await open_analysed(client, "burst_typing.py")
+    uri = await open_analyzed(client, "burst_typing.py")
     seen = len(client.published)
     client.save_text(uri, EDITS[0])
     client.change(uri, FINAL)  # typed before the analysis of the save came back
@@ -76,7 +82,7 @@ async def test_typing_after_a_save_drops_that_result(client: Client):
 
 
 async def test_edits_without_a_save_publish_nothing(client: Client):
-    uri = await open_analysed(client, "burst_unsaved.py")
+    uri = await open_analyzed(client, "burst_unsaved.py")
     seen = len(client.published)
     for text in EDITS:
         client.change(uri, text)
@@ -96,8 +102,11 @@ async def test_documents_are_scheduled_independently(client: Client):
     a = await client.diagnostics_of(first)
     b = await client.diagnostics_of(second, 1)
     assert clusters(b) == FINAL_CLUSTERS
-    assert clusters(a) == [(18, 20, "fusable: mul → relu → add"), (23, 25, "fusable: gelu → sigmoid → mul"),
-                           (28, 29, "fusable: mul → softmax")]
+    assert clusters(a) == [
+        (18, 20, "fusable: mul → relu → add"),
+        (23, 25, "fusable: gelu → sigmoid → mul"),
+        (28, 29, "fusable: mul → softmax"),
+    ]
 
 
 async def test_closing_during_an_analysis_publishes_nothing_more(client: Client):

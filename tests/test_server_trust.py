@@ -31,17 +31,24 @@ def workspace_trusts_itself(root: str) -> None:
 
 
 # Said nothing about trust, and the user's own config lists nothing.
-untrusted = server_fixture(init_options={}, wait_ready=False,
-                           server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)})
+untrusted = server_fixture(
+    init_options={}, wait_ready=False, server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)}
+)
 # The workspace ships a trust file for itself and points XDG_CONFIG_HOME at it, and says
 # "trusted" through workspace/configuration and its pyproject.toml.
-self_trusted = server_fixture(init_options={}, wait_ready=False, prepare=workspace_trusts_itself,
-                              server_env=lambda root: {"XDG_CONFIG_HOME": os.path.join(root, ".config")},
-                              configuration={"fuselens": {"workspaceTrusted": True, "trusted": True}})
+self_trusted = server_fixture(
+    init_options={},
+    wait_ready=False,
+    prepare=workspace_trusts_itself,
+    server_env=lambda root: {"XDG_CONFIG_HOME": os.path.join(root, ".config")},
+    configuration={"fuselens": {"workspaceTrusted": True, "trusted": True}},
+)
 # The user's own trust file (outside the workspace) lists the folder.
-user_trusted = server_fixture(init_options={},
-                              prepare=lambda root: trust_file(user_config(root), [root]),
-                              server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)})
+user_trusted = server_fixture(
+    init_options={},
+    prepare=lambda root: trust_file(user_config(root), [root]),
+    server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)},
+)
 
 
 async def check_nothing_runs(client: Client) -> None:

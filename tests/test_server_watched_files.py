@@ -1,4 +1,4 @@
-"""Language server, watched files: a model is analysed again when a file it depends on changes."""
+"""Language server, watched files: a model is analyzed again when a file it depends on changes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def act(x):
     return {body}
 '''
 
-MODEL = '''import torch
+MODEL = """import torch
 import torch.nn as nn
 
 from {helper} import act
@@ -36,7 +36,7 @@ class {name}(nn.Module):  # fuselens: input=(16384, 1024) float32
         x = act(x)
         x = x + 1.0
         return x
-'''
+"""
 
 
 def chains(diags) -> list[str]:
@@ -51,8 +51,9 @@ async def open_model(client: Client, stem: str, body: str = "F.relu(x)") -> str:
 
 
 def notify(client: Client, name: str, kind: lsp.FileChangeType = lsp.FileChangeType.Changed) -> None:
-    client.workspace_did_change_watched_files(lsp.DidChangeWatchedFilesParams(
-        [lsp.FileEvent(uri=uri_of(client.path(name)), type=kind)]))
+    client.workspace_did_change_watched_files(
+        lsp.DidChangeWatchedFilesParams([lsp.FileEvent(uri=uri_of(client.path(name)), type=kind)])
+    )
 
 
 async def test_file_watching_is_registered_where_the_client_can(client: Client):
@@ -66,13 +67,14 @@ async def test_file_watching_is_registered_where_the_client_can(client: Client):
         assert client.registrations == []
 
 
-async def test_a_changed_local_import_is_analysed_again(client: Client):
+async def test_a_changed_local_import_is_analyzed_again(client: Client):
     uri = await open_model(client, "watched")
     seen = len(client.published)
     client.write("watched_helper.py", HELPER.format(body="torch.sigmoid(x)"))
     notify(client, "watched_helper.py")
-    diags = await client.diagnostics_until(uri, lambda d: chains(d) == ["mul → sigmoid → add"],
-                                           "the new helper's cluster", after=seen)
+    diags = await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → sigmoid → add"], "the new helper's cluster", after=seen
+    )
     assert {p.version for p in client.published_for(uri)} == {1}  # the document itself did not change
     assert len(diags) == 1
 
@@ -82,8 +84,9 @@ async def test_a_change_on_disk_is_noticed_without_the_client(client: Client):
     uri = await open_model(client, "unwatched")
     seen = len(client.published)
     client.write("unwatched_helper.py", HELPER.format(body="torch.tanh(x)"))  # and no notification
-    await client.diagnostics_until(uri, lambda d: chains(d) == ["mul → tanh → add"], "the new helper's cluster",
-                                   after=seen)
+    await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → tanh → add"], "the new helper's cluster", after=seen
+    )
 
 
 async def test_a_broken_import_is_reported_and_recovers(client: Client):
@@ -91,15 +94,17 @@ async def test_a_broken_import_is_reported_and_recovers(client: Client):
     seen = len(client.published)
     client.write("watched_broken_helper.py", HELPER.format(body="F.relu(x"))
     notify(client, "watched_broken_helper.py")
-    (error,) = await client.diagnostics_until(uri, lambda d: any("SyntaxError" in e.message for e in d),
-                                              "the import error", after=seen)
+    (error,) = await client.diagnostics_until(
+        uri, lambda d: any("SyntaxError" in e.message for e in d), "the import error", after=seen
+    )
     assert error.severity == lsp.DiagnosticSeverity.Error and error.code == "syntax"
     assert error.message == "SyntaxError: '(' was never closed (in watched_broken_helper.py:8)"
     seen = len(client.published)
     client.write("watched_broken_helper.py", HELPER.format(body="F.gelu(x)"))
     notify(client, "watched_broken_helper.py")
-    await client.diagnostics_until(uri, lambda d: chains(d) == ["mul → gelu → add"], "the fixed helper's cluster",
-                                   after=seen)
+    await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → gelu → add"], "the fixed helper's cluster", after=seen
+    )
 
 
 async def test_a_second_edit_within_the_same_second_is_seen(client: Client):
@@ -115,8 +120,9 @@ async def test_a_second_edit_within_the_same_second_is_seen(client: Client):
     client.write("watched_quick_helper.py", HELPER.format(body="F.gelu(x)"))  # the same size...
     os.utime(helper, ns=(second * 10**9 + 200_000_000,) * 2)  # ... saved in the same second
     notify(client, "watched_quick_helper.py")
-    await client.diagnostics_until(uri, lambda d: chains(d) == ["mul → gelu → add"], "the new helper's cluster",
-                                   after=seen)
+    await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → gelu → add"], "the new helper's cluster", after=seen
+    )
     assert not os.path.exists(client.path("__pycache__"))
 
 
@@ -126,7 +132,7 @@ async def test_unrelated_files_do_not_trigger_analysis(client: Client):
     client.write("unrelated.py", "VALUE = 1\n")
     notify(client, "unrelated.py", lsp.FileChangeType.Created)
     await client.roundtrip()
-    assert not [m for m in client.log_messages[logged:] if "re-analysing watched_quiet.py" in m.message]
+    assert not [m for m in client.log_messages[logged:] if "re-analyzing watched_quiet.py" in m.message]
 
 
 async def test_pyproject_inputs_are_watched(client: Client):
@@ -136,5 +142,6 @@ async def test_pyproject_inputs_are_watched(client: Client):
         fh.write("\n[tool.fuselens.models.WatchedInputs]\ninputs = [[4096, 1024]]\n")
     notify(client, "pyproject.toml")
     # a quarter of the rows the inline comment asked for
-    await client.diagnostics_until(uri, lambda d: len(d) == 1 and "96 MB → 32 MB" in d[0].message,
-                                   "the cluster at the new shape", after=seen)
+    await client.diagnostics_until(
+        uri, lambda d: len(d) == 1 and "96 MB → 32 MB" in d[0].message, "the cluster at the new shape", after=seen
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import only_model
 
-MODEL = '''
+MODEL = """
 import torch, torch.nn as nn, torch.nn.functional as F
 
 
@@ -27,7 +27,7 @@ class Net(nn.Module):  # fuselens: input=(64, 32)
         t = torch.exp(v)
         t = t * 3.0
         return self.proj(t)
-'''
+"""
 
 
 def line_of(snippet: str) -> int:

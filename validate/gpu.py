@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -134,8 +135,9 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=False, fullgraph=False)
 
 
-def time_implementations(eager: Callable[..., Any], fused: Callable[..., Any], args: list[torch.Tensor],
-                         bytes_fused: int | None, peak: float) -> dict[str, Any]:
+def time_implementations(
+    eager: Callable[..., Any], fused: Callable[..., Any], args: list[torch.Tensor], bytes_fused: int | None, peak: float
+) -> dict[str, Any]:
     """Times eager, torch.compile and the fused kernel on `args`; the fields of `results.Timing`."""
     inductor = compiled(eager)
     with torch.no_grad():

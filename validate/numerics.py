@@ -46,19 +46,32 @@ def narrowest(dtypes) -> torch.dtype | None:
 TF32 = (1e-3, 1e-3)
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype | None = None,
-            tol: tuple[float, float] | None = None) -> Comparison:
+def compare(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    precision: torch.dtype | None = None,
+    tol: tuple[float, float] | None = None,
+) -> Comparison:
     """Compare within the tolerance of `precision`: the narrowest float type the values
     passed through (a bf16 cast inside an fp32 computation rounds like bf16)."""
-    atol, rtol = tolerance(narrowest([expected.dtype, precision]) if precision else expected.dtype)
+    narrow = narrowest([expected.dtype, precision]) if precision else None
+    # With no float among them (integer values) there is no narrower type: exact, as for any non-float.
+    atol, rtol = tolerance(narrow if narrow is not None else expected.dtype)
     if tol is not None:
         atol, rtol = max(atol, tol[0]), max(rtol, tol[1])
     if actual.shape != expected.shape:
-        return Comparison(False, float("inf"), float("inf"), atol, rtol,
-                          f"shape {list(actual.shape)} instead of {list(expected.shape)}")
+        return Comparison(
+            False,
+            float("inf"),
+            float("inf"),
+            atol,
+            rtol,
+            f"shape {list(actual.shape)} instead of {list(expected.shape)}",
+        )
     if actual.dtype != expected.dtype:
-        return Comparison(False, float("inf"), float("inf"), atol, rtol,
-                          f"dtype {actual.dtype} instead of {expected.dtype}")
+        return Comparison(
+            False, float("inf"), float("inf"), atol, rtol, f"dtype {actual.dtype} instead of {expected.dtype}"
+        )
     a = actual.detach().to(torch.float64)  # on its own device: a GPU compares 1 GB outputs in place
     e = expected.detach().to(a.device, torch.float64)
     if a.numel() == 0:
@@ -66,7 +79,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if not torch.equal(nan_a, nan_e):
         bad = int((nan_a != nan_e).sum())
-        return Comparison(False, float("nan"), float("nan"), atol, rtol, f"{bad} element(s) NaN in one and not the other")
+        return Comparison(
+            False, float("nan"), float("nan"), atol, rtol, f"{bad} element(s) NaN in one and not the other"
+        )
     inf_a, inf_e = torch.isinf(a), torch.isinf(e)
     if not torch.equal(inf_a, inf_e) or not torch.equal(a[inf_a], e[inf_e]):
         return Comparison(False, float("inf"), float("inf"), atol, rtol, "infinities differ")

@@ -8,7 +8,8 @@ the right shapes, computes exactly what the user's code computes for those ops, 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,12 +43,16 @@ def cluster_function(graph: Graph, plan: KernelPlan, values: dict[int, torch.Ten
     outputs = [o.node for o in plan.outputs]
 
     members_set = set(members)
-    extra = {r.node: values[r.node] for m in members for r in _refs(graph[m].replay[:3])
-             if r.node not in members_set and r.node not in inputs}
+    extra = {
+        r.node: values[r.node]
+        for m in members
+        for r in _refs(graph[m].replay[:3])
+        if r.node not in members_set and r.node not in inputs
+    }
 
     def run(*args):
         env = dict(extra)
-        env.update(zip(inputs, args))
+        env.update(zip(inputs, args, strict=True))
         for m in members:
             func, args, kwargs, index = graph[m].replay
             out = func(*_substitute(args, env), **_substitute(kwargs, env))

@@ -1,7 +1,7 @@
 """Validation: run every generated kernel of a report on real values and compare with eager.
 
-The pipeline (`pipeline/validate.py`) analyses the file; this layer takes the report, the
-classes it analysed and the configuration each was built with, and:
+The pipeline (`pipeline/validate.py`) analyzes the file; this layer takes the report, the
+classes it analyzed and the configuration each was built with, and:
 
 1. writes and imports the report's kernel module;
 2. picks smaller shapes that keep the same clusters (`shapes.py`);
@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,20 +32,18 @@ from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.plan import check, plan_cluster
 from fuselens.contracts.config import InputSpec
-from fuselens.contracts.options import ValidateOptions
-from fuselens.contracts.report import Cluster, Model, Report
+from fuselens.contracts.options import Progress, ValidateOptions
+from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .numerics import TF32, compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
 
-Progress = Callable[[str, "float | None"], None]  # (message, fraction done or None)
-
 
 @dataclass
 class Subject:
-    """One analysed model to validate: its class and the configuration the analysis built it with."""
+    """One analyzed model to validate: its class and the configuration the analysis built it with."""
 
     cls: type
     init: dict[str, Any] = field(default_factory=dict)
@@ -65,16 +63,27 @@ def start(path: str, options: ValidateOptions) -> ValidationReport:
 
         report.versions["triton"] = triton.__version__
     except ImportError:
-        report.problems.append("triton is not installed: `pip install triton` (on CPU, `pip install triton==3.8.0 numpy`)")
+        report.problems.append(
+            "triton is not installed: `pip install triton` (on CPU, `pip install triton==3.8.0 numpy`)"
+        )
         return report
     if not cuda and not options.interpret:
-        report.problems.append(f"{NO_CUDA}: run with --interpret to check numerics in the Triton "
-                               "interpreter on CPU, or use a remote runner with a GPU")
+        report.problems.append(
+            f"{NO_CUDA}: run with --interpret to check numerics in the Triton "
+            "interpreter on CPU, or use a remote runner with a GPU"
+        )
     return report
 
 
-def validate_report(result: ValidationReport, analysis: Report, text: str, subjects: dict[str, Subject],
-                    user_code: capture.UserCode, options: ValidateOptions, progress: Progress) -> ValidationReport:
+def validate_report(
+    result: ValidationReport,
+    analysis: Report,
+    text: str,
+    subjects: dict[str, Subject],
+    user_code: capture.UserCode,
+    options: ValidateOptions,
+    progress: Progress,
+) -> ValidationReport:
     """Check the kernels of `analysis` (the report of `text`) model by model, into `result`."""
     if analysis.problems:
         result.problems += [f"{p.file}:{p.line}: {p.message}" for p in analysis.problems]
@@ -83,7 +92,7 @@ def validate_report(result: ValidationReport, analysis: Report, text: str, subje
     with tempfile.TemporaryDirectory(prefix="fuselens-validate-") as tmp:
         module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(analysis.file)))
         kernels = load_kernel_module(analysis, module_path)
-        models = [m for m in analysis.models if m.status == "analysed" and m.clusters and m.name in subjects]
+        models = [m for m in analysis.models if m.status == "analyzed" and m.clusters and m.name in subjects]
         for index, model in enumerate(models):
             progress(f"validating {model.name}", index / max(len(models), 1))
             run = _ModelRun(analysis, text, model, subjects[model.name], user_code, kernels, options, device, tmp)
@@ -113,6 +122,8 @@ def load_kernel_module(report: Report, module_path: str):
         fh.write(module_for_report(report))
     name = f"fuselens_kernels_{abs(hash(module_path))}"
     spec = importlib.util.spec_from_file_location(name, module_path)
+    if spec is None or spec.loader is None:  # only for a path without a source suffix; ours ends in .py
+        raise ImportError(f"{module_path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -120,8 +131,9 @@ def load_kernel_module(report: Report, module_path: str):
 
 
 def _signature_of_plan(graph, plan) -> tuple:
-    return tuple((graph[i].op, os.path.abspath(graph[i].source.file) if graph[i].source else "", graph[i].line)
-                 for i in plan.compute)
+    return tuple(
+        (graph[i].op, os.path.abspath(graph[i].file) if graph[i].file else "", graph[i].line) for i in plan.compute
+    )
 
 
 def _signature_of_cluster(cluster: Cluster) -> tuple:
@@ -135,25 +147,31 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     real = loader.build_real(run.subject.cls, run.subject.init, options.seed, run.subject.param_dtype).to(run.device)
     inputs = _random_inputs(shapes, run.device, options.seed)
     names = _input_names(model)
-    chosen = [c for c in model.clusters if c.kernel and (not options.clusters or c.id in options.clusters)]
-    instances = _instances(real, inputs, names, run.user_code, need={_signature_of_cluster(c) for c in chosen})
+    # Only clusters with a generated kernel can be checked: each is kept with it.
+    chosen = [
+        (c, c.kernel)
+        for c in model.clusters
+        if c.kernel is not None and (not options.clusters or c.id in options.clusters)
+    ]
+    instances = _instances(real, inputs, names, run.user_code, need={_signature_of_cluster(c) for c, _ in chosen})
     timing = options.benchmark and run.device == "cuda"
     peak = None
     if timing:
         from .gpu import copy_bandwidth_gbps
 
         peak = copy_bandwidth_gbps(options.peak_gbps)
-    for cluster in chosen:
+    for cluster, kernel in chosen:
         progress(f"{model.name}: {cluster.id} ({cluster.op_chain})", None)
         found = instances.get(_signature_of_cluster(cluster), [])
-        check_ = _check_cluster(cluster, found, run.kernels, run.device)
+        check_ = _check_cluster(cluster, kernel, found, run.kernels, run.device)
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
-            check_.timing = _time_cluster(cluster, found[0], run.kernels, peak)
+            check_.timing = _time_cluster(kernel, found[0], run.kernels, peak)
         result.clusters.append(check_)
-    exact = [c.id for c in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
-    precision = narrowest([getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype]
-                          + [i.dtype for i in inputs])
+    exact = [c.id for c, _ in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
+    precision = narrowest(
+        [getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype] + [i.dtype for i in inputs]
+    )
     result.model = _check_model(run, exact, inputs, precision)
     if timing:
         _time_model(result, real, inputs)
@@ -182,13 +200,12 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
             return None
         det = detect(t.graph, check)
         plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
-        return ({_signature_of_plan(t.graph, p) for p in plans},
-                max((_numel(p.domain) for p in plans), default=0))
+        return ({_signature_of_plan(t.graph, p) for p in plans}, max((_numel(p.domain) for p in plans), default=0))
 
     return scaled_specs(specs, signatures)
 
 
-def _time_cluster(cluster: Cluster, instance, kernels, peak: float) -> Timing:
+def _time_cluster(kernel: Kernel, instance, kernels, peak: float) -> Timing:
     from fuselens.analysis.cost import cluster_bytes
 
     from .gpu import time_implementations
@@ -196,8 +213,9 @@ def _time_cluster(cluster: Cluster, instance, kernels, peak: float) -> Timing:
     graph, plan, values = instance
     args = [values[s.node] for s in plan.inputs]
     _, fused_bytes = cluster_bytes(graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in plan.outputs])
-    figures = time_implementations(cluster_function(graph, plan, values), getattr(kernels, cluster.kernel.name), args,
-                                   fused_bytes, peak)
+    figures = time_implementations(
+        cluster_function(graph, plan, values), getattr(kernels, kernel.name), args, fused_bytes, peak
+    )
     return Timing(**figures)
 
 
@@ -211,9 +229,17 @@ def _time_model(result: ModelValidation, model, inputs) -> None:
         with torch.no_grad():
             result.model.eager_us = round(time_each_us({"eager": lambda: model(*inputs)})["eager"], 2)
     total = result.model.eager_us
-    saved = sum((c.timing.eager_us - c.timing.fused_us) * c.instances for c in result.clusters if c.timing)
+    saved = sum(_saved_us(c) for c in result.clusters)
     if 0 < saved < total:
         result.model.amdahl_speedup = round(total / (total - saved), 3)
+
+
+def _saved_us(check: ClusterCheck) -> float:
+    """What fusing saves over all of a cluster's instances; nothing for a cluster not timed."""
+    t = check.timing
+    if t is None or t.eager_us is None or t.fused_us is None:
+        return 0.0
+    return (t.eager_us - t.fused_us) * check.instances
 
 
 def _instances(model, inputs, names, user_code, need: set) -> dict[tuple, list]:
@@ -224,7 +250,7 @@ def _instances(model, inputs, names, user_code, need: set) -> dict[tuple, list]:
     for i in range(len(traced.branches)):
         if need <= set(found):
             break
-        flipped = traced.branches[:i] + [not traced.branches[i]]
+        flipped = [*traced.branches[:i], not traced.branches[i]]
         try:
             other = capture.trace(model, inputs, names, user_code, decisions=flipped, real=True)
         except capture.CaptureError:
@@ -264,16 +290,25 @@ def _random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch
     return out
 
 
-def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> ClusterCheck:
-    check_ = ClusterCheck(cluster.id, cluster.kernel.name, "not-reached", cluster.op_chain, cluster.regime,
-                          cluster.bytes_unfused, cluster.bytes_fused)
+def _check_cluster(cluster: Cluster, kernel: Kernel, plans: list, kernels, device: str) -> ClusterCheck:
+    check_ = ClusterCheck(
+        cluster.id,
+        kernel.name,
+        "not-reached",
+        cluster.op_chain,
+        cluster.regime,
+        cluster.bytes_unfused,
+        cluster.bytes_fused,
+    )
     if not plans:
-        check_.message = ("not reached at the validation shapes with these inputs"
-                          + (f" ({cluster.branch})" if cluster.branch else ""))
+        check_.message = "not reached at the validation shapes with these inputs" + (
+            f" ({cluster.branch})" if cluster.branch else ""
+        )
         return check_
-    fn = getattr(kernels, cluster.kernel.name)
-    precision = narrowest([getattr(torch, op.dtype) for op in cluster.ops if op.dtype]
-                          + [getattr(torch, i.dtype) for i in cluster.inputs])
+    fn = getattr(kernels, kernel.name)
+    precision = narrowest(
+        [getattr(torch, op.dtype) for op in cluster.ops if op.dtype] + [getattr(torch, i.dtype) for i in cluster.inputs]
+    )
     worst = None
     for _, plan, values in plans:
         args = [values[s.node] for s in plan.inputs]
@@ -286,11 +321,19 @@ def _check_cluster(cluster: Cluster, plans: list, kernels, device: str) -> Clust
             check_.message = _kernel_error(exc)
             return check_
         got = list(got) if isinstance(got, (tuple, list)) else [got]
-        for actual, want in zip(got, expected):
+        if len(got) != len(expected):
+            check_.status = "error"
+            check_.message = f"the kernel returned {len(got)} output(s) where the cluster has {len(expected)}"
+            return check_
+        for actual, want in zip(got, expected, strict=True):
             cmp = compare(actual, want, precision)
             if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
                 worst = cmp
         check_.instances += 1
+    if worst is None:  # a cluster without outputs: nothing was compared
+        check_.status = "error"
+        check_.message = "the cluster has no outputs to compare"
+        return check_
     check_.max_abs, check_.max_rel = worst.max_abs, worst.max_rel
     check_.atol, check_.rtol = worst.atol, worst.rtol
     check_.status = "verified" if worst.ok else "mismatch"
@@ -310,7 +353,9 @@ def _kernel_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _check_model(run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], precision: torch.dtype) -> ModelCheck:
+def _check_model(
+    run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], precision: torch.dtype | None
+) -> ModelCheck:
     """Patch every exact cluster into a copy of the file; its model must give the original's outputs."""
     if not exact:
         return ModelCheck("skipped", message="no cluster maps exactly, so nothing can be patched in")
@@ -330,8 +375,9 @@ def _check_model(run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], p
             sys.path.remove(run.tmp)
     subject, seed = run.subject, run.options.seed
     original = loader.build_real(subject.cls, subject.init, seed, subject.param_dtype)
-    fused = loader.build_real(loader.model_classes(patched_module)[run.model.name], subject.init, seed,
-                              subject.param_dtype)
+    fused = loader.build_real(
+        loader.model_classes(patched_module)[run.model.name], subject.init, seed, subject.param_dtype
+    )
     fused.load_state_dict(original.state_dict())
     original, fused = original.to(run.device), fused.to(run.device)
     with torch.no_grad():
@@ -351,10 +397,17 @@ def _check_model(run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], p
     return check_
 
 
-def _compare_outputs(got: Any, want: Any, precision: torch.dtype, exact: list[str], device: str) -> ModelCheck:
+def _compare_outputs(got: Any, want: Any, precision: torch.dtype | None, exact: list[str], device: str) -> ModelCheck:
+    got_tensors, want_tensors = capture.tensors_in(got), capture.tensors_in(want)
+    if len(got_tensors) != len(want_tensors):
+        return ModelCheck(
+            "mismatch",
+            exact,
+            message=f"the patched model returns {len(got_tensors)} tensor(s), the original {len(want_tensors)}",
+        )
     worst = None
     tf32 = device == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
-    for a, e in zip(capture.tensors_in(got), capture.tensors_in(want)):
+    for a, e in zip(got_tensors, want_tensors, strict=True):
         cmp = compare(a, e, precision, TF32 if tf32 else None)
         if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
             worst = cmp

@@ -10,7 +10,7 @@ size was baked into them.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fuselens.contracts.config import InputSpec
 

@@ -21,22 +21,38 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import ctypes  # noqa: E402
-import faulthandler  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
-import selectors  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+import contextlib
+import ctypes
+import faulthandler
+import re
+import resource
+import selectors
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
 
-from fuselens.contracts.plain import ContractError  # noqa: E402
-from fuselens.worker.protocol import (  # noqa: E402
-    Cancel, Done, Event, Failed, Failure, FailureKind, Job, Limits, Progress, Ready, Run, Shutdown, decode_event,
-    decode_request, encode)
+from fuselens.contracts.plain import ContractError
+from fuselens.worker.protocol import (
+    Cancel,
+    Done,
+    Event,
+    Failed,
+    Failure,
+    FailureKind,
+    Job,
+    Limits,
+    Progress,
+    Ready,
+    Run,
+    Shutdown,
+    decode_event,
+    decode_request,
+    encode,
+    request_id,
+)
 
 DUMP_GRACE = 0.3  # seconds a timed-out child gets to write its stack before it is killed
 
@@ -48,7 +64,7 @@ class Child:
     pipe: int
     deadline: float
     dump_path: str
-    path: str  # the analysed file, to find the user's line in a stack dump
+    path: str  # the analyzed file, to find the user's line in a stack dump
     buffer: bytearray = field(default_factory=bytearray)
     finished: bool = False
     dumped_at: float | None = None
@@ -105,9 +121,16 @@ class Host:
             if not line.strip():
                 continue
             try:
-                self._handle(decode_request(line))
+                self._handle(decode_request(bytes(line)))
             except ContractError as exc:  # a server of another version, say: never fatal
-                print(f"fuselens worker: ignored a malformed request: {exc}", file=sys.stderr)
+                self._refuse(bytes(line), exc)
+
+    def _refuse(self, line: bytes, error: ContractError) -> None:
+        """A request that is not one: a job it names fails at once (its caller would wait for ever)."""
+        print(f"fuselens worker: refused a malformed request: {error}", file=sys.stderr)
+        job_id = request_id(line)
+        if job_id is not None:
+            self.send(Failed(job_id, Failure("internal", f"the worker cannot read this request: {error}")))
 
     def _handle(self, message: Run | Cancel | Shutdown) -> None:
         if isinstance(message, Run):
@@ -130,10 +153,10 @@ class Host:
         if pid == 0:  # the child: never returns
             os.close(read_fd)
             _child_main(job_id, job, write_fd, dump_fd, limits.memory_mb, host_pid)
-        try:  # set its process group from this side too, so a kill at once after the fork reaches it
+        with contextlib.suppress(
+            OSError
+        ):  # its process group, from this side too: a kill at once after the fork reaches it
             os.setpgid(pid, pid)
-        except OSError:
-            pass
         os.close(write_fd)
         os.close(dump_fd)
         child = Child(job_id, pid, read_fd, time.monotonic() + limits.seconds, dump_path, getattr(job, "path", ""))
@@ -153,7 +176,7 @@ class Host:
             while b"\n" in child.buffer:
                 line, _, rest = child.buffer.partition(b"\n")
                 child.buffer = bytearray(rest)
-                self._relay(child, line)
+                self._relay(child, bytes(line))
             return
         self._reap(child)
 
@@ -177,18 +200,15 @@ class Host:
 
     def _close(self, child: Child) -> None:
         self.children.pop(child.pipe, None)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(child.pipe)
-        except (KeyError, ValueError):
-            pass
         os.close(child.pipe)
 
-    def _kill(self, child: Child, kind: FailureKind, message: str, file: str | None = None,
-              line: int | None = None) -> None:
-        try:
+    def _kill(
+        self, child: Child, kind: FailureKind, message: str, file: str | None = None, line: int | None = None
+    ) -> None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._close(child)
         os.waitpid(child.pid, 0)
         if not child.finished:
@@ -199,10 +219,8 @@ class Host:
         now = time.monotonic()
         for child in list(self.children.values()):
             if child.dumped_at is None and now >= child.deadline:
-                try:  # ask for a stack dump first: it says which line never finished
+                with contextlib.suppress(ProcessLookupError):  # a stack dump first: it says which line never finished
                     os.kill(child.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
                 child.dumped_at = now
             elif child.dumped_at is not None and now >= child.dumped_at + DUMP_GRACE:
                 where = _stuck_at(child.dump_path, child.path)
@@ -226,7 +244,7 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)'
 
 
 def _stuck_at(dump_path: str, path: str) -> tuple[str, int, str] | None:
-    """The innermost frame in the analysed file from a faulthandler dump."""
+    """The innermost frame in the analyzed file from a faulthandler dump."""
     try:
         with open(dump_path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
@@ -242,15 +260,14 @@ def _stuck_at(dump_path: str, path: str) -> tuple[str, int, str] | None:
 
 def _unescape(name: str) -> str:
     """faulthandler writes a name's non-ASCII characters as \\xNN, \\uNNNN or \\UNNNNNNNN."""
-    return re.sub(r"\\x([0-9a-f]{2})|\\u([0-9a-f]{4})|\\U([0-9a-f]{8})",
-                  lambda m: chr(int(m.group(m.lastindex), 16)), name)
+    return re.sub(
+        r"\\x([0-9a-f]{2})|\\u([0-9a-f]{4})|\\U([0-9a-f]{8})", lambda m: chr(int(m.group(m.lastindex or 0), 16)), name
+    )
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 # ---- the child -------------------------------------------------------------------------------
@@ -286,9 +303,9 @@ def _child_main(job_id: int, job: Job, write_fd: int, dump_fd: int, memory_mb: i
             emit(Done(job_id, result))
         except MemoryError:
             emit(Failed(job_id, Failure("memory", "the model's code ran out of memory")))
-        except BaseException as exc:  # noqa: BLE001 - report, never propagate
+        except BaseException as exc:  # report, never propagate
             emit(Failed(job_id, _escaped(exc, getattr(job, "path", ""))))
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         code = 70
     finally:
         os._exit(code)
@@ -297,13 +314,15 @@ def _child_main(job_id: int, job: Job, write_fd: int, dump_fd: int, memory_mb: i
 def _escaped(exc: BaseException, path: str) -> Failure:
     """The error for an exception that escaped the job.  Analysis turns the model's exceptions
     into problems, but not a KeyboardInterrupt (or any other non-Exception) it raises: that
-    is still the model's doing, at its line, when it was raised in the analysed file."""
+    is still the model's doing, at its line, when it was raised in the analyzed file."""
     if not isinstance(exc, Exception) and path:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)
+        ]
         if frames:
-            return Failure("crash", f"the model's code raised {type(exc).__name__}", frames[-1].filename,
-                           frames[-1].lineno)
+            return Failure(
+                "crash", f"the model's code raised {type(exc).__name__}", frames[-1].filename, frames[-1].lineno
+            )
     return Failure("internal", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=20))
 
 
@@ -325,10 +344,8 @@ def _limit_memory(memory_mb: int) -> None:
     except (OSError, ValueError):
         mapped = 0
     limit = mapped + memory_mb * 2**20
-    try:
+    with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (ValueError, OSError):
-        pass
 
 
 def main() -> int:
@@ -340,11 +357,12 @@ def main() -> int:
 
     try:
         warm_up()
-    except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs speed
+    except Exception as exc:  # a failed warm-up only costs speed
         print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
     host = Host()
-    host.send(Ready(os.getpid(), sys.version.split()[0], torch.__version__,
-                    round((time.perf_counter() - started) * 1000)))
+    host.send(
+        Ready(os.getpid(), sys.version.split()[0], torch.__version__, round((time.perf_counter() - started) * 1000))
+    )
     host.serve()
     return 0
 

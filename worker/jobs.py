@@ -6,13 +6,12 @@ directories or leak memory: the child exits when the job is done.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
+from fuselens.contracts.options import Progress
 from fuselens.contracts.plain import to_plain
 
 from .protocol import AnalyzeJob, CompareJob, Job, PingJob, Pong, ValidateJob
-
-Progress = Callable[[str, "float | None"], None]
 
 
 def run_job(job: Job, progress: Progress) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from fuselens.contracts.inductor import ComparisonResult
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
@@ -67,10 +67,9 @@ class PingJob:
     kind: Literal["ping"] = "ping"
 
 
-Job = Union[AnalyzeJob, ValidateJob, CompareJob, PingJob]
+Job = AnalyzeJob | ValidateJob | CompareJob | PingJob
 
-_RESULTS: dict[str, type] = {"analyze": Report, "validate": ValidationReport, "compare": ComparisonResult,
-                             "ping": Pong}
+_RESULTS: dict[str, type] = {"analyze": Report, "validate": ValidationReport, "compare": ComparisonResult, "ping": Pong}
 
 
 def result_type(job: Job) -> type:
@@ -115,7 +114,7 @@ class Shutdown:
     op: Literal["shutdown"] = "shutdown"
 
 
-Request = Union[Run, Cancel, Shutdown]
+Request = Run | Cancel | Shutdown
 
 
 # ---- host -> server --------------------------------------------------------------------------
@@ -152,7 +151,7 @@ class Failed:
     event: Literal["failed"] = "failed"
 
 
-Event = Union[Ready, Progress, Done, Failed]
+Event = Ready | Progress | Done | Failed
 
 
 # ---- the wire --------------------------------------------------------------------------------
@@ -165,6 +164,16 @@ def encode(message: Request | Event) -> bytes:
 def decode_request(line: bytes | str) -> Request:
     """A server -> host line; ContractError if it is not one."""
     return from_plain(Request, _json(line), "request")  # type: ignore[arg-type]
+
+
+def request_id(line: bytes | str) -> int | None:
+    """The `id` a line that is not a valid request still carries, if any (to answer it with a failure)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    job_id = data.get("id") if isinstance(data, dict) else None
+    return job_id if isinstance(job_id, int) and not isinstance(job_id, bool) else None
 
 
 def decode_event(line: bytes | str) -> Event:

@@ -96,7 +96,7 @@ That checks numerics only, and needs no GPU."
   (if fuselens-eglot-interpret (list :interpret t) (make-hash-table)))
 
 (defun fuselens-eglot-analyze ()
-  "Analyse this file now."
+  "Analyze this file now."
   (interactive)
   (fuselens-eglot--request "fuselens.analyze" (fuselens-eglot--uri)))
 

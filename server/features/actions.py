@@ -15,8 +15,8 @@ import os
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.report import Cluster, Model, Report
 from fuselens.codegen import edits as edits_mod
+from fuselens.contracts.report import Cluster, Model, Report
 
 from .text import path_to_uri, same_file, utf16_len
 
@@ -32,63 +32,105 @@ def line_edits_to_lsp(edits: list[edits_mod.LineEdit]) -> list[lsp.TextEdit]:
     return out
 
 
-def _module_edits(module_path: str, module_text: str, create_ok: bool) -> tuple[list, bool]:
+def _module_edits(
+    module_path: str, module_text: str, create_ok: bool
+) -> tuple[list[lsp.TextDocumentEdit | lsp.CreateFile], bool]:
     """Document changes that make `module_path` hold `module_text`; False if a command must write it."""
     uri = path_to_uri(module_path)
     if os.path.exists(module_path):
         with open(module_path, encoding="utf-8") as fh:
             old_lines = fh.read().split("\n")
         end = lsp.Position(len(old_lines) - 1, utf16_len(old_lines[-1]))
-        return [lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
-                                     [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), end), module_text)])], True
+        return [
+            lsp.TextDocumentEdit(
+                lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
+                [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), end), module_text)],
+            )
+        ], True
     if create_ok:
-        return [lsp.CreateFile(uri=uri, options=lsp.CreateFileOptions(overwrite=False, ignore_if_exists=True)),
-                lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
-                                     [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0)), module_text)])], True
+        return [
+            lsp.CreateFile(uri=uri, options=lsp.CreateFileOptions(overwrite=False, ignore_if_exists=True)),
+            lsp.TextDocumentEdit(
+                lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
+                [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0)), module_text)],
+            ),
+        ], True
     return [], False
 
 
-def fuse_action(report: Report, uri: str, version: int, text: str, clusters: list[Cluster], title: str,
-                module_text: str, create_ok: bool, kind: str = lsp.CodeActionKind.QuickFix,
-                document_changes: bool = True) -> lsp.CodeAction | None:
+def fuse_action(
+    report: Report,
+    uri: str,
+    version: int,
+    text: str,
+    clusters: list[Cluster],
+    title: str,
+    module_text: str,
+    create_ok: bool,
+    kind: str = lsp.CodeActionKind.QuickFix,
+    document_changes: bool = True,
+) -> lsp.CodeAction | None:
     ids = [c.id for c in clusters if c.edit is not None]
     if not ids:
         return None
     doc_edits = line_edits_to_lsp(edits_mod.cluster_edits(text, report, ids))
-    module_path = clusters[0].kernel.path
+    module_path = next(c.kernel.path for c in clusters if c.kernel is not None)
     module_changes, written = _module_edits(module_path, module_text, create_ok)
-    changes = module_changes + [lsp.TextDocumentEdit(
-        lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)]
+    changes = [
+        *module_changes,
+        lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits),
+    ]
     edit = lsp.WorkspaceEdit(document_changes=changes)
     if not document_changes:  # the client reads only `changes`: give it those too
-        edit.changes = {c.text_document.uri: list(c.edits) for c in changes if isinstance(c, lsp.TextDocumentEdit)}
+        edit.changes = {
+            c.text_document.uri: [e for e in c.edits if isinstance(e, lsp.TextEdit)]
+            for c in changes
+            if isinstance(c, lsp.TextDocumentEdit)
+        }
     action = lsp.CodeAction(title=title, kind=kind, edit=edit, is_preferred=len(ids) == 1)
     if not written:
-        action.command = lsp.Command(title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids])
+        action.command = lsp.Command(
+            title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids]
+        )
     return action
 
 
 def _fixable(c: Cluster, path: str) -> bool:
     """An exact cluster of the file at `path` whose kernel module sits beside it, as `fuselens apply`
     puts it: the module's path comes from the report, and nothing is ever written elsewhere."""
-    return (c.edit is not None and c.kernel is not None and same_file(c.file, path)
-            and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path)))
+    return (
+        c.edit is not None
+        and c.kernel is not None
+        and same_file(c.file, path)
+        and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path))
+    )
 
 
-def code_actions(report: Report, path: str, uri: str, version: int, text: str, first: int, last: int,
-                 module_text: str, create_ok: bool, document_changes: bool = True) -> list[lsp.CodeAction]:
+def code_actions(
+    report: Report,
+    path: str,
+    uri: str,
+    version: int,
+    text: str,
+    first: int,
+    last: int,
+    module_text: str,
+    create_ok: bool,
+    document_changes: bool = True,
+) -> list[lsp.CodeAction]:
     """Actions for lines first..last (1-based): one per exact cluster there, plus "fuse all" for its model."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
-        if not _fixable(c, path):
+        if not _fixable(c, path) or c.kernel is None:
             continue
         if c.lines[0] <= last and c.lines[1] >= first:
             title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {c.kernel.name}"
             if c.lines[0] == c.lines[1]:
                 title = f"Fuse line {c.lines[0]} into Triton kernel {c.kernel.name}"
-            action = fuse_action(report, uri, version, text, [c], title, module_text, create_ok,
-                                 document_changes=document_changes)
+            action = fuse_action(
+                report, uri, version, text, [c], title, module_text, create_ok, document_changes=document_changes
+            )
             if action:
                 actions.append(action)
             if model not in models:
@@ -96,9 +138,18 @@ def code_actions(report: Report, path: str, uri: str, version: int, text: str, f
     for model in models:
         exact = [c for c in model.clusters if _fixable(c, path)]
         if len(exact) > 1:
-            action = fuse_action(report, uri, version, text, exact,
-                                 f"Fuse all {len(exact)} exact clusters in {model.name}", module_text, create_ok,
-                                 kind=lsp.CodeActionKind.RefactorRewrite, document_changes=document_changes)
+            action = fuse_action(
+                report,
+                uri,
+                version,
+                text,
+                exact,
+                f"Fuse all {len(exact)} exact clusters in {model.name}",
+                module_text,
+                create_ok,
+                kind=lsp.CodeActionKind.RefactorRewrite,
+                document_changes=document_changes,
+            )
             if action:
                 actions.append(action)
     return actions

@@ -6,8 +6,9 @@ import os
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.units import bytes_label
+from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.report import Cluster, Model, Report
+from fuselens.contracts.units import bytes_label
 
 from .text import same_file
 
@@ -16,9 +17,9 @@ def clusters_at(report: Report, path: str, line: int) -> list[tuple[Model, Clust
     """Clusters whose lines contain `line` (1-based) or that have an op on it."""
     hits = []
     for model, c in report.clusters():
-        if same_file(c.file, path) and c.lines[0] <= line <= c.lines[1]:
-            hits.append((model, c))
-        elif any(op.line == line and same_file(op.file, path) for op in c.ops):
+        if (same_file(c.file, path) and c.lines[0] <= line <= c.lines[1]) or any(
+            op.line == line and same_file(op.file, path) for op in c.ops
+        ):
             hits.append((model, c))
     return hits
 
@@ -31,13 +32,17 @@ def describe(model: Model, c: Cluster) -> str:
     saved = ""
     if c.bytes_unfused and c.bytes_fused is not None:
         saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}%)"
-    parts = [f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}",
-             f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
-             f"**{c.regime or 'unknown regime'}**"]
+    parts = [
+        f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}",
+        f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
+        f"**{c.regime or 'unknown regime'}**",
+    ]
     if c.multiplicity > 1:
         where = ", ".join(i or "(root)" for i in c.instances[:4]) + (" …" if len(c.instances) > 4 else "")
-        parts.append(f"×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
-                     f"{bytes_label(c.total_bytes_fused)} in all")
+        parts.append(
+            f"×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
+            f"{bytes_label(c.total_bytes_fused)} in all"
+        )
     if c.branch:
         parts.append(f"_{c.branch}_")
     rows = ["| op | line | shape | dtype |", "|---|---|---|---|"]
@@ -49,8 +54,10 @@ def describe(model: Model, c: Cluster) -> str:
     outs = ", ".join(f"{_shape(o.shape)} {o.dtype}" for o in c.outputs)
     parts.append(f"reads {ins}; writes {outs}")
     if c.mapping == "exact":
-        parts.append(f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with "
-                     f"`{c.edit.call if c.edit else c.kernel.name if c.kernel else ''}`")
+        parts.append(
+            f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with "
+            f"`{c.edit.call if c.edit else c.kernel.name if c.kernel else ''}`"
+        )
     else:
         parts.append(f"maps as **{c.mapping}**: {c.mapping_detail}")
     if c.boundaries:
@@ -58,15 +65,21 @@ def describe(model: Model, c: Cluster) -> str:
         parts.append("**left out**\n" + "\n".join(left))
     near = [r for r in model.rejections if same_file(r.file, c.file) and c.lines[0] - 2 <= r.lines[0] <= c.lines[1] + 2]
     if near:
-        parts.append("**not fused nearby**\n" + "\n".join(
-            f"- `{r.ops[0].target}` (line {r.lines[0]}): **{r.reason}** — {r.detail}" for r in near[:6]))
+        parts.append(
+            "**not fused nearby**\n"
+            + "\n".join(f"- `{r.ops[0].target}` (line {r.lines[0]}): **{r.reason}** — {r.detail}" for r in near[:6])
+        )
     patterns = [p for p in model.patterns if c.id in p.clusters]
     if patterns:
-        parts.append("**patterns**: " + "; ".join(
-            f"{p.name} (bound {p.estimate.speedup_bound:.2f}×)" if p.estimate.speedup_bound else p.name
-            for p in patterns))
+        parts.append(
+            "**patterns**: "
+            + "; ".join(
+                f"{p.name} (bound {p.estimate.speedup_bound:.2f}×)" if p.estimate.speedup_bound else p.name
+                for p in patterns
+            )
+        )
     if model.inductor is not None:
-        parts.append(_inductor_section(model, c))
+        parts.append(_inductor_section(model.inductor, c))
     if c.kernel:
         kernel = c.kernel.source.split("\n\n\ndef _")[0]  # the @triton.jit part, not the launcher
         parts.append(f"```python\n{kernel}\n```")
@@ -83,11 +96,11 @@ def hover(report: Report, path: str, line: int) -> lsp.Hover | None:
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
 
 
-def _inductor_section(model: Model, c: Cluster) -> str:
-    comparison = next((x for x in model.inductor.clusters if x.cluster == c.id), None)
+def _inductor_section(comparisons: InductorComparison, c: Cluster) -> str:
+    comparison = next((x for x in comparisons.clusters if x.cluster == c.id), None)
     if comparison is None:
         return "**torch.compile**: no counterpart found"
     names = sorted({k.name for i in comparison.instances for k in i.kernels})
     kernels = ", ".join(f"`{n}`" for n in names[:4]) or "—"
-    where = "Triton for CPU tensors, a proxy for the GPU" if model.inductor.backend == "triton-cpu" else "CUDA"
+    where = "Triton for CPU tensors, a proxy for the GPU" if comparisons.backend == "triton-cpu" else "CUDA"
     return f"**torch.compile** ({where}): **{comparison.status}** — {comparison.summary}\n\nkernels: {kernels}"

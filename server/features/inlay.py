@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.units import bytes_label
 from fuselens.contracts.report import Report
+from fuselens.contracts.units import bytes_label
 
 from .text import end_of_line, same_file
 
@@ -20,6 +20,13 @@ def inlay_hints(report: Report, path: str, lines: list[str], first: int, last: i
         label = f"⚡ −{bytes_label(c.bytes_saved)}"
         if c.multiplicity > 1:
             label += f" ×{c.multiplicity}"
-        hints.append(lsp.InlayHint(position=end_of_line(lines, end), label=label, padding_left=True,
-                                   kind=None, tooltip=f"{c.id}: {c.op_chain} [{c.regime}]"))
+        hints.append(
+            lsp.InlayHint(
+                position=end_of_line(lines, end),
+                label=label,
+                padding_left=True,
+                kind=None,
+                tooltip=f"{c.id}: {c.op_chain} [{c.regime}]",
+            )
+        )
     return hints

@@ -1,11 +1,11 @@
-"""Code lenses: a summary over each analysed model class, with its commands."""
+"""Code lenses: a summary over each analyzed model class, with its commands."""
 
 from __future__ import annotations
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.units import bytes_label
 from fuselens.contracts.report import Report
+from fuselens.contracts.units import bytes_label
 
 from .text import lines_range, same_file
 
@@ -13,23 +13,41 @@ from .text import lines_range, same_file
 def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[lsp.CodeLens]:
     lenses = []
     for model in report.models:
-        if not same_file(model.file, path) or model.status != "analysed":
+        if not same_file(model.file, path) or model.status != "analyzed":
             continue
         rng = lines_range(lines, model.line, model.line)
         clusters = [c for c in model.clusters if not c.branch]
         traffic = sum((c.bytes_unfused or 0) * c.multiplicity for c in clusters)
-        title = (f"{len(model.clusters)} fusable cluster{'s' if len(model.clusters) != 1 else ''} · "
-                 f"{bytes_label(model.totals.bytes_avoidable)} of {bytes_label(traffic)} avoidable")
+        title = (
+            f"{len(model.clusters)} fusable cluster{'s' if len(model.clusters) != 1 else ''} · "
+            f"{bytes_label(model.totals.bytes_avoidable)} of {bytes_label(traffic)} avoidable"
+        )
         exact = sum(1 for c in model.clusters if c.mapping == "exact")
         if exact:
             title += f" · {exact} applicable"
         if model.inductor is not None:
             agree = model.inductor.status_counts().get("agree", 0)
             title += f" · Inductor agrees on {agree}/{len(model.inductor.clusters)}"
-        lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(title=title, command="fuselens.showKernel", arguments=[uri, model.name])))
+        lenses.append(
+            lsp.CodeLens(
+                range=rng, command=lsp.Command(title=title, command="fuselens.showKernel", arguments=[uri, model.name])
+            )
+        )
         if model.clusters:
-            lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
-                title="Validate all", command="fuselens.validateAll", arguments=[uri, model.name])))
-            lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
-                title="Show kernels", command="fuselens.showKernel", arguments=[uri, model.name])))
+            lenses.append(
+                lsp.CodeLens(
+                    range=rng,
+                    command=lsp.Command(
+                        title="Validate all", command="fuselens.validateAll", arguments=[uri, model.name]
+                    ),
+                )
+            )
+            lenses.append(
+                lsp.CodeLens(
+                    range=rng,
+                    command=lsp.Command(
+                        title="Show kernels", command="fuselens.showKernel", arguments=[uri, model.name]
+                    ),
+                )
+            )
     return lenses

@@ -1,7 +1,7 @@
 -- Drives the fuselens plugin in headless Neovim the way a user would, and writes what
 -- happened to $FUSELENS_RESULTS as JSON for tests/test_nvim.py to assert on.
 --   $FUSELENS_MODE = "full": diagnostics, hover, lens -> validation, quick fix
---   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analysed
+--   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()

@@ -82,7 +82,7 @@ require("fuselens").setup({
 local ih = vim.lsp.inlay_hint
 local has_hints = type(ih) == "table" and ih.get ~= nil
 
-local function analysed(bufnr)
+local function analyzed(bufnr)
   local n = 0
   for _, d in ipairs(vim.diagnostic.get(bufnr)) do
     n = n + (d.source == "fuselens" and 1 or 0)
@@ -104,7 +104,7 @@ local stage, ticks = "analysis", 0
 local timer = (vim.uv or vim.loop).new_timer()
 timer:start(500, 250, vim.schedule_wrap(function()
   ticks = ticks + 1
-  if stage == "analysis" and analysed(0) then
+  if stage == "analysis" and analyzed(0) then
     -- Neovim (seen with 0.12-dev) leaves the hints it fetches after the server's
     -- workspace/inlayHint/refresh undrawn: a line drawn while that request was out counts as
     -- done for the document's version. Turning hints off and on again draws them (the usual

@@ -28,11 +28,11 @@ function isPythonFile(doc: vscode.TextDocument): boolean {
 }
 
 export function clientOptions(output: vscode.OutputChannel, status: StatusModel): LanguageClientOptions {
-  // The server analyses only trusted files and says nothing for the others, so an untrusted
-  // document is never marked "analysing" (it would spin forever).
+  // The server analyzes only trusted files and says nothing for the others, so an untrusted
+  // document is never marked "analyzing" (it would spin forever).
   const sent = (doc: vscode.TextDocument) => {
     if (isPythonFile(doc) && vscode.workspace.isTrusted) {
-      status.analysing(doc.uri.toString());
+      status.analyzing(doc.uri.toString());
     }
   };
   return {

@@ -90,10 +90,10 @@ export function registerCommands(
     }
     const result = (await run("fuselens.analyze", [uri.toString()])) as { scheduled?: boolean } | undefined;
     if (result?.scheduled) {
-      status.analysing(uri.toString());
+      status.analyzing(uri.toString());
     } else if (result) {
       const choice = await vscode.window.showWarningMessage(
-        "fuselens runs your model's code to analyse it, so it waits until you trust this workspace.",
+        "fuselens runs your model's code to analyze it, so it waits until you trust this workspace.",
         "Manage Workspace Trust",
       );
       if (choice) {

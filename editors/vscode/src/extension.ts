@@ -43,7 +43,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<Contro
         return ctl.restart("its settings changed");
       }
       if (e.affectsConfiguration("fuselens") && ctl.client?.isRunning()) {
-        // The server re-reads its settings and re-analyses the open documents.
+        // The server re-reads its settings and re-analyzes the open documents.
         return ctl.client.sendNotification(DidChangeConfigurationNotification.type, {
           settings: { fuselens: serverSettings(vscode.workspace.getConfiguration("fuselens")) },
         });

@@ -1,8 +1,8 @@
-// The status bar item: idle / analysing / N clusters / validating / error.
+// The status bar item: idle / analyzing / N clusters / validating / error.
 //
 // `StatusModel` is plain state with no VS Code in it, so the tests drive it directly. It
 // is fed by the client's middleware (client.ts): a document sent to the server (open,
-// save, "Analyze") is "analysing" until its diagnostics come back; the diagnostics say
+// save, "Analyze") is "analyzing" until its diagnostics come back; the diagnostics say
 // how many clusters it has or that the analysis failed; work-done progress (validation)
 // shows while it runs. The item shows the state of the active editor's document.
 
@@ -20,7 +20,7 @@ export interface DiagnosticLike {
 }
 
 interface DocState {
-  analysing: boolean;
+  analyzing: boolean;
   clusters: number;
   failure?: string;
 }
@@ -43,15 +43,15 @@ export class StatusModel {
   private doc(uri: string): DocState {
     let state = this.docs.get(uri);
     if (!state) {
-      state = { analysing: false, clusters: 0 };
+      state = { analyzing: false, clusters: 0 };
       this.docs.set(uri, state);
     }
     return state;
   }
 
   /** A document was sent for analysis (opened, saved, or "Analyze" ran). */
-  analysing(uri: string): void {
-    this.doc(uri).analysing = true;
+  analyzing(uri: string): void {
+    this.doc(uri).analyzing = true;
     this.onChange();
   }
 
@@ -59,7 +59,7 @@ export class StatusModel {
   diagnostics(uri: string, diagnostics: readonly DiagnosticLike[]): void {
     const ours = diagnostics.filter((d) => d.source === "fuselens");
     const state = this.doc(uri);
-    state.analysing = false;
+    state.analyzing = false;
     state.clusters = ours.filter((d) => (d.data as { cluster?: string } | undefined)?.cluster).length;
     state.failure = ours.find((d) => FAILURE_CODES.has(codeOf(d)))?.message;
     this.onChange();
@@ -100,7 +100,7 @@ export class StatusModel {
     if (message) {
       this.progress.clear();
       for (const state of this.docs.values()) {
-        state.analysing = false;
+        state.analyzing = false;
       }
     }
     this.onChange();
@@ -125,8 +125,8 @@ export class StatusModel {
     if (!state) {
       return { text: "$(zap) fuselens", tooltip: "fuselens: idle", error: false };
     }
-    if (state.analysing) {
-      return { text: "$(sync~spin) fuselens: analysing", tooltip: "fuselens: analysing this file", error: false };
+    if (state.analyzing) {
+      return { text: "$(sync~spin) fuselens: analyzing", tooltip: "fuselens: analyzing this file", error: false };
     }
     if (state.failure) {
       return { text: "$(error) fuselens: failed", tooltip: state.failure, error: true };

@@ -167,7 +167,7 @@ describe("activation", () => {
     assert.strictEqual(item.text, "$(zap) fuselens");
 
     mw.didOpen(doc, () => undefined);
-    assert.match(item.text, /analysing/);
+    assert.match(item.text, /analyzing/);
 
     const cluster = (id: string) => ({ source: "fuselens", code: "elementwise", message: "fusable", data: { cluster: id } });
     let passedOn: unknown[] = [];

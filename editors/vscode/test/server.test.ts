@@ -88,7 +88,7 @@ describe("the real server, started as the extension starts it", function () {
           textDocument: { uri: uri.toString(), languageId: "python", version: 1, text },
         }));
       const item = state.statusItems[0];
-      assert.match(item.text, /analysing/);
+      assert.match(item.text, /analyzing/);
 
       const { diagnostics } = await published;
       const clusters = diagnostics.filter((d) => d.data?.cluster);

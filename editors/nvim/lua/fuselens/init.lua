@@ -322,7 +322,7 @@ local function define_commands()
   end
   vim.api.nvim_create_user_command("FuselensAnalyze", function()
     M.analyze()
-  end, { desc = "fuselens: analyse this file now" })
+  end, { desc = "fuselens: analyze this file now" })
   vim.api.nvim_create_user_command("FuselensValidate", function(opts)
     M.validate(nil, opts.args)
   end, { nargs = "?", complete = complete_clusters, desc = "fuselens: validate a cluster's kernel (or all)" })

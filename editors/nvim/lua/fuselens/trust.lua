@@ -1,4 +1,4 @@
--- Workspace trust. fuselens analyses a model by importing it, which runs its code, so the
+-- Workspace trust. fuselens analyzes a model by importing it, which runs its code, so the
 -- server waits until the user trusts the folder. In Neovim that decision is the user's
 -- `trusted_folders` list, in their own config: a folder is trusted if it is one of them or
 -- lies inside one. Nothing inside the workspace (a file, a modeline, an .nvim.lua) can add to
