@@ -25,14 +25,14 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fuselens.contracts.report import GraphBreak
+from fuselens.contracts.report import GraphBreak, SourceRef
 
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
@@ -43,6 +43,7 @@ _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SYSTEM_DIRS = tuple(
     {p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}
 )
+_PACKAGE_DIRS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("purelib", "platlib")) if p})
 
 
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
@@ -66,12 +67,14 @@ class _StopTrace(Exception):
 
 @dataclass
 class UserCode:
-    """Decides which source files are the user's (vs torch, the stdlib, site-packages)."""
+    """Decides which source files are the user's (vs torch, the stdlib, site-packages), and which
+    are a model library's (an installed package other than torch and its toolchain)."""
 
     roots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._cache: dict[str, bool] = {}
+        self._library: dict[str, bool] = {}
 
     def __call__(self, filename: str) -> bool:
         hit = self._cache.get(filename)
@@ -88,6 +91,31 @@ class UserCode:
         if self.roots and any(path.startswith(r) for r in self.roots):
             return True
         return not any(path.startswith(d) for d in _SYSTEM_DIRS)
+
+    def library(self, filename: str) -> bool:
+        """Model code of an installed library: transformers' modeling files, timm's layers, ..."""
+        hit = self._library.get(filename)
+        if hit is None:
+            hit = self._library[filename] = _is_library(filename)
+        return hit
+
+    def model_code(self, filename: str) -> bool:
+        """The user's code or a library's: where an op's line is looked for."""
+        return self(filename) or self.library(filename)
+
+
+_TOOLCHAIN = ("torch", "triton", "numpy", "fuselens", "typing_extensions", "_pytest", "pytest")
+
+
+def _is_library(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    for packages in _PACKAGE_DIRS:
+        if path.startswith(packages + os.sep):
+            top = path[len(packages) + 1 :].split(os.sep, 1)[0]
+            return top.split(".")[0] not in _TOOLCHAIN
+    return False
 
 
 def _callable_name(func: Callable) -> str:
@@ -276,10 +304,11 @@ class Recorder(TorchFunctionMode):
         f: types.FrameType | None = sys._getframe(2)
         while f is not None and f.f_code is not self.stop_at:
             code = f.f_code
-            if self.user_code(code.co_filename):
+            if self.user_code.model_code(code.co_filename):
                 if self._caller is None:
                     self._caller = f
-                frames.append(Frame(code.co_filename, f.f_lineno, code.co_qualname, self._invocation(f)))
+                library = not self.user_code(code.co_filename)
+                frames.append(Frame(code.co_filename, f.f_lineno, code.co_qualname, self._invocation(f), library))
             f = f.f_back
         return tuple(frames)
 
@@ -395,28 +424,18 @@ class Recorder(TorchFunctionMode):
             else:
                 take = True
             self.branches_taken.append(take)
-            self.graph.breaks.append(
-                GraphBreak(
-                    file=frame.file if frame else "",
-                    line=frame.line if frame else 0,
-                    code=code,
-                    reason=(
-                        "data-dependent branch: the condition needs a tensor's value, so torch.compile "
-                        f"splits the graph here; analyzed the path where it is {take}"
-                    ),
-                )
+            reason = (
+                "data-dependent branch: the condition needs a tensor's value, so torch.compile "
+                f"splits the graph here; analyzed the path where it is {take}"
             )
+            self.graph.breaks.append(_graph_break(stack, code, reason))
             self.piece += 1
             return take
-        self.stopped = GraphBreak(
-            file=frame.file if frame else "",
-            line=frame.line if frame else 0,
-            code=code,
-            reason=(
-                f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
-                "so the ops after this line are not analyzed"
-            ),
+        reason = (
+            f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
+            "so the ops after this line are not analyzed"
         )
+        self.stopped = _graph_break(stack, code, reason)
         self.graph.breaks.append(self.stopped)
         raise _StopTrace()
 
@@ -548,6 +567,14 @@ class Recorder(TorchFunctionMode):
             self._bind_value(piece, node.id)
 
 
+def _graph_break(stack: tuple[Frame, ...], code: str, reason: str) -> GraphBreak:
+    """A break at the innermost frame of model code, and the user's line reaching it when that is a library's."""
+    frame = stack[0] if stack else None
+    entry = next((f for f in stack if not f.library), None)
+    reached = SourceRef(entry.file, entry.line) if entry is not None and frame is not None and frame.library else None
+    return GraphBreak(frame.file if frame else "", frame.line if frame else 0, reason, code, reached)
+
+
 def _aliases_inputs(out: torch.Tensor, args, kwargs) -> bool:
     """Does `out` share memory with an input (an in-place result or a view of one)?"""
     inputs = tensors_in((args, kwargs))
@@ -612,7 +639,12 @@ class _DynamoStandIn(types.ModuleType):
     Meta kernels written in Python are wrapped in `torch._disable_dynamo`, whose first
     call imports all of torch._dynamo (over a second) only to mark them untraceable.
     Capture never runs dynamo, so until something really needs it this stand-in
-    answers; any other attribute loads the real module.
+    answers; any other attribute loads the real module, and so does `__path__`, which
+    the import system reads to import a submodule (`torch._dynamo.utils`).  Any other
+    dunder (`__file__`, `__spec__`) is a question about the module, not a use of it:
+    `inspect.getmodule` asks every module for `__file__`, sometimes halfway through
+    importing torch.distributed, where importing dynamo would be a circular import.
+    Those are answered as a module without the attribute would answer them.
     """
 
     @staticmethod
@@ -621,9 +653,11 @@ class _DynamoStandIn(types.ModuleType):
 
     @staticmethod
     def is_compiling() -> bool:
-        return False
+        return torch.compiler.is_compiling()
 
     def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__") and name != "__path__":
+            raise AttributeError(name)
         _drop_stand_in(self)
         return getattr(importlib.import_module("torch._dynamo"), name)
 
@@ -646,6 +680,31 @@ def without_dynamo_import():
         yield
     finally:
         _drop_stand_in(stand_in)
+
+
+@contextlib.contextmanager
+def as_torch_compile_traces() -> Iterator[None]:
+    """Code that asks whether it is being compiled gets torch.compile's answer while it is traced.
+
+    Libraries branch on it to skip checks that read values (transformers' mask code asks
+    `is_compiling()` before inspecting a mask): answering "not compiling" would report a graph
+    break torch.compile never makes, and analyse code it never runs.  `torch.compiler.is_compiling()`
+    reads this flag (torch.export sets it the same way); `is_dynamo_compiling()` is a constant
+    that Dynamo folds to True, so it is answered for the duration too.
+    """
+    compiler = torch.compiler
+    flag, dynamo_compiling = compiler._is_compiling_flag, compiler.is_dynamo_compiling
+    compiler._is_compiling_flag = True
+    compiler.is_dynamo_compiling = _dynamo_compiling
+    try:
+        yield
+    finally:
+        compiler._is_compiling_flag = flag
+        compiler.is_dynamo_compiling = dynamo_compiling
+
+
+def _dynamo_compiling() -> bool:
+    return True
 
 
 @dataclass
@@ -692,7 +751,7 @@ def trace(
     complete = True
     try:
         device = contextlib.nullcontext() if real else torch.device("meta")
-        with without_dynamo_import(), torch.no_grad(), device, recorder:
+        with without_dynamo_import(), as_torch_compile_traces(), torch.no_grad(), device, recorder:
             try:
                 out = model(*inputs)
             except _StopTrace:

@@ -48,6 +48,7 @@ class Frame:
     line: int
     function: str  # qualified name, e.g. "RMSNorm.forward"
     invocation: int = 0  # which call of that function (ops of one call share it)
+    library: bool = False  # in an installed library (transformers, timm, ...), not in the user's code
 
 
 @dataclass
@@ -87,8 +88,8 @@ class Node:
     params: dict[str, Any] = field(default_factory=dict)
     meta: TensorMeta | None = None  # None for tuple-producing or non-tensor nodes
     call: str = ""  # what the user called: "torch.nn.functional.gelu", "Tensor.mul", "x * y"
-    source: Frame | None = None  # innermost frame in the user's code
-    stack: tuple[Frame, ...] = ()  # every user frame, innermost first
+    source: Frame | None = None  # innermost frame of model code: the user's, or a library's they call
+    stack: tuple[Frame, ...] = ()  # every frame of model code, innermost first
     module: str = ""  # module instance path ("blocks.3.attn"), "" for the root
     piece: int = 0  # which graph piece (between data-dependent breaks)
     inplace: bool = False  # writes into its first operand
@@ -117,8 +118,13 @@ class Node:
 
     @property
     def file(self) -> str:
-        """The file of the user's code that made this op ("" for one without a user frame)."""
+        """The file of the model code that made this op ("" for one without a frame there)."""
         return self.source.file if self.source else ""
+
+    @property
+    def entry(self) -> Frame | None:
+        """The innermost frame in the user's own code: where it reaches the library that made this op."""
+        return next((f for f in self.stack if not f.library), None)
 
 
 def _flatten(values: Any) -> Iterator[Any]:

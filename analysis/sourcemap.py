@@ -25,8 +25,9 @@ import os
 from dataclasses import dataclass, field
 
 from fuselens.contracts.report import Mapping as MappingQuality
+from fuselens.contracts.units import library_path
 
-from .graph import Graph, Node
+from .graph import Frame, Graph, Node
 from .ops import OpClass
 
 
@@ -113,6 +114,21 @@ def common_place(graph: Graph, node_ids: list[int]) -> Place | None:
     )
 
 
+def entry_point(graph: Graph, node_ids: list[int]) -> Frame | None:
+    """The user's frame that reaches a group of ops made in a library: the innermost call of the user's
+    code all of them happen inside (else the first op's own entry into the library)."""
+    stacks = [[f for f in graph[i].stack if not f.library] for i in node_ids]
+    stacks = [s for s in stacks if s]
+    if not stacks:
+        return None
+    shared = {f.invocation for f in stacks[0]}
+    for stack in stacks[1:]:
+        shared &= {f.invocation for f in stack}
+    if not shared:
+        return stacks[0][0]
+    return next(f for f in stacks[0] if f.invocation in shared)
+
+
 def map_cluster(
     graph: Graph,
     compute: list[int],
@@ -149,7 +165,7 @@ def map_cluster(
         )
     file = place.file
     if source is None or os.path.abspath(file) != source.path:
-        return _with(base, f"its code is in {os.path.basename(file)}, not in this file")
+        return _with(base, f"its code is in {_shown(file)} ({place.function}), not in this file")
     fn = source.function_at(base.lines[0], place.function)
     if fn is None:
         return _with(base, "the function holding it could not be found in the source")
@@ -195,6 +211,12 @@ def map_cluster(
     base.quality = "exact"
     base.detail = "the lines can be replaced by one kernel call"
     return base
+
+
+def _shown(file: str) -> str:
+    """A file as a message names it: a library's from its package down, another of the user's by name."""
+    shown = library_path(file)
+    return shown if shown != file else os.path.basename(file)
 
 
 def _with(mapping: Mapping, detail: str) -> Mapping:

@@ -117,7 +117,9 @@ def _render_totals(console: Console, report: Report, model: Model) -> None:
 def _render_graph_breaks(console: Console, model: Model) -> None:
     """Each graph break: its line and reason, and the code that caused it."""
     for brk in model.graph_breaks:
-        console.print(f"  [yellow]graph break[/] line {brk.line}: {_literal(brk.reason)}")
+        where = _literal(_where(brk.file, [brk.line, brk.line], model.file))
+        reached = f" (reached from line {brk.reached_from.line})" if brk.reached_from else ""
+        console.print(f"  [yellow]graph break[/] {where}{reached}: {_literal(brk.reason)}")
         if brk.code:
             console.print(f"    [dim]{_literal(brk.code)}[/]")
 
@@ -126,13 +128,16 @@ def _render_clusters(console: Console, model: Model) -> None:
     """The cluster table, then a note for each cluster on a branch and each that is not an exact mapping."""
     if not model.clusters:
         return
-    console.print(_cluster_table(model.clusters))
+    console.print(_cluster_table(model.clusters, model.file))
     for c in model.clusters:
         if c.branch:
             console.print(f"  [dim]* {_literal(c.id)} is {_literal(c.branch)}[/]")
     for c in model.clusters:
         if c.mapping != "exact":
-            console.print(f"  [dim]{_literal(c.id)} maps as {_literal(c.mapping)}: {_literal(c.mapping_detail)}[/]")
+            reached = f"; reached from line {c.reached_from.line}" if c.reached_from else ""
+            console.print(
+                f"  [dim]{_literal(c.id)} maps as {_literal(c.mapping)}: {_literal(c.mapping_detail)}{reached}[/]"
+            )
 
 
 _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
@@ -148,16 +153,16 @@ _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
 )
 
 
-def _cluster_table(clusters: list[Cluster]) -> Table:
+def _cluster_table(clusters: list[Cluster], model_file: str) -> Table:
     table = Table(show_edge=True, header_style="bold")
     for col, justify in _CLUSTER_COLUMNS:
         table.add_column(col, justify=justify)
     for c in clusters:
-        table.add_row(*_cluster_row(c))
+        table.add_row(*_cluster_row(c, model_file))
     return table
 
 
-def _cluster_row(c: Cluster) -> list[str]:
+def _cluster_row(c: Cluster, model_file: str) -> list[str]:
     """id, kind (`*` on a branch), the op chain (the first five of a long one), traffic, saving,
     regime, the mapping in its colour, lines, multiplicity."""
     ops = c.op_chain if len(c.ops) <= 6 else " → ".join(o.target for o in c.ops[:5]) + f" … ({len(c.ops)} ops)"
@@ -172,7 +177,7 @@ def _cluster_row(c: Cluster) -> list[str]:
         _saved(c),
         _literal(c.regime or "—"),
         f"[{style}]{_literal(c.mapping)}[/]",
-        _lines(c.lines),
+        _literal(_where(c.file, c.lines, model_file)),
         str(c.multiplicity),
     ]
 
@@ -190,7 +195,7 @@ def _render_patterns(console: Console, model: Model) -> None:
         bound = f"{est.speedup_bound:.2f}×" if est.speedup_bound else "—"
         table.add_row(
             _literal(p.name),
-            _lines(p.lines),
+            _literal(_where(p.file, p.lines, model.file)),
             traffic,
             bound,
             str(p.multiplicity),
@@ -213,7 +218,11 @@ def _render_rejections(console: Console, model: Model, explain: bool) -> None:
         table.add_column(col)
     for r in model.rejections:
         table.add_row(
-            _literal(r.ops[0].target), str(r.lines[0]), _literal(r.reason), str(r.multiplicity), _literal(r.detail)
+            _literal(r.ops[0].target),
+            _literal(_where(r.file, r.lines, model.file)),
+            _literal(r.reason),
+            str(r.multiplicity),
+            _literal(r.detail),
         )
     console.print(table)
     for c in model.clusters:
@@ -285,6 +294,13 @@ def _saved(c: Cluster) -> str:
 
 def _lines(lines: list[int]) -> str:
     return f"{lines[0]}" if lines[0] == lines[1] else f"{lines[0]}–{lines[1]}"
+
+
+def _where(file: str, lines: list[int], model_file: str) -> str:
+    """Lines of the model's own file by number; lines elsewhere (a library's) with the file's name."""
+    if not file or os.path.abspath(file) == os.path.abspath(model_file):
+        return _lines(lines)
+    return f"{os.path.basename(file)}:{_lines(lines)}"
 
 
 def _rel(path: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
-SCHEMA_VERSION = 2  # 2: a model that was analyzed says "analyzed"
+SCHEMA_VERSION = 3  # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -40,6 +40,14 @@ ModelStatus = Literal["analyzed", "skipped", "error"]
 ClusterKind = Literal["elementwise", "reduction"]
 MAPPINGS: tuple[str, ...] = typing.get_args(Mapping)
 REGIMES: tuple[str, ...] = typing.get_args(Regime)
+
+
+@dataclass
+class SourceRef:
+    """A line of the user's code: where it reaches code that lives elsewhere (an installed library)."""
+
+    file: str
+    line: int
 
 
 @dataclass
@@ -113,6 +121,10 @@ class Cluster:
     branch: str = ""  # set when the cluster is on a branch path the main trace did not take
     total_bytes_unfused: int | None = None  # times multiplicity
     total_bytes_fused: int | None = None
+    # When the cluster's code is not in the analyzed file (a library's): the user's line that reaches
+    # it, and the cluster's lines as they read there.
+    reached_from: SourceRef | None = None
+    code: list[str] = field(default_factory=list)
 
     @property
     def bytes_saved(self) -> int | None:
@@ -133,6 +145,7 @@ class Rejection:
     file: str
     lines: list[int]
     multiplicity: int = 1
+    reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
 
 
 @dataclass
@@ -153,6 +166,7 @@ class Pattern:
     clusters: list[str] = field(default_factory=list)
     multiplicity: int = 1
     summary: str = ""
+    reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
 
 
 @dataclass
@@ -161,6 +175,7 @@ class GraphBreak:
     line: int
     reason: str
     code: str = ""  # the source line that caused it
+    reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
 
 
 @dataclass

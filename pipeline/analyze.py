@@ -50,9 +50,7 @@ def analyze_file(path: str, options: AnalyzeOptions | None = None) -> R.Report:
 
 
 def analyze(path: str, options: AnalyzeOptions | None = None) -> AnalyzedFile:
-    # Building models on meta runs Python init kernels that would import torch._dynamo.
-    with capture.without_dynamo_import():
-        return _analyze(os.path.abspath(path), options or AnalyzeOptions())
+    return _analyze(os.path.abspath(path), options or AnalyzeOptions())
 
 
 def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
@@ -209,7 +207,10 @@ def _analyze_model(info: discover.ClassInfo, cls: type, file: _FileContext) -> t
     model.inputs = [R.TensorInfo(s.shape, s.dtype) for s in config.inputs]
     model.inputs_source = config.inputs_source
     try:
-        paths = _trace_paths(model, cls, config, file, started)
+        # Building on meta runs Python init kernels that would import torch._dynamo (over a second)
+        # for nothing; the user's module was imported without the stand-in, exactly as Python would.
+        with capture.without_dynamo_import():
+            paths = _trace_paths(model, cls, config, file, started)
     except loader.LoadError as exc:
         return _failed(model, load_problem(exc, file.path)), []
     except capture.CaptureError as exc:

@@ -7,6 +7,7 @@ not repeated, and repeated layers fold into one entry with a count (`multiplicit
 
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster
 from fuselens.contracts import report as R
+from fuselens.contracts.units import in_library
 
 
 @dataclass
@@ -78,10 +80,10 @@ def findings(
         found += [f for f in path_found if _signature(f) not in seen_signatures]
         seen_signatures |= {_signature(f) for f in found}
     groups = group_repeats(found, _signature)
-    model.clusters = [_cluster(group, profile) for group in groups]
-    model.rejections = [_rejection(group) for group in group_repeats(rejected, _rejection_signature)]
+    model.clusters = [_cluster(group, profile, source) for group in groups]
+    model.rejections = [_rejection(group, source) for group in group_repeats(rejected, _rejection_signature)]
     pattern_groups = group_repeats(matches, _pattern_signature)
-    model.patterns = [_pattern(group) for group in pattern_groups]
+    model.patterns = [_pattern(group, source) for group in pattern_groups]
     # Which clusters each pattern overlaps, by op identity within the same trace.
     for pattern, matched in zip(model.patterns, pattern_groups, strict=True):
         graph, match, _ = matched[0]
@@ -104,7 +106,7 @@ def _signature(f: Found):
     return ops, ins, outs
 
 
-def _cluster(group: list[Found], profile: cost.DeviceProfile) -> R.Cluster:
+def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.SourceIndex) -> R.Cluster:
     first = group[0]
     g, plan, mapping = first.graph, first.plan, first.mapping
     ops = [op_ref(g[i]) for i in plan.compute]
@@ -148,7 +150,22 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile) -> R.Cluster:
         total_bytes_unfused=_times(first.unfused, len(group)),
         total_bytes_fused=_times(first.fused, len(group)),
     )
+    if in_library(cluster.file):
+        cluster.reached_from = _reached_from(g, plan.compute)
+        cluster.code = _code(cluster.file, cluster.lines)
     return cluster
+
+
+def _reached_from(graph: Graph, node_ids: list[int]) -> R.SourceRef | None:
+    """The user's line that reaches ops whose code is elsewhere (None: no user frame reaches them, as in
+    a model whose forward is all a library's; the model's own line stands for it then)."""
+    frame = sourcemap.entry_point(graph, node_ids)
+    return R.SourceRef(frame.file, frame.line) if frame is not None else None
+
+
+def _code(file: str, lines: list[int]) -> list[str]:
+    """The lines as they read in `file` (a library's), for a hover that shows them where they are used."""
+    return [linecache.getline(file, n).rstrip("\n") for n in range(lines[0], min(lines[1], lines[0] + 11) + 1)]
 
 
 def _times(count: int | None, multiplicity: int) -> int | None:
@@ -169,11 +186,14 @@ def _rejection_signature(item):
     return node.op, node.file, node.line, r.reason
 
 
-def _rejection(group) -> R.Rejection:
+def _rejection(group, source: sourcemap.SourceIndex) -> R.Rejection:
     graph, r, _ = group[0]
     node = graph[r.node]
     ref = op_ref(node)
-    return R.Rejection([ref], r.reason, r.detail, ref.file, [ref.line, ref.line], multiplicity=len(group))
+    rejection = R.Rejection([ref], r.reason, r.detail, ref.file, [ref.line, ref.line], multiplicity=len(group))
+    if in_library(ref.file):
+        rejection.reached_from = _reached_from(graph, [r.node])
+    return rejection
 
 
 def _pattern_signature(item):
@@ -181,12 +201,12 @@ def _pattern_signature(item):
     return m.name, tuple((graph[i].op, graph[i].line) for i in m.nodes)
 
 
-def _pattern(group) -> R.Pattern:
+def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
     graph, m, _ = group[0]
     ops = [op_ref(graph[i]) for i in m.nodes]
     place = sourcemap.common_place(graph, m.nodes)
     lines = list(place.lines) if place else [0, 0]
-    return R.Pattern(
+    pattern = R.Pattern(
         m.name,
         ops,
         place.file if place else (ops[0].file if ops else ""),
@@ -196,3 +216,6 @@ def _pattern(group) -> R.Pattern:
         multiplicity=len(group),
         summary=m.summary,
     )
+    if in_library(pattern.file):
+        pattern.reached_from = _reached_from(graph, m.nodes)
+    return pattern

@@ -6,11 +6,12 @@ import os
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.report import Cluster, Problem, Report
-from fuselens.contracts.units import bytes_label
+from fuselens.contracts.inductor import UnmatchedFusion
+from fuselens.contracts.report import Cluster, GraphBreak, Model, Pattern, Problem, Rejection, Report, SourceRef
+from fuselens.contracts.units import bytes_label, library_path
 from fuselens.worker.protocol import Failure
 
-from .text import lines_range, path_to_uri, same_file
+from .text import lines_range, path_to_uri, same_file, shown_at
 
 SOURCE = "fuselens"
 SEVERITY = {
@@ -40,114 +41,168 @@ def cluster_message(c: Cluster) -> str:
 def diagnostics(
     report: Report, path: str, lines: list[str], severity: str, show: list[str], failure: Failure | None = None
 ) -> list[lsp.Diagnostic]:
+    """Everything the report says about the document at `path`, filtered by the `show` setting.
+
+    What lives in this file shows at its own lines.  What lives in a library the file uses (a
+    transformers decoder layer, say) shows at the user's line that reaches it, with links to the
+    library's lines."""
     out: list[lsp.Diagnostic] = []
     if failure is not None:
         out.append(_failure(failure, path, lines))
     if "problems" in show:
-        for problem in report.problems:
-            out.append(_problem(problem, path, lines))
+        out += [_problem(problem, path, lines) for problem in report.problems]
+    cluster_severity = SEVERITY.get(severity, lsp.DiagnosticSeverity.Information)
     for model in report.models:
-        if model.problem and model.status == "error" and "problems" in show:
-            out.append(_problem(model.problem, path, lines, prefix=f"{model.name}: "))
-        if model.status == "skipped" and not model.notes and "problems" in show:
-            out.append(
-                lsp.Diagnostic(
-                    range=lines_range(lines, model.line, model.line),
-                    severity=lsp.DiagnosticSeverity.Hint,
-                    message=f"{model.name} was not analyzed: no example inputs. {model.problem.hint if model.problem else ''}",
-                    source=SOURCE,
-                    code="no-inputs",
-                )
-            )
+        if "problems" in show:
+            out += _model_problems(model, path, lines)
         if "breaks" in show:
-            for brk in model.graph_breaks:
-                if same_file(brk.file, path):
-                    out.append(
-                        lsp.Diagnostic(
-                            range=lines_range(lines, brk.line, brk.line),
-                            severity=lsp.DiagnosticSeverity.Warning,
-                            source=SOURCE,
-                            code="graph-break",
-                            message=f"graph break: {brk.reason}",
-                        )
-                    )
+            out += [d for brk in model.graph_breaks if (d := _graph_break(brk, model, path, lines))]
         if "clusters" in show:
-            for c in model.clusters:
-                if same_file(c.file, path):
-                    out.append(_cluster(c, lines, SEVERITY.get(severity, lsp.DiagnosticSeverity.Information)))
+            out += [d for c in model.clusters if (d := _cluster(c, model, path, lines, cluster_severity))]
         if "patterns" in show:
-            for p in model.patterns:
-                if not same_file(p.file, path) or not p.estimate.speedup_bound or p.estimate.speedup_bound <= 1.0:
-                    continue
-                est = p.estimate
-                message = (
-                    f"pattern {p.name}: {bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}, "
-                    f"bound {est.speedup_bound:.2f}× — {p.summary}"
-                )
-                if p.multiplicity > 1:
-                    message += f" ×{p.multiplicity}"
-                out.append(
-                    lsp.Diagnostic(
-                        range=lines_range(lines, p.lines[0], p.lines[1]),
-                        severity=lsp.DiagnosticSeverity.Hint,
-                        source=SOURCE,
-                        code=f"pattern:{p.name}",
-                        message=message,
-                    )
-                )
-        if model.inductor is not None and "patterns" in show:
-            for fusion in model.inductor.unmatched:
-                lines_here = [o.line for o in fusion.ops if o.line and same_file(o.file, path)]
-                if len(lines_here) < 2:
-                    continue
-                reasons = sorted({o.reason for o in fusion.ops if o.reason})
-                why = f"; fuselens did not ({', '.join(reasons)})" if reasons else ""
-                out.append(
-                    lsp.Diagnostic(
-                        range=lines_range(lines, min(lines_here), max(lines_here)),
-                        severity=lsp.DiagnosticSeverity.Hint,
-                        source=SOURCE,
-                        code="inductor-only",
-                        message=f"torch.compile fuses {fusion.summary} in {fusion.name}{why}",
-                    )
-                )
+            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines))]
+            if model.inductor is not None:
+                out += [d for f in model.inductor.unmatched if (d := _inductor_only(f, path, lines))]
         if "rejections" in show:
-            for r in model.rejections:
-                if same_file(r.file, path):
-                    out.append(
-                        lsp.Diagnostic(
-                            range=lines_range(lines, r.lines[0], r.lines[1]),
-                            severity=lsp.DiagnosticSeverity.Hint,
-                            source=SOURCE,
-                            code=r.reason,
-                            message=f"not fused: `{r.ops[0].target}` — {r.reason}: {r.detail}",
-                        )
-                    )
+            out += [d for r in model.rejections if (d := _rejection(r, model, path, lines))]
     return out
 
 
-def _cluster(c: Cluster, lines: list[str], severity: lsp.DiagnosticSeverity) -> lsp.Diagnostic:
-    related = [
-        lsp.DiagnosticRelatedInformation(
-            location=lsp.Location(
-                path_to_uri(op.file),
-                lines_range(lines, op.line, op.line)
-                if same_file(op.file, c.file)
-                else lsp.Range(lsp.Position(op.line - 1, 0), lsp.Position(op.line - 1, 0)),
-            ),
-            message=f"{op.target} {'×'.join(map(str, op.shape or []))} {op.dtype or ''}".strip(),
-        )
-        for op in c.ops
-        if op.file and op.line
-    ]
+def _model_problems(model: Model, path: str, lines: list[str]) -> list[lsp.Diagnostic]:
+    if model.problem and model.status == "error":
+        return [_problem(model.problem, path, lines, prefix=f"{model.name}: ")]
+    if model.status == "skipped" and not model.notes and same_file(model.file, path):
+        hint = model.problem.hint if model.problem else ""
+        return [
+            lsp.Diagnostic(
+                range=lines_range(lines, model.line, model.line),
+                severity=lsp.DiagnosticSeverity.Hint,
+                message=f"{model.name} was not analyzed: no example inputs. {hint}",
+                source=SOURCE,
+                code="no-inputs",
+            )
+        ]
+    return []
+
+
+def _elsewhere(file: str, lines: list[int], function: str = "") -> lsp.DiagnosticRelatedInformation:
+    """The link from a user's line to the library lines it reaches."""
+    where = f"{library_path(file)}:{lines[0]}" + (f"–{lines[1]}" if lines[1] != lines[0] else "")
+    return lsp.DiagnosticRelatedInformation(
+        location=lsp.Location(path_to_uri(file), lsp.Range(lsp.Position(lines[0] - 1, 0), lsp.Position(lines[1], 0))),
+        message=f"in {where}" + (f" ({function})" if function else ""),
+    )
+
+
+def _placed(
+    file: str, lines: list[int], reached_from: SourceRef | None, model: Model, path: str, doc: list[str]
+) -> tuple[lsp.Range, list[lsp.DiagnosticRelatedInformation]] | None:
+    """Where an item shows in this document, and the link to its code when that is elsewhere."""
+    shown = shown_at(file, lines, reached_from, model, path)
+    if shown is None:
+        return None
+    related = [] if same_file(file, path) or not file else [_elsewhere(file, lines)]
+    return lines_range(doc, shown[0], shown[1]), related
+
+
+def _graph_break(brk: GraphBreak, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
+    placed = _placed(brk.file, [brk.line, brk.line], brk.reached_from, model, path, lines)
+    if placed is None:
+        return None
+    rng, related = placed
     return lsp.Diagnostic(
-        range=lines_range(lines, c.lines[0], c.lines[1]),
+        range=rng,
+        severity=lsp.DiagnosticSeverity.Warning,
+        source=SOURCE,
+        code="graph-break",
+        message=f"graph break: {brk.reason}",
+        related_information=related or None,
+    )
+
+
+def _cluster(
+    c: Cluster, model: Model, path: str, lines: list[str], severity: lsp.DiagnosticSeverity
+) -> lsp.Diagnostic | None:
+    placed = _placed(c.file, c.lines, c.reached_from, model, path, lines)
+    if placed is None:
+        return None
+    rng, related = placed
+    if related:
+        related = [_elsewhere(c.file, c.lines, c.function)]
+    for op in c.ops:
+        if op.file and op.line:
+            here = same_file(op.file, path)
+            at = (
+                lines_range(lines, op.line, op.line)
+                if here
+                else lsp.Range(lsp.Position(op.line - 1, 0), lsp.Position(op.line - 1, 0))
+            )
+            shape = f"{op.target} {'×'.join(map(str, op.shape or []))} {op.dtype or ''}".strip()
+            related.append(
+                lsp.DiagnosticRelatedInformation(location=lsp.Location(path_to_uri(op.file), at), message=shape)
+            )
+    return lsp.Diagnostic(
+        range=rng,
         severity=severity,
         source=SOURCE,
         code=c.kind,
         message=cluster_message(c),
         related_information=related,
         data={"cluster": c.id},
+    )
+
+
+def _pattern(p: Pattern, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
+    est = p.estimate
+    if not est.speedup_bound or est.speedup_bound <= 1.0:
+        return None
+    placed = _placed(p.file, p.lines, p.reached_from, model, path, lines)
+    if placed is None:
+        return None
+    rng, related = placed
+    message = (
+        f"pattern {p.name}: {bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}, "
+        f"bound {est.speedup_bound:.2f}× — {p.summary}"
+    )
+    if p.multiplicity > 1:
+        message += f" ×{p.multiplicity}"
+    return lsp.Diagnostic(
+        range=rng,
+        severity=lsp.DiagnosticSeverity.Hint,
+        source=SOURCE,
+        code=f"pattern:{p.name}",
+        message=message,
+        related_information=related or None,
+    )
+
+
+def _inductor_only(fusion: UnmatchedFusion, path: str, lines: list[str]) -> lsp.Diagnostic | None:
+    lines_here = [o.line for o in fusion.ops if o.line and same_file(o.file, path)]
+    if len(lines_here) < 2:
+        return None
+    reasons = sorted({o.reason for o in fusion.ops if o.reason})
+    why = f"; fuselens did not ({', '.join(reasons)})" if reasons else ""
+    return lsp.Diagnostic(
+        range=lines_range(lines, min(lines_here), max(lines_here)),
+        severity=lsp.DiagnosticSeverity.Hint,
+        source=SOURCE,
+        code="inductor-only",
+        message=f"torch.compile fuses {fusion.summary} in {fusion.name}{why}",
+    )
+
+
+def _rejection(r: Rejection, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
+    placed = _placed(r.file, r.lines, r.reached_from, model, path, lines)
+    if placed is None:
+        return None
+    rng, related = placed
+    return lsp.Diagnostic(
+        range=rng,
+        severity=lsp.DiagnosticSeverity.Hint,
+        source=SOURCE,
+        code=r.reason,
+        message=f"not fused: `{r.ops[0].target}` — {r.reason}: {r.detail}",
+        related_information=related or None,
     )
 
 

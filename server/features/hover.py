@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.report import Cluster, Model, Report
-from fuselens.contracts.units import bytes_label
+from fuselens.contracts.units import bytes_label, in_library, library_path
 
-from .text import same_file
+from .text import same_file, shown_at
 
 
 def clusters_at(report: Report, path: str, line: int) -> list[tuple[Model, Cluster]]:
-    """Clusters whose lines contain `line` (1-based) or that have an op on it."""
+    """Clusters shown on `line` (1-based: their own lines, or the user's line reaching a library's
+    code) or that have an op on it."""
     hits = []
     for model, c in report.clusters():
-        if (same_file(c.file, path) and c.lines[0] <= line <= c.lines[1]) or any(
+        shown = shown_at(c.file, c.lines, c.reached_from, model, path)
+        if (shown and shown[0] <= line <= shown[1]) or any(
             op.line == line and same_file(op.file, path) for op in c.ops
         ):
             hits.append((model, c))
@@ -45,6 +48,8 @@ def describe(model: Model, c: Cluster) -> str:
         )
     if c.branch:
         parts.append(f"_{c.branch}_")
+    if in_library(c.file):
+        parts.append(_library_section(c))
     rows = ["| op | line | shape | dtype |", "|---|---|---|---|"]
     for op in c.ops:
         file = "" if same_file(op.file, c.file) else f"{os.path.basename(op.file)}:"
@@ -94,6 +99,16 @@ def hover(report: Report, path: str, line: int) -> lsp.Hover | None:
         return None
     text = "\n\n---\n\n".join(describe(m, c) for m, c in hits)
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
+
+
+def _library_section(c: Cluster) -> str:
+    """Where a cluster of a library's code is, and its lines as they read there."""
+    span = f"line {c.lines[0]}" if c.lines[0] == c.lines[1] else f"lines {c.lines[0]}–{c.lines[1]}"
+    function = f" (`{c.function}`)" if c.function else ""
+    text = f"in **`{library_path(c.file)}`** {span}{function}"
+    if c.code:
+        text += "\n```python\n" + textwrap.dedent("\n".join(c.code)) + "\n```"
+    return text
 
 
 def _inductor_section(comparisons: InductorComparison, c: Cluster) -> str:

@@ -1,32 +1,36 @@
-"""Inlay hints: the traffic a cluster saves, at the end of its last line."""
+"""Inlay hints: the traffic a cluster saves, at the end of the last line it shows on."""
 
 from __future__ import annotations
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.report import Report
+from fuselens.contracts.report import Cluster, Report
 from fuselens.contracts.units import bytes_label
 
-from .text import end_of_line, same_file
+from .text import end_of_line, shown_at
 
 
 def inlay_hints(report: Report, path: str, lines: list[str], first: int, last: int) -> list[lsp.InlayHint]:
-    """Hints for clusters ending within lines first..last (1-based, inclusive)."""
-    hints = []
-    for _, c in report.clusters():
-        end = c.lines[1]
-        if not same_file(c.file, path) or not first <= end <= last or c.bytes_saved is None:
+    """Hints for clusters whose shown lines end within first..last (1-based, inclusive): one per line,
+    summing the clusters that end there (a line reaching a library's layers reaches several)."""
+    by_line: dict[int, list[Cluster]] = {}
+    for model, c in report.clusters():
+        shown = shown_at(c.file, c.lines, c.reached_from, model, path)
+        if shown is None or not first <= shown[1] <= last or c.bytes_saved is None:
             continue
+        by_line.setdefault(shown[1], []).append(c)
+    return [_hint(lines, line, clusters) for line, clusters in sorted(by_line.items())]
+
+
+def _hint(lines: list[str], line: int, clusters: list[Cluster]) -> lsp.InlayHint:
+    if len(clusters) == 1:
+        c = clusters[0]
         label = f"⚡ −{bytes_label(c.bytes_saved)}"
         if c.multiplicity > 1:
             label += f" ×{c.multiplicity}"
-        hints.append(
-            lsp.InlayHint(
-                position=end_of_line(lines, end),
-                label=label,
-                padding_left=True,
-                kind=None,
-                tooltip=f"{c.id}: {c.op_chain} [{c.regime}]",
-            )
-        )
-    return hints
+        tooltip = f"{c.id}: {c.op_chain} [{c.regime}]"
+    else:
+        saved = sum((c.bytes_saved or 0) * c.multiplicity for c in clusters)
+        label = f"⚡ −{bytes_label(saved)} in {len(clusters)} clusters"
+        tooltip = "\n".join(f"{c.id}: {c.op_chain} [{c.regime}]" for c in clusters)
+    return lsp.InlayHint(position=end_of_line(lines, line), label=label, padding_left=True, kind=None, tooltip=tooltip)

@@ -7,6 +7,9 @@ from urllib.parse import quote, unquote, urlparse
 
 from lsprotocol import types as lsp
 
+from fuselens.contracts.report import Model, SourceRef
+from fuselens.contracts.units import in_library
+
 
 def utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
@@ -43,3 +46,18 @@ def uri_to_path(uri: str) -> str | None:
 
 def same_file(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def shown_at(
+    file: str, lines: list[int], reached_from: SourceRef | None, model: Model, path: str
+) -> tuple[int, int] | None:
+    """The lines of the document at `path` an item of `model` shows on: its own lines when its code is in
+    this file; else the user's line that reaches it (code in a library); else, for a model whose code is
+    all a library's, the model's own line.  None when the item does not show in this document."""
+    if file and same_file(file, path):
+        return lines[0], lines[1]
+    if reached_from is not None:
+        return (reached_from.line, reached_from.line) if same_file(reached_from.file, path) else None
+    if in_library(file) and same_file(model.file, path):
+        return model.line, model.line
+    return None
