@@ -71,6 +71,7 @@ class UserCode:
     are a model library's (an installed package other than torch and its toolchain)."""
 
     roots: tuple[str, ...] = ()
+    home: str = ""  # the analyzed file, for the line of it that reaches code elsewhere
 
     def __post_init__(self) -> None:
         self._cache: dict[str, bool] = {}
@@ -428,14 +429,14 @@ class Recorder(TorchFunctionMode):
                 "data-dependent branch: the condition needs a tensor's value, so torch.compile "
                 f"splits the graph here; analyzed the path where it is {take}"
             )
-            self.graph.breaks.append(_graph_break(stack, code, reason))
+            self.graph.breaks.append(_graph_break(stack, code, reason, self.user_code.home))
             self.piece += 1
             return take
         reason = (
             f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
             "so the ops after this line are not analyzed"
         )
-        self.stopped = _graph_break(stack, code, reason)
+        self.stopped = _graph_break(stack, code, reason, self.user_code.home)
         self.graph.breaks.append(self.stopped)
         raise _StopTrace()
 
@@ -567,12 +568,17 @@ class Recorder(TorchFunctionMode):
             self._bind_value(piece, node.id)
 
 
-def _graph_break(stack: tuple[Frame, ...], code: str, reason: str) -> GraphBreak:
-    """A break at the innermost frame of model code, and the user's line reaching it when that is a library's."""
+def _graph_break(stack: tuple[Frame, ...], code: str, reason: str, home: str) -> GraphBreak:
+    """A break at the innermost frame of model code, and, when that is not in the analyzed file `home`,
+    the line of `home` that reaches it."""
     frame = stack[0] if stack else None
-    entry = next((f for f in stack if not f.library), None)
-    reached = SourceRef(entry.file, entry.line) if entry is not None and frame is not None and frame.library else None
-    return GraphBreak(frame.file if frame else "", frame.line if frame else 0, reason, code, reached)
+    if frame is None:
+        return GraphBreak("", 0, reason, code)
+    reached = None
+    if home and os.path.abspath(frame.file) != home:
+        entry = next((f for f in stack if os.path.abspath(f.file) == home), None)
+        reached = SourceRef(entry.file, entry.line) if entry is not None else None
+    return GraphBreak(frame.file, frame.line, reason, code, reached)
 
 
 def _aliases_inputs(out: torch.Tensor, args, kwargs) -> bool:

@@ -56,10 +56,11 @@ class Source:
 class ModelClass:
     """The syntactic facts about a model class the sources are looked up by."""
 
-    name: str
+    name: str  # a class's name, or the variable a model object is bound to
     line: int
-    header: str  # the text of the `class` line(s), for an inline `# fuselens:` comment
+    header: str  # the text of the `class` line(s) or the binding, for an inline `# fuselens:` comment
     outermost: bool  # no other class of the file uses it
+    aliases: tuple[str, ...] = ()  # other names settings may use for it: a model object's class name
 
 
 def sources_for(
@@ -72,11 +73,15 @@ def sources_for(
         sources.append(Source("--input-shape", ModelSettings(inputs=cli_inputs)))
     if options.param_dtype:
         sources.append(Source("--param-dtype", _cli_param_dtype(options.param_dtype)))
-    if model.name in options.models:
-        sources.append(Source(EDITOR, options.models[model.name]))
-    project = from_pyproject(tool_table, model.name, pyproject or "pyproject.toml")
-    if project is not None:
-        sources.append(Source(pyproject_where(pyproject or "pyproject.toml", model.name), project))
+    names = (model.name, *model.aliases)
+    editor = next((n for n in names if n in options.models), None)
+    if editor is not None:
+        sources.append(Source(EDITOR, options.models[editor]))
+    for name in names:
+        project = from_pyproject(tool_table, name, pyproject or "pyproject.toml")
+        if project is not None:
+            sources.append(Source(pyproject_where(pyproject or "pyproject.toml", name), project))
+            break
     where = f"the inline comment on line {model.line}"
     comment = from_comment(model.header, where)
     if comment is not None:

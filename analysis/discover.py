@@ -1,7 +1,11 @@
-"""Find the model classes a file defines, from its syntax alone (nothing is imported).
+"""What in a file could be a model, from its syntax alone (nothing is imported).
 
-The server uses this to place code lenses before any analysis has run, and the worker
-uses it to pick which classes to analyze and to read inline `# fuselens:` comments.
+A model is a class deriving from `nn.Module` (directly, through another class of the file, or
+through a library's model class), an `nn.Module` object bound at module level
+(`model = AutoModelForCausalLM.from_config(cfg)`), or a model class imported from another of
+the user's files and configured for this one.  Which of the candidates found here really are
+models is decided once the file is imported (`loader.find_models`); this pass gives their lines,
+the text an inline `# fuselens:` comment is read from, and whether importing the file is worth it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,33 @@ class ClassInfo:
     has_example_inputs: bool = False
 
 
+@dataclass
+class Binding:
+    """A module-level `name = <call>`: it may bind a model object."""
+
+    name: str
+    line: int
+    end_line: int
+    text: str  # the statement's lines (an inline `# fuselens:` comment may sit on any of them)
+
+
+@dataclass
+class Candidates:
+    """Everything of a file that may turn out to be a model."""
+
+    classes: list[ClassInfo] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    imports: dict[str, int] = field(default_factory=dict)  # imported name -> its import line
+
+    def worth_importing(self) -> bool:
+        """Whether anything here can be a model (a file of plain functions is not imported)."""
+        return bool(self.classes or self.bindings)
+
+    def outermost(self) -> set[str]:
+        """Classes no other class of the file uses: the file's outermost models."""
+        return {c.name for c in top_level(self.classes)}
+
+
 def _base_name(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):
         return f"{_base_name(node.value)}.{node.attr}"
@@ -30,13 +61,21 @@ def _base_name(node: ast.expr) -> str:
     return ""
 
 
-def find_classes(source: str) -> list[ClassInfo]:
-    """Top-level classes that look like nn.Modules (directly or via another class here)."""
+def find_candidates(source: str) -> Candidates:
     tree = ast.parse(source)
     lines = source.splitlines()
-    classes: dict[str, ClassInfo] = {}
+    return Candidates(_classes(tree, lines), _bindings(tree, lines), _imports(tree))
+
+
+def find_classes(source: str) -> list[ClassInfo]:
+    """Top-level classes with a base class: each may derive from nn.Module (imports decide)."""
+    return _classes(ast.parse(source), source.splitlines())
+
+
+def _classes(tree: ast.Module, lines: list[str]) -> list[ClassInfo]:
+    classes = []
     for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
+        if not isinstance(node, ast.ClassDef) or not node.bases:
             continue
         info = ClassInfo(
             name=node.name,
@@ -51,18 +90,31 @@ def find_classes(source: str) -> list[ClassInfo]:
             if isinstance(item, ast.FunctionDef) and item.name == "example_inputs":
                 info.has_example_inputs = True
         info.references = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        classes[node.name] = info
+        classes.append(info)
+    return classes
 
-    def is_module(info: ClassInfo, seen: frozenset[str] = frozenset()) -> bool:
-        for base in info.bases:
-            if base.split(".")[-1] == "Module":
-                return True
-            parent = classes.get(base)
-            if parent and parent.name not in seen and is_module(parent, seen | {info.name}):
-                return True
-        return False
 
-    return [c for c in classes.values() if is_module(c)]
+def _bindings(tree: ast.Module, lines: list[str]) -> list[Binding]:
+    out = []
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call):
+            targets = [node.target]
+        end = node.end_lineno or node.lineno
+        text = " ".join(lines[node.lineno - 1 : end])
+        out += [Binding(t.id, node.lineno, end, text) for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def _imports(tree: ast.Module) -> dict[str, int]:
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                found[alias.asname or alias.name] = node.lineno
+    return found
 
 
 def _class_line(lines: list[str], node: ast.ClassDef) -> str:

@@ -8,13 +8,16 @@ values while constructing falls back to a CPU build.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import importlib.util
 import inspect
 import linecache
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -23,8 +26,10 @@ import torch
 from fuselens.contracts.config import InputSpec
 
 from .capture import UserCode, user_frame
+from .discover import Candidates
 from .graph import Frame
 from .normalise import dtype_name
+from .weights import materialise, to_meta, weights_on_meta
 
 
 class LoadError(Exception):
@@ -62,7 +67,7 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
         # The text may be an editor buffer newer than the disk: make tracebacks quote it.
         linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
         code = compile(text, path, "exec")  # importing the user's module, as `import` would
-        with torch.device("meta"):
+        with weights_on_meta():  # a model built at module level costs nothing, and keeps its buffers
             exec(code, module.__dict__)
     except SyntaxError as exc:
         frame = Frame(exc.filename or path, exc.lineno or 1, "<module>")
@@ -91,10 +96,80 @@ def model_classes(module: ModuleType) -> dict[str, type]:
 
 
 @dataclass
+class ModelSource:
+    """A model of the file: a class to build, or a module-level object that is one already."""
+
+    name: str  # the class's name, or the variable the object is bound to
+    line: int  # where it is defined, bound or imported
+    header: str  # the text an inline `# fuselens:` comment is read from
+    cls: type  # the class (of the object, for one)
+    outermost: bool  # no other model of the file uses it (command-line inputs are for these)
+    instance: torch.nn.Module | None = None  # the object, for a module-level model (on meta)
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # the object's small real tensors
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names its settings may be given under: an object's class name."""
+        return (self.cls.__name__,) if self.instance is not None else ()
+
+
+def find_models(
+    module: ModuleType, candidates: Candidates, configured: Callable[[str], bool], user_code: UserCode
+) -> list[ModelSource]:
+    """The models of an imported file, in the order it defines them: its nn.Module classes (also those
+    deriving from a library's model class), its module-level model objects whose class it does not
+    define, and model classes imported from another of the user's files that are configured here."""
+    defined = model_classes(module)
+    outermost = candidates.outermost()
+    found = [
+        ModelSource(c.name, c.line, c.comment, defined[c.name], c.name in outermost)
+        for c in candidates.classes
+        if c.name in defined
+    ]
+    values = vars(module)
+    for binding in candidates.bindings:
+        obj = values.get(binding.name)
+        if isinstance(obj, torch.nn.Module) and _has_weights(obj) and type(obj) not in defined.values():
+            found.append(ModelSource(binding.name, binding.line, binding.text, type(obj), True, obj, to_meta(obj)))
+    for name, line in candidates.imports.items():
+        obj = values.get(name)
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, torch.nn.Module)
+            and configured(name)
+            and user_code(inspect.getsourcefile(obj) or "")
+        ):
+            found.append(ModelSource(name, line, "", obj, True))
+    return found
+
+
+def _has_weights(model: torch.nn.Module) -> bool:
+    """A module-level model has weights: a loss or an activation bound for later use is not one."""
+    return next(model.parameters(), None) is not None
+
+
+@dataclass
 class Built:
-    model: torch.nn.Module
+    model: torch.nn.Module  # every tensor on the meta device
     on_meta: bool
     note: str = ""
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # the small tensors' real values, by name
+
+    def real(self, seed: int = 0, device: str = "cpu") -> torch.nn.Module:
+        """The model with real tensors (a copy): its own values for buffers and small tensors, seeded
+        random weights for the rest."""
+        return materialise(copy.deepcopy(self.model), self.values, seed, device)
+
+
+def build_source(source: ModelSource, init: dict[str, Any], user_code: UserCode, param_dtype: str | None) -> Built:
+    """The model `source` names: its class built (see `build`), or its module-level object as it is."""
+    if source.instance is None:
+        return build(source.cls, init, user_code, hint_for_init(source.name), param_dtype)
+    model = source.instance.eval()
+    if param_dtype:
+        model.to(getattr(torch, param_dtype))
+    note = "built where it is bound; constructor arguments from settings do not apply to it" if init else ""
+    return Built(model, on_meta=True, note=note, values=source.values)
 
 
 def build(
@@ -118,9 +193,9 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
             hint=init_hint,
         )
     try:
-        with torch.device("meta"):
+        with weights_on_meta():
             model = cls(**init)
-        return Built(model.eval(), on_meta=True)
+        return Built(model.eval(), on_meta=True, values=to_meta(model))
     except SystemExit as exc:
         raise LoadError(
             "construct",
@@ -129,13 +204,18 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
         ) from exc
     except Exception as meta_exc:
         meta_error = meta_exc
+    with contextlib.suppress(Exception):  # a constructor that mixes its small real tensors with meta ones
+        with torch.device("meta"):
+            model = cls(**init)
+        return Built(model.eval(), on_meta=True, note="built on the meta device: buffers have no values")
     try:
         model = cls(**init)
-        model = model.to("meta")
+        values = to_meta(model)
         return Built(
             model.eval(),
             on_meta=False,
             note=f"built on the CPU: constructing on the meta device failed ({type(meta_error).__name__}: {meta_error})",
+            values=values,
         )
     except Exception as exc:
         raise LoadError(
@@ -250,12 +330,25 @@ def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
     return names + [f"input{i}" for i in range(len(names), count)]
 
 
-def hint_for_inputs(class_name: str) -> str:
+def hint_for_inputs(name: str, bound: bool = False) -> str:
+    """How to give `name` example inputs; `bound`: it is a model object bound at module level."""
+    where = f"the line binding `{name}`" if bound else f"the `class {name}` line"
+    provider = "a module-level example_inputs()" if bound else "an example_inputs() classmethod"
     return (
-        f"give example inputs: `# fuselens: input=(16384, 1024) float32` on the `class {class_name}` line, "
-        f"[tool.fuselens.models.{class_name}] inputs = [[16384, 1024]] in pyproject.toml, "
-        "an example_inputs() classmethod, or --input-shape on the command line"
+        f"give example inputs: `# fuselens: input=(16384, 1024) float32` on {where}, "
+        f"[tool.fuselens.models.{name}] inputs = [[16384, 1024]] in pyproject.toml, "
+        f"{provider}, or --input-shape on the command line"
     )
+
+
+def takes_token_ids(model: torch.nn.Module) -> bool:
+    """Whether the model starts by looking up token ids: a library model whose main input is
+    `input_ids`, or any model whose first module with weights is an embedding."""
+    main_input = getattr(model, "main_input_name", None)
+    if isinstance(main_input, str):
+        return main_input == "input_ids"
+    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None) is not None), None)
+    return isinstance(first, torch.nn.Embedding)
 
 
 def hint_for_init(class_name: str) -> str:

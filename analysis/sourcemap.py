@@ -114,19 +114,19 @@ def common_place(graph: Graph, node_ids: list[int]) -> Place | None:
     )
 
 
-def entry_point(graph: Graph, node_ids: list[int]) -> Frame | None:
-    """The user's frame that reaches a group of ops made in a library: the innermost call of the user's
-    code all of them happen inside (else the first op's own entry into the library)."""
-    stacks = [[f for f in graph[i].stack if not f.library] for i in node_ids]
+def entry_point(graph: Graph, node_ids: list[int], home: str) -> Frame | None:
+    """The frame of the analyzed file `home` that reaches a group of ops whose code is elsewhere (a
+    library's, another of the user's files): the innermost call there that all of them happen inside,
+    else the first op's.  None when no frame of `home` reaches them (a model whose forward is all a
+    library's: the model's own line stands for it then)."""
+    stacks = [[f for f in graph[i].stack if os.path.abspath(f.file) == home] for i in node_ids]
     stacks = [s for s in stacks if s]
     if not stacks:
         return None
     shared = {f.invocation for f in stacks[0]}
     for stack in stacks[1:]:
         shared &= {f.invocation for f in stack}
-    if not shared:
-        return stacks[0][0]
-    return next(f for f in stacks[0] if f.invocation in shared)
+    return next((f for f in stacks[0] if f.invocation in shared), stacks[0][0])
 
 
 def map_cluster(

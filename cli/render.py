@@ -28,7 +28,9 @@ def render_report(
     for model in report.models:
         _render_model(console, report, model, explain_rejections, show_kernels)
     if not report.models and not report.problems:
-        console.print(f"{_literal(_rel(report.file))}: no nn.Module classes found")
+        console.print(
+            f"{_literal(_rel(report.file))}: no models found (nn.Module classes, or model objects bound at module level)"
+        )
 
 
 def _default_console() -> Console:

@@ -54,6 +54,9 @@ class ConfigError(ValueError):
 class InputSpec:
     shape: list[int]
     dtype: str = "float32"
+    # False when the source gave a shape only: a model that starts by looking up token ids takes int64
+    # then, any other float32.
+    dtype_given: bool = True
 
     def describe(self) -> str:
         return f"({', '.join(map(str, self.shape))}) {self.dtype}"
@@ -106,7 +109,7 @@ def from_cli(shapes: list[str] | None, dtypes: list[str] | None) -> list[InputSp
     if not shapes:
         return None
     return [
-        InputSpec(parse_shape(s, "--input-shape"), d)
+        InputSpec(parse_shape(s, "--input-shape"), d, dtype_given=bool(dtypes))
         for s, d in zip(shapes, cli_dtypes(dtypes, len(shapes)), strict=True)
     ]
 
@@ -134,8 +137,8 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
             f"(known: {', '.join(SETTINGS_KEYS)})"
         )
     settings = ModelSettings()
-    dtype = entry.get("dtype", "float32")
-    if not isinstance(dtype, str):
+    dtype = entry.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):
         raise ConfigError(f'{where}.dtype must be a dtype name such as "bfloat16"')
     if "inputs" in entry:
         settings.inputs = _inputs(entry["inputs"], dtype, where)
@@ -152,7 +155,7 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
     return settings
 
 
-def _inputs(value: Any, default_dtype: str, where: str) -> list[InputSpec]:
+def _inputs(value: Any, default_dtype: str | None, where: str) -> list[InputSpec]:
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{where}.inputs must be a list of shapes, e.g. [[16384, 1024]]")
     if all(isinstance(v, int) for v in value):  # a single shape written flat
@@ -163,14 +166,20 @@ def _inputs(value: Any, default_dtype: str, where: str) -> list[InputSpec]:
         if isinstance(item, dict):
             if not isinstance(item.get("shape"), list):
                 raise ConfigError(f"{here} needs a 'shape' list")
-            specs.append(
-                InputSpec(_int_list(item["shape"], here), canonical_dtype(str(item.get("dtype", default_dtype)), here))
-            )
+            dtype = item.get("dtype", default_dtype)
+            specs.append(_spec(_int_list(item["shape"], here), None if dtype is None else str(dtype), here))
         elif isinstance(item, list):
-            specs.append(InputSpec(_int_list(item, here), canonical_dtype(default_dtype, where)))
+            specs.append(_spec(_int_list(item, here), default_dtype, where))
         else:
             raise ConfigError(f'{here} must be a shape list or {{shape = [...], dtype = "..."}}')
     return specs
+
+
+def _spec(shape: list[int], dtype: str | None, where: str) -> InputSpec:
+    """A shape and its dtype; with no dtype, float32 until the model says it takes token ids."""
+    if dtype is None:
+        return InputSpec(shape, "float32", dtype_given=False)
+    return InputSpec(shape, canonical_dtype(dtype, where))
 
 
 def _int_list(value: list[Any], where: str) -> list[int]:
@@ -247,8 +256,7 @@ def from_comment(line: str, where: str) -> ModelSettings | None:
         body = body[: init.start()] + body[end + 1 :]
     specs = []
     for m in _INPUT.finditer(body):
-        dtype = m.group("dtype") or "float32"
-        specs.append(InputSpec(parse_shape(m.group("shape"), where), canonical_dtype(dtype, where)))
+        specs.append(_spec(parse_shape(m.group("shape"), where), m.group("dtype"), where))
     if specs:
         settings.inputs = specs
     elif "input" in body:

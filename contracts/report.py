@@ -121,10 +121,17 @@ class Cluster:
     branch: str = ""  # set when the cluster is on a branch path the main trace did not take
     total_bytes_unfused: int | None = None  # times multiplicity
     total_bytes_fused: int | None = None
-    # When the cluster's code is not in the analyzed file (a library's): the user's line that reaches
-    # it, and the cluster's lines as they read there.
+    # When the cluster's code is not in the analyzed file (a library's, another of the user's files): the
+    # line of the analyzed file that reaches it (None: none does; the model's line stands for it), and
+    # the cluster's lines as they read there.
     reached_from: SourceRef | None = None
     code: list[str] = field(default_factory=list)
+    # Where each instance is in the model's traces: the trace path (an index into `Model.paths`) and,
+    # per instance, its place among the clusters detected in that trace, in execution order.  The
+    # same ops on the same lines can be two clusters (a residual add and the norm of the next layer, or
+    # of the final norm): validation finds each instance's own values by this position.
+    path: int = 0
+    positions: list[int] = field(default_factory=list)
 
     @property
     def bytes_saved(self) -> int | None:
@@ -218,6 +225,7 @@ class Model:
     timings_ms: dict[str, float] = field(default_factory=dict)
     inductor: InductorComparison | None = None  # what torch.compile fused, beside our clusters
     inductor_error: str = ""  # why the comparison is missing, when it was asked for
+    paths: list[list[bool]] = field(default_factory=list)  # each trace's decision at each data-dependent branch
 
 
 @dataclass

@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -40,7 +42,7 @@ class AnalyzedFile:
     report: R.Report
     text: str
     module: ModuleType | None = None
-    classes: dict[str, type] = field(default_factory=dict)  # the analyzed classes, by name
+    sources: dict[str, loader.ModelSource] = field(default_factory=dict)  # the analyzed models, by name
     configs: dict[str, ModelConfig] = field(default_factory=dict)  # each analyzed class's configuration
     user_code: capture.UserCode = field(default_factory=capture.UserCode)
 
@@ -66,49 +68,56 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
         torch_version=torch.__version__,
         tool_version=TOOL_VERSION,
     )
-    analyzed = AnalyzedFile(report, text)
+    analyzed = AnalyzedFile(report, text, user_code=capture.UserCode(home=path))
     try:
         source = sourcemap.SourceIndex(path, text)
     except SyntaxError as exc:
         report.problems.append(R.Problem("syntax", f"SyntaxError: {exc.msg}", path, exc.lineno, exc.offset))
         return analyzed
-    classes = discover.find_classes(text)
-    if options.model_class and options.model_class not in {c.name for c in classes}:
-        names = ", ".join(c.name for c in classes) or "none"
-        report.problems.append(
-            R.Problem("inputs", f"no nn.Module class {options.model_class!r} in this file (found: {names})", path, 1)
-        )
-        return analyzed
-    if not classes:
+    candidates = discover.find_candidates(text)
+    if not candidates.worth_importing():
+        _no_such_model(report, options, [])
         return analyzed
     try:
         analyzed.module = loader.import_file(path, analyzed.user_code, text)
     except loader.LoadError as exc:
         report.problems.append(load_problem(exc, path))
         return analyzed
-    file = _FileContext(
-        path,
-        options,
-        profile,
-        source,
-        analyzed,
-        _tool_table(report, path),
-        {c.name for c in discover.top_level(classes)},
-    )
-    available = loader.model_classes(analyzed.module)
+    tool = _tool_table(report, path)
+    models = loader.find_models(analyzed.module, candidates, _configured(options, tool[0]), analyzed.user_code)
+    if _no_such_model(report, options, models):
+        return analyzed
+    file = _FileContext(path, options, profile, source, analyzed, tool)
     found: list[list[Found]] = []
-    for info in classes:
-        if info.name not in available or (options.model_class and info.name != options.model_class):
+    for source_model in models:
+        if options.model_class and source_model.name != options.model_class:
             continue
-        model, model_found = _analyze_model(info, available[info.name], file)
+        model, model_found = _analyze_model(source_model, file)
         report.models.append(model)
         found.append(model_found)
-    _note_parents(report, classes)
+    _note_parents(report, candidates.classes)
     generate_kernels(report, found, source, options.out_dir)
     return analyzed
 
 
-def _tool_table(report: R.Report, path: str) -> tuple[dict, str | None]:
+def _no_such_model(report: R.Report, options: AnalyzeOptions, models: list[loader.ModelSource]) -> bool:
+    """`--model-class` names no model of the file: a problem that says which models there are."""
+    if not options.model_class or options.model_class in {m.name for m in models}:
+        return False
+    names = ", ".join(m.name for m in models) or "none"
+    message = f"no model {options.model_class!r} in this file (found: {names})"
+    report.problems.append(R.Problem("inputs", message, report.file, 1))
+    return True
+
+
+def _configured(options: AnalyzeOptions, tool_table: dict[str, Any]) -> Callable[[str], bool]:
+    """Whether settings name a model: an imported class counts as a model of the file only then."""
+    table = tool_table.get("models")
+    project = set(table) if isinstance(table, dict) else set()
+    return lambda name: name == options.model_class or name in options.models or name in project
+
+
+def _tool_table(report: R.Report, path: str) -> tuple[dict[str, Any], str | None]:
     """`[tool.fuselens]` of the nearest pyproject.toml, and its path; a broken one is a problem."""
     pyproject = find_pyproject(path)
     try:
@@ -127,8 +136,7 @@ class _FileContext:
     profile: cost.DeviceProfile
     source: sourcemap.SourceIndex
     analyzed: AnalyzedFile
-    tool: tuple[dict, str | None]  # ([tool.fuselens], the pyproject.toml it came from)
-    outermost: set[str]  # classes no other class of the file uses
+    tool: tuple[dict[str, Any], str | None]  # ([tool.fuselens], the pyproject.toml it came from)
 
 
 def _note_parents(report: R.Report, classes: list[discover.ClassInfo]) -> None:
@@ -170,57 +178,51 @@ def load_problem(exc: loader.LoadError, path: str) -> R.Problem:
 # ---- one model -----------------------------------------------------------------------------
 
 
-def configure(info: discover.ClassInfo, cls: type, file: _FileContext) -> ModelConfig:
+def configure(source: loader.ModelSource, file: _FileContext) -> ModelConfig:
     """The model's configuration from every source; `example_inputs()` runs only if it is needed."""
-    model = ModelClass(info.name, info.line, info.comment, info.name in file.outermost)
+    model = ModelClass(source.name, source.line, source.header, source.outermost, source.aliases)
     analyzed = file.analyzed
 
     def example_inputs() -> tuple[list[InputSpec], str] | None:
-        assert analyzed.module is not None  # a class of it is being configured
-        tensors, where = loader.user_example_inputs(analyzed.module, cls, model.outermost, analyzed.user_code)
+        assert analyzed.module is not None  # a model of it is being configured
+        tensors, where = loader.user_example_inputs(analyzed.module, source.cls, model.outermost, analyzed.user_code)
         return (loader.specs_of(tensors), where) if tensors is not None else None
 
     table, pyproject = file.tool
     return resolve_model(model, file.options, table, pyproject, example_inputs)
 
 
-def _analyze_model(info: discover.ClassInfo, cls: type, file: _FileContext) -> tuple[R.Model, list[Found]]:
-    model = R.Model(name=info.name, file=file.path, line=info.line, status="analyzed")
+def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Model, list[Found]]:
+    model = R.Model(name=source.name, file=file.path, line=source.line, status="analyzed")
     started = time.perf_counter()
     try:
-        config = configure(info, cls, file)
+        config = configure(source, file)
     except ConfigError as exc:
-        return _failed(model, R.Problem("inputs", str(exc), file.path, info.line)), []
+        return _failed(model, R.Problem("inputs", str(exc), file.path, source.line)), []
     except loader.LoadError as exc:
         return _failed(model, load_problem(exc, file.path)), []
     if config.inputs is None:
         model.status = "skipped"
-        model.problem = R.Problem(
-            "inputs",
-            f"{info.name}: no example inputs, so no shapes: costs are unknown",
-            file.path,
-            info.line,
-            None,
-            loader.hint_for_inputs(info.name),
-        )
+        message = f"{source.name}: no example inputs, so no shapes: costs are unknown"
+        hint = loader.hint_for_inputs(source.name, source.instance is not None)
+        model.problem = R.Problem("inputs", message, file.path, source.line, None, hint)
         return model, []
-    model.inputs = [R.TensorInfo(s.shape, s.dtype) for s in config.inputs]
-    model.inputs_source = config.inputs_source
     try:
         # Building on meta runs Python init kernels that would import torch._dynamo (over a second)
         # for nothing; the user's module was imported without the stand-in, exactly as Python would.
         with capture.without_dynamo_import():
-            paths = _trace_paths(model, cls, config, file, started)
+            paths = _trace_paths(model, source, config, file, started)
     except loader.LoadError as exc:
         return _failed(model, load_problem(exc, file.path)), []
     except capture.CaptureError as exc:
         return _failed(model, _trace_problem(exc, config, file.path)), []
-    file.analyzed.classes[info.name] = cls
-    file.analyzed.configs[info.name] = config
+    file.analyzed.sources[source.name] = source
+    file.analyzed.configs[source.name] = config
     started = time.perf_counter()
     found = findings(model, paths, file.source, file.profile)
     main = paths[0][0].graph
     model.graph_breaks = list(main.breaks)
+    model.paths = [list(trace.branches) for trace, _ in paths]
     model.ops_total = sum(1 for n in main if n.cls is not OpClass.SOURCE and n.op != "output")
     model.totals.bytes_total = cost.model_bytes(main)
     model.timings_ms["analyze"] = _ms(started)
@@ -234,15 +236,16 @@ def _failed(model: R.Model, problem: R.Problem) -> R.Model:
 
 
 def _trace_paths(
-    model: R.Model, cls: type, config: ModelConfig, file: _FileContext, started: float
+    model: R.Model, source: loader.ModelSource, config: ModelConfig, file: _FileContext, started: float
 ) -> list[tuple[capture.Trace, str]]:
     """Build the model and trace it: the main path, then each data-dependent branch the other way."""
     user_code = file.analyzed.user_code
-    built = build_model(cls, config, user_code, loader.hint_for_init(model.name))
+    built = loader.build_source(source, config.init, user_code, config.param_dtype)
     if config.param_dtype:
         model.param_dtype = config.param_dtype
     if built.note:
         model.notes.append(built.note)
+    _settle_dtypes(model, config, built.model)
     model.timings_ms["build"] = _ms(started)
     started = time.perf_counter()
     tensors = loader.meta_inputs(config.inputs or [])
@@ -263,9 +266,15 @@ def _trace_paths(
     return paths
 
 
-def build_model(cls: type, config: ModelConfig, user_code: capture.UserCode, init_hint: str = "") -> loader.Built:
-    """`cls(**init)` on the meta device, with its weights cast to the configured dtype."""
-    return loader.build(cls, config.init, user_code, init_hint, config.param_dtype)
+def _settle_dtypes(model: R.Model, config: ModelConfig, built: torch.nn.Module) -> None:
+    """Inputs given as shapes only: token ids (int64) for a model that starts by looking them up,
+    float32 for any other; the report's inputs are what the model is traced with."""
+    inputs = config.inputs or []
+    if loader.takes_token_ids(built) and any(not s.dtype_given for s in inputs):
+        config.inputs = inputs = [s if s.dtype_given else InputSpec(list(s.shape), "int64") for s in inputs]
+        model.notes.append("no dtype was given for the inputs: int64 token ids, as the model looks them up first")
+    model.inputs = [R.TensorInfo(s.shape, s.dtype) for s in inputs]
+    model.inputs_source = config.inputs_source
 
 
 def _trace_problem(exc: capture.CaptureError, config: ModelConfig, path: str) -> R.Problem:

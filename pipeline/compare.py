@@ -18,7 +18,7 @@ from fuselens.analysis.inductor_compare import compare_with_inductor
 from fuselens.contracts.inductor import ComparisonResult
 from fuselens.contracts.options import AnalyzeOptions, Progress, no_progress
 
-from .analyze import AnalyzedFile, analyze, build_model
+from .analyze import AnalyzedFile, analyze
 
 
 def compare(analyzed: AnalyzedFile, progress: Progress = no_progress) -> dict[str, str]:
@@ -30,8 +30,13 @@ def compare(analyzed: AnalyzedFile, progress: Progress = no_progress) -> dict[st
         progress(f"torch.compile {model.name}", index / len(models))
         config = analyzed.configs[model.name]
         try:
-            built = build_model(analyzed.classes[model.name], config, analyzed.user_code)
-            result = capture_inductor(built.model, loader.meta_inputs(config.inputs or []), analyzed.user_code)
+            built = loader.build_source(
+                analyzed.sources[model.name], config.init, analyzed.user_code, config.param_dtype
+            )
+            # Real buffers (position ids, rotary tables): Inductor's kernels do not depend on weight values,
+            # but a model run on garbage indices can fail before it compiles.
+            real = built.real()
+            result = capture_inductor(real, loader.meta_inputs(config.inputs or []), analyzed.user_code)
         except (InductorCaptureError, loader.LoadError) as exc:
             model.inductor_error = str(exc)
             continue

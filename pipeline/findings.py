@@ -8,6 +8,7 @@ not repeated, and repeated layers fold into one entry with a count (`multiplicit
 from __future__ import annotations
 
 import linecache
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,6 @@ from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster
 from fuselens.contracts import report as R
-from fuselens.contracts.units import in_library
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Found:
     fused: int | None
     path_note: str
     splits: list[Split]
+    path: int = 0  # which trace of the model it is in
+    position: int = 0  # its place among the clusters detected in that trace
 
 
 def op_ref(node: Node) -> R.OpRef:
@@ -61,13 +63,13 @@ def findings(
         graph = trace.graph
         detection: Detection = detect(graph, check)
         path_found = []
-        for group in detection.clusters:
+        for position, group in enumerate(detection.clusters):
             plan = plan_cluster(graph, group.members)
             inputs = [s.node for s in plan.inputs]
             outputs = [o.node for o in plan.outputs]
             unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
             mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source)
-            path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits))
+            path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits, index, position))
         path_rejected = [(graph, r, note) for r in detection.rejected]
         path_matches = [(graph, m, note) for m in patterns_mod.find_patterns(graph)]
         if index == 0:
@@ -149,17 +151,23 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
         branch=first.path_note,
         total_bytes_unfused=_times(first.unfused, len(group)),
         total_bytes_fused=_times(first.fused, len(group)),
+        path=first.path,
+        positions=[f.position for f in group],
     )
-    if in_library(cluster.file):
-        cluster.reached_from = _reached_from(g, plan.compute)
+    if not _here(cluster.file, source):
+        cluster.reached_from = _reached_from(g, plan.compute, source)
         cluster.code = _code(cluster.file, cluster.lines)
     return cluster
 
 
-def _reached_from(graph: Graph, node_ids: list[int]) -> R.SourceRef | None:
-    """The user's line that reaches ops whose code is elsewhere (None: no user frame reaches them, as in
-    a model whose forward is all a library's; the model's own line stands for it then)."""
-    frame = sourcemap.entry_point(graph, node_ids)
+def _here(file: str, source: sourcemap.SourceIndex) -> bool:
+    return not file or os.path.abspath(file) == source.path
+
+
+def _reached_from(graph: Graph, node_ids: list[int], source: sourcemap.SourceIndex) -> R.SourceRef | None:
+    """The line of the analyzed file that reaches ops whose code is elsewhere (None: none reaches them,
+    as in a model whose forward is all a library's; the model's own line stands for it then)."""
+    frame = sourcemap.entry_point(graph, node_ids, source.path)
     return R.SourceRef(frame.file, frame.line) if frame is not None else None
 
 
@@ -191,8 +199,8 @@ def _rejection(group, source: sourcemap.SourceIndex) -> R.Rejection:
     node = graph[r.node]
     ref = op_ref(node)
     rejection = R.Rejection([ref], r.reason, r.detail, ref.file, [ref.line, ref.line], multiplicity=len(group))
-    if in_library(ref.file):
-        rejection.reached_from = _reached_from(graph, [r.node])
+    if not _here(ref.file, source):
+        rejection.reached_from = _reached_from(graph, [r.node], source)
     return rejection
 
 
@@ -216,6 +224,6 @@ def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
         multiplicity=len(group),
         summary=m.summary,
     )
-    if in_library(pattern.file):
-        pattern.reached_from = _reached_from(graph, m.nodes)
+    if not _here(pattern.file, source):
+        pattern.reached_from = _reached_from(graph, m.nodes, source)
     return pattern

@@ -23,8 +23,8 @@ def validate_file(
     progress("analyzing", 0.0)
     analyzed = analyze(path, analyze_options)
     subjects = {
-        name: runner.Subject(cls, analyzed.configs[name].init, analyzed.configs[name].param_dtype)
-        for name, cls in analyzed.classes.items()
+        name: runner.Subject(source, analyzed.configs[name].init, analyzed.configs[name].param_dtype)
+        for name, source in analyzed.sources.items()
     }
     return runner.validate_report(
         result, analyzed.report, analyzed.text, subjects, analyzed.user_code, options, progress

@@ -63,7 +63,7 @@ def test_an_import_error_names_the_module(write_model):
 
 def test_unknown_class_and_missing_file():
     done = fuselens("analyze", example("example_net.py"), "--model-class", "Nope")
-    assert done.returncode == 1 and "no nn.Module class 'Nope'" in done.stdout and "ExampleNet" in done.stdout
+    assert done.returncode == 1 and "no model 'Nope'" in done.stdout and "ExampleNet" in done.stdout
     assert fuselens("analyze", "does/not/exist.py").returncode == 2
 
 

@@ -22,15 +22,17 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from fuselens.analysis import capture, loader
+from fuselens.analysis import capture, loader, weights
 from fuselens.analysis.detect import detect
+from fuselens.analysis.graph import Graph
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
-from fuselens.codegen.plan import check, plan_cluster
+from fuselens.codegen.plan import KernelPlan, check, plan_cluster
 from fuselens.contracts.config import InputSpec
 from fuselens.contracts.options import Progress, ValidateOptions
 from fuselens.contracts.report import Cluster, Kernel, Model, Report
@@ -43,11 +45,30 @@ from .shapes import scaled_specs
 
 @dataclass
 class Subject:
-    """One analyzed model to validate: its class and the configuration the analysis built it with."""
+    """One analyzed model to validate: where it comes from and the configuration the analysis built it with."""
 
-    cls: type
+    source: loader.ModelSource
     init: dict[str, Any] = field(default_factory=dict)
     param_dtype: str | None = None
+
+    def meta(self, user_code: capture.UserCode) -> torch.nn.Module:
+        return loader.build_source(self.source, self.init, user_code, self.param_dtype).model
+
+    def real(self, seed: int, user_code: capture.UserCode) -> torch.nn.Module:
+        """The model with real weights: a class built on the CPU with its own initialisation; a model object
+        bound at module level given its own small tensors and seeded random weights."""
+        if self.source.instance is None:
+            return loader.build_real(self.source.cls, self.init, seed, self.param_dtype)
+        return loader.build_source(self.source, self.init, user_code, self.param_dtype).real(seed)
+
+    def patched(self, module: ModuleType, seed: int, user_code: capture.UserCode) -> torch.nn.Module:
+        """The same model from the patched copy of the file (weights are loaded from the original after)."""
+        name = self.source.name
+        if self.source.instance is None:
+            return loader.build_real(loader.model_classes(module)[name], self.init, seed, self.param_dtype)
+        obj = getattr(module, name)
+        source = loader.ModelSource(name, self.source.line, "", type(obj), True, obj, weights.to_meta(obj))
+        return loader.build_source(source, self.init, user_code, self.param_dtype).real(seed)
 
 
 def start(path: str, options: ValidateOptions) -> ValidationReport:
@@ -144,7 +165,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     model, options = run.model, run.options
     shapes = _shapes(run)
     result = ModelValidation(model.name, [s.shape for s in shapes], [s.dtype for s in shapes])
-    real = loader.build_real(run.subject.cls, run.subject.init, options.seed, run.subject.param_dtype).to(run.device)
+    real = run.subject.real(options.seed, run.user_code).to(run.device)
     inputs = _random_inputs(shapes, run.device, options.seed)
     names = _input_names(model)
     # Only clusters with a generated kernel can be checked: each is kept with it.
@@ -153,7 +174,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         for c in model.clusters
         if c.kernel is not None and (not options.clusters or c.id in options.clusters)
     ]
-    instances = _instances(real, inputs, names, run.user_code, need={_signature_of_cluster(c) for c, _ in chosen})
+    instances = _instances(model, real, inputs, names, run.user_code)
     timing = options.benchmark and run.device == "cuda"
     peak = None
     if timing:
@@ -162,7 +183,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         peak = copy_bandwidth_gbps(options.peak_gbps)
     for cluster, kernel in chosen:
         progress(f"{model.name}: {cluster.id} ({cluster.op_chain})", None)
-        found = instances.get(_signature_of_cluster(cluster), [])
+        found = instances.get(cluster.id, [])
         check_ = _check_cluster(cluster, kernel, found, run.kernels, run.device)
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
@@ -189,18 +210,19 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
         return run.options.shapes
     if run.device != "cpu":
         return specs
-    subject = run.subject
-    meta_model = loader.build(subject.cls, subject.init, run.user_code, "", subject.param_dtype).model
+    meta_model = run.subject.meta(run.user_code)
     names = _input_names(run.model)
 
-    def signatures(trial: list[InputSpec]) -> tuple[set[tuple], int] | None:
+    def signatures(trial: list[InputSpec]) -> tuple[tuple[tuple, ...], int] | None:
+        """The clusters at `trial` shapes, in the order they are detected (instances are found by their
+        place in it), and the largest one's size."""
         try:
             t = capture.trace(meta_model, loader.meta_inputs(trial), names, run.user_code)
         except capture.CaptureError:
             return None
         det = detect(t.graph, check)
         plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
-        return ({_signature_of_plan(t.graph, p) for p in plans}, max((_numel(p.domain) for p in plans), default=0))
+        return (tuple(_signature_of_plan(t.graph, p) for p in plans), max((_numel(p.domain) for p in plans), default=0))
 
     return scaled_specs(specs, signatures)
 
@@ -242,30 +264,45 @@ def _saved_us(check: ClusterCheck) -> float:
     return (t.eager_us - t.fused_us) * check.instances
 
 
-def _instances(model, inputs, names, user_code, need: set) -> dict[tuple, list]:
-    """Cluster signature -> [(plan, recorded values)] from real traces.  Each data-dependent
-    branch is also followed the other way, so clusters on either side get real data."""
-    traced = capture.trace(model, inputs, names, user_code, real=True)
-    found = _collect(traced)
-    for i in range(len(traced.branches)):
-        if need <= set(found):
-            break
-        flipped = [*traced.branches[:i], not traced.branches[i]]
-        try:
-            other = capture.trace(model, inputs, names, user_code, decisions=flipped, real=True)
-        except capture.CaptureError:
-            continue
-        for signature, items in _collect(other).items():
-            found.setdefault(signature, items)
+Instance = tuple[Graph, KernelPlan, dict[int, torch.Tensor]]  # a cluster's plan in a real trace, and its values
+
+
+def _instances(
+    report: Model, model: torch.nn.Module, inputs: list[torch.Tensor], names: list[str], user_code: capture.UserCode
+) -> dict[str, list[Instance]]:
+    """Cluster id -> the plan and recorded values of each of its instances.  Each instance is found at its
+    own place among the clusters of a real trace that takes the analysis's decisions at data-dependent
+    branches: same-looking clusters elsewhere in the model (the same lines, other inputs) never lend it
+    their values."""
+    traces: dict[int, list[Instance]] = {}
+    found: dict[str, list[Instance]] = {}
+    for cluster in report.clusters:
+        if cluster.path not in traces:
+            decisions = report.paths[cluster.path] if cluster.path < len(report.paths) else []
+            traces[cluster.path] = _detected(model, inputs, names, user_code, decisions)
+        detected, wanted = traces[cluster.path], _signature_of_cluster(cluster)
+        found[cluster.id] = [
+            detected[p]
+            for p in cluster.positions
+            if p < len(detected) and _signature_of_plan(detected[p][0], detected[p][1]) == wanted
+        ]
     return found
 
 
-def _collect(traced) -> dict[tuple, list]:
-    found: dict[tuple, list] = {}
-    for group in detect(traced.graph, check).clusters:
-        plan = plan_cluster(traced.graph, group.members)
-        found.setdefault(_signature_of_plan(traced.graph, plan), []).append((traced.graph, plan, traced.values))
-    return found
+def _detected(
+    model: torch.nn.Module,
+    inputs: list[torch.Tensor],
+    names: list[str],
+    user_code: capture.UserCode,
+    decisions: list[bool],
+) -> list[Instance]:
+    """The clusters of a real trace, in the order detection finds them."""
+    try:
+        traced = capture.trace(model, inputs, names, user_code, decisions=decisions, real=True)
+    except capture.CaptureError:
+        return []
+    values = traced.values or {}
+    return [(traced.graph, plan_cluster(traced.graph, g.members), values) for g in detect(traced.graph, check).clusters]
 
 
 def _numel(shape) -> int:
@@ -373,11 +410,9 @@ def _check_model(
     finally:
         if run.tmp in sys.path:
             sys.path.remove(run.tmp)
-    subject, seed = run.subject, run.options.seed
-    original = loader.build_real(subject.cls, subject.init, seed, subject.param_dtype)
-    fused = loader.build_real(
-        loader.model_classes(patched_module)[run.model.name], subject.init, seed, subject.param_dtype
-    )
+    seed = run.options.seed
+    original = run.subject.real(seed, run.user_code)
+    fused = run.subject.patched(patched_module, seed, run.user_code)
     fused.load_state_dict(original.state_dict())
     original, fused = original.to(run.device), fused.to(run.device)
     with torch.no_grad():

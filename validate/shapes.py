@@ -14,15 +14,15 @@ from collections.abc import Callable
 
 from fuselens.contracts.config import InputSpec
 
-Signatures = Callable[[list[InputSpec]], "tuple[set, int] | None"]
+Signatures = Callable[[list[InputSpec]], "tuple[tuple, int] | None"]  # (clusters in detection order, largest size)
 
 MAX_DOMAIN = 1 << 17  # elements in the largest cluster's iteration space
 
 
 def scaled_specs(specs: list[InputSpec], signatures: Signatures, max_domain: int = MAX_DOMAIN) -> list[InputSpec]:
-    """Smaller input specs that keep the same clusters.
+    """Smaller input specs that keep the same clusters, in the same order.
 
-    `signatures(specs)` traces at `specs` and returns (set of cluster signatures, largest
+    `signatures(specs)` traces at `specs` and returns (the cluster signatures in detection order, largest
     cluster numel), or None when the model cannot run at those shapes.
     """
     reference = signatures(specs)

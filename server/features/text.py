@@ -8,7 +8,6 @@ from urllib.parse import quote, unquote, urlparse
 from lsprotocol import types as lsp
 
 from fuselens.contracts.report import Model, SourceRef
-from fuselens.contracts.units import in_library
 
 
 def utf16_len(text: str) -> int:
@@ -52,12 +51,13 @@ def shown_at(
     file: str, lines: list[int], reached_from: SourceRef | None, model: Model, path: str
 ) -> tuple[int, int] | None:
     """The lines of the document at `path` an item of `model` shows on: its own lines when its code is in
-    this file; else the user's line that reaches it (code in a library); else, for a model whose code is
-    all a library's, the model's own line.  None when the item does not show in this document."""
+    this file; else the line here that reaches it (its code is a library's, or in another file of the
+    user's); else, for a model whose forward is not in this file at all, the model's own line.  None
+    when the item does not show in this document."""
     if file and same_file(file, path):
         return lines[0], lines[1]
     if reached_from is not None:
         return (reached_from.line, reached_from.line) if same_file(reached_from.file, path) else None
-    if in_library(file) and same_file(model.file, path):
+    if same_file(model.file, path):
         return model.line, model.line
     return None

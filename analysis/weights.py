@@ -1,0 +1,107 @@
+"""Where a model's tensors live while it is analyzed, and how it gets real ones back.
+
+A model is built under `weights_on_meta()`: its large tensors (the weights) are created on the meta
+device and cost nothing, while small ones (rotary tables, position ids, norm weights, masks) are
+computed for real, so that a buffer keeps the values its constructor gave it.  `to_meta(model)`
+then moves everything to meta for tracing and returns those values; `materialise(model, values)`
+gives the model real CPU tensors again: its own values where it had them, seeded random weights
+elsewhere.  A model rebuilt from meta with `to_empty()` alone would index embeddings with garbage
+position ids and rotate by garbage angles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+REAL_NUMEL = 1 << 20  # a tensor of this many elements or more is a weight: it stays on meta
+REAL_BUDGET = 256 << 20  # bytes of real tensors in all; past this, everything goes to meta
+
+
+class weights_on_meta(TorchFunctionMode):
+    """Factory calls without a device make meta tensors when large, real CPU tensors when small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spent = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func not in _device_constructors() or kwargs.get("device") is not None:
+            return func(*args, **kwargs)
+        probe = func(*args, **{**kwargs, "device": "meta"})
+        if not isinstance(probe, torch.Tensor):
+            return probe
+        nbytes = probe.numel() * probe.element_size()
+        if probe.numel() >= REAL_NUMEL or self.spent + nbytes > REAL_BUDGET:
+            return probe
+        self.spent += nbytes
+        return func(*args, **kwargs)
+
+
+def to_meta(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Move every tensor of `model` (parameters, buffers, tensor attributes) to meta; return the real
+    values it had, by name."""
+    values: dict[str, torch.Tensor] = {}
+
+    def moved(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "meta":
+            return tensor
+        values[name] = tensor.detach().clone()
+        return tensor.to("meta")
+
+    _replace(model, moved)
+    return values
+
+
+def materialise(
+    model: torch.nn.Module, values: dict[str, torch.Tensor], seed: int = 0, device: str = "cpu"
+) -> torch.nn.Module:
+    """`model` with real tensors on `device`: `values` where it has them, seeded random weights where not
+    (floats N(0, 0.02), integers and bools zero)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def real(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type != "meta":
+            return tensor.to(device)
+        known = values.get(name)
+        if known is not None and tuple(known.shape) == tuple(tensor.shape):
+            value = known.to(dtype=tensor.dtype)
+        elif tensor.dtype.is_floating_point:
+            value = torch.empty(tensor.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
+            value = value.to(tensor.dtype)
+        else:
+            value = torch.zeros(tensor.shape, dtype=tensor.dtype)
+        return value.to(device)
+
+    _replace(model, real)
+    return model
+
+
+def _replace(model: torch.nn.Module, new: Any) -> None:
+    """Replace each tensor of `model` by `new(qualified name, tensor)`, once per tensor: tied weights
+    (an embedding shared with the output projection) stay one tensor."""
+    done: dict[int, torch.Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        owned = [(k, v) for k, v in module._parameters.items() if v is not None]
+        owned += [(k, v) for k, v in module._buffers.items() if v is not None]
+        owned += [(k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor) and not k.startswith("_")]
+        for attr, tensor in owned:
+            if id(tensor) not in done:
+                value = new(f"{prefix}.{attr}" if prefix else attr, tensor.data)
+                if isinstance(tensor, torch.nn.Parameter):
+                    value = torch.nn.Parameter(value, requires_grad=tensor.requires_grad)
+                done[id(tensor)] = value
+            _set(module, attr, done[id(tensor)])
+
+
+def _set(module: torch.nn.Module, attr: str, tensor: torch.Tensor) -> None:
+    if attr in module._parameters:
+        module._parameters[attr] = tensor  # type: ignore[assignment]
+    elif attr in module._buffers:
+        module._buffers[attr] = tensor
+    else:
+        object.__setattr__(module, attr, tensor)
