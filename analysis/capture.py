@@ -26,8 +26,8 @@ import sysconfig
 import traceback
 import types
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -36,7 +36,7 @@ from fuselens.contracts.report import GraphBreak, SourceRef
 
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
-from .ops import ALIASES, DATA_DEPENDENT, FACTORIES, METADATA, OpClass, op_class
+from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,10 +186,12 @@ class Recorder(TorchFunctionMode):
         module_paths: dict[int, str],
         stop_at: Any,
         decisions: Sequence[bool] = (),
+        real: bool = False,
         retain: bool = False,
     ):
         super().__init__()
-        self.retain = retain  # keep a copy of every value (validation runs on real tensors)
+        self.real = real  # the values are real tensors (otherwise meta: shapes without data)
+        self.retain = retain  # keep a copy of every value (validation checks kernels on them)
         self.values: dict[int, torch.Tensor] = {}
         self._storage_copies: dict[tuple[int, int], Any] = {}  # (storage address, version) -> copy
         self.graph = Graph()
@@ -200,6 +202,7 @@ class Recorder(TorchFunctionMode):
         self.stop_at = stop_at  # code object of the driver frame: stack walks stop there
         self.decisions = list(decisions)
         self.branches_taken: list[bool] = []
+        self.branch_breaks: list[GraphBreak] = []  # the break of each branch, in order
         self.piece = 0
         self.stopped: GraphBreak | None = None
         self._values: dict[int, int] = {}
@@ -225,8 +228,10 @@ class Recorder(TorchFunctionMode):
         name = _callable_name(func)
         if name in METADATA:
             return func(*args, **kwargs)
-        if name in DATA_DEPENDENT:
-            return self._data_dependent(func, name, args, kwargs)
+        if name in VALUE_READS:
+            return self._value_read(func, name, args, kwargs)
+        if name in DYNAMIC_SHAPES or (name == "where" and len(args) + len(kwargs) == 1):
+            self._dynamic_shape(name)
         template = self._template((args, kwargs)) if self.retain else None
         out = self._call(func, args, kwargs)
         if not tensors_in(out) and name not in ("__setitem__",):
@@ -282,7 +287,7 @@ class Recorder(TorchFunctionMode):
         12th identical transformer block computes exactly the shapes of the first.  Only
         fresh, non-view outputs are reused: views, in-place results and tuples run for real.
         """
-        if self.retain:
+        if self.real:
             return func(*args, **kwargs)
         try:
             key = (func, _signature(args), _signature(kwargs))
@@ -411,16 +416,15 @@ class Recorder(TorchFunctionMode):
         return repr(value)
 
     # ---- data-dependent values ----------------------------------------------------
-    def _data_dependent(self, func, name: str, args: Sequence, kwargs: dict) -> Any:
+    def _value_read(self, func, name: str, args: Sequence, kwargs: dict) -> Any:
+        """Python asks for a tensor's value: torch.compile breaks the graph here.  A branch takes the
+        decision asked for (else the real value, else True on meta); any other read on meta ends the trace."""
         stack = self._frames()
-        frame = stack[0] if stack else None
-        code = _source_line(frame)
-        if self.retain and name != "__bool__":
-            return func(*args, **kwargs)  # real values: nothing to assume
+        code = _source_line(stack[0] if stack else None)
         if name == "__bool__":
             if len(self.branches_taken) < len(self.decisions):
                 take = self.decisions[len(self.branches_taken)]
-            elif self.retain:
+            elif self.real:
                 take = bool(func(*args, **kwargs))
             else:
                 take = True
@@ -429,15 +433,38 @@ class Recorder(TorchFunctionMode):
                 "data-dependent branch: the condition needs a tensor's value, so torch.compile "
                 f"splits the graph here; analyzed the path where it is {take}"
             )
-            self.graph.breaks.append(_graph_break(stack, code, reason, self.user_code.home))
-            self.piece += 1
+            self.branch_breaks.append(_graph_break(stack, code, reason, self.user_code.home))
+            self._break(self.branch_breaks[-1])
             return take
+        if self.real:
+            reason = f"`{name}` reads a tensor's value, so torch.compile splits the graph here"
+            self._break(_graph_break(stack, code, reason + _RUN_NOTE, self.user_code.home))
+            return func(*args, **kwargs)
         reason = (
             f"`{name}` reads a tensor's value; fuselens traces shapes without data, "
             "so the ops after this line are not analyzed"
         )
-        self.stopped = _graph_break(stack, code, reason, self.user_code.home)
-        self.graph.breaks.append(self.stopped)
+        self._stop(_graph_break(stack, code, reason, self.user_code.home))
+
+    def _dynamic_shape(self, name: str) -> None:
+        """An op whose output's size depends on values: torch.compile breaks the graph before it.  On
+        real values it is then recorded like any other op; on meta the trace ends here."""
+        stack = self._frames()
+        code = _source_line(stack[0] if stack else None)
+        reason = f"the size of `{name}`'s result depends on values, so torch.compile splits the graph here"
+        if self.real:
+            self._break(_graph_break(stack, code, reason + _RUN_NOTE, self.user_code.home))
+            return
+        reason += "; fuselens traces shapes without data, so the ops after this line are not analyzed"
+        self._stop(_graph_break(stack, code, reason, self.user_code.home))
+
+    def _break(self, brk: GraphBreak) -> None:
+        self.graph.breaks.append(brk)
+        self.piece += 1  # no cluster spans a break: torch.compile compiles each side apart
+
+    def _stop(self, brk: GraphBreak) -> NoReturn:
+        self.stopped = brk
+        self.graph.breaks.append(brk)
         raise _StopTrace()
 
     # ---- recording ----------------------------------------------------------------
@@ -566,6 +593,10 @@ class Recorder(TorchFunctionMode):
                 stack=stack,
             )
             self._bind_value(piece, node.id)
+
+
+# How a break on real values goes on: the trace continues with the values of the run.
+_RUN_NOTE = "; analyzed past it with the values of a run on random weights"
 
 
 def _graph_break(stack: tuple[Frame, ...], code: str, reason: str, home: str) -> GraphBreak:
@@ -719,6 +750,8 @@ class Trace:
     complete: bool  # False when a data-dependent value stopped the trace early
     branches: list[bool]  # the branch taken at each data-dependent `if`
     values: dict[int, torch.Tensor] | None = None  # node id -> value, when traced on real tensors
+    stopped: GraphBreak | None = None  # where a meta trace ended, when it did not reach the output
+    branch_breaks: list[GraphBreak] = field(default_factory=list)  # the break at each branch of `branches`
 
 
 def trace(
@@ -728,16 +761,20 @@ def trace(
     user_code: UserCode,
     decisions: Sequence[bool] = (),
     real: bool = False,
+    keep_values: bool | None = None,
 ) -> Trace:
-    """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`)
-    keeping every value, for validation."""
+    """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`),
+    keeping every value (`keep_values`, by default when real: validation checks kernels on them)."""
+    retain = real if keep_values is None else keep_values
     sources: dict[int, tuple[str, str]] = {}
     for name, p in model.named_parameters(remove_duplicate=True):
         sources.setdefault(id(p), ("param", name))
     for name, b in model.named_buffers(remove_duplicate=True):
         sources.setdefault(id(b), ("buffer", name))
     module_paths = {id(m): name for name, m in model.named_modules()}
-    recorder = Recorder(user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions, retain=real)
+    recorder = Recorder(
+        user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions, real=real, retain=retain
+    )
     for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)
 
@@ -777,7 +814,8 @@ def trace(
     finally:
         pre.remove()
         post.remove()
-    return Trace(recorder.graph, complete, recorder.branches_taken, recorder.values if real else None)
+    values = recorder.values if retain else None
+    return Trace(recorder.graph, complete, recorder.branches_taken, values, recorder.stopped, recorder.branch_breaks)
 
 
 def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:

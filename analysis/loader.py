@@ -317,6 +317,22 @@ def _as_tensors(value: Any, source: str) -> list[torch.Tensor]:
     return out
 
 
+def random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.Tensor]:
+    """Seeded random values for `specs`: floats N(0, 1), bools 0/1, integers (token ids) in [0, 16)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for spec in specs:
+        dtype = getattr(torch, spec.dtype)
+        if dtype.is_floating_point:
+            t = torch.randn(spec.shape, generator=gen).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, spec.shape, generator=gen).bool()
+        else:  # token ids and other integer inputs: small values any vocabulary accepts
+            t = torch.randint(0, 16, spec.shape, generator=gen).to(dtype)
+        out.append(t.to(device))
+    return out
+
+
 def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
     try:
         params = [

@@ -314,7 +314,8 @@ METADATA = frozenset(
 )
 
 # Calls that need a tensor's *values*; on meta tensors they have none.
-DATA_DEPENDENT = frozenset(
+# Calls that hand a tensor's value to Python: torch.compile breaks the graph at each.
+VALUE_READS = frozenset(
     {
         "__bool__",
         "item",
@@ -327,14 +328,14 @@ DATA_DEPENDENT = frozenset(
         "equal",
         "allclose",
         "is_nonzero",
-        "nonzero",
-        "unique",
-        "masked_select",
-        "bincount",
-        "histc",
-        "repeat_interleave_dd",
-        "argwhere",
     }
+)
+
+# Ops whose output's size depends on the input's values (`torch.where` with one argument too):
+# torch.compile breaks the graph at each, unless told to trace their sizes as unknowns.  (`histc`
+# is not one: its size is its bin count.)
+DYNAMIC_SHAPES = frozenset(
+    {"nonzero", "nonzero_static_dd", "unique", "unique_consecutive", "masked_select", "bincount", "argwhere"}
 )
 
 FACTORIES = frozenset(

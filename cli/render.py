@@ -93,6 +93,8 @@ def _render_error(console: Console, problem: Problem) -> None:
 def _render_findings(console: Console, report: Report, model: Model, explain: bool, show_kernels: bool) -> None:
     """An analyzed model's sections, in the order they print."""
     _render_totals(console, report, model)
+    if model.partial:
+        console.print(f"  [yellow]partly analyzed[/]: {_literal(model.partial)}")
     _render_graph_breaks(console, model)
     _render_clusters(console, model)
     _render_patterns(console, model)
@@ -120,8 +122,10 @@ def _render_graph_breaks(console: Console, model: Model) -> None:
     """Each graph break: its line and reason, and the code that caused it."""
     for brk in model.graph_breaks:
         where = _literal(_where(brk.file, [brk.line, brk.line], model.file))
+        where = where if not where.isdigit() else f"line {where}"
         reached = f" (reached from line {brk.reached_from.line})" if brk.reached_from else ""
-        console.print(f"  [yellow]graph break[/] {where}{reached}: {_literal(brk.reason)}")
+        times = f" ×{brk.multiplicity}" if brk.multiplicity > 1 else ""
+        console.print(f"  [yellow]graph break[/] {where}{reached}{times}: {_literal(brk.reason)}")
         if brk.code:
             console.print(f"    [dim]{_literal(brk.code)}[/]")
 

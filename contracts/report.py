@@ -183,6 +183,7 @@ class GraphBreak:
     reason: str
     code: str = ""  # the source line that caused it
     reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
+    multiplicity: int = 1  # the same break at the same line, in a loop or a repeated layer
 
 
 @dataclass
@@ -226,6 +227,7 @@ class Model:
     inductor: InductorComparison | None = None  # what torch.compile fused, beside our clusters
     inductor_error: str = ""  # why the comparison is missing, when it was asked for
     paths: list[list[bool]] = field(default_factory=list)  # each trace's decision at each data-dependent branch
+    partial: str = ""  # when part of the model could not be analyzed: which part, and why
 
 
 @dataclass

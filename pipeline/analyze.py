@@ -13,6 +13,7 @@ never hides the others.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -221,12 +222,24 @@ def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Mo
     started = time.perf_counter()
     found = findings(model, paths, file.source, file.profile)
     main = paths[0][0].graph
-    model.graph_breaks = list(main.breaks)
+    model.graph_breaks = _folded(main.breaks)
     model.paths = [list(trace.branches) for trace, _ in paths]
     model.ops_total = sum(1 for n in main if n.cls is not OpClass.SOURCE and n.op != "output")
     model.totals.bytes_total = cost.model_bytes(main)
     model.timings_ms["analyze"] = _ms(started)
     return model, found
+
+
+def _folded(breaks: list[R.GraphBreak]) -> list[R.GraphBreak]:
+    """One break per place and reason, counted: a loop over experts breaks at the same line each time."""
+    folded: dict[tuple[str, int, str], R.GraphBreak] = {}
+    for brk in breaks:
+        key = (brk.file, brk.line, brk.reason)
+        if key in folded:
+            folded[key].multiplicity += 1
+        else:
+            folded[key] = dataclasses.replace(brk)
+    return list(folded.values())
 
 
 def _failed(model: R.Model, problem: R.Problem) -> R.Model:
@@ -253,17 +266,47 @@ def _trace_paths(
     for tensor_info, name in zip(model.inputs, names, strict=True):
         tensor_info.name = name
     main = capture.trace(built.model, tensors, names, user_code)
+    traced_model, real = built.model, False
+    if main.stopped is not None:
+        run = _real_run(model, built, config, main.stopped)
+        if run is not None:
+            (traced_model, tensors), real = run, True
+            main = capture.trace(traced_model, tensors, names, user_code, real=True, keep_values=False)
     paths = [(main, "")]
     for i in range(min(len(main.branches), file.options.branch_paths)):
         decisions = [*main.branches[:i], not main.branches[i]]
         try:
-            alt = capture.trace(built.model, tensors, names, user_code, decisions)
+            alt = capture.trace(traced_model, tensors, names, user_code, decisions, real=real, keep_values=False)
         except capture.CaptureError:
             continue
-        brk = main.graph.breaks[i]
+        brk = main.branch_breaks[i]
         paths.append((alt, f"on the path where the condition on line {brk.line} is {decisions[-1]}"))
     model.timings_ms["trace"] = _ms(started)
     return paths
+
+
+REAL_RUN_BYTES = 2 << 30  # the most a model's tensors may take to be run on real values past a break
+
+
+def _real_run(
+    model: R.Model, built: loader.Built, config: ModelConfig, stopped: R.GraphBreak
+) -> tuple[torch.nn.Module, list[torch.Tensor]] | None:
+    """The model on real values (seeded random weights, its own buffers) and random inputs, to trace
+    past a data-dependent op as torch.compile runs past a graph break; None, with the reason in the
+    report, when that would take too much memory here."""
+    size = sum(t.numel() * t.element_size() for t in [*built.model.parameters(), *built.model.buffers()])
+    where = f"{os.path.basename(stopped.file)}:{stopped.line}"
+    if size > REAL_RUN_BYTES:
+        model.partial = (
+            f"the trace stops at {where}: {stopped.reason}; going past it needs the model on real values, "
+            f"{size / 2**30:.1f} GB, more than the {REAL_RUN_BYTES / 2**30:.0f} GB allowed here"
+        )
+        return None
+    model.notes.append(
+        f"traced past the data-dependent op at {where} with the values of a run on random weights: "
+        "sizes after it (tokens per expert, say) are that run's"
+    )
+    return built.real(seed=0), loader.random_inputs(config.inputs or [], "cpu", 0)
 
 
 def _settle_dtypes(model: R.Model, config: ModelConfig, built: torch.nn.Module) -> None:

@@ -166,7 +166,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     shapes = _shapes(run)
     result = ModelValidation(model.name, [s.shape for s in shapes], [s.dtype for s in shapes])
     real = run.subject.real(options.seed, run.user_code).to(run.device)
-    inputs = _random_inputs(shapes, run.device, options.seed)
+    inputs = loader.random_inputs(shapes, run.device, options.seed)
     names = _input_names(model)
     # Only clusters with a generated kernel can be checked: each is kept with it.
     chosen = [
@@ -310,21 +310,6 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for spec in specs:
-        dtype = getattr(torch, spec.dtype)
-        if dtype.is_floating_point:
-            t = torch.randn(spec.shape, generator=gen).to(dtype)
-        elif dtype == torch.bool:
-            t = torch.randint(0, 2, spec.shape, generator=gen).bool()
-        else:  # token ids and other integer inputs: small values any vocabulary accepts
-            t = torch.randint(0, 16, spec.shape, generator=gen).to(dtype)
-        out.append(t.to(device))
-    return out
 
 
 def _check_cluster(cluster: Cluster, kernel: Kernel, plans: list, kernels, device: str) -> ClusterCheck:

@@ -71,6 +71,16 @@ def diagnostics(
 def _model_problems(model: Model, path: str, lines: list[str]) -> list[lsp.Diagnostic]:
     if model.problem and model.status == "error":
         return [_problem(model.problem, path, lines, prefix=f"{model.name}: ")]
+    if model.partial and same_file(model.file, path):
+        return [
+            lsp.Diagnostic(
+                range=lines_range(lines, model.line, model.line),
+                severity=lsp.DiagnosticSeverity.Warning,
+                message=f"{model.name} is partly analyzed: {model.partial}",
+                source=SOURCE,
+                code="partial",
+            )
+        ]
     if model.status == "skipped" and not model.notes and same_file(model.file, path):
         hint = model.problem.hint if model.problem else ""
         return [
