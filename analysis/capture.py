@@ -232,7 +232,7 @@ class Recorder(TorchFunctionMode):
             return self._value_read(func, name, args, kwargs)
         if name in DYNAMIC_SHAPES or (name == "where" and len(args) + len(kwargs) == 1):
             self._dynamic_shape(name)
-        template = self._template((args, kwargs)) if self.retain else None
+        template = self._template((args, kwargs))  # the call as made: validation and the reference replay it
         out = self._call(func, args, kwargs)
         if not tensors_in(out) and name not in ("__setitem__",):
             return out

@@ -29,7 +29,7 @@ from .capture import UserCode, user_frame
 from .discover import Candidates
 from .graph import Frame
 from .normalise import dtype_name
-from .weights import materialise, to_meta, weights_on_meta
+from .weights import materialise, reproducible, to_meta, weights_on_meta
 
 
 class LoadError(Exception):
@@ -67,7 +67,9 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
         # The text may be an editor buffer newer than the disk: make tracebacks quote it.
         linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
         code = compile(text, path, "exec")  # importing the user's module, as `import` would
-        with weights_on_meta():  # a model built at module level costs nothing, and keeps its buffers
+        # A model built at module level costs nothing, keeps its buffers, and starts from the same values
+        # in every analysis.
+        with reproducible(), weights_on_meta():
             exec(code, module.__dict__)
     except SyntaxError as exc:
         frame = Frame(exc.filename or path, exc.lineno or 1, "<module>")
@@ -193,7 +195,7 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
             hint=init_hint,
         )
     try:
-        with weights_on_meta():
+        with reproducible(), weights_on_meta():
             model = cls(**init)
         return Built(model.eval(), on_meta=True, values=to_meta(model))
     except SystemExit as exc:
@@ -209,7 +211,8 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
             model = cls(**init)
         return Built(model.eval(), on_meta=True, note="built on the meta device: buffers have no values")
     try:
-        model = cls(**init)
+        with reproducible():
+            model = cls(**init)
         values = to_meta(model)
         return Built(
             model.eval(),

@@ -109,6 +109,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         return "dropout", OpClass.IDENTITY, [bound["input"]], {"p": bound.get("p", 0.5)}
     if canon in ("detach", "alias", "clone"):
         return canon, OpClass.IDENTITY, [args[0]], {}
+    if canon == "batch_norm":
+        return _normalise_batch_norm(func, args, kwargs, out_t)
     if canon == "contiguous":
         x = args[0]
         if x.is_contiguous():
@@ -154,6 +156,33 @@ def _normalise_cast(canon, func, args, kwargs, out_t):
     if out_t.dtype == x.dtype:
         return "to_same", OpClass.IDENTITY, [x], {}
     return "cast", OpClass.UNARY, [x], {"dtype": dtype_name(out_t.dtype), "from": canon}
+
+
+def _normalise_batch_norm(func, args, kwargs, out_t):
+    """`F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)` (bound by
+    its signature) or `torch.batch_norm(input, weight, bias, running_mean, running_var, training, ...)`.
+
+    With running statistics and `training=False` (eval mode) it is an affine map per channel,
+    (x - running_mean) * rsqrt(running_var + eps) * weight + bias: pointwise, its [C] operands read
+    at x's dim 1.  With batch statistics (training, or no running statistics) each channel's mean
+    and variance are reduced over the batch and every spatial position (and the running statistics
+    updated in place): a reduction over every dim but dim 1."""
+    bound = bind(
+        func,
+        args,
+        kwargs,
+        ["input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "cudnn_enabled"],
+    )
+    x = bound.get("input")
+    if out_t is None or not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return None
+    mean, var = bound.get("running_mean"), bound.get("running_var")
+    operands = [x, mean, var, bound.get("weight"), bound.get("bias")]
+    eps = float(bound.get("eps", 1e-5))
+    if not bound.get("training", False) and isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
+        return "batch_norm", OpClass.CHANNEL, operands, {"eps": eps}
+    dims = [0, *range(2, x.dim())]
+    return "batch_norm", OpClass.REDUCTION, operands, {"dims": dims, "keepdim": True, "eps": eps, "training": True}
 
 
 def _normalise_binary(canon, func, args, kwargs, swapped):

@@ -4,8 +4,9 @@ Capture maps every torch callable a model uses (`torch.mul`, `Tensor.__rmul__`,
 `F.gelu`, `x.float()`, ...) to one canonical name here.  The class decides how the
 passes treat it:
 
-- pointwise ops (unary / binary / ternary / concat) and reductions can be absorbed
-  into a fused kernel;
+- pointwise ops (unary / binary / ternary / concat, and per-channel ones such as eval-mode
+  batch norm, whose per-channel operands broadcast along dim 1) and reductions can be
+  absorbed into a fused kernel;
 - views and identities move no data: they cost nothing and never inflate savings;
 - opaque ops (GEMMs, convolutions, attention, gathers, ...) are barriers;
 - sources are model inputs, parameters, buffers and tensors made by factories.
@@ -23,6 +24,7 @@ class OpClass(StrEnum):
     BINARY = "pointwise-binary"
     TERNARY = "pointwise-ternary"
     CONCAT = "pointwise-concat"
+    CHANNEL = "pointwise-channel"  # x with per-channel [C] operands read at x's dim 1
     REDUCTION = "reduction"
     VIEW = "view"
     IDENTITY = "identity"
@@ -39,7 +41,9 @@ class OpClass(StrEnum):
         return self in (OpClass.VIEW, OpClass.IDENTITY)
 
 
-ABSORBABLE = frozenset({OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY, OpClass.CONCAT, OpClass.REDUCTION})
+ABSORBABLE = frozenset(
+    {OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY, OpClass.CONCAT, OpClass.CHANNEL, OpClass.REDUCTION}
+)
 
 UNARY = frozenset(
     {
@@ -124,6 +128,11 @@ BINARY = frozenset(
 )
 
 TERNARY = frozenset({"where", "masked_fill", "lerp", "addcmul", "addcdiv", "clamp_tensor"})
+
+# Pointwise in x, with per-channel operands: `batch_norm` with running statistics (eval mode) is
+# (x - running_mean) / sqrt(running_var + eps) * weight + bias, each [C] operand read at x's dim 1.
+# With batch statistics (training) it is recorded as a reduction over every dim but the channel.
+CHANNEL = frozenset({"batch_norm"})
 
 REDUCTION = frozenset(
     {
@@ -398,6 +407,8 @@ def op_class(op: str) -> OpClass:
         return OpClass.BINARY
     if base in TERNARY:
         return OpClass.TERNARY
+    if base in CHANNEL:
+        return OpClass.CHANNEL
     if base == "cat":
         return OpClass.CONCAT
     if base in REDUCTION:

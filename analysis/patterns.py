@@ -2,9 +2,11 @@
 
 Clusters answer "which ops can share one generated kernel".  Patterns answer a
 different question an engineer asks about a transformer: "is there an RMSNorm here, a
-SwiGLU, a residual-add + norm, a GEMM -> residual -> RMSNorm -> GEMM block, and what
+SwiGLU or GeGLU, a tanh-approximate or quick GELU, a residual-add + norm, a GEMM -> residual -> RMSNorm -> GEMM block, and what
 would a fused kernel for it save?"  They are recognised structurally, whether written
-as one op (`F.rms_norm`) or spelled out (`x.pow(2).mean(-1) ... rsqrt ... * w`).
+as one op (`F.rms_norm`) or spelled out (`x.pow(2).mean(-1) ... rsqrt ... * w`); an activation
+spelled out (`0.5 * x * (1 + tanh(...))`) is recognised by what it computes, whatever the order
+of its ops.
 
 Every estimate is bytes a kernel must move (each input read once, each escaping value
 written once) against what eager moves; `speedup_bound` is their ratio, the best a
@@ -13,11 +15,12 @@ bandwidth-bound kernel can do.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .cost import op_bytes, value_bytes
 from .graph import DTYPE_BYTES, Graph, Node, Ref
-from .ops import GEMMS
+from .ops import GEMMS, OpClass
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Match:
     # The value the pattern produces: every pattern has one (the residual and GEMM-block patterns
     # start from a norm's), so it is required, by keyword as it follows fields with defaults.
     output: int = field(kw_only=True)
+    # The one tensor an activation pattern computes from (GeGLU looks for a GEMM behind it).
+    source: int | None = field(default=None, kw_only=True)
 
     @property
     def speedup(self) -> float | None:
@@ -69,6 +74,9 @@ def find_patterns(graph: Graph) -> list[Match]:
     norms = _rmsnorms(graph) + _layernorms(graph)
     matches += norms
     matches += _swiglu(graph)
+    activations = _gelu_tanh(graph) + _quick_gelu(graph)
+    matches += activations
+    matches += _geglu(graph, activations)
     matches += _rope(graph)
     matches += _softmax(graph)
     matches += _residual_norm(graph, norms)
@@ -216,6 +224,235 @@ def _swiglu(graph: Graph) -> list[Match]:
                     )
                 )
                 break
+    return out
+
+
+# ---- GELU forms: tanh-approximate (gelu_new), quick GELU; GeGLU ---------------------------------
+
+# An activation spelled out is recognised by its values: the pointwise ops between one tensor and a
+# result, with constants only, are evaluated at these points and compared with the function.
+_SAMPLES = (-2.5, -1.3, -0.4, 0.7, 1.9)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _gelu_tanh_of(x: float) -> float:
+    return 0.5 * x * (1.0 + math.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+def _quick_gelu_of(x: float) -> float:
+    return x * _sigmoid(1.702 * x)
+
+
+_EVAL_UNARY = {
+    "neg": lambda a: -a,
+    "abs": abs,
+    "tanh": math.tanh,
+    "sigmoid": _sigmoid,
+    "exp": math.exp,
+    "erf": math.erf,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda a: 1.0 / math.sqrt(a),
+    "reciprocal": lambda a: 1.0 / a,
+    "square": lambda a: a * a,
+}
+_EVAL_BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "pow": lambda a, b: a**b,
+}
+_MAX_SPELLED_OPS = 16
+
+
+def _evaluable(node: Node) -> bool:
+    """A float op of one variable whose value the pattern finder can compute."""
+    if node.meta is None or not node.meta.dtype.startswith(("float", "bfloat")):
+        return False
+    if node.cls is OpClass.IDENTITY:
+        return True
+    if node.op == "cast":
+        return True  # between float types: the value, rounded
+    if node.op in _EVAL_UNARY:
+        return not node.inplace
+    if node.op in _EVAL_BINARY:
+        extra = {k for k in node.params if k != "alpha"}
+        return not node.inplace and not extra and len(node.args) == 2
+    return False
+
+
+def _expression(graph: Graph, root: int) -> tuple[list[int], int] | None:
+    """(the ops, the one tensor) when `root` is computed from a single tensor and constants by
+    evaluable ops, none of whose intermediate values is used outside them."""
+    ops: set[int] = set()
+    leaves: set[int] = set()
+    stack = [root]
+    while stack:
+        i = stack.pop()
+        if i in ops or i in leaves:
+            continue
+        node = graph[i]
+        if not _evaluable(node):
+            leaves.add(i)
+            continue
+        ops.add(i)
+        if len(ops) > _MAX_SPELLED_OPS:
+            return None
+        stack += [r.node for r in node.refs]
+    if len(leaves) != 1 or root in leaves:
+        return None
+    if any(u not in ops for i in ops if i != root for u in graph.users(i)):
+        return None
+    return sorted(i for i in ops if graph[i].cls.absorbable), leaves.pop()
+
+
+def _evaluate(graph: Graph, root: int, leaf: int, x: float) -> float | None:
+    values: dict[int, float] = {leaf: x}
+
+    def value(i: int) -> float:
+        if i in values:
+            return values[i]
+        node = graph[i]
+        args = [value(a.node) if isinstance(a, Ref) else a for a in node.args]
+        if not all(isinstance(a, (int, float)) for a in args):
+            raise ValueError(node.op)
+        if node.cls is OpClass.IDENTITY or node.op == "cast":
+            out = float(args[0])
+        elif node.op in _EVAL_UNARY:
+            out = float(_EVAL_UNARY[node.op](args[0]))
+        else:
+            a, b = args
+            if node.op in ("add", "sub") and node.params.get("alpha", 1) != 1:
+                b = b * node.params["alpha"]
+            out = _EVAL_BINARY[node.op](a, b)
+            if isinstance(out, complex):
+                raise ValueError(node.op)
+        values[i] = float(out)
+        return values[i]
+
+    try:
+        return value(root)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
+
+
+def _computes(graph: Graph, root: int, leaf: int, reference) -> bool:
+    for x in _SAMPLES:
+        got = _evaluate(graph, root, leaf, x)
+        want = reference(x)
+        if got is None or abs(got - want) > 1e-9 + 1e-6 * abs(want):
+            return False
+    return True
+
+
+def _spelled_activation(graph: Graph, anchor: Node, reference) -> tuple[list[int], int, int] | None:
+    """The first value a few ops past `anchor` (the function's tanh or sigmoid) that is `reference`
+    of one tensor, computed from it by constants and evaluable ops: (the ops, the tensor, the value)."""
+    current = anchor
+    for _ in range(4):
+        users = graph.users(current.id)
+        if len(users) != 1 or not _evaluable(graph[users[0]]):
+            return None
+        current = graph[users[0]]
+        found = _expression(graph, current.id)
+        if found and anchor.id in found[0] and _computes(graph, current.id, found[1], reference):
+            return found[0], found[1], current.id
+    return None
+
+
+def _activation_match(graph: Graph, name: str, nodes: list[int], x: int, output: int, what: str) -> Match:
+    meta = graph[x].meta
+    dims = {"shape": list(meta.shape), "dtype": meta.dtype} if meta else {}
+    if len(nodes) == 1:
+        summary = f"{what} as one op (already one kernel in eager)"
+    else:
+        summary = f"{what} spelled out as {len(nodes)} ops ({' → '.join(graph[i].op for i in nodes)})"
+    return Match(
+        name,
+        nodes,
+        _bytes(graph, nodes),
+        _io_bytes(graph, [x], [output]),
+        dims,
+        output=output,
+        source=x,
+        summary=summary,
+    )
+
+
+def _gelu_tanh(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op == "gelu" and node.params.get("approximate") == "tanh" and node.inputs:
+            out.append(
+                _activation_match(graph, "gelu-tanh", [node.id], node.inputs[0], node.id, "tanh-approximate GELU")
+            )
+        elif node.op == "tanh" and node.inputs:
+            found = _spelled_activation(graph, node, _gelu_tanh_of)
+            if found:
+                ops, x, y = found
+                out.append(_activation_match(graph, "gelu-tanh", ops, x, y, "tanh-approximate GELU (gelu_new)"))
+    return out
+
+
+def _quick_gelu(graph: Graph) -> list[Match]:
+    out = []
+    for node in graph:
+        if node.op != "sigmoid" or not node.inputs:
+            continue
+        found = _spelled_activation(graph, node, _quick_gelu_of)
+        if found:
+            ops, x, y = found
+            out.append(_activation_match(graph, "quick-gelu", ops, x, y, "quick GELU (x * sigmoid(1.702 * x))"))
+    return out
+
+
+def _geglu(graph: Graph, activations: list[Match]) -> list[Match]:
+    """gelu(gate) * up with gate and up made by GEMMs (two projections, or the halves of one):
+    the GELU as one op (exact or tanh) or one of the spelled-out forms found above."""
+    acts: dict[int, tuple[str, list[int], int]] = {}  # output -> (which GELU, its ops, its input)
+    for node in graph:
+        if node.op == "gelu" and node.inputs:
+            kind = "gelu-tanh" if node.params.get("approximate") == "tanh" else "gelu"
+            acts[node.id] = (kind, [node.id], node.inputs[0])
+    for m in activations:
+        if m.source is not None:
+            acts.setdefault(m.output, (m.name, list(m.nodes), m.source))
+    written = {"gelu": "gelu", "gelu-tanh": "gelu_tanh", "quick-gelu": "quick_gelu"}
+    out = []
+    for node in graph:
+        if node.op != "mul" or len(node.refs) != 2 or node.meta is None:
+            continue
+        a, b = _tensor_args(graph, node)
+        for act_out, up in ((a, b), (b, a)):
+            if act_out not in acts:
+                continue
+            kind, act_nodes, x = acts[act_out]
+            gate = _through_free(graph, x)
+            if graph[gate].op not in GEMMS or graph[up].op not in GEMMS:
+                continue
+            nodes = sorted({*act_nodes, node.id})
+            meta = node.meta
+            out.append(
+                Match(
+                    "geglu",
+                    nodes,
+                    _bytes(graph, nodes),
+                    _io_bytes(graph, [gate, up], [node.id]),
+                    {
+                        "tokens": meta.numel // meta.shape[-1] if meta.shape else 1,
+                        "hidden": meta.shape[-1] if meta.shape else 1,
+                        "activation": kind,
+                        "dtype": meta.dtype,
+                    },
+                    output=node.id,
+                    summary=f"GeGLU: {written[kind]}(gate) * up; a GEMM epilogue could also skip writing gate/up",
+                )
+            )
+            break
     return out
 
 
@@ -375,12 +612,14 @@ def _gemm_block(graph: Graph, norms: list[Match]) -> list[Match]:
         gemm2 = next((graph[u] for u in _consumers(graph, norm.output) if graph[u].op in GEMMS), None)
         if gemm2 is None or gemm1.meta is None or gemm2.meta is None:
             continue
-        a_in = graph[_through_free(graph, gemm1.inputs[0])]
-        w1 = graph[gemm1.inputs[1]] if len(gemm1.inputs) > 1 else None
-        w2 = graph[gemm2.inputs[1]] if len(gemm2.inputs) > 1 else None
+        a1, w1 = _gemm_operands(graph, gemm1)
+        _a2, w2 = _gemm_operands(graph, gemm2)
+        if a1 is None:
+            continue
+        a_in = graph[_through_free(graph, a1.id)]  # the value it reads, as it is in memory
         n_dim = gemm1.meta.shape[-1]
         m_dim = gemm1.meta.numel // n_dim
-        k0 = a_in.meta.shape[-1] if a_in.meta else None
+        k0 = _contraction(gemm1, a1, w1)
         k1 = gemm2.meta.shape[-1]
         dtype = gemm1.meta.dtype
         size = DTYPE_BYTES.get(dtype, 4)
@@ -391,6 +630,7 @@ def _gemm_block(graph: Graph, norms: list[Match]) -> list[Match]:
         reads += [i for n in norm.nodes for i in _tensor_args(graph, graph[n]) if graph[i].op in ("param", "buffer")]
         writes = [gemm2.id] + ([add.id] if escapes else [])
         after = _io_bytes(graph, reads, writes)
+        k0_text = k0 if k0 is not None else "K0"
         out.append(
             Match(
                 "gemm-residual-rmsnorm-gemm",
@@ -399,8 +639,30 @@ def _gemm_block(graph: Graph, norms: list[Match]) -> list[Match]:
                 after,
                 {"M": m_dim, "N": n_dim, "K0": k0, "K1": k1, "dtype": dtype, "bytes_per_element": size},
                 output=gemm2.id,
-                summary=f"GEMM [{m_dim}×{k0}]·[{k0}×{n_dim}] → + residual → RMSNorm → GEMM [{n_dim}×{k1}]; "
+                summary=f"GEMM [{m_dim}×{k0_text}]·[{k0_text}×{n_dim}] → + residual → RMSNorm → GEMM [{n_dim}×{k1}]; "
                 "one kernel keeps each N-wide row on chip between the GEMMs",
             )
         )
     return out
+
+
+def _gemm_operands(graph: Graph, gemm: Node) -> tuple[Node | None, Node | None]:
+    """A GEMM's (activation, weight) operands as the GEMM itself reads them: after any view or
+    reshape between them and their producers (`addmm`/`baddbmm` take the bias first)."""
+    operands = [graph[r.node] for r in gemm.refs]
+    if gemm.op in ("addmm", "baddbmm"):
+        operands = operands[1:]
+    a = operands[0] if operands else None
+    b = operands[1] if len(operands) > 1 else None
+    return a, b
+
+
+def _contraction(gemm: Node, a: Node, b: Node | None) -> int | None:
+    """The size a GEMM contracts over (K), from the operands it reads: `linear` reads a [.., K]
+    input and an [N, K] weight, `matmul` and friends an [.., K] left operand.  None for `einsum`,
+    whose contraction is in its equation."""
+    if gemm.op == "linear" and b is not None and b.meta is not None and b.meta.shape:
+        return b.meta.shape[-1]
+    if gemm.op == "einsum" or a.meta is None or not a.meta.shape:
+        return None
+    return a.meta.shape[-1]

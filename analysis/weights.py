@@ -7,10 +7,17 @@ then moves everything to meta for tracing and returns those values; `materialise
 gives the model real CPU tensors again: its own values where it had them, seeded random weights
 elsewhere.  A model rebuilt from meta with `to_empty()` alone would index embeddings with garbage
 position ids and rotate by garbage angles.
+
+The small tensors a constructor initialises from torch's random generator (a router's weights, in a
+small model) are values the analysis then relies on: past a data-dependent op it runs the model on
+them, and which tokens reach which expert follows from them.  `reproducible()` seeds the generator
+while a model is built, so the same file gives the same report every time.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,6 +26,16 @@ from torch.utils._device import _device_constructors
 
 REAL_NUMEL = 1 << 20  # a tensor of this many elements or more is a weight: it stays on meta
 REAL_BUDGET = 256 << 20  # bytes of real tensors in all; past this, everything goes to meta
+BUILD_SEED = 0  # torch's CPU generator while a model is built
+
+
+@contextlib.contextmanager
+def reproducible(seed: int = BUILD_SEED) -> Iterator[None]:
+    """torch's CPU random generator seeded for the duration and restored after, so that a model built
+    inside takes the same initial values in every analysis and the caller's generator is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 class weights_on_meta(TorchFunctionMode):

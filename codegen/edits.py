@@ -31,42 +31,58 @@ def kernel_module_path(model_file: str, out_dir: str | None = None) -> str:
 
 
 def import_statement(model_file: str, module_path: str, names: list[str]) -> str:
-    """`from example_net_kernels import cluster0` (relative inside a package)."""
-    module = os.path.splitext(os.path.basename(module_path))[0]
-    same_dir = os.path.dirname(os.path.abspath(module_path)) == os.path.dirname(os.path.abspath(model_file))
-    in_package = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(model_file)), "__init__.py"))
-    prefix = "." if same_dir and in_package else ""
-    return f"from {prefix}{module} import {', '.join(names)}"
+    """The import of `names` from the kernel module, as `fuselens apply` writes it.
+
+    Beside the model, it is tried relative first, then absolute: the same lines work when the
+    model runs as a script (its folder is on sys.path) and when it is imported as part of a package
+    from its parent folder (a folder without `__init__.py` included).  Elsewhere (`--out-dir`), the
+    module is imported by name."""
+    module = _module_name(module_path)
+    listed = ", ".join(sorted(names, key=natural_order))
+    if os.path.dirname(os.path.abspath(module_path)) != os.path.dirname(os.path.abspath(model_file)):
+        return f"from {module} import {listed}"
+    return (
+        f"try:  # the fused kernels beside this file, imported as a package's module or by a script\n"
+        f"    from .{module} import {listed}\n"
+        f"except ImportError:\n"
+        f"    from {module} import {listed}"
+    )
 
 
-_IMPORT_RE = re.compile(r"^from\s+(\.?[\w.]+)\s+import\s+(.+)$")
+def _module_name(module_path: str) -> str:
+    return os.path.splitext(os.path.basename(module_path))[0]
 
 
-def import_edit(source: str, statement: str) -> LineEdit:
-    """Add `statement`'s names: merged into an existing import of the module, else a new line."""
-    match = _IMPORT_RE.match(statement)
-    assert match, statement
-    module, wanted = match.group(1), [n.strip() for n in match.group(2).split(",")]
-    lines = source.splitlines(keepends=True)
+def import_edit(source: str, model_file: str, module_path: str, wanted: list[str]) -> LineEdit:
+    """Add `wanted` to the file's import of the kernel module: merged with the names an existing
+    import brings (replacing it, in whichever form it was written), else a new import after the others."""
+    module = _module_name(module_path)
     try:
         tree = ast.parse(source)
     except SyntaxError:
         tree = None
-    if tree is not None:
-        for node in tree.body:
-            if (
-                isinstance(node, ast.ImportFrom)
-                and ("." * node.level + (node.module or "")) == module
-                and node.lineno == node.end_lineno
-            ):
-                have = [a.name for a in node.names]
-                missing = [n for n in wanted if n not in have]
-                if not missing:
-                    return LineEdit(node.lineno, node.lineno, lines[node.lineno - 1])
-                merged = f"from {module} import {', '.join(sorted(set(have + missing), key=natural_order))}\n"
-                return LineEdit(node.lineno, node.lineno, merged)
+    for node in tree.body if tree is not None else []:
+        have = _imported_from(node, module)
+        if have is not None:
+            names = sorted(set(have) | set(wanted), key=natural_order)
+            end = node.end_lineno or node.lineno
+            return LineEdit(node.lineno, end, import_statement(model_file, module_path, names) + "\n")
     at = _after_imports(tree) if tree is not None else 1
-    return LineEdit(at, at - 1, statement + "\n")
+    return LineEdit(at, at - 1, import_statement(model_file, module_path, wanted) + "\n")
+
+
+def _imported_from(node: ast.stmt, module: str) -> list[str] | None:
+    """The names a top-level statement imports from `module`: `from [.]module import ...`, or the
+    try/except form `import_statement` writes; None for any other statement."""
+    if isinstance(node, ast.ImportFrom) and (node.module or "") == module and node.level <= 1:
+        return [a.name for a in node.names]
+    if isinstance(node, ast.Try) and len(node.body) == 1 and len(node.handlers) == 1:
+        first, fallback = node.body[0], node.handlers[0].body
+        if len(fallback) == 1 and _imported_from(first, module) is not None:
+            second = _imported_from(fallback[0], module)
+            if second is not None:
+                return [a.name for a in first.names] if isinstance(first, ast.ImportFrom) else second
+    return None
 
 
 def natural_order(name: str):
@@ -103,9 +119,9 @@ def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = N
     if not chosen:
         return []
     edits = [LineEdit(e.start_line, e.end_line, e.text) for _, e in chosen]
-    names = [c.kernel.name for c, _ in chosen if c.kernel]
-    module = chosen[0][1].import_line.split(" import ")[0] + " import " + ", ".join(names)
-    edits.append(import_edit(source, module))
+    kernels = [c.kernel for c, _ in chosen if c.kernel]
+    if kernels:
+        edits.append(import_edit(source, report.file, kernels[0].path, [k.name for k in kernels]))
     return edits
 
 

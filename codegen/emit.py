@@ -79,13 +79,19 @@ class PlainDivision:
 @dataclass
 class Emitted:
     kernels: str  # the @triton.jit function(s)
-    launcher: str  # the Python launcher, autograd wrapper and public function
+    launcher: str  # the Python launcher, the reference, the op registration and the public function
     strategy: str
     helpers: list[str]
 
 
 def emit(
-    plan: KernelPlan, name: str, input_names: list[str], output_names: list[str], doc: str, comments: dict[str, str]
+    plan: KernelPlan,
+    name: str,
+    input_names: list[str],
+    output_names: list[str],
+    doc: str,
+    comments: dict[str, str],
+    reference: str,
 ) -> Emitted:
     kernel_name = f"_{name}_kernel"
     flat = plan.kind == "elementwise" and flat_ok(plan)
@@ -102,7 +108,7 @@ def emit(
         kernels = _rows(plan, kernel_name + "_block", comments, divs, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, looped=True)
         strategy = "row-block/row-loop"
-    text = launcher_text(plan, name, kernel_name, input_names, doc, flat, divs.launcher_exprs())
+    text = launcher_text(plan, name, kernel_name, input_names, doc, flat, divs.launcher_exprs(), reference)
     return Emitted(kernels, text, strategy, helpers_used(kernels))
 
 

@@ -17,15 +17,23 @@ from .plan import KernelPlan, OutputSlot, identity_inputs, row_views
 
 
 def launcher_text(
-    plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], doc: str, flat: bool, divisors: list[str]
+    plan: KernelPlan,
+    name: str,
+    kernel_name: str,
+    input_names: list[str],
+    doc: str,
+    flat: bool,
+    divisors: list[str],
+    reference: str,
 ) -> str:
     """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
     `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
-    it passes (see `emit.Divisors`)."""
-    wrapper = _function_class_name(name)
+    it passes (see `emit.Divisors`); `reference`: the cluster's ops as torch code
+    (`reference.reference_text`), which runs wherever the kernel cannot."""
     lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors)
-    lines += ["", "", *_autograd_class(wrapper, name, input_names)]
-    lines += ["", "", *_public_function(wrapper, name, input_names, doc)]
+    lines += ["", "", *reference.splitlines()]
+    lines += ["", "", *_op_registration(plan, name)]
+    lines += ["", "", *_public_function(plan, name, input_names, doc)]
     return "\n".join(lines)
 
 
@@ -256,38 +264,25 @@ def _tuple(items: list[str]) -> str:
 # ---- the autograd wrapper and the public function -----------------------------------------
 
 
-def _function_class_name(name: str) -> str:
-    """`cluster_3` -> `_Cluster3Function`."""
-    return "_" + "".join(p.capitalize() for p in name.split("_")) + "Function"
-
-
-def _autograd_class(wrapper: str, name: str, input_names: list[str]) -> list[str]:
-    """The `torch.autograd.Function` the public function goes through when gradients are wanted:
-    the kernels have no backward, so it refuses one loudly rather than return wrong gradients."""
-    params = ", ".join(input_names)
+def _op_registration(plan: KernelPlan, name: str) -> list[str]:
+    """The launcher as a torch.library op, so that torch.compile and torch.export see one op for the
+    cluster (its shapes and dtypes from the reference) instead of tracing into the launcher."""
     return [
-        f"class {wrapper}(torch.autograd.Function):",
-        "    @staticmethod",
-        f"    def forward(ctx, {params}):",
-        f"        return _{name}_launch({params})",
-        "",
-        "    @staticmethod",
-        "    def backward(ctx, *grads):",
-        f'        raise RuntimeError("{name} is an inference-only fused kernel: run the model under torch.no_grad() "',
-        '                           "or keep the original code where gradients are needed")',
+        f"_{name}_op = _kernel_op({name!r}, _{name}_launch, _{name}_reference, {len(plan.inputs)}, {len(plan.outputs)})"
     ]
 
 
-def _public_function(wrapper: str, name: str, input_names: list[str], doc: str) -> list[str]:
-    """`<name>(inputs)`, the call the user's code makes: straight to the launcher unless an input
-    needs gradients, when it goes through the autograd wrapper so that backward can refuse."""
+def _public_function(plan: KernelPlan, name: str, input_names: list[str], doc: str) -> list[str]:
+    """`<name>(inputs)`, the call the user's code makes: the kernel where it runs (CUDA tensors of the
+    dtypes it was generated for, no gradients wanted; on meta tensors, its shapes), else the reference."""
     params = ", ".join(input_names)
+    dtypes = tuple(slot.dtype for slot in plan.inputs)
     return [
         f"def {name}({params}):",
         _docstring(doc),
-        f"    if torch.is_grad_enabled() and any(t.requires_grad for t in {_tuple(input_names)}):",
-        f"        return {wrapper}.apply({params})",
-        f"    return _{name}_launch({params})",
+        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}):",
+        f"        return _{name}_op({params})",
+        f"    return _{name}_reference({params})",
     ]
 
 

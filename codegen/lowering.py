@@ -336,6 +336,17 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
     raise LoweringError(f"`{op}` has no Triton lowering")
 
 
+def batch_norm_scale(var: str, weight: str | None, eps: float) -> str:
+    """Eval-mode batch norm's per-channel scale, alpha = weight / sqrt(running_var + eps)."""
+    alpha = f"tl.rsqrt({var} + {literal(float(eps))})"
+    return f"{alpha} * {weight}" if weight is not None else alpha
+
+
+def batch_norm_apply(x: str, mean: str, alpha: str, bias: str | None) -> str:
+    """Eval-mode batch norm as eager computes it: x * alpha + (bias - running_mean * alpha)."""
+    return f"{x} * {alpha} + ({bias} - {mean} * {alpha})" if bias is not None else f"{x} * {alpha} - {mean} * {alpha}"
+
+
 def _pow(base: Operand, exponent: Operand, out_kind: str) -> str:
     a = base.text
     if exponent.is_scalar:

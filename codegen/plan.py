@@ -30,6 +30,8 @@ from .lowering import (
     FLOAT,
     LoweringError,
     Operand,
+    batch_norm_apply,
+    batch_norm_scale,
     convert,
     kind_of,
     literal,
@@ -299,6 +301,8 @@ class _Planner:
             stmt = self._reduction(node, coords)
         elif node.cls is OpClass.CONCAT:
             stmt = self._concat(node, coords)
+        elif node.cls is OpClass.CHANNEL:
+            stmt = self._per_channel(node, coords)
         else:
             stmt = self._pointwise(node, coords)
         self.memo[key] = stmt
@@ -418,6 +422,49 @@ class _Planner:
         except LoweringError as exc:
             raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
         return self._emit(expr, out_kind, deps, comment=self._comment(node))
+
+    def _per_channel(self, node: Node, coords) -> Stmt:
+        """Eval-mode batch norm: x at the element's coordinates, each [C] operand (running mean and
+        variance, weight, bias) at the element's channel, dim 1; the scale per channel, then the map."""
+        meta = _meta(node)
+        if len(meta.shape) < 2 or len(node.args) != 5:
+            raise PlanError("shape", f"{_describe(node)} has no channel dim")
+        channels = meta.shape[1]
+        out_kind = self._kind(node)
+        x = self._operand(node, node.args[0], coords)
+        if out_kind != FLOAT or x.kind != FLOAT:
+            raise PlanError("no-lowering", f"{_describe(node)} on {meta.dtype} values")
+        loaded: list[Stmt | None] = []
+        for arg in node.args[1:]:
+            if not isinstance(arg, Ref):
+                loaded.append(None)  # no weight, or no bias
+                continue
+            shape = _meta(self.g[arg.node]).shape
+            if shape != (channels,):
+                raise PlanError(
+                    "shape", f"{_describe(node)} reads a {_shape(shape)} operand per channel of {channels} channels"
+                )
+            loaded.append(self.value(arg.node, (coords[1],)))
+        mean, var, weight, bias = loaded
+        if mean is None or var is None:
+            raise PlanError("no-lowering", f"{_describe(node)} was recorded without its running statistics")
+
+        def text(s: Stmt | None) -> str | None:
+            return None if s is None else convert(Operand(s.name, s.kind), FLOAT)
+
+        comment = self._comment(node)
+        scale = self._emit(
+            batch_norm_scale(text(var) or "", text(weight), node.params.get("eps", 1e-5)),
+            FLOAT,
+            [s for s in (var, weight) if s is not None],
+            comment=comment + " (scale per channel)",
+        )
+        return self._emit(
+            batch_norm_apply(convert(x, FLOAT), text(mean) or "", scale.name, text(bias)),
+            FLOAT,
+            [s for s in (self._stmt(x.text), mean, scale, bias) if s is not None],
+            comment=comment,
+        )
 
     def _concat(self, node: Node, coords) -> Stmt:
         dim = node.params["dim"]

@@ -132,6 +132,10 @@ class Cluster:
     # of the final norm): validation finds each instance's own values by this position.
     path: int = 0
     positions: list[int] = field(default_factory=list)
+    # How it can be applied: "edit" (`edit` changes the analyzed file), "patch" (its code is a
+    # library's, patched at run time), or "no"; `apply_detail` says how, or precisely why not.
+    applies: Literal["edit", "patch", "no"] = "no"
+    apply_detail: str = ""
 
     @property
     def bytes_saved(self) -> int | None:

@@ -14,6 +14,7 @@ import os
 from fuselens.analysis import sourcemap
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.emit import emit
+from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
 
 from .findings import Found
@@ -38,6 +39,12 @@ def generate_kernels(
             n += 1
             params = _launcher_params(cluster)
             try:
+                reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain)
+            except NoReference as exc:
+                reference, no_reference = _refusing_reference(name, params, str(exc)), str(exc)
+            else:
+                no_reference = ""
+            try:
                 emitted = emit(
                     instance.plan,
                     name,
@@ -45,24 +52,42 @@ def generate_kernels(
                     [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)],
                     _doc(cluster, source),
                     _comments(instance, source, params),
+                    reference,
                 )
             except Exception as exc:  # codegen must never lose the analysis
                 cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
+                cluster.apply_detail = cluster.lowering
                 continue
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
-            args = [i.name for i in cluster.inputs if i.name]
-            if cluster.mapping == "exact" and not cluster.branch and len(args) == len(cluster.inputs):
-                call = sourcemap.replacement(instance.mapping, name, args)
-                cluster.edit = R.Edit(
-                    cluster.lines[0],
-                    cluster.lines[1],
-                    call + "\n",
-                    edits_mod.import_statement(report.file, module_path, [name]),
-                    call.strip(),
-                )
+            _attach_edit(report, cluster, instance, name, module_path, no_reference)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
+
+
+def _refusing_reference(name: str, params: list[str], why: str) -> str:
+    """A reference for a cluster whose ops cannot be written as torch code: it says so when called."""
+    message = f"{name} has no reference code ({why}): the kernel runs only on CUDA tensors"
+    return "\n".join([f"def _{name}_reference({', '.join(params)}):", f"    raise NotImplementedError({message!r})"])
+
+
+def _attach_edit(
+    report: R.Report, cluster: R.Cluster, instance: Found, name: str, module_path: str, no_reference: str
+) -> None:
+    """The call-site edit of a cluster that can be applied, and how (or why not) it applies."""
+    args = [i.name for i in cluster.inputs if i.name]
+    if no_reference:
+        cluster.apply_detail = f"the kernel could not fall back to torch code where it cannot run: {no_reference}"
+    elif cluster.branch:
+        cluster.apply_detail = f"it is {cluster.branch}, which the example inputs do not take"
+    elif cluster.mapping != "exact" or len(args) != len(cluster.inputs):
+        cluster.apply_detail = cluster.mapping_detail
+    else:
+        call = sourcemap.replacement(instance.mapping, name, args)
+        import_line = edits_mod.import_statement(report.file, module_path, [name])
+        cluster.edit = R.Edit(cluster.lines[0], cluster.lines[1], call + "\n", import_line, call.strip())
+        cluster.applies = "edit"
+        cluster.apply_detail = f"lines {cluster.lines[0]}–{cluster.lines[1]} become `{call.strip()}`"
 
 
 def _launcher_params(cluster: R.Cluster) -> list[str]:

@@ -1177,8 +1177,124 @@ DTYPES = [
 ]
 
 
+# ---- eval-mode batch norm: a per-channel affine map, fused with its neighbours -------------------
+
+# Running statistics, weight and bias away from their initial 0 / 1, so a kernel that reads a
+# channel's values at the wrong place, or skips one of them, is caught.
+BN_INIT = """
+        def _randomize(bn):
+            with torch.no_grad():
+                bn.running_mean.uniform_(-1.0, 1.0)
+                bn.running_var.uniform_(0.25, 4.0)
+                if bn.affine:
+                    nn.init.normal_(bn.weight)
+                    nn.init.normal_(bn.bias)
+            return bn
+"""
+
+BATCH_NORM = [
+    case(
+        "batch-norm-2d-relu",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                self.bn = _randomize(nn.BatchNorm2d(8))
+
+            def forward(self, x):
+                return F.relu(self.bn(self.conv(x)))
+        """,
+        [("2,3,5,33", "float32")],
+        [["batch_norm", "relu"]],
+    ),
+    case(
+        "batch-norm-2d-residual-relu",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            # A ResNet basic block's tail: conv -> bn -> + identity -> relu, after conv -> bn -> relu.
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+                self.bn1 = _randomize(nn.BatchNorm2d(8))
+                self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+                self.bn2 = _randomize(nn.BatchNorm2d(8, eps=1e-3))
+
+            def forward(self, x):
+                h = F.relu(self.bn1(self.conv1(x)))
+                return F.relu(self.bn2(self.conv2(h)) + x)
+        """,
+        [("2,8,7,9", "float32")],
+        [["batch_norm", "relu"], ["batch_norm", "add", "relu"]],
+    ),
+    case(
+        "batch-norm-1d",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            # [N, C]: channels are the columns; [N, C, L]: rows; no affine part: no weight or bias.
+            def __init__(self):
+                super().__init__()
+                self.bn = _randomize(nn.BatchNorm1d(100))
+                self.seq = _randomize(nn.BatchNorm1d(16, affine=False))
+
+            def forward(self, x, s):
+                return F.gelu(self.bn(x * 2)), torch.sigmoid(self.seq(s)) - 1
+        """,
+        [("33,100", "float32"), ("3,16,50", "float32")],
+        [["mul", "batch_norm", "gelu"], ["batch_norm", "sigmoid", "sub"]],
+    ),
+    case(
+        "batch-norm-channels-last",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            # A channels-last convolution's output, and an NHWC tensor seen as NCHW: the channel
+            # is the fastest dim in memory.
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(4, 8, 3, padding=1).to(memory_format=torch.channels_last)
+                self.bn = _randomize(nn.BatchNorm2d(8))
+                self.bn2 = _randomize(nn.BatchNorm2d(8))
+
+            def forward(self, x, nhwc):
+                h = self.conv(x.to(memory_format=torch.channels_last))
+                return F.relu(self.bn(h)), F.relu(self.bn2(nhwc.permute(0, 3, 1, 2)) + 1)
+        """,
+        [("2,4,5,7", "float32"), ("2,5,7,8", "float32")],
+        [["batch_norm", "relu"], ["batch_norm", "add", "relu"]],
+    ),
+    case(
+        "batch-norm-batch-statistics-not-fused",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            # Without running statistics even eval mode normalises with the batch's own: a reduction
+            # over batch and space per channel, which no row kernel computes.
+            def __init__(self):
+                super().__init__()
+                self.bn = nn.BatchNorm2d(8, track_running_stats=False)
+
+            def forward(self, x):
+                return F.relu(self.bn(x * 2 + 1))
+        """,
+        [("2,8,5,7", "float32")],
+        [["mul", "add"]],
+        rejects=[("batch_norm", "reduction")],
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    "source, inputs, expect, rejects, shapes", ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES
+    "source, inputs, expect, rejects, shapes",
+    ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES + BATCH_NORM,
 )
 def test_generated_kernels_match_eager(write_model, source, inputs, expect, rejects, shapes):
     check(write_model(HEADER + textwrap.dedent(source).lstrip("\n")), inputs, expect, rejects, shapes)

@@ -1,0 +1,143 @@
+"""A cluster's ops as torch code: what a generated kernel falls back to, and its shape function.
+
+Every op was recorded with the callable the model's code called and its arguments (tensors as
+the nodes that made them), so the reference replays the model's own calls in its own words:
+`v3 = x * 2.0`, `v4 = torch.nn.functional.relu(v3)`, with the constants the model passed.  It
+runs wherever the kernel cannot (CPU tensors, no Triton driver, gradients wanted, other dtypes),
+and torch.compile reads the kernel's output shapes and dtypes from it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fuselens.analysis.graph import Graph, Node, Ref
+
+from .plan import KernelPlan
+
+_BINARY = {
+    "__add__": "+", "__sub__": "-", "__mul__": "*", "__truediv__": "/", "__floordiv__": "//", "__mod__": "%",
+    "__pow__": "**", "__matmul__": "@", "__and__": "&", "__or__": "|", "__xor__": "^", "__lt__": "<",
+    "__le__": "<=", "__gt__": ">", "__ge__": ">=", "__eq__": "==", "__ne__": "!=",
+}  # fmt: skip
+_UNARY = {"__neg__": "-", "__invert__": "~", "__pos__": "+", "__abs__": "abs"}
+
+
+class NoReference(Exception):
+    """An op whose call cannot be written as a self-contained function of the cluster's inputs."""
+
+
+def reference_text(graph: Graph, plan: KernelPlan, name: str, params: list[str], summary: str) -> str:
+    """`_<name>_reference(params)`: the cluster's members, replayed as the model called them."""
+    names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)}
+    body = []
+    for member in sorted(plan.members):
+        node = graph[member]
+        if member in names:
+            continue
+        names[member] = f"v{member}"
+        body.append(f"    v{member} = {_call(node, names, graph)}")
+    outputs = [names[o.node] for o in plan.outputs]
+    body.append(f"    return {', '.join(outputs)}")
+    doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
+    return "\n".join([f"def _{name}_reference({', '.join(params)}):", doc, *body])
+
+
+def _call(node: Node, names: dict[int, str], graph: Graph) -> str:
+    if node.replay is None:
+        raise NoReference(f"`{node.op}` was recorded without its call")
+    func, args, kwargs, index = node.replay
+    if _reads_only_metadata(func):
+        args = _metadata_free(func, args, graph)
+    text = _expression(func, [_value(a, names) for a in args], {k: _value(v, names) for k, v in kwargs.items()})
+    return f"{text}[{index}]" if index is not None else text
+
+
+def _expression(func: Any, args: list[str], kwargs: dict[str, str]) -> str:
+    name = getattr(func, "__name__", "") or type(func).__name__
+    if name == "__get__":  # a property such as x.T
+        owner = getattr(func, "__self__", None)
+        return f"{args[0]}.{getattr(owner, '__name__', '')}"
+    call_args = ", ".join(args[1:] + [f"{k}={v}" for k, v in kwargs.items()])
+    if name in _BINARY and len(args) == 2 and not kwargs:
+        return f"({args[0]} {_BINARY[name]} {args[1]})"
+    if name.startswith("__r") and f"__{name[3:]}" in _BINARY and len(args) == 2 and not kwargs:
+        return f"({args[1]} {_BINARY['__' + name[3:]]} {args[0]})"
+    if name in _UNARY and len(args) == 1:
+        return f"abs({args[0]})" if name == "__abs__" else f"({_UNARY[name]}{args[0]})"
+    if name == "__getitem__":
+        return f"{args[0]}[{args[1]}]"
+    if _is_method(func):
+        return f"{args[0]}.{name}({call_args})"
+    return f"{_function_path(func, name)}({', '.join(args + [f'{k}={v}' for k, v in kwargs.items()])})"
+
+
+def _is_method(func: Any) -> bool:
+    qual = getattr(func, "__qualname__", "")
+    module = getattr(func, "__module__", None) or ""
+    return qual.startswith(("TensorBase.", "Tensor.", "_TensorBase.")) or module == "torch._tensor"
+
+
+def _function_path(func: Any, name: str) -> str:
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch.nn.functional") or module == "torch._C._nn":
+        return f"torch.nn.functional.{name}"
+    if module in ("torch", "torch.functional", "torch._C._VariableFunctions", "torch._C") or getattr(
+        func, "__qualname__", ""
+    ).startswith("_VariableFunctionsClass"):
+        return f"torch.{name}"
+    if module.startswith("torch"):
+        return f"{module}.{name}"
+    raise NoReference(f"`{module}.{name}` is not a torch function")
+
+
+def _reads_only_metadata(func: Any) -> bool:
+    return getattr(func, "__name__", "") in ("type_as", "expand_as", "view_as", "reshape_as")
+
+
+def _metadata_free(func: Any, args: tuple[Any, ...], graph: Graph) -> tuple[Any, ...]:
+    """`a.type_as(b)` reads only b's dtype (`expand_as` its shape): b is not an input of the kernel,
+    so the reference says what was read."""
+    other = args[1]
+    meta = graph[other.node].meta if isinstance(other, Ref) else None
+    if meta is None:
+        raise NoReference(f"`{func.__name__}` of a value with no recorded metadata")
+    if func.__name__ == "type_as":
+        return (args[0], getattr(torch, meta.dtype))
+    return (args[0], torch.Size(meta.shape))
+
+
+def _value(value: Any, names: dict[int, str]) -> str:
+    if isinstance(value, Ref):
+        if value.node not in names:
+            raise NoReference("an op reads a tensor that is not an input of the cluster")
+        return names[value.node]
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "unbound":
+        raise NoReference("an op reads a tensor recorded without its node")
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, torch.Size):
+        return repr(tuple(value))
+    if isinstance(value, (torch.device, torch.memory_format, torch.layout)):
+        return f"torch.{value}" if not isinstance(value, torch.device) else f"torch.device({str(value)!r})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "float('nan')"
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(value)
+    if isinstance(value, slice):
+        return f"slice({_value(value.start, names)}, {_value(value.stop, names)}, {_value(value.step, names)})"
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v, names) for v in value) + "]"
+    if isinstance(value, tuple):
+        inner = ", ".join(_value(v, names) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, (bool, int, str, type(None))):
+        return repr(value)
+    raise NoReference(f"a constant of type {type(value).__name__} has no literal")
