@@ -2,11 +2,11 @@
 
 Clusters answer "which ops can share one generated kernel".  Patterns answer a
 different question an engineer asks about a transformer: "is there an RMSNorm here, a
-SwiGLU or GeGLU, a tanh-approximate or quick GELU, a residual-add + norm, a GEMM -> residual -> RMSNorm -> GEMM block, and what
-would a fused kernel for it save?"  They are recognised structurally, whether written
-as one op (`F.rms_norm`) or spelled out (`x.pow(2).mean(-1) ... rsqrt ... * w`); an activation
-spelled out (`0.5 * x * (1 + tanh(...))`) is recognised by what it computes, whatever the order
-of its ops.
+SwiGLU or GeGLU, a tanh-approximate or quick GELU, a residual-add + norm, a GEMM ->
+residual -> RMSNorm -> GEMM block, and what would a fused kernel for it save?"  They are
+recognised structurally, whether written as one op (`F.rms_norm`) or spelled out
+(`x.pow(2).mean(-1) ... rsqrt ... * w`); an activation spelled out
+(`0.5 * x * (1 + tanh(...))`) is recognised by what it computes, whatever the order of its ops.
 
 Every estimate is bytes a kernel must move (each input read once, each escaping value
 written once) against what eager moves; `speedup_bound` is their ratio, the best a

@@ -1216,17 +1216,26 @@ BATCH_NORM = [
         + """
 
         class M(nn.Module):
-            # A ResNet basic block's tail: conv -> bn -> + identity -> relu, after conv -> bn -> relu.
+            # A ResNet basic block as torchvision writes it: conv -> bn -> relu, conv -> bn -> += identity
+            # -> relu, with in-place ReLUs and add.
             def __init__(self):
                 super().__init__()
                 self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
                 self.bn1 = _randomize(nn.BatchNorm2d(8))
+                self.relu = nn.ReLU(inplace=True)
                 self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
                 self.bn2 = _randomize(nn.BatchNorm2d(8, eps=1e-3))
 
             def forward(self, x):
-                h = F.relu(self.bn1(self.conv1(x)))
-                return F.relu(self.bn2(self.conv2(h)) + x)
+                identity = x
+                out = self.conv1(x)
+                out = self.bn1(out)
+                out = self.relu(out)
+                out = self.conv2(out)
+                out = self.bn2(out)
+                out += identity
+                out = self.relu(out)
+                return out
         """,
         [("2,8,7,9", "float32")],
         [["batch_norm", "relu"], ["batch_norm", "add", "relu"]],
@@ -1237,17 +1246,18 @@ BATCH_NORM = [
         + """
 
         class M(nn.Module):
-            # [N, C]: channels are the columns; [N, C, L]: rows; no affine part: no weight or bias.
+            # [N, C]: channels are the columns (also in a row kernel, before a softmax over them);
+            # [N, C, L]: channels are rows; no affine part: no weight or bias.
             def __init__(self):
                 super().__init__()
                 self.bn = _randomize(nn.BatchNorm1d(100))
                 self.seq = _randomize(nn.BatchNorm1d(16, affine=False))
 
             def forward(self, x, s):
-                return F.gelu(self.bn(x * 2)), torch.sigmoid(self.seq(s)) - 1
+                return F.gelu(self.bn(x * 2)), F.softmax(self.bn(x - 1), dim=-1), torch.sigmoid(self.seq(s)) - 1
         """,
         [("33,100", "float32"), ("3,16,50", "float32")],
-        [["mul", "batch_norm", "gelu"], ["batch_norm", "sigmoid", "sub"]],
+        [["mul", "batch_norm", "gelu"], ["sub", "batch_norm", "softmax"], ["batch_norm", "sigmoid", "sub"]],
     ),
     case(
         "batch-norm-channels-last",
@@ -1269,6 +1279,22 @@ BATCH_NORM = [
         """,
         [("2,4,5,7", "float32"), ("2,5,7,8", "float32")],
         [["batch_norm", "relu"], ["batch_norm", "add", "relu"]],
+    ),
+    case(
+        "batch-norm-bf16",
+        BN_INIT
+        + """
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bn = _randomize(nn.BatchNorm2d(8)).to(torch.bfloat16)
+
+            def forward(self, x):
+                return F.silu(self.bn(x)) * 2
+        """,
+        [("2,8,5,33", "bfloat16")],
+        [["batch_norm", "silu", "mul"]],
     ),
     case(
         "batch-norm-batch-statistics-not-fused",
@@ -1344,6 +1370,38 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     # An empty batch launches nothing and returns an empty result of the right shape.
     empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
     assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
+
+
+def test_batch_norm_kernel_follows_a_channels_last_input(write_model):
+    """Eval-mode batch norm -> relu on a channels-last activation (a ResNet run in channels-last),
+    where the channel is the fastest dim: the kernel reads each element's running statistics,
+    weight and bias at its channel whatever the input's strides.  (The tile kernel keeps only
+    layouts whose last dim is contiguous, so its channels-last result is a contiguous tensor.)"""
+    import torch
+    import torch.nn.functional as F
+
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bn = nn.BatchNorm2d(8)
+
+            def forward(self, x):
+                return F.relu(self.bn(x))
+        """
+    fused = _kernel_module(write_model, source, [("2,8,5,7", "float32")])
+    mean, var = torch.randn(8), torch.rand(8) + 0.25
+    weight, bias = torch.randn(8), torch.randn(8)
+    x = torch.randn(2, 8, 5, 7)
+    want = F.relu(F.batch_norm(x, mean, var, weight, bias, training=False, eps=1e-5))
+    torch.testing.assert_close(fused(x, mean, var, weight, bias), want)
+    x_cl = x.to(memory_format=torch.channels_last)
+    assert x_cl.stride() == (280, 1, 56, 8)
+    torch.testing.assert_close(fused(x_cl, mean, var, weight, bias), want)
+    # One image at other sizes: sizes and strides are read at call time.
+    small = torch.randn(1, 8, 3, 4).to(memory_format=torch.channels_last)
+    want = F.relu(F.batch_norm(small, mean, var, weight, bias, training=False, eps=1e-5))
+    torch.testing.assert_close(fused(small, mean, var, weight, bias), want)
 
 
 def test_rows_wider_than_a_tile_are_covered_by_several_column_blocks(write_model):
