@@ -105,6 +105,8 @@ class UserCode:
         return self(filename) or self.library(filename)
 
 
+# Methods that cast a tensor; called with the dtype it has, they return it as it is.
+_CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"})
 _TOOLCHAIN = ("torch", "triton", "numpy", "fuselens", "typing_extensions", "_pytest", "pytest")
 
 
@@ -209,6 +211,8 @@ class Recorder(TorchFunctionMode):
         self._keep: list[Any] = []
         self._memo: dict[Any, tuple] = {}
         self._invocations: dict[int, int] = {}
+        self._owners: list[str] = []  # by invocation: the module path of the frame's `self`
+        self._positions: dict[Any, list[Any]] = {}  # code object -> its instructions' source spans
         self._frame_refs: list[Any] = []
         self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
 
@@ -236,6 +240,12 @@ class Recorder(TorchFunctionMode):
         out = self._call(func, args, kwargs)
         if not tensors_in(out) and name not in ("__setitem__",):
             return out
+        if name in _CASTS and isinstance(out, torch.Tensor) and args and out is args[0]:
+            # A cast to the dtype the tensor has returns the tensor itself.  A new alias stands for the
+            # result, so what reads the cast's result reads the cast (`x.to(input_dtype)` stays in the
+            # graph, and a kernel's reference casts too in a model of another dtype), while what reads
+            # the tensor elsewhere does not.
+            out = out.view(out.shape)
         first_new = len(self.graph.nodes)
         try:
             self._record(func, name, args, kwargs, out)
@@ -314,17 +324,39 @@ class Recorder(TorchFunctionMode):
                 if self._caller is None:
                     self._caller = f
                 library = not self.user_code(code.co_filename)
-                frames.append(Frame(code.co_filename, f.f_lineno, code.co_qualname, self._invocation(f), library))
+                invocation, owner = self._invocation(f)
+                line, col, end_line, end_col = self._position(f)
+                frames.append(
+                    Frame(code.co_filename, line, code.co_qualname, invocation, library, col, end_line, end_col, owner)
+                )
             f = f.f_back
         return tuple(frames)
 
-    def _invocation(self, frame) -> int:
+    def _position(self, frame: types.FrameType) -> tuple[int, int, int, int]:
+        """The span of the expression `frame` is evaluating: the op, or the call leading to it."""
+        code = frame.f_code
+        positions = self._positions.get(code)
+        if positions is None:
+            positions = self._positions[code] = list(code.co_positions())
+        index = frame.f_lasti // 2
+        if 0 <= index < len(positions):
+            line, end_line, col, end_col = positions[index]
+            if line is not None and col is not None and end_line is not None and end_col is not None:
+                return line, col, end_line, end_col
+        return frame.f_lineno, -1, frame.f_lineno, -1
+
+    def _invocation(self, frame: types.FrameType) -> tuple[int, str]:
+        """Which call of its function `frame` is (ops of one call share it), and its `self`'s module path."""
         known = self._invocations.get(id(frame))
         if known is not None and self._frame_refs[known] is frame:
-            return known
+            return known, self._owners[known]
         self._frame_refs.append(frame)  # keeps the frame alive so its id is not reused
-        self._invocations[id(frame)] = len(self._frame_refs) - 1
-        return len(self._frame_refs) - 1
+        invocation = len(self._frame_refs) - 1
+        self._invocations[id(frame)] = invocation
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames[:1] else None
+        path = self.module_paths.get(id(owner), "") if isinstance(owner, torch.nn.Module) else ""
+        self._owners.append(path)
+        return invocation, path
 
     def _new(self, op: str, cls: OpClass, **fields) -> Node:
         stack = fields.pop("stack", None)
@@ -344,7 +376,27 @@ class Recorder(TorchFunctionMode):
             self._name_operands(node, self._caller)
             if cls is OpClass.VIEW and node.inputs[0] in node.operand_names:
                 node.expr = _expression_at(self._caller)
+            self._name_operands_in_callers(node, stack)
         return self.graph.add(node)
+
+    def _name_operands_in_callers(self, node: Node, stack: tuple[Frame, ...]) -> None:
+        """What each calling frame's locals call the operands: a cluster whose ops sit in a helper is
+        rewritten at its caller, whose names the call's arguments are written in."""
+        wanted = set(node.inputs)
+        f: types.FrameType | None = self._caller
+        for frame in stack:
+            while f is not None and self._invocations.get(id(f)) != frame.invocation:
+                f = f.f_back
+            if f is None:
+                return
+            names = {}
+            for name, value in f.f_locals.items():
+                if isinstance(value, torch.Tensor) and name != "self":
+                    vid = self._values.get(id(value))
+                    if vid in wanted and vid not in names:
+                        names[vid] = name
+            node.names_at[frame.invocation] = names
+            f = f.f_back
 
     def _name_operands(self, node: Node, frame) -> None:
         """Record what the calling frame calls each operand: a local name or `self.<param>`."""
@@ -490,18 +542,7 @@ class Recorder(TorchFunctionMode):
             return
         if isinstance(out, torch.Tensor) and out is first and not inplace:
             cls = op_class(canon)
-            if cls.free or canon in (
-                "to",
-                "float",
-                "half",
-                "bfloat16",
-                "double",
-                "long",
-                "int",
-                "bool",
-                "type",
-                "type_as",
-            ):
+            if cls.free:
                 return  # returned its input unchanged: nothing happened
             inplace = cls.absorbable  # F.relu(x, inplace=True) and friends
         normalised = normalise(canon, func, args, kwargs, out, swapped)

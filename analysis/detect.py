@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from .graph import Graph, Node
 from .ops import OpClass
+from .places import common_place
 
 # A planner answers: can one kernel compute `members` of `graph`?  (ok, reason, detail)
 Planner = Callable[[Graph, frozenset[int]], tuple[bool, str, str]]
@@ -136,6 +137,7 @@ def detect(graph: Graph, planner: Planner) -> Detection:
             continue
         compute = group.compute(graph)
         if len(compute) >= 2:
+            _take_views_inside(graph, planner, group)
             clusters.append(group)
             continue
         only = compute[0]
@@ -149,6 +151,37 @@ def detect(graph: Graph, planner: Planner) -> Detection:
         rejected.append(Rejected(only, reason, detail))
     rejected.sort(key=lambda r: r.node)
     return Detection(clusters, rejected, functionalised)
+
+
+def _take_views_inside(graph: Graph, planner: Planner, group: Group) -> None:
+    """Views of the cluster's inputs taken inside the calls the cluster makes (the slices in
+    `rotate_half(q)`), and used by nothing else, join it when one kernel can still compute it: its
+    kernel then reads the viewed tensor, which the call site can name, and reads it once."""
+    inner = _views_inside(graph, group.compute(graph), group.members)
+    if inner and planner(graph, frozenset(group.members | inner))[0]:
+        group.members |= inner
+
+
+def _views_inside(graph: Graph, compute: list[int], members: set[int]) -> set[int]:
+    place = common_place(graph, compute)
+    if place is None:
+        return set()
+    spans = {f.span for i in compute for f in graph[i].stack if f.invocation == place.invocation}
+    taken: set[int] = set()
+    grew = True
+    while grew:  # a view joins once every user of it has: repeat until none joins
+        grew = False
+        for operand in sorted({o for m in members | taken for o in graph[m].inputs} - members - taken):
+            node = graph[operand]
+            if node.cls is not OpClass.VIEW or not followable(node) or not node.inputs:
+                continue
+            frame = next((f for f in node.stack if f.invocation == place.invocation), None)
+            if frame is None or frame.span not in spans:
+                continue
+            if all(u in members or u in taken for u in graph.users(node.id)):
+                taken.add(node.id)
+                grew = True
+    return taken
 
 
 def _functionalise_inplace(graph: Graph) -> list[int]:
@@ -208,7 +241,7 @@ def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> 
     for operand in node.inputs:
         chain = []
         current = graph[operand]
-        while current.cls.free and current.inputs and _followable(current):
+        while current.cls.free and current.inputs and followable(current):
             chain.append(current.id)
             current = graph[current.inputs[0]]
         cid = cluster_of.get(current.id)
@@ -220,7 +253,8 @@ def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> 
     return glue, producers
 
 
-def _followable(node: Node) -> bool:
+def followable(node: Node) -> bool:
+    """A view or identity a kernel can see through with index arithmetic."""
     if node.cls is OpClass.IDENTITY:
         return node.op != "item"
     return all(step[0] in KERNEL_VIEW_STEPS for step in node.params.get("steps", [("opaque",)]))

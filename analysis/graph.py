@@ -49,6 +49,16 @@ class Frame:
     function: str  # qualified name, e.g. "RMSNorm.forward"
     invocation: int = 0  # which call of that function (ops of one call share it)
     library: bool = False  # in an installed library (transformers, timm, ...), not in the user's code
+    # The span of the expression the frame was evaluating (the op itself in the innermost frame, the call
+    # that leads to it in its callers): columns are UTF-8 byte offsets, as in `ast`; -1 when unknown.
+    col: int = -1
+    end_line: int = 0
+    end_col: int = -1
+    owner: str = ""  # the module path of the frame's `self` ("layers.3.mlp"), "" for the root or no module
+
+    @property
+    def span(self) -> tuple[int, int, int, int]:
+        return self.line, self.col, self.end_line, self.end_col
 
 
 @dataclass
@@ -95,6 +105,8 @@ class Node:
     inplace: bool = False  # writes into its first operand
     name: str = ""  # for sources: the input/parameter name ("x", "proj1.weight")
     operand_names: dict[int, str] = field(default_factory=dict)  # operand id -> the caller's name for it
+    # For each frame of model code (by invocation), what its locals call the operands it can see.
+    names_at: dict[int, dict[int, str]] = field(default_factory=dict)
     owner: str = ""  # module path of `self` in the calling frame ("blocks.3"), "" for the root
     expr: str = ""  # for views of a named value: the source text that made it ("e[:, :, None]")
     replay: Any = None  # (callable, args, kwargs, output index) with Refs for tensors; real traces only

@@ -1,34 +1,35 @@
-"""Source mapping: where a cluster lives in the user's code, and whether its lines can be
-replaced by one call.
+"""Source mapping: where a cluster lives in the code, and whether one call can replace it.
 
-Each op carries the innermost frame of the user's code that made it (file, line,
-function, and which call of that function), plus the names the calling frame had for
-its operands.  A cluster maps
+Each op carries every frame of model code that made it (file, line, function, which call of
+that function, and the span of the expression each frame was evaluating), plus the names each
+frame had for its operands.  A cluster's place is the innermost call all of its ops happen
+inside; `regions.py` finds there the code one call of its kernel can replace (an expression, or
+statements, with a helper's or a submodule's whole call inside).  A cluster maps
 
-- `exact` when every op comes from one call of one function in the analyzed file,
-  its lines are whole sibling statements that contain no op outside the cluster, each
-  external input has a name at the first line, each escaping output is bound to a
-  name (or returned) by those lines, and no other name they assign is read later.
-  Only then is a call-site edit offered;
-- `pointer` when the ops can be located but the lines cannot simply be replaced (the
-  detail says why);
-- `unavailable` when no op has a user-code location.
+- `exact` when that code is in the analyzed file: a call-site edit is offered;
+- `pointer` when the ops can be located but the code cannot be replaced there (the detail says
+  why), or when it is in another file: a library's code still has a region, which is applied by
+  patching the library at run time;
+- `unavailable` when no op has a location in model code.
 
-Clusters reached through shared code (a layer class used N times) point at that
-class's lines: the innermost frame is the layer's own `forward`.
+Clusters reached through shared code (a layer class used N times) point at that class's lines:
+the innermost frame is the layer's own `forward`.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import linecache
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fuselens.contracts.report import Mapping as MappingQuality
 from fuselens.contracts.units import library_path
 
-from .graph import Frame, Graph, Node
-from .ops import OpClass
+from .graph import Graph
+from .places import common_place
+from .regions import NoRegion, Region, find_region
 
 
 @dataclass
@@ -38,10 +39,7 @@ class Mapping:
     file: str = ""
     function: str = ""
     lines: tuple[int, int] = (0, 0)
-    input_names: list[str | None] = field(default_factory=list)
-    output_names: list[str | None] = field(default_factory=list)
-    returns: bool = False  # the last statement returns the cluster's (single) output
-    indent: str = ""
+    region: Region | None = None  # the code one call of the kernel replaces (in a library's file, too)
 
 
 class SourceIndex:
@@ -79,56 +77,6 @@ def _statement_blocks(fn: ast.AST):
             yield handler.body
 
 
-@dataclass
-class Place:
-    """Where a group of ops shows up: the innermost call all of them happen inside."""
-
-    file: str
-    function: str
-    invocation: int
-    lines: tuple[int, int]
-    innermost: bool  # every op is called directly from that function (no helper calls in between)
-    functions: list[str]  # the functions the ops are called from directly
-
-
-def common_place(graph: Graph, node_ids: list[int]) -> Place | None:
-    stacks = [graph[i].stack for i in node_ids if graph[i].stack]
-    if not stacks:
-        return None
-    shared = {f.invocation for f in stacks[0]}
-    for stack in stacks[1:]:
-        shared &= {f.invocation for f in stack}
-    if not shared:
-        return None
-    invocation = next(f.invocation for f in stacks[0] if f.invocation in shared)
-    frames = [next(f for f in stack if f.invocation == invocation) for stack in stacks]
-    lines = [f.line for f in frames]
-    direct = sorted({stack[0].function for stack in stacks})
-    return Place(
-        frames[0].file,
-        frames[0].function,
-        invocation,
-        (min(lines), max(lines)),
-        all(stack[0].invocation == invocation for stack in stacks),
-        direct,
-    )
-
-
-def entry_point(graph: Graph, node_ids: list[int], home: str) -> Frame | None:
-    """The frame of the analyzed file `home` that reaches a group of ops whose code is elsewhere (a
-    library's, another of the user's files): the innermost call there that all of them happen inside,
-    else the first op's.  None when no frame of `home` reaches them (a model whose forward is all a
-    library's: the model's own line stands for it then)."""
-    stacks = [[f for f in graph[i].stack if os.path.abspath(f.file) == home] for i in node_ids]
-    stacks = [s for s in stacks if s]
-    if not stacks:
-        return None
-    shared = {f.invocation for f in stacks[0]}
-    for stack in stacks[1:]:
-        shared &= {f.invocation for f in stack}
-    return next((f for f in stacks[0] if f.invocation in shared), stacks[0][0])
-
-
 def map_cluster(
     graph: Graph,
     compute: list[int],
@@ -137,6 +85,7 @@ def map_cluster(
     outputs: list[int],
     source: SourceIndex | None,
 ) -> Mapping:
+    """Where the cluster's code is, and the region one call of its kernel can replace there."""
     place = common_place(graph, compute)
     if place is None:
         located = [f for f in (graph[i].source for i in compute) if f is not None]
@@ -151,66 +100,34 @@ def map_cluster(
             (first.line, first.line),
         )
     base = Mapping("pointer", "", place.file, place.function, place.lines)
-    if not place.innermost:
-        if len(place.functions) > 1:
-            return _with(
-                base,
-                f"its ops come from several functions ({', '.join(place.functions)}); "
-                f"shown where {place.function} calls them",
-            )
-        return _with(
-            base,
-            f"its ops come from different calls of {place.functions[0]} (for example two layers); "
-            f"shown where {place.function} makes those calls",
-        )
-    file = place.file
-    if source is None or os.path.abspath(file) != source.path:
-        return _with(base, f"its code is in {_shown(file)} ({place.function}), not in this file")
-    fn = source.function_at(base.lines[0], place.function)
-    if fn is None:
-        return _with(base, "the function holding it could not be found in the source")
-    block = _enclosing_block(fn, base.lines)
-    if block is None:
-        return _with(base, "its lines are not whole statements of one block")
-    statements, start, end = block
-    base.lines = (start, end)
-    base.indent = _indent(source.line_text(start))
-    invocation = place.invocation
-    intruder = _intruder(graph, members, inputs, file, invocation, start, end)
-    if intruder is not None:
-        return _with(base, f"line {intruder.line} also runs `{intruder.op}`, which is not part of the cluster")
-    names_in = _input_names(graph, compute, members, inputs)
-    if None in names_in:
-        missing = inputs[names_in.index(None)]
-        return _with(base, f"an input ({_what(graph[missing])}) has no name at line {start}")
-    base.input_names = names_in
-    stored = _stored_names(statements)
-    for name in _named(names_in):
-        for root in _names_in(name):
-            if root in stored and _assigned_before_use(statements, root):
-                return _with(base, f"`{root}` is reassigned before the cluster reads it")
-    last = statements[-1]
-    if isinstance(last, ast.Return):
-        if len(outputs) != 1 or not _returned(graph, outputs[0], last):
-            return _with(base, "the returned value is not the cluster's single output")
-        base.returns = True
-        base.output_names = [None]
-    else:
-        names_out = _output_names(graph, members, outputs)
-        if None in names_out:
-            return _with(base, "an output of the cluster is not bound to a name by these lines")
-        if any(n not in stored for n in names_out):
-            return _with(base, "an output's name is not assigned by these lines")
-        base.output_names = names_out
-        leftover = stored - set(names_out)
-        read_later = _read_after(fn, end, leftover)
-        if read_later:
-            return _with(base, f"`{sorted(read_later)[0]}` is assigned in these lines and used later")
-    if any(isinstance(s, (ast.Return,)) for s in statements[:-1]):
-        return _with(base, "a return statement sits inside the lines")
+    here = source is not None and os.path.abspath(place.file) == source.path
+    index = source if here and source is not None else source_of(place.file)
+    elsewhere = "" if here else f"its code is in {_shown(place.file)} ({place.function}), not in this file"
+    fn = index.function_at(base.lines[0], place.function) if index is not None else None
+    if index is None or fn is None:
+        return _with(base, elsewhere or "the function holding it could not be found in the source")
+    try:
+        region = find_region(graph, compute, members, inputs, outputs, place.invocation, fn, index.lines, place.file)
+    except NoRegion as exc:
+        return _with(base, f"{elsewhere}; {exc}" if elsewhere else str(exc))
+    base.region = region
+    base.lines = (region.first, region.last)
+    if not here:
+        return _with(base, elsewhere)
     base.quality = "exact"
     base.detail = "the lines can be replaced by one kernel call"
     return base
+
+
+@functools.lru_cache(maxsize=64)
+def source_of(path: str) -> SourceIndex | None:
+    """The parsed source of a file other than the analyzed one (a library's), as it is on disk
+    (or as the process read it: `linecache`)."""
+    text = "".join(linecache.getlines(os.path.abspath(path)))
+    try:
+        return SourceIndex(path, text) if text else None
+    except SyntaxError:
+        return None
 
 
 def _shown(file: str) -> str:
@@ -222,136 +139,3 @@ def _shown(file: str) -> str:
 def _with(mapping: Mapping, detail: str) -> Mapping:
     mapping.detail = detail
     return mapping
-
-
-def _what(node: Node) -> str:
-    return (
-        f"`{node.name}`" if node.name else f"the result of `{node.op}`" + (f" on line {node.line}" if node.line else "")
-    )
-
-
-def _indent(text: str) -> str:
-    return text[: len(text) - len(text.lstrip())]
-
-
-def _enclosing_block(fn: ast.AST, lines: tuple[int, int]):
-    """The sibling statements covering `lines`, extended to whole statements."""
-    first, last = lines
-    for block in _statement_blocks(fn):
-        covering = [s for s in block if s.lineno <= last and (s.end_lineno or s.lineno) >= first]
-        if not covering:
-            continue
-        if covering[0].lineno <= first and (covering[-1].end_lineno or covering[-1].lineno) >= last:
-            if any(
-                isinstance(s, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef))
-                for s in covering
-            ):
-                continue  # the ops sit in a nested block; look for that block instead
-            return covering, covering[0].lineno, covering[-1].end_lineno or covering[-1].lineno
-    return None
-
-
-def _intruder(
-    graph: Graph, members: set[int], inputs: list[int], file: str, invocation: int, start: int, end: int
-) -> Node | None:
-    for node in graph:
-        if node.id in members or node.source is None or node.cls is OpClass.SOURCE:
-            continue
-        if node.id in inputs and node.cls is OpClass.VIEW and node.expr:
-            continue  # an inline view of a named value (`e[:, :, None, None]`): passed as an argument
-        if node.cls is OpClass.IDENTITY and node.op in ("dropout", "to_same", "detach", "contiguous", "alias"):
-            continue  # moves nothing: replacing its line loses nothing
-        src = node.source
-        if src.file == file and src.invocation == invocation and start <= src.line <= end:
-            return node
-    return None
-
-
-def _input_names(graph: Graph, compute: list[int], members: set[int], inputs: list[int]) -> list[str | None]:
-    names: list[str | None] = []
-    for value in inputs:
-        name = None
-        for op in sorted(members):
-            node = graph[op]
-            if value in node.inputs and value in node.operand_names:
-                name = node.operand_names[value]
-                break
-        if name is None and graph[value].cls is OpClass.VIEW and graph[value].expr:
-            name = graph[value].expr
-        names.append(name)
-    return names
-
-
-def _named(names: list[str | None]) -> list[str]:
-    """`names`, every one of them known: an exact mapping names each input, and each output
-    unless its lines end in the `return` that hands back the single one."""
-    known = [n for n in names if n is not None]
-    if len(known) != len(names):
-        raise ValueError(f"an unnamed value among {names}: only an exact mapping names them all")
-    return known
-
-
-def _names_in(expression: str) -> set[str]:
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError:
-        return {expression}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-
-
-def _output_names(graph: Graph, members: set[int], outputs: list[int]) -> list[str | None]:
-    names: list[str | None] = []
-    for value in outputs:
-        name = None
-        for user in graph.users(value):
-            if user not in members and value in graph[user].operand_names:
-                name = graph[user].operand_names[value]
-                break
-        names.append(name)
-    return names
-
-
-def _returned(graph: Graph, value: int, stmt: ast.Return) -> bool:
-    """The output is computed by the return statement itself (its last op is on those lines)."""
-    src = graph[value].source
-    return src is not None and stmt.lineno <= src.line <= (stmt.end_lineno or stmt.lineno)
-
-
-def _stored_names(statements: list[ast.stmt]) -> set[str]:
-    stored = set()
-    for s in statements:
-        for node in ast.walk(s):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                stored.add(node.id)
-    return stored
-
-
-def _assigned_before_use(statements: list[ast.stmt], name: str) -> bool:
-    """True if `name` is assigned by a statement before the first statement that reads it."""
-    for s in statements:
-        loads = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(s))
-        if loads:
-            return False
-        stores = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(s))
-        if stores:
-            return True
-    return False
-
-
-def _read_after(fn: ast.AST, line: int, names: set[str]) -> set[str]:
-    if not names:
-        return set()
-    read = set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.lineno > line and node.id in names:
-            read.add(node.id)
-    return read
-
-
-def replacement(mapping: Mapping, call_name: str, args: list[str]) -> str:
-    """The statement that replaces the cluster's lines."""
-    call = f"{call_name}({', '.join(args)})"
-    if mapping.returns:
-        return f"{mapping.indent}return {call}"
-    targets = ", ".join(_named(mapping.output_names))
-    return f"{mapping.indent}{targets} = {call}"

@@ -70,7 +70,7 @@ SUITE = {
 
 
 def run_case(example: str, size: str, dtype: str, peak_gbps: float | None) -> list[dict]:
-    from fuselens.contracts.config import InputSpec
+    from fuselens.contracts.config import InputSpec, model_settings
     from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
     from fuselens.pipeline.validate import validate_file
 
@@ -82,7 +82,7 @@ def run_case(example: str, size: str, dtype: str, peak_gbps: float | None) -> li
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init, "param_dtype": dtype}
     report = validate_file(
         os.path.join(EXAMPLES, example),
-        AnalyzeOptions(models={cls: config}),
+        AnalyzeOptions(models={cls: model_settings(config, "the benchmark")}),
         ValidateOptions(shapes=specs, benchmark=True, peak_gbps=peak_gbps),
     )
     rows = []

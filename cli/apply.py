@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from rich.console import Console
 from rich.syntax import Syntax
@@ -20,7 +21,13 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         console.print(f"kernel module: {os.path.relpath(result.module_path)}")
         if args.yes:
             return True
-        return input("apply these edits? [y/N] ").strip().lower() in ("y", "yes")
+        if not sys.stdin.isatty():  # nobody to answer: a script must say --yes
+            console.print("not applied: no terminal to confirm on (pass --yes to apply without asking)")
+            return False
+        try:
+            return input("apply these edits? [y/N] ").strip().lower() in ("y", "yes")
+        except EOFError:
+            return False
 
     result = apply_file(args.file, analyze_options, args.cluster, confirm)
     for line in result.skipped:
@@ -29,7 +36,7 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         console.print(f"[bold red]refused[/]: {result.refused}")
         return 1
     if not result.applied:
-        console.print("nothing to apply: no cluster maps exactly onto its lines")
+        console.print("nothing to apply: no cluster can be applied (each skip above says why)")
         return 0
     console.print(
         f"applied {', '.join(result.applied)} to {os.path.relpath(args.file)}; "

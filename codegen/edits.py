@@ -2,7 +2,8 @@
 
 Everything here is a pure function of the source text and the report, so the language
 server (quick fixes) and `fuselens apply` produce identical edits.  Only clusters whose
-mapping is `exact` carry an edit; nothing else is ever touched.
+mapping is `exact` carry an edit; nothing else is ever touched.  A cluster in a library's code
+changes one thing in the file: the kernel module's `install()` is imported and called, once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from fuselens.contracts.report import Cluster, Edit, Report
+from fuselens.contracts.report import Cluster, Report
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,15 @@ class LineEdit:
     text: str  # whole lines, each ending in a newline
 
 
+INSTALL = "install"  # the kernel module's function that puts its library patches in place
+_INSTALL_CALL = f"{INSTALL}()  # fused kernels inside the library's code (the kernel module's uninstall() undoes it)\n"
+
+
 def kernel_module_path(model_file: str, out_dir: str | None = None) -> str:
-    stem = os.path.splitext(os.path.basename(model_file))[0]
+    """`<model>_kernels.py` beside the model (or in `out_dir`), named so that it can be imported
+    (`qwen2-moe.py` gets `qwen2_moe_kernels.py`)."""
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(model_file))[0])
+    stem = f"_{stem}" if stem[:1].isdigit() else stem
     directory = out_dir or os.path.dirname(os.path.abspath(model_file))
     return os.path.join(directory, f"{stem}_kernels.py")
 
@@ -55,20 +63,33 @@ def _module_name(module_path: str) -> str:
 
 def import_edit(source: str, model_file: str, module_path: str, wanted: list[str]) -> LineEdit:
     """Add `wanted` to the file's import of the kernel module: merged with the names an existing
-    import brings (replacing it, in whichever form it was written), else a new import after the others."""
+    import brings (replacing it, in whichever form it was written), else a new import after the others.
+    When `install` is wanted and the file does not call it yet, the call follows the import."""
     module = _module_name(module_path)
     try:
         tree = ast.parse(source)
     except SyntaxError:
         tree = None
+    call = _INSTALL_CALL if INSTALL in wanted and not (tree and _calls_install(tree)) else ""
     for node in tree.body if tree is not None else []:
         have = _imported_from(node, module)
         if have is not None:
             names = sorted(set(have) | set(wanted), key=natural_order)
             end = node.end_lineno or node.lineno
-            return LineEdit(node.lineno, end, import_statement(model_file, module_path, names) + "\n")
+            return LineEdit(node.lineno, end, import_statement(model_file, module_path, names) + "\n" + call)
     at = _after_imports(tree) if tree is not None else 1
-    return LineEdit(at, at - 1, import_statement(model_file, module_path, wanted) + "\n")
+    return LineEdit(at, at - 1, import_statement(model_file, module_path, wanted) + "\n" + call)
+
+
+def _calls_install(tree: ast.Module) -> bool:
+    """Whether the module's top level calls `install()` already."""
+    return any(
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == INSTALL
+        for node in tree.body
+    )
 
 
 def _imported_from(node: ast.stmt, module: str) -> list[str] | None:
@@ -109,19 +130,21 @@ def _after_imports(tree: ast.Module) -> int:
 
 
 def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = None) -> list[LineEdit]:
-    """Edits for the exact clusters `cluster_ids` (all exact ones when None), import included."""
-    chosen: list[tuple[Cluster, Edit]] = []  # each with its edit, known here to be there
+    """Edits for the clusters `cluster_ids` that apply (all of them when None), import included: the
+    call-site edits of exact clusters, and the `install()` of library patches."""
+    chosen: list[Cluster] = []
     for _, cluster in report.clusters():
-        if cluster.edit is None or cluster.mapping != "exact":
-            continue
-        if cluster_ids is None or cluster.id in cluster_ids:
-            chosen.append((cluster, cluster.edit))
+        appliable = (cluster.edit is not None and cluster.mapping == "exact") or cluster.patch is not None
+        if appliable and cluster.kernel and (cluster_ids is None or cluster.id in cluster_ids):
+            chosen.append(cluster)
     if not chosen:
         return []
-    edits = [LineEdit(e.start_line, e.end_line, e.text) for _, e in chosen]
-    kernels = [c.kernel for c, _ in chosen if c.kernel]
-    if kernels:
-        edits.append(import_edit(source, report.file, kernels[0].path, [k.name for k in kernels]))
+    edits = [LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen if c.edit is not None]
+    names = [c.kernel.name for c in chosen if c.kernel and c.edit is not None]
+    if any(c.patch is not None for c in chosen):
+        names.append(INSTALL)
+    module_path = next(c.kernel.path for c in chosen if c.kernel)
+    edits.append(import_edit(source, report.file, module_path, names))
     return edits
 
 

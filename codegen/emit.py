@@ -237,12 +237,23 @@ def _stmt_line(
             masked += ", eviction_policy='evict_last'"
         convert = ".to(tl.float32)" if s.kind == FLOAT else ""
         strided = f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
-        if s.load_input in contiguous or s.load_input in views:
-            col = "cols" if s.load_input in contiguous else s.load_coords[-1]
+        col = _flat_column(plan, s) if s.load_input in contiguous or s.load_input in views else None
+        if col is not None:
             flat = f"{s.name} = tl.load(in{s.load_input}_ptr + (rows * C + {col}){masked}){convert}{tail}"
             return f"if CONTIG:\n    {flat}\nelse:\n    {strided}"
         return strided
     return f"{s.name} = {s.expr}{tail}"
+
+
+def _flat_column(plan: KernelPlan, s: Stmt) -> str | None:
+    """The column a load reads in its row under CONTIG, where its input's rows are the output's:
+    `cols`, or a column moved along the row (`(c3 + 64)`, a half of `rotate_half(q)`).  None for a
+    load at other rows (a broadcast, a gather), which must use the strides."""
+    n = len(plan.domain)
+    coords = [str(c) for c in s.load_coords]
+    if len(coords) != n or coords[:-1] != [f"c{i}" for i in range(n - 1)]:
+        return None
+    return "cols" if coords[-1] == f"c{n - 1}" else coords[-1]
 
 
 def _indented(lines: list[str], prefix: str = "    ") -> list[str]:

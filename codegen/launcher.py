@@ -62,10 +62,20 @@ def _launch_function(
     return [f"def _{name}_launch({', '.join(input_names)}):"] + ["    " + line for line in body]
 
 
+def _constant_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`x.shape[3] == 128` for every input dim the kernel reads through a fixed offset (a slice, a
+    head split): those sizes are the model's own constants, baked into the kernel; with any other
+    size the public function runs the reference instead."""
+    return [
+        f"{input_names[k]}.shape[{j}] == {slot.shape[j]}"
+        for k, slot in enumerate(plan.inputs)
+        for j in sorted(slot.guarded_dims)
+    ]
+
+
 def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
-    """A check of every input dim the kernel reads through a fixed offset (a slice, a head split):
-    those sizes are the model's own constants, baked into the kernel, so the launcher refuses
-    any other size instead of launching."""
+    """The same checks in the launcher, which the op runs: called directly with another size, it
+    refuses instead of launching."""
     lines = []
     for k, slot in enumerate(plan.inputs):
         x = input_names[k]
@@ -144,10 +154,11 @@ def _rows_and_columns(plan: KernelPlan) -> list[str]:
 
 
 def _return_early(plan: KernelPlan, input_names: list[str]) -> list[str]:
-    """Return the outputs without launching when the inputs are meta tensors, which carry shapes
-    only (a re-analysis of code that already calls the kernel), or when there is nothing to do."""
-    meta = f"{input_names[0]}.device.type == 'meta' or " if input_names else ""
-    return [f"if {meta}R == 0 or C == 0:  # shapes only (re-analysis) or nothing to do", "    return " + _returns(plan)]
+    """Return the outputs without launching when the inputs carry shapes only (meta tensors in a
+    re-analysis of code that already calls the kernel, fake ones in torch.compile's trace), or when
+    there is nothing to do."""
+    shapes = f"_shapes_only({input_names[0]}) or " if input_names else ""
+    return [f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do", "    return " + _returns(plan)]
 
 
 def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -157,9 +168,10 @@ def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
 
 
 def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
-    """`st<k> = <input>.stride()` for each input the kernel addresses through strides."""
+    """`st<k> = _strides(<input>)` for each input the kernel addresses through strides: 0 along its
+    dims of size 1, so a dim of size 1 at analysis time may be longer now (a batch), or broadcast."""
     # One call per tensor: the launcher's own time is part of every call.
-    return [f"st{k} = {input_names[k]}.stride()" for k, slot in enumerate(plan.inputs) if slot.strides_used]
+    return [f"st{k} = _strides({input_names[k]})" for k, slot in enumerate(plan.inputs) if slot.strides_used]
 
 
 def _magic_numbers(divisors: list[str]) -> list[str]:
@@ -219,7 +231,7 @@ def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
         return "dense"
 
     def stride(k: int) -> str:  # the launcher already holds st{k} when the kernel takes strides
-        return f"st{k}" if plan.inputs[k].strides_used else f"{names[k]}.stride()"
+        return f"st{k}" if plan.inputs[k].strides_used else f"_strides({names[k]})"
 
     lead = identity_inputs(plan)[0]
     return " and ".join(["dense"] + [f"{stride(k)} == {stride(lead)}" for k in views])
@@ -266,10 +278,8 @@ def _tuple(items: list[str]) -> str:
 
 def _op_registration(plan: KernelPlan, name: str) -> list[str]:
     """The launcher as a torch.library op, so that torch.compile and torch.export see one op for the
-    cluster (its shapes and dtypes from the reference) instead of tracing into the launcher."""
-    return [
-        f"_{name}_op = _kernel_op({name!r}, _{name}_launch, _{name}_reference, {len(plan.inputs)}, {len(plan.outputs)})"
-    ]
+    cluster (its output shapes, dtypes and strides from the launcher itself) instead of tracing into it."""
+    return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {len(plan.outputs)})"]
 
 
 def _public_function(plan: KernelPlan, name: str, input_names: list[str], doc: str) -> list[str]:
@@ -277,10 +287,11 @@ def _public_function(plan: KernelPlan, name: str, input_names: list[str], doc: s
     dtypes it was generated for, no gradients wanted; on meta tensors, its shapes), else the reference."""
     params = ", ".join(input_names)
     dtypes = tuple(slot.dtype for slot in plan.inputs)
+    fits = "".join(f" and {check}" for check in _constant_sizes(plan, input_names))
     return [
         f"def {name}({params}):",
         _docstring(doc),
-        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}):",
+        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}){fits}:",
         f"        return _{name}_op({params})",
         f"    return _{name}_reference({params})",
     ]

@@ -8,11 +8,13 @@ user's code still calls are kept, sections regenerated are replaced.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
 from fuselens.contracts.report import Report
 
+from . import patches as patches_mod
 from .edits import natural_order
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW
 from .lowering import HELPERS, helpers_used
@@ -110,6 +112,11 @@ def _needs_int64(*tensors):
     return False
 
 
+def _strides(t):
+    """`t`'s strides, 0 along its dims of size 1 (which a kernel steps along only as a broadcast)."""
+    return tuple(0 if n == 1 else s for n, s in zip(t.shape, t.stride()))
+
+
 def _row_major(sizes):
     """Pitches of the leading dims of `sizes` in a row-major walk."""
     pitches, step = [], 1
@@ -153,6 +160,7 @@ def module_header(source_name: str) -> str:
 
 RUNTIME = '''
 import functools
+import itertools
 import os
 import types
 import uuid
@@ -175,15 +183,30 @@ else:
 _LIBRARY = torch.library.Library(f"fuselens_{uuid.uuid4().hex[:12]}", "DEF")
 
 
-def _kernel_op(name, launch, reference, inputs, outputs):
-    """`launch` registered as the op `name` (CUDA, and CPU for the Triton interpreter), its fake
-    (shapes and dtypes, also on meta tensors) computed by `reference`."""
+def _kernel_op(name, launch, inputs, outputs):
+    """`launch` registered as the op `name` (CUDA, and CPU for the Triton interpreter).  It is its own
+    fake: on meta and fake tensors it allocates the outputs as the kernel would for those inputs (their
+    strides too, which torch.compile holds the real outputs to) and launches nothing."""
     returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
     _LIBRARY.define(f"{name}({', '.join(f'Tensor in{k}' for k in range(inputs))}) -> {returns}")
     for key in ("CUDA", "CPU"):
         _LIBRARY.impl(name, launch, key)
-    torch.library.register_fake(f"{_LIBRARY.ns}::{name}", reference, lib=_LIBRARY)
+    torch.library.register_fake(f"{_LIBRARY.ns}::{name}", launch, lib=_LIBRARY)
     return getattr(getattr(torch.ops, _LIBRARY.ns), name)
+
+
+def _shapes_only(t):
+    """Whether `t` carries no data to compute on: a meta tensor (a re-analysis of code that calls the
+    kernel) or a fake one (torch.compile tracing)."""
+    return t.device.type == "meta" or _is_fake(t)
+
+
+def _is_fake(t):
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # a torch without it has no fake tensors of this kind either
+        return False
+    return is_fake(t)
 
 
 def _kernel_runs(tensors, dtypes):
@@ -203,18 +226,26 @@ def section(name: str, summary: str, text: str) -> str:
     return f"{MARKER}{name}: {summary}\n\n{text.rstrip()}\n"
 
 
+# Where a section starts: a kernel's, a library patch's, or the patches' runtime.
+_SECTION_RE = re.compile(r"^# ---- (?:fused kernel|library patch)", re.M)
+
+
 def existing_sections(module_text: str) -> dict[str, str]:
-    """name -> section text of a module written by `render_module`."""
-    marks = list(_MARKER_RE.finditer(module_text))
+    """kernel name -> section text of a module written by `render_module`."""
+    starts = [m.start() for m in _SECTION_RE.finditer(module_text)] + [len(module_text)]
     out = {}
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(module_text)
-        out[m.group(1)] = module_text[m.start() : end].rstrip() + "\n"
+    for start, end in itertools.pairwise(starts):
+        m = _MARKER_RE.match(module_text, start)
+        if m:
+            out[m.group(1)] = module_text[start:end].rstrip() + "\n"
     return out
 
 
-def render_module(source_name: str, sections: dict[str, str]) -> str:
-    """A whole module from {name: section text}, sections in natural name order."""
+def render_module(
+    source_name: str, sections: dict[str, str], patches: dict[str, str] | None = None, alias: str = ""
+) -> str:
+    """A whole module from {name: section text}, sections in natural name order, then the library
+    patches {"module.qualname": section text} and what installs them."""
     ordered = [sections[k] for k in sorted(sections, key=natural_order)]
     helpers: list[str] = []
     for text in ordered:
@@ -223,14 +254,25 @@ def render_module(source_name: str, sections: dict[str, str]) -> str:
     parts += [HELPERS[h] for h in helpers]
     parts.append(TILES.strip("\n") + "\n")
     parts += ordered
+    if patches:
+        parts.append(patches_mod.runtime(alias))
+        parts += [patches[k] for k in sorted(patches)]
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
-def module_for_report(report: Report, existing: str | None = None) -> str:
-    """The kernel module for `report`, keeping the sections of `existing` it does not replace."""
+def module_for_report(report: Report, existing: str | None = None, patched: list[str] | None = None) -> str:
+    """The kernel module for `report`, keeping the sections of `existing` it does not replace, with
+    library patches for the clusters `patched` added to those `existing` has.  (A file whose patches
+    are installed is analyzed with them in place: their clusters are kernels in its report, and their
+    sections are kept as they are.)"""
     sections = existing_sections(existing) if existing else {}
-    for _, c in report.clusters():
+    clusters = [c for _, c in report.clusters()]
+    for c in clusters:
         if c.kernel:
             where = f"{os.path.basename(c.file)} lines {c.lines[0]}–{c.lines[1]}"
             sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", c.kernel.source)
-    return render_module(os.path.basename(report.file), sections)
+    patches = patches_mod.existing_patches(existing or "")
+    patches.update(patches_mod.patch_sections([c for c in clusters if c.patch and c.id in (patched or [])]))
+    module_path = next((c.kernel.path for c in clusters if c.kernel), report.file)
+    alias = patches_mod.kernel_alias(module_path)
+    return render_module(os.path.basename(report.file), sections, patches, alias)

@@ -341,8 +341,8 @@ class _Planner:
         slot = self.inputs[slot_index]
         terms = []
         axes: set = set()
-        for j, (c, size) in enumerate(zip(coords, meta.shape, strict=True)):
-            if size == 1 or c.text == "0":
+        for j, c in enumerate(coords):
+            if c.text == "0":  # a broadcast dim (its stride is 0 at run time if it is one of size 1)
                 continue
             slot.strides_used.add(j)
             terms.append(f"{c.text} * in{slot_index}_s{j}")
@@ -380,7 +380,13 @@ class _Planner:
         offset = len(out_shape) - len(in_shape)
         if offset < 0:
             raise PlanError("shape", f"an operand of shape {_shape(in_shape)} is larger than its result")
-        return tuple(ZERO if in_shape[j] == 1 else coords[j + offset] for j in range(len(in_shape)))
+        # A dim of size 1 in the operand is broadcast when the result's is longer; when both are 1 it
+        # follows the result's coordinate, so that both may be longer at run time (a batch of 1 at
+        # analysis time): the launcher passes stride 0 for a dim that is still 1.
+        return tuple(
+            ZERO if in_shape[j] == 1 and out_shape[j + offset] != 1 else coords[j + offset]
+            for j in range(len(in_shape))
+        )
 
     def _operand(self, node: Node, arg, coords) -> Operand:
         if isinstance(arg, Ref):

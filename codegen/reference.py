@@ -4,11 +4,13 @@ Every op was recorded with the callable the model's code called and its argument
 the nodes that made them), so the reference replays the model's own calls in its own words:
 `v3 = x * 2.0`, `v4 = torch.nn.functional.relu(v3)`, with the constants the model passed.  It
 runs wherever the kernel cannot (CPU tensors, no Triton driver, gradients wanted, other dtypes),
-and torch.compile reads the kernel's output shapes and dtypes from it.
+and torch.compile traces it where the kernel does not run.
 """
 
 from __future__ import annotations
 
+import ast
+import linecache
 import math
 from typing import Any
 
@@ -39,20 +41,30 @@ def reference_text(graph: Graph, plan: KernelPlan, name: str, params: list[str],
         if member in names:
             continue
         names[member] = f"v{member}"
-        body.append(f"    v{member} = {_call(node, names, graph)}")
+        body.append(f"    v{member} = {_call(node, names, graph, [slot.node for slot in plan.inputs])}")
     outputs = [names[o.node] for o in plan.outputs]
     body.append(f"    return {', '.join(outputs)}")
     doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
     return "\n".join([f"def _{name}_reference({', '.join(params)}):", doc, *body])
 
 
-def _call(node: Node, names: dict[int, str], graph: Graph) -> str:
+class _DtypeOf:
+    """A cast's dtype that follows a kernel input's (`x.to(weight.dtype)`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int]) -> str:
     if node.replay is None:
         raise NoReference(f"`{node.op}` was recorded without its call")
     func, args, kwargs, index = node.replay
-    if _reads_only_metadata(func):
-        args = _metadata_free(func, args, graph)
-    text = _expression(func, [_value(a, names) for a in args], {k: _value(v, names) for k, v in kwargs.items()})
+    if getattr(func, "__name__", "") in ("to", "type") and not _spells_dtype(node):
+        args, kwargs = _following_dtype(args, kwargs, [(names[i], graph[i]) for i in inputs])
+    if _reads_only_metadata(func) and not (isinstance(args[1], Ref) and args[1].node in names):
+        text = _metadata_call(func, _value(args[0], names), args[1], graph, [(names[i], graph[i]) for i in inputs])
+    else:
+        text = _expression(func, [_value(a, names) for a in args], {k: _value(v, names) for k, v in kwargs.items()})
     return f"{text}[{index}]" if index is not None else text
 
 
@@ -98,19 +110,73 @@ def _reads_only_metadata(func: Any) -> bool:
     return getattr(func, "__name__", "") in ("type_as", "expand_as", "view_as", "reshape_as")
 
 
-def _metadata_free(func: Any, args: tuple[Any, ...], graph: Graph) -> tuple[Any, ...]:
-    """`a.type_as(b)` reads only b's dtype (`expand_as` its shape): b is not an input of the kernel,
-    so the reference says what was read."""
-    other = args[1]
+_METADATA_CALLS = {"type_as": "to", "expand_as": "expand", "view_as": "view", "reshape_as": "reshape"}
+
+
+def _metadata_call(func: Any, first: str, other: Any, graph: Graph, inputs: list[tuple[str, Node]]) -> str:
+    """`a.type_as(b)` reads only b's dtype (`expand_as` its shape), and b is not an input of the
+    kernel: the reference reads it from an input that had the same dtype (shape) in the trace, so it
+    follows the model into other dtypes (`a.to(x.dtype)`), else it says what was read."""
     meta = graph[other.node].meta if isinstance(other, Ref) else None
     if meta is None:
         raise NoReference(f"`{func.__name__}` of a value with no recorded metadata")
     if func.__name__ == "type_as":
-        return (args[0], getattr(torch, meta.dtype))
-    return (args[0], torch.Size(meta.shape))
+        same = next((name for name, n in inputs if n.meta is not None and n.meta.dtype == meta.dtype), None)
+        return f"{first}.to({same}.dtype)" if same else f"{first}.to(torch.{meta.dtype})"
+    same = next((name for name, n in inputs if n.meta is not None and n.meta.shape == meta.shape), None)
+    return (
+        f"{first}.{func.__name__}({same})"
+        if same
+        else f"{first}.{_METADATA_CALLS[func.__name__]}({tuple(meta.shape)!r})"
+    )
+
+
+def _spells_dtype(node: Node) -> bool:
+    """Whether the model's code names the dtype it casts to (`x.float()`, `x.to(torch.float32)`),
+    rather than reading it from a value (`x.to(input_dtype)`, `x.to(y.dtype)`)."""
+    frame = node.source
+    if frame is None or not frame.end_line:
+        return True
+    lines = linecache.getlines(frame.file)[frame.line - 1 : frame.end_line]
+    if not lines:
+        return True
+    chunk = [line.encode() for line in lines]
+    chunk[-1] = chunk[-1][: frame.end_col]
+    chunk[0] = chunk[0][frame.col :]
+    try:
+        call = ast.parse(b"".join(chunk).decode().strip(), mode="eval").body
+    except (SyntaxError, UnicodeDecodeError):
+        return True
+    if not isinstance(call, ast.Call):
+        return True
+    written = [*call.args, *(k.value for k in call.keywords)]
+    return any(
+        (isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "torch")
+        or isinstance(a, ast.Constant)
+        for a in written
+    )
+
+
+def _following_dtype(args: tuple, kwargs: dict, inputs: list[tuple[str, Node]]) -> tuple[tuple, dict]:
+    """A cast to a dtype the code read from a value: the same dtype as a kernel input had in the
+    trace, read from that input at run time (a weight's first: it is the model's dtype), so the
+    reference follows the model into other dtypes."""
+
+    def follow(value: Any) -> Any:
+        if not isinstance(value, torch.dtype):
+            return value
+        same = [
+            (name, n) for name, n in inputs if n.meta is not None and n.meta.dtype == str(value).removeprefix("torch.")
+        ]
+        same.sort(key=lambda item: item[1].op not in ("param", "buffer"))
+        return _DtypeOf(same[0][0]) if same else value
+
+    return tuple(follow(a) for a in args), {k: follow(v) for k, v in kwargs.items()}
 
 
 def _value(value: Any, names: dict[int, str]) -> str:
+    if isinstance(value, _DtypeOf):
+        return f"{value.name}.dtype"
     if isinstance(value, Ref):
         if value.node not in names:
             raise NoReference("an op reads a tensor that is not an input of the cluster")

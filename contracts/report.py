@@ -20,7 +20,8 @@ from typing import Any, Literal
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
-SCHEMA_VERSION = 3  # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from
+# 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches
+SCHEMA_VERSION = 4
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -98,6 +99,27 @@ class Edit:
 
 
 @dataclass
+class LibraryFunction:
+    """A function of an installed library that holds clusters: what a library patch replaces."""
+
+    module: str  # its module's import path: "transformers.models.llama.modeling_llama"
+    qualname: str  # "LlamaRMSNorm.forward", "apply_rotary_pos_emb"
+    file: str
+    first_line: int  # its first line (its first decorator's), as the library's code object says
+    last_line: int
+    source: str  # its text as it reads in the library
+
+
+@dataclass
+class LibraryPatch:
+    """How a cluster in a library's code is applied: `function`, with `edit` (on the library file's
+    lines) and those of the other patched clusters in it, runs in place of the library's own."""
+
+    function: LibraryFunction
+    edit: Edit  # its `import_line` is "": the kernels are reached through the kernel module
+
+
+@dataclass
 class Cluster:
     id: str
     kind: ClusterKind
@@ -136,6 +158,7 @@ class Cluster:
     # library's, patched at run time), or "no"; `apply_detail` says how, or precisely why not.
     applies: Literal["edit", "patch", "no"] = "no"
     apply_detail: str = ""
+    patch: LibraryPatch | None = None  # set when it applies as "patch"
 
     @property
     def bytes_saved(self) -> int | None:

@@ -22,7 +22,7 @@ from .analyze import analyze_file
 @dataclass
 class ApplyResult:
     applied: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # "c3: mapping is pointer: ..."
+    skipped: list[str] = field(default_factory=list)  # "c3 (tanh → mul): why it cannot be applied"
     diff: str = ""
     module_path: str = ""
     refused: str = ""  # why nothing was written, when something should have been
@@ -41,10 +41,8 @@ def apply_file(
         result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
         return result
     wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
-    exact = [c for c in wanted if c.edit is not None]
-    result.skipped = [
-        f"{c.id} ({c.op_chain}): mapping is {c.mapping}: {c.mapping_detail}" for c in wanted if c.edit is None
-    ]
+    exact = [c for c in wanted if c.edit is not None or c.patch is not None]
+    result.skipped = [f"{c.id} ({c.op_chain}): {c.apply_detail}" for c in wanted if c not in exact]
     if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
         result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
         return result
@@ -65,7 +63,7 @@ def apply_file(
         with open(result.module_path, encoding="utf-8") as fh:
             existing = fh.read()
     with open(result.module_path, "w", encoding="utf-8") as fh:
-        fh.write(module_for_report(report, existing))
+        fh.write(module_for_report(report, existing, [c.id for c in exact]))
     tmp = path + ".fuselens-tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(new_source)

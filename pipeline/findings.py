@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fuselens.analysis import cost, sourcemap
+from fuselens.analysis import cost, places, sourcemap
 from fuselens.analysis import patterns as patterns_mod
 from fuselens.analysis.capture import Trace
 from fuselens.analysis.detect import Detection, Split, detect
@@ -81,6 +81,7 @@ def findings(
         # Other branch paths add only what the main path did not already show.
         found += [f for f in path_found if _signature(f) not in seen_signatures]
         seen_signatures |= {_signature(f) for f in found}
+    _refuse_regions_other_calls_need(found)
     groups = group_repeats(found, _signature)
     model.clusters = [_cluster(group, profile, source) for group in groups]
     model.rejections = [_rejection(group, source) for group in group_repeats(rejected, _rejection_signature)]
@@ -100,6 +101,47 @@ def findings(
     return [group[0] for group in groups]
 
 
+def _refuse_regions_other_calls_need(found: list[Found]) -> None:
+    """A region is code of a function, and a kernel call written there runs in every call of it.  Where
+    a call runs the region's lines and computes other ops there (a layer whose `self.activation` is
+    `nn.Identity()` in another instance), the kernel would change what that call computes: no call is
+    offered there.  (A call that computes the same ops, fused otherwise, is fine.)"""
+    by_region: dict[tuple, list[Found]] = {}
+    for f in found:
+        region = f.mapping.region
+        if region is not None:
+            by_region.setdefault((id(f.graph), region.file, region.first, region.last), []).append(f)
+    for (_, file, first, last), group in by_region.items():
+        graph = group[0].graph
+        ops_by_call: dict[int, list[str]] = {}  # invocation -> the fusable ops the region's lines run there
+        owners: dict[int, str] = {}
+        for node in graph:
+            if not node.cls.absorbable:
+                continue
+            for frame in node.stack:
+                if frame.file == file and first <= frame.line <= last:
+                    ops_by_call.setdefault(frame.invocation, []).append(node.op)
+                    owners.setdefault(frame.invocation, frame.owner)
+                    break
+        held = [p.invocation for f in group if (p := places.common_place(graph, f.plan.compute))]
+        computed = {" → ".join(ops_by_call.get(i, [])) for i in held}
+        span = f"line {first}" if first == last else f"lines {first}–{last}"
+        other = [i for i in ops_by_call if i not in held and " → ".join(ops_by_call[i]) not in computed]
+        if other:
+            owner = owners[other[0]] or "the model"
+            detail = (
+                f"{span} also run in `{owner}`, where they compute something else: a kernel call there would change it"
+            )
+        elif len(computed) > 1:
+            detail = f"{span} compute {' in one call and '.join(sorted(computed))} in another: one kernel call cannot stand for both"
+        else:
+            continue
+        for f in group:
+            f.mapping.region = None
+            f.mapping.quality = "pointer"
+            f.mapping.detail = f"{f.mapping.detail}; {detail}" if f.mapping.detail.startswith("its code is") else detail
+
+
 def _signature(f: Found):
     g = f.graph
     ops = tuple((g[i].op, g[i].file, g[i].line) for i in f.plan.compute)
@@ -112,7 +154,7 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
     first = group[0]
     g, plan, mapping = first.graph, first.plan, first.mapping
     ops = [op_ref(g[i]) for i in plan.compute]
-    names_in = mapping.input_names or [None] * len(plan.inputs)
+    names_in: list[str | None] = list(mapping.region.arguments) if mapping.region else [None] * len(plan.inputs)
     inputs = [
         R.TensorInfo(list(s.shape), s.dtype, names_in[k] if k < len(names_in) else None)
         for k, s in enumerate(plan.inputs)
@@ -121,7 +163,9 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
         if info.name is None:
             node = g[plan.inputs[k].node]
             info.name = _param_expr(node)
-    names_out = mapping.output_names or [None] * len(plan.outputs)
+    names_out: list[str | None] = (
+        list(mapping.region.outputs) if mapping.region and mapping.region.outputs else [None] * len(plan.outputs)
+    )
     outputs = [
         R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
         for k, o in enumerate(plan.outputs)
@@ -167,7 +211,7 @@ def _here(file: str, source: sourcemap.SourceIndex) -> bool:
 def _reached_from(graph: Graph, node_ids: list[int], source: sourcemap.SourceIndex) -> R.SourceRef | None:
     """The line of the analyzed file that reaches ops whose code is elsewhere (None: none reaches them,
     as in a model whose forward is all a library's; the model's own line stands for it then)."""
-    frame = sourcemap.entry_point(graph, node_ids, source.path)
+    frame = places.entry_point(graph, node_ids, source.path)
     return R.SourceRef(frame.file, frame.line) if frame is not None else None
 
 
@@ -212,7 +256,7 @@ def _pattern_signature(item):
 def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
     graph, m, _ = group[0]
     ops = [op_ref(graph[i]) for i in m.nodes]
-    place = sourcemap.common_place(graph, m.nodes)
+    place = places.common_place(graph, m.nodes)
     lines = list(place.lines) if place else [0, 0]
     pattern = R.Pattern(
         m.name,

@@ -12,10 +12,14 @@ import ast
 import os
 
 from fuselens.analysis import sourcemap
+from fuselens.analysis.library import NotPatchable, library_function
+from fuselens.analysis.regions import Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.emit import emit
+from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
+from fuselens.contracts.units import in_library, library_path
 
 from .findings import Found
 
@@ -60,7 +64,7 @@ def generate_kernels(
                 continue
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
-            _attach_edit(report, cluster, instance, name, module_path, no_reference)
+            _attach_edit(report, cluster, instance, name, module_path, no_reference, source)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
 
@@ -72,33 +76,104 @@ def _refusing_reference(name: str, params: list[str], why: str) -> str:
 
 
 def _attach_edit(
-    report: R.Report, cluster: R.Cluster, instance: Found, name: str, module_path: str, no_reference: str
+    report: R.Report,
+    cluster: R.Cluster,
+    instance: Found,
+    name: str,
+    module_path: str,
+    no_reference: str,
+    source: sourcemap.SourceIndex,
 ) -> None:
-    """The call-site edit of a cluster that can be applied, and how (or why not) it applies."""
-    args = [i.name for i in cluster.inputs if i.name]
+    """How a cluster applies: the edit of the analyzed file, the patch of a library's code, or why
+    neither can be made."""
+    region = instance.mapping.region
+    named = all(i.name for i in cluster.inputs)
     if no_reference:
         cluster.apply_detail = f"the kernel could not fall back to torch code where it cannot run: {no_reference}"
     elif cluster.branch:
         cluster.apply_detail = f"it is {cluster.branch}, which the example inputs do not take"
-    elif cluster.mapping != "exact" or len(args) != len(cluster.inputs):
+    elif region is None or not named:
         cluster.apply_detail = cluster.mapping_detail
+    elif cluster.mapping == "exact":
+        _attach_source_edit(report, cluster, region, name, module_path, source)
+    elif in_library(region.file):
+        _attach_library_patch(cluster, region, name, module_path)
     else:
-        call = sourcemap.replacement(instance.mapping, name, args)
-        import_line = edits_mod.import_statement(report.file, module_path, [name])
-        cluster.edit = R.Edit(cluster.lines[0], cluster.lines[1], call + "\n", import_line, call.strip())
-        cluster.applies = "edit"
-        cluster.apply_detail = f"lines {cluster.lines[0]}–{cluster.lines[1]} become `{call.strip()}`"
+        cluster.apply_detail = cluster.mapping_detail
+
+
+def _attach_source_edit(
+    report: R.Report,
+    cluster: R.Cluster,
+    region: Region,
+    name: str,
+    module_path: str,
+    source: sourcemap.SourceIndex,
+) -> None:
+    text = region.rewrite(name, source.lines)
+    import_line = edits_mod.import_statement(report.file, module_path, [name])
+    cluster.edit = R.Edit(region.first, region.last, text, import_line, region.statement(name))
+    cluster.applies = "edit"
+    cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
+
+
+def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_path: str) -> None:
+    """The library's lines rewritten to call the kernel through the kernel module, which the patch
+    puts in the library module's namespace under `kernel_alias`."""
+    index = sourcemap.source_of(region.file)
+    node = index.function_at(region.first, cluster.function) if index is not None else None
+    if index is None or node is None:
+        cluster.apply_detail = f"{cluster.mapping_detail}; its source could not be read"
+        return
+    try:
+        function = library_function(region.file, cluster.function, node, index.lines)
+    except NotPatchable as exc:
+        cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"
+        return
+    call = f"{kernel_alias(module_path)}.{name}"
+    edit = R.Edit(region.first, region.last, region.rewrite(call, index.lines), "", region.statement(call))
+    cluster.patch = R.LibraryPatch(function, edit)
+    cluster.applies = "patch"
+    cluster.apply_detail = (
+        f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` in a patch of "
+        f"{function.qualname} that `install()` puts in place"
+    )
+
+
+def _span(region: Region) -> str:
+    if region.first == region.last:
+        return f"line {region.first} becomes"
+    return f"lines {region.first}–{region.last} become"
 
 
 def _launcher_params(cluster: R.Cluster) -> list[str]:
     params: list[str] = []
     for k, info in enumerate(cluster.inputs):
-        base = (info.name or f"in{k}").split(".")[-1]
-        base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or f"in{k}"
+        base = _identifier(info.name) or f"in{k}"
         if base[0].isdigit() or base in params or base in ("self", "torch", "triton", "tl"):
             base = f"{base}_{k}"
         params.append(base)
     return params
+
+
+def _identifier(text: str | None) -> str:
+    """A parameter name for an argument's source text: `x` for `x`, `weight` for `self.norm.weight`,
+    `matmul` for `torch.matmul(q, k)`, `e` for `e[:, :, None]`."""
+    try:
+        node: ast.AST = ast.parse(text or "", mode="eval").body
+    except SyntaxError:
+        return ""
+    while True:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return ""
 
 
 def _doc(cluster: R.Cluster, source: sourcemap.SourceIndex) -> str:
@@ -130,7 +205,8 @@ def _comments(found: Found, source: sourcemap.SourceIndex, params: list[str]) ->
 
 
 def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
-    """clusterN names the file already imports from its kernel module: they keep their kernels."""
+    """clusterN names the file already imports from its kernel module, and those the module's library
+    patches call: they keep their kernels."""
     module = os.path.splitext(os.path.basename(module_path))[0]
     names: set[str] = set()
     try:
@@ -140,4 +216,11 @@ def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
     for node in ast.walk(tree) if tree else []:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == module:
             names |= {a.name for a in node.names}
+    try:
+        with open(module_path, encoding="utf-8") as fh:
+            module_text = fh.read()
+    except OSError:
+        return names
+    for kernels in patched_kernels(module_text).values():
+        names |= set(kernels)
     return names

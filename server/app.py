@@ -401,7 +401,6 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
         return []
     if ls.workspace_root(path) is None:
         return []  # its kernel module would be written beside it, outside the workspace
-    module_text = kernel_module_text(analysis.report)
     caps = ls.client_capabilities.workspace
     edit_caps = caps.workspace_edit if caps else None
     ops = (edit_caps.resource_operations or []) if edit_caps else []
@@ -415,13 +414,15 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
         analysis.text,
         params.range.start.line + 1,
         params.range.end.line + 1,
-        module_text,
+        lambda ids: kernel_module_text(analysis.report, ids),
         create_ok,
         document_changes,
     )
 
 
-def kernel_module_text(report) -> str:
+def kernel_module_text(report, patched: list[str] | None = None) -> str:
+    """The kernel module for `report` (merged with the one on disk), with library patches for the
+    clusters `patched`."""
     from fuselens.codegen.module import module_for_report
 
     module_path = next((c.kernel.path for _, c in report.clusters() if c.kernel), None)
@@ -429,7 +430,7 @@ def kernel_module_text(report) -> str:
     if module_path and os.path.exists(module_path):
         with open(module_path, encoding="utf-8") as fh:
             existing = fh.read()
-    return module_for_report(report, existing)
+    return module_for_report(report, existing, patched)
 
 
 register_commands(server)

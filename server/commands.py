@@ -335,5 +335,5 @@ def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict
     if ls.workspace_root(path) is None:
         raise JsonRpcInvalidParams.of(ValueError(f"{os.path.basename(path)} is outside the workspace; nothing written"))
     with open(target, "w", encoding="utf-8") as fh:
-        fh.write(kernel_module_text(analysis.report))
+        fh.write(kernel_module_text(analysis.report, [str(i) for i in ids]))
     return {"path": target}

@@ -139,7 +139,8 @@ def test_quick_fix_through_code_action(session):
     buffer = session["buffer"]
     assert "        x = cluster0(x)" in buffer
     assert "        x = x * 2.0" not in buffer
-    assert "from example_net_kernels import cluster0" in buffer
+    assert "    from .example_net_kernels import cluster0" in buffer
+    assert "    from example_net_kernels import cluster0" in buffer
     assert "        x = cluster0(x)" in session["model_on_disk"].splitlines()
     module = session["module"]
     assert "def cluster0(x):" in module and "@triton.jit" in module

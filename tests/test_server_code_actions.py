@@ -77,7 +77,7 @@ async def test_fuse_one_cluster(client: Client):
     actions = await client.code_actions(uri, 18)
     assert [a.title for a in actions] == [
         "Fuse lines 18–20 into Triton kernel cluster0",
-        "Fuse all 3 exact clusters in ExampleNet",
+        "Fuse all 3 applicable clusters in ExampleNet",
     ]
     action = actions[0]
     assert action.kind == lsp.CodeActionKind.QuickFix and action.is_preferred
@@ -106,7 +106,7 @@ async def test_fuse_one_cluster(client: Client):
     assert clusters == [(25, 27, "fusable: gelu → sigmoid → mul"), (30, 32, "fusable: tanh → mul → softmax")]
     assert [a.title for a in await client.code_actions(uri, 25)] == [
         "Fuse lines 25–27 into Triton kernel cluster1",
-        "Fuse all 2 exact clusters in ExampleNet",
+        "Fuse all 2 applicable clusters in ExampleNet",
     ]
 
 
@@ -118,7 +118,7 @@ async def test_fuse_all_clusters(client: Client):
     actions = await client.code_actions(uri, 24)
     assert [a.title for a in actions] == [
         "Fuse lines 23–25 into Triton kernel cluster1",
-        "Fuse all 3 exact clusters in ExampleNet",
+        "Fuse all 3 applicable clusters in ExampleNet",
     ]
     action = actions[1]
     assert action.kind == lsp.CodeActionKind.RefactorRewrite and not action.is_preferred
@@ -183,3 +183,46 @@ async def test_write_module_refuses_a_stale_version(client: Client):
     with pytest.raises(JsonRpcException, match="no kernels for clusters"):
         await client.command("fuselens.writeKernelModule", uri, 1, ["c9"])
     assert not os.path.exists(client.path("fuse_stale_kernels.py"))
+
+
+LLAMA = """from transformers import LlamaConfig, LlamaForCausalLM
+
+config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+model = LlamaForCausalLM(config)  # fuselens: input=(2, 16)
+"""
+
+
+async def test_fuse_a_cluster_in_library_code(client: Client):
+    pytest.importorskip("transformers")
+    uri = client.open("patch_llama.py", LLAMA)
+    diags = await client.diagnostics_of(uri, 1, timeout=180)
+    assert any(d.range.start.line == 4 and "modeling_llama.py" in d.message for d in diags), diags
+    actions = await client.code_actions(uri, 5)  # the model's line reaches transformers' code
+    titles = [a.title for a in actions]
+    norm = "LlamaRMSNorm.forward (library code)"
+    assert any(norm in t for t in titles) and titles[-1].startswith("Fuse all "), titles
+    action = next(a for a in actions if norm in a.title)
+    name = action.title.split("Triton kernel ")[1].split(",")[0]
+    await fuse(client, uri, action)
+
+    with open(client.path("patch_llama.py"), encoding="utf-8") as fh:
+        text = fh.read()
+    # The file gains the import of install() and its call, nothing else: the library's code is patched
+    assert text == LLAMA.replace(
+        "\nconfig",
+        "try:  # the fused kernels beside this file, imported as a package's module or by a script\n"
+        "    from .patch_llama_kernels import install\n"
+        "except ImportError:\n"
+        "    from patch_llama_kernels import install\n"
+        "install()  # fused kernels inside the library's code (the kernel module's uninstall() undoes it)\n"
+        "\nconfig",
+        1,
+    )
+    with open(client.path("patch_llama_kernels.py"), encoding="utf-8") as fh:
+        module = fh.read()
+    compile(module, "patch_llama_kernels.py", "exec")
+    assert f"# ---- library patch: transformers.models.llama.modeling_llama.LlamaRMSNorm.forward: {name}\n" in module
+    assert f"_fuselens_patch_llama_kernels.{name}(" in module and "\ndef install():" in module
+    # Only the chosen cluster is patched
+    assert module.count("# ---- library patch: ") == 1

@@ -46,17 +46,20 @@ def test_exact_mapping_names_inputs_and_outputs(write_model, analyze):
     assert c.edit.text == "        y = cluster0(x, self.bias)\n"
 
 
-def test_another_op_on_the_same_line_prevents_replacing_it(write_model, analyze):
+def test_a_statement_sharing_its_line_is_kept(write_model, analyze):
     model = only_model(analyze(write_model(MODEL)))
     c = by_chain(model)["tanh → add"]
-    assert c.mapping == "pointer" and "also runs `linear`" in c.mapping_detail and c.edit is None
+    # `w = torch.tanh(z) + 1.0; u = self.proj(w)`: the first statement becomes the call, the second stays
+    assert c.mapping == "exact" and c.lines == [line_of("torch.tanh(z)")] * 2
+    assert c.edit.text == f"        w = {c.kernel.name}(z); u = self.proj(w)\n"
 
 
-def test_ops_in_a_helper_point_at_the_caller(write_model, analyze):
+def test_ops_in_a_helper_are_replaced_at_the_caller(write_model, analyze):
     model = only_model(analyze(write_model(MODEL)))
     c = next(c for c in model.clusters if "sigmoid" in c.op_chain)
-    assert c.mapping == "pointer" and "helper" in c.mapping_detail
     assert c.lines == [line_of("helper(u) + u")] * 2  # where forward() calls helper(), not helper's own lines
+    # the call of helper() goes with the ops it runs; the linear around them stays
+    assert c.mapping == "exact" and c.edit.text == f"        v = self.proj({c.kernel.name}(u))\n"
 
 
 def test_a_name_read_after_the_lines_keeps_them(write_model, analyze):
@@ -65,3 +68,48 @@ def test_a_name_read_after_the_lines_keeps_them(write_model, analyze):
     # t is reassigned and its final value is what the lines leave behind: they become one call
     assert c.mapping == "exact" and c.lines == [line_of("torch.exp(v)"), line_of("t = t * 3.0")]
     assert c.edit.text.strip() == f"t = {c.kernel.name}(v)"
+
+
+LAYERS = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+
+class Layer(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.act = nn.GELU() if act == "gelu" else nn.Linear(32, 32) if act == "linear" else nn.Identity()
+
+    def forward(self, x):
+        h = self.proj(x) * 2.0
+        return self.act(h) + 1.0
+
+
+class Net(nn.Module):  # fuselens: input=(64, 32)
+    def __init__(self, acts=("gelu", "gelu")):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(a) for a in acts)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+"""
+
+
+def test_lines_that_compute_something_else_in_another_call_are_not_replaced(write_model, analyze):
+    # Layer.forward's lines are one cluster in every layer: one call stands for them all
+    model = only_model(analyze(write_model(LAYERS)))
+    assert [(c.op_chain, c.multiplicity, c.mapping) for c in model.clusters] == [("mul → gelu → add", 2, "exact")]
+    # With one layer's activation an Identity, a call written there would run GELU in that layer too
+    mixed = LAYERS.replace('acts=("gelu", "gelu")', 'acts=("gelu", "none")')
+    model = only_model(analyze(write_model(mixed)))
+    assert {c.op_chain for c in model.clusters} == {"mul → gelu → add", "mul → add"}
+    for c in model.clusters:
+        assert c.mapping == "pointer" and c.edit is None and c.applies == "no"
+        assert "one kernel call cannot stand for both" in c.apply_detail, c.apply_detail
+    # An activation that no kernel can hold (a layer's lines are no cluster there): the same
+    broken = LAYERS.replace('acts=("gelu", "gelu")', 'acts=("gelu", "linear")')
+    model = only_model(analyze(write_model(broken)))
+    gelu = next(c for c in model.clusters if "gelu" in c.op_chain)
+    assert gelu.edit is None and "where they compute something else" in gelu.apply_detail, gelu.apply_detail

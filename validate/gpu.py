@@ -41,7 +41,7 @@ def _iterations_for(fn: Callable[[], Any], budget_ms: float = 25.0) -> int:
     return max(1, min(2000, int(budget_ms / once)))
 
 
-def _graph_replay(fn: Callable[[], Any]) -> Callable[[], Any]:
+def graph_replay(fn: Callable[[], Any]) -> Callable[[], Any]:
     """`fn` captured once into a CUDA graph; raises RuntimeError when it cannot be captured."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -58,7 +58,7 @@ def _graph_replay(fn: Callable[[], Any]) -> Callable[[], Any]:
     return graph.replay
 
 
-def _medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median µs per call of each entry.  Samples are taken in turn (a, b, c, a, b, c, ...):
     one compute-heavy kernel timed 18% apart at two points of one process on an H200 (the
     SM clock follows power and temperature), and samples taken in blocks would charge that
@@ -74,7 +74,7 @@ def _medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[
 def time_graphs_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> dict[str, float]:
     """Median µs per call of each `fn`, captured once into a CUDA graph and replayed: what the
     GPU itself spends, without launch gaps."""
-    return _medians_in_turn({name: _graph_replay(fn) for name, fn in fns.items()}, repeats)
+    return medians_in_turn({name: graph_replay(fn) for name, fn in fns.items()}, repeats)
 
 
 def time_launches_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> dict[str, float]:
@@ -83,7 +83,7 @@ def time_launches_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> di
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
-    return _medians_in_turn(fns, repeats)
+    return medians_in_turn(fns, repeats)
 
 
 def time_each_us(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:

@@ -12,13 +12,14 @@ edited in place when it already exists, and otherwise written by the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from lsprotocol import types as lsp
 
 from fuselens.codegen import edits as edits_mod
 from fuselens.contracts.report import Cluster, Model, Report
 
-from .text import path_to_uri, same_file, utf16_len
+from .text import path_to_uri, same_file, shown_at, utf16_len
 
 WRITE_MODULE = "fuselens.writeKernelModule"
 
@@ -65,17 +66,18 @@ def fuse_action(
     text: str,
     clusters: list[Cluster],
     title: str,
-    module_text: str,
+    module_text: Callable[[list[str]], str],
     create_ok: bool,
     kind: str = lsp.CodeActionKind.QuickFix,
     document_changes: bool = True,
 ) -> lsp.CodeAction | None:
-    ids = [c.id for c in clusters if c.edit is not None]
+    """The action that applies `clusters`; `module_text(ids)` is the kernel module they need."""
+    ids = [c.id for c in clusters if c.edit is not None or c.patch is not None]
     if not ids:
         return None
     doc_edits = line_edits_to_lsp(edits_mod.cluster_edits(text, report, ids))
     module_path = next(c.kernel.path for c in clusters if c.kernel is not None)
-    module_changes, written = _module_edits(module_path, module_text, create_ok)
+    module_changes, written = _module_edits(module_path, module_text(ids), create_ok)
     changes = [
         *module_changes,
         lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits),
@@ -95,15 +97,27 @@ def fuse_action(
     return action
 
 
-def _fixable(c: Cluster, path: str) -> bool:
-    """An exact cluster of the file at `path` whose kernel module sits beside it, as `fuselens apply`
-    puts it: the module's path comes from the report, and nothing is ever written elsewhere."""
-    return (
-        c.edit is not None
-        and c.kernel is not None
-        and same_file(c.file, path)
-        and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path))
-    )
+def _fixable(c: Cluster, model: Model, path: str) -> bool:
+    """A cluster of the file at `path` that applies (an exact one of its own, or one in a library's code
+    that shows in the file) and whose kernel module sits beside it, as `fuselens apply` puts it: the
+    module's path comes from the report, and nothing is ever written elsewhere."""
+    if c.kernel is None:
+        return False
+    if c.edit is not None:
+        here = same_file(c.file, path)
+    else:
+        here = c.patch is not None and shown_at(c.file, c.lines, c.reached_from, model, path) is not None
+    return here and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path))
+
+
+def _title(c: Cluster) -> str:
+    name = c.kernel.name if c.kernel else c.id
+    if c.patch is not None:
+        where = c.patch.function.qualname
+        return f"Fuse {c.op_chain} in {where} (library code) into Triton kernel {name}, installed at run time"
+    if c.lines[0] == c.lines[1]:
+        return f"Fuse line {c.lines[0]} into Triton kernel {name}"
+    return f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {name}"
 
 
 def code_actions(
@@ -114,37 +128,36 @@ def code_actions(
     text: str,
     first: int,
     last: int,
-    module_text: str,
+    module_text: Callable[[list[str]], str],
     create_ok: bool,
     document_changes: bool = True,
 ) -> list[lsp.CodeAction]:
-    """Actions for lines first..last (1-based): one per exact cluster there, plus "fuse all" for its model."""
+    """Actions for lines first..last (1-based): one per applicable cluster there, plus "fuse all" for its model."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
-        if not _fixable(c, path) or c.kernel is None:
+        shown = shown_at(c.file, c.lines, c.reached_from, model, path)
+        if not _fixable(c, model, path) or shown is None:
             continue
-        if c.lines[0] <= last and c.lines[1] >= first:
-            title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {c.kernel.name}"
-            if c.lines[0] == c.lines[1]:
-                title = f"Fuse line {c.lines[0]} into Triton kernel {c.kernel.name}"
+        start, end = shown
+        if start <= last and end >= first:
             action = fuse_action(
-                report, uri, version, text, [c], title, module_text, create_ok, document_changes=document_changes
+                report, uri, version, text, [c], _title(c), module_text, create_ok, document_changes=document_changes
             )
             if action:
                 actions.append(action)
             if model not in models:
                 models.append(model)
     for model in models:
-        exact = [c for c in model.clusters if _fixable(c, path)]
-        if len(exact) > 1:
+        fixable = [c for c in model.clusters if _fixable(c, model, path)]
+        if len(fixable) > 1:
             action = fuse_action(
                 report,
                 uri,
                 version,
                 text,
-                exact,
-                f"Fuse all {len(exact)} exact clusters in {model.name}",
+                fixable,
+                f"Fuse all {len(fixable)} applicable clusters in {model.name}",
                 module_text,
                 create_ok,
                 kind=lsp.CodeActionKind.RefactorRewrite,

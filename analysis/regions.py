@@ -1,0 +1,514 @@
+"""Which code one call of a cluster's kernel can replace, and the arguments that call takes.
+
+Every op carries, for each frame of model code, the span of the expression that frame was
+evaluating: the op itself in the innermost frame, the call that led to it in its callers
+(`rotate_half(q)`, `self.mlp_norm(x)`).  At the cluster's common frame (the innermost call all of
+its ops happen inside) those spans pick out, in the function's syntax tree, the expressions the
+cluster computes: its *roots*, the largest expressions made of cluster ops only.  Everything else
+inside a root is either a constant (the kernel has it), or an *argument*: a name, a parameter
+reached through `self`, or a subexpression computed by other ops (`q @ k.transpose(-2, -1)`),
+whose text the call passes on.
+
+The rewrite puts one call before the first statement with a root and binds every output of the
+cluster to a name; each root is replaced by its output's name (or, for a single root with a single
+output, by the call itself, in place).  A root that is the whole right-hand side of an assignment
+binds that assignment's names, and the assignment goes; `x = x + attn` followed by
+`h = self.mlp_norm(x)` becomes `x, h = cluster4(x, attn, self.mlp_norm.weight)`.
+
+A cluster has no region (and a reason why) when a call at the common frame also runs ops outside
+the cluster, an argument would be evaluated earlier than the code it depends on, an output is an
+intermediate that the code never names, or the code is not where the trace says it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+from dataclasses import dataclass, field
+
+from .graph import Graph, Node
+from .ops import OpClass
+
+Span = tuple[int, int, int, int]  # (line, col, end line, end col): 1-based lines, UTF-8 byte columns
+
+# Ops whose call never needs to stay outside a kernel's call: they move no data.
+_FREE = frozenset({"dropout", "to_same", "detach", "contiguous", "alias"})
+
+
+class NoRegion(Exception):
+    """No code can be replaced by the cluster's call; the message says why, for the user."""
+
+
+@dataclass
+class Region:
+    """What one call of the kernel replaces: lines `first`..`last` of `file`, inside `function`."""
+
+    file: str
+    function: str
+    first: int
+    last: int
+    arguments: list[str]  # the call's arguments, one per cluster input, as source text
+    outputs: list[str]  # the names the call's results are bound to, one per output ([] when none is)
+    _edits: list[tuple[Span, str]] = field(default_factory=list)  # spans and what replaces them ("{call}")
+
+    def call(self, name: str) -> str:
+        return f"{name}({', '.join(self.arguments)})"
+
+    def statement(self, name: str) -> str:
+        """The call as it reads in the rewritten code, for display."""
+        if not self.outputs:
+            return self.call(name)
+        return f"{', '.join(self.outputs)} = {self.call(name)}"
+
+    def rewrite(self, name: str, lines: list[str]) -> str:
+        """Lines `first`..`last` (1-based, of `lines`) rewritten to call the kernel `name`."""
+        chunk: list[bytes | None] = [line.encode() for line in lines[self.first - 1 : self.last]]
+        for span, replacement in sorted(self._edits, key=lambda e: e[0], reverse=True):
+            chunk = _replaced(chunk, self.first, span, replacement.format(call=self.call(name)).encode())
+        text = [c.decode() for c in chunk if c is not None]  # statements that went leave no line
+        return "".join(t + "\n" for t in text)
+
+
+def find_region(
+    graph: Graph,
+    compute: list[int],
+    members: set[int],
+    inputs: list[int],
+    outputs: list[int],
+    invocation: int,
+    function: ast.FunctionDef | ast.AsyncFunctionDef,
+    lines: list[str],
+    file: str,
+) -> Region:
+    """The code a call of the cluster replaces in `function` (the frame of call `invocation`)."""
+    spans = _Spans(graph, members, invocation)
+    ast_of = _AstIndex(function)
+    roots = _roots(spans, ast_of, graph, compute)
+    arguments = [_argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    block, statements = _statements(function, roots)
+    return _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file)
+
+
+# ---- spans at the common frame ---------------------------------------------------------------
+
+
+class _Spans:
+    """For each op that ran inside call `invocation`: the span there of the expression leading to it."""
+
+    def __init__(self, graph: Graph, members: set[int], invocation: int):
+        self.of: dict[int, Span] = {}
+        self.cluster: dict[Span, list[int]] = {}
+        self.foreign: dict[Span, list[int]] = {}
+        for node in graph:
+            frame = next((f for f in node.stack if f.invocation == invocation), None)
+            if frame is None or (node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const", "input")):
+                continue
+            if frame.col < 0:
+                raise NoRegion(f"the trace has no column positions for line {frame.line}")
+            self.of[node.id] = frame.span
+            side = self.cluster if node.id in members else self.foreign
+            side.setdefault(frame.span, []).append(node.id)
+        for span in self.cluster:
+            others = [i for i in self.foreign.get(span, []) if not _free(graph[i])]
+            if others:
+                op = graph[others[0]]
+                raise NoRegion(f"the call on line {span[0]} also runs `{op.op}`, which is not part of the cluster")
+
+
+def _free(node: Node) -> bool:
+    return node.cls is OpClass.IDENTITY and node.op in _FREE
+
+
+class _AstIndex:
+    """The function's expressions and statements, by span."""
+
+    def __init__(self, function: ast.AST):
+        self.by_span: dict[Span, ast.AST] = {}
+        self.parent: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(function):
+            for child in ast.iter_child_nodes(node):
+                self.parent[child] = node
+            span = _span(node)
+            if span is not None and (isinstance(node, ast.expr) or span not in self.by_span):
+                self.by_span[span] = node  # an expression wins over the statement of the same span
+
+    def inside(self, outer: ast.AST, inner: Span) -> bool:
+        span = _span(outer)
+        return span is not None and _contains(span, inner)
+
+
+def _span(node: ast.AST) -> Span | None:
+    if not hasattr(node, "lineno") or getattr(node, "end_lineno", None) is None:
+        return None
+    return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+
+
+def _contains(outer: Span, inner: Span) -> bool:
+    return (outer[0], outer[1]) <= (inner[0], inner[1]) and (inner[2], inner[3]) <= (outer[2], outer[3])
+
+
+# ---- roots -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Root:
+    node: ast.AST  # the expression (or an augmented assignment's statement)
+    value: int  # the graph node whose value it computes
+    leaves: list[ast.AST]  # its parts computed outside the cluster, or not tensors at all
+
+
+def _roots(spans: _Spans, ast_of: _AstIndex, graph: Graph, compute: list[int]) -> list[_Root]:
+    """The largest expressions made of cluster ops only, in source order."""
+    nodes: dict[ast.AST, int] = {}
+    for span, ids in spans.cluster.items():
+        expr = ast_of.by_span.get(span)
+        if expr is None:
+            raise NoRegion(f"no expression of the source matches what line {span[0]} ran")
+        nodes[expr] = max(ids)  # the last op of a call is the value the call returns
+    if not any(n in spans.of for n in compute):
+        raise NoRegion("none of its ops ran in that function")
+    outermost = [n for n in nodes if not any(n is not o and ast_of.inside(o, _span(n) or (0, 0, 0, 0)) for o in nodes)]
+    roots = []
+    for node in sorted(outermost, key=lambda n: _span(n) or (0, 0, 0, 0)):
+        roots.append(_Root(node, nodes[node], _leaves(node, nodes, spans, ast_of, graph)))
+    return roots
+
+
+def _leaves(
+    node: ast.AST, cluster: dict[ast.AST, int], spans: _Spans, ast_of: _AstIndex, graph: Graph
+) -> list[ast.AST]:
+    """The parts of a root that are not cluster ops: names, constants, and subexpressions of other ops."""
+    leaves: list[ast.AST] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.keyword):
+            child = child.value
+        elif not isinstance(child, ast.expr):
+            continue  # operators, contexts
+        if child in cluster:
+            leaves += _leaves(child, cluster, spans, ast_of, graph)
+        elif any(ast_of.inside(child, _span(k) or (0, 0, 0, 0)) for k in cluster):
+            # Syntax around cluster ops that runs no op: a tuple, a method looked up (`h.pow(2).mean`).
+            if not isinstance(child, (ast.Tuple, ast.List, ast.Starred, ast.Slice, ast.Attribute)):
+                where = f"`{ast.unparse(child)}` (line {getattr(child, 'lineno', 0)})"
+                raise NoRegion(f"{where} wraps the cluster's ops in code outside it")
+            leaves += _leaves(child, cluster, spans, ast_of, graph)
+        else:
+            leaves.append(child)
+    return leaves
+
+
+# ---- arguments -------------------------------------------------------------------------------
+
+
+def _argument(
+    value: int, roots: list[_Root], spans: _Spans, members: set[int], graph: Graph, lines: list[str], invocation: int
+) -> str:
+    """The source text the call passes for cluster input `value`: the leaf expression that computes
+    it, the attribute path of a parameter, or the name the frame had for it when the cluster's own
+    ops read it (an earlier op may have read it under a name rebound since)."""
+    node = graph[value]
+    span = spans.of.get(value)
+    if span is not None:
+        for root in roots:
+            for leaf in root.leaves:
+                if _span(leaf) == span:
+                    return _text(lines, span)
+    if node.op in ("param", "buffer"):
+        return _attribute_path(node, graph, roots, spans, invocation)
+    for member in sorted(set(graph.users(value)) & members):
+        name = graph[member].names_at.get(invocation, {}).get(value)
+        if name is not None:
+            return name
+    if span is not None:
+        raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
+    raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
+
+
+def _attribute_path(param: Node, graph: Graph, roots: list[_Root], spans: _Spans, invocation: int) -> str:
+    """`self.mlp_norm.weight` for a parameter reached from the frame whose `self` is a parent module."""
+    owner = next((f.owner for n in graph for f in n.stack if f.invocation == invocation), None)
+    if owner is None:
+        raise NoRegion(f"`{param.name}` is not reachable from the code to replace")
+    prefix = owner + "." if owner else ""
+    if not param.name.startswith(prefix):
+        raise NoRegion(f"`{param.name}` is not an attribute of the module whose code is replaced")
+    return "self." + param.name[len(prefix) :]
+
+
+def _what(node: Node) -> str:
+    return f"`{node.name}`" if node.name else f"the result of `{node.op}`"
+
+
+def _text(lines: list[str], span: Span) -> str:
+    line, col, end_line, end_col = span
+    chunk = [text.encode() for text in lines[line - 1 : end_line]]
+    if len(chunk) == 1:
+        return chunk[0][col:end_col].decode()
+    parts = [chunk[0][col:], *chunk[1:-1], chunk[-1][:end_col]]
+    return " ".join(p.decode().strip() for p in parts)
+
+
+# ---- statements ------------------------------------------------------------------------------
+
+
+def _statements(function: ast.AST, roots: list[_Root]) -> tuple[list[ast.stmt], list[int]]:
+    """The block of sibling statements holding every root, and the index in it of each root's statement."""
+    for block in _blocks(function):
+        found = []
+        for root in roots:
+            index = next((i for i, s in enumerate(block) if _within(root.node, s)), None)
+            if index is None:
+                break
+            found.append(index)
+        else:
+            if not any(isinstance(block[i], (ast.If, ast.For, ast.While, ast.With, ast.Try)) for i in found):
+                return block, found
+    raise NoRegion("its code is not in one block of statements")
+
+
+def _blocks(function: ast.AST):
+    for node in ast.walk(function):
+        for attr in ("body", "orelse", "finalbody"):
+            block = getattr(node, attr, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+
+
+def _within(node: ast.AST, statement: ast.stmt) -> bool:
+    inner, outer = _span(node), _span(statement)
+    return inner is not None and outer is not None and _contains(outer, inner)
+
+
+def _stored(statement: ast.stmt) -> set[str]:
+    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _target_of(root: _Root, statement: ast.stmt) -> str:
+    """The name `statement` binds to `root`'s value, when the root is its whole right-hand side."""
+    if isinstance(statement, ast.Assign) and statement.value is root.node and len(statement.targets) == 1:
+        target = statement.targets[0]
+        return target.id if isinstance(target, ast.Name) else ""
+    if isinstance(statement, ast.AnnAssign) and statement.value is root.node and isinstance(statement.target, ast.Name):
+        return statement.target.id
+    return ""
+
+
+# ---- the rewrite -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Rewrite:
+    """How the block changes: the call runs at statement `call_at`; statements in `gone` (index →
+    the name each bound) are replaced by it; `edits` say what replaces which span."""
+
+    block: list[ast.stmt]
+    roots: list[_Root]
+    statements: list[int]  # the block index of each root's statement
+    call_at: int
+    gone: dict[int, str] = field(default_factory=dict)
+    bound_late: dict[str, int] = field(default_factory=dict)  # an output name the call binds → where it was bound
+    edits: list[tuple[Span, str]] = field(default_factory=list)
+
+    def kept(self, lo: int, hi: int) -> list[ast.stmt]:
+        """The statements with index in [lo, hi) that stay."""
+        return [self.block[j] for j in range(lo, hi) if j not in self.gone]
+
+
+def _rewrite(
+    graph: Graph,
+    roots: list[_Root],
+    outputs: list[int],
+    block: list[ast.stmt],
+    statements: list[int],
+    arguments: list[str],
+    function: ast.AST,
+    lines: list[str],
+    file: str,
+) -> Region:
+    placed = {root.value: (root, i) for root, i in zip(roots, statements, strict=True)}
+    for value in outputs:
+        if value not in placed:
+            raise NoRegion(f"a value the cluster computes inside line {graph[value].line or 0} is used elsewhere too")
+    plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs))
+    for root, i in zip(roots, statements, strict=True):
+        if root.value not in outputs:
+            name = _target_of(root, block[i])
+            if not name:
+                raise NoRegion(f"an intermediate value on line {block[i].lineno} is not named")
+            plan.gone[i] = name
+    if len(outputs) == 1:
+        names = _call_in_place(plan, placed[outputs[0]])
+    else:
+        names = _call_binding(plan, [placed[v] for v in outputs], function, lines)
+    _check_reads_at_call(plan)
+    _check_late_bindings(plan)
+    _check_dropped_names(plan, outputs, function)
+    first, last = block[min(statements)], block[max(statements)]
+    return Region(
+        file, getattr(function, "name", ""), first.lineno, last.end_lineno or last.lineno, arguments, names, plan.edits
+    )
+
+
+def _call_in_place(plan: _Rewrite, output: tuple[_Root, int]) -> list[str]:
+    """One output: the call stands where the expression computing it stood (`x = cluster0(x)`,
+    `return cluster2(x)`), and the statements naming intermediates go."""
+    root, i = output
+    if any(j > i for j in plan.statements):
+        raise NoRegion(f"code after line {plan.block[i].lineno} feeds the cluster's result")
+    statement = plan.block[i]
+    updated = _updated_in_place(root, statement)
+    if updated is not None:  # `x /= s`: the kernel's result is a new tensor, bound to the name updated
+        plan.edits.append((_span(statement) or (0, 0, 0, 0), f"{updated} = {{call}}"))
+    else:
+        plan.edits.append((_span(root.node) or (0, 0, 0, 0), "{call}"))
+    plan.edits += [(_span(plan.block[j]) or (0, 0, 0, 0), "") for j in plan.gone]
+    name = updated or _target_of(root, statement)
+    return [name] if name else []
+
+
+def _updated_in_place(root: _Root, statement: ast.stmt) -> str | None:
+    """The name an augmented assignment (`x /= s`) whose update is the root updates in place."""
+    if not isinstance(statement, ast.AugAssign):
+        return None
+    if root.node is not statement and _span(root.node) != _span(statement):
+        return None
+    if not isinstance(statement.target, ast.Name):
+        raise NoRegion(f"line {statement.lineno} updates `{ast.unparse(statement.target)}` in place")
+    return statement.target.id
+
+
+def _call_binding(plan: _Rewrite, outputs: list[tuple[_Root, int]], function: ast.AST, lines: list[str]) -> list[str]:
+    """Several outputs: one statement binds them all where the first is computed
+    (`x, h = cluster4(...)`); an output that was a whole right-hand side binds that name (and its
+    statement goes), any other is bound to a fresh name that stands where the expression stood."""
+    taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
+    taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
+    names: list[str] = []
+    for k, (root, i) in enumerate(outputs):
+        name = _target_of(root, plan.block[i])
+        if name and name not in names:
+            plan.gone[i] = name
+            if i != plan.call_at:
+                plan.bound_late[name] = i
+        else:
+            name = _fresh(f"fused_{k}", taken)
+            taken.add(name)
+            plan.edits.append((_span(root.node) or (0, 0, 0, 0), name))
+        names.append(name)
+    binding = f"{', '.join(names)} = {{call}}"
+    at = plan.block[plan.call_at]
+    if plan.call_at in plan.gone:
+        plan.edits.append((_span(at) or (0, 0, 0, 0), binding))
+    else:
+        text = lines[at.lineno - 1]
+        indent = text[: len(text) - len(text.lstrip())]
+        plan.edits.append(((at.lineno, at.col_offset, at.lineno, at.col_offset), f"{binding}\n{indent}"))
+    plan.edits += [(_span(plan.block[j]) or (0, 0, 0, 0), "") for j in plan.gone if j != plan.call_at]
+    return names
+
+
+def _check_reads_at_call(plan: _Rewrite) -> None:
+    """The call evaluates every root's inputs where it stands: no statement that stays between a
+    root and the call may rebind a name the root reads (unless the name is the cluster's own value,
+    bound by an earlier root), and no return may sit between the cluster's ops."""
+    lo, hi = min(plan.statements), max(plan.statements)
+    for statement in plan.kept(lo, hi):
+        if isinstance(statement, ast.Return):
+            raise NoRegion(f"a return statement (line {statement.lineno}) sits between the cluster's ops")
+    for root, i in zip(plan.roots, plan.statements, strict=True):
+        reads = {n.id for leaf in root.leaves for n in ast.walk(leaf) if isinstance(n, ast.Name)}
+        reads -= _internal_names(plan, i, reads)
+        between = plan.kept(i + 1, plan.call_at) if i < plan.call_at else plan.kept(plan.call_at, i)
+        for statement in between:
+            clash = _stored(statement) & reads
+            if clash:
+                raise NoRegion(
+                    f"`{sorted(clash)[0]}` is assigned on line {statement.lineno}, between the cluster's ops"
+                )
+
+
+def _internal_names(plan: _Rewrite, i: int, reads: set[str]) -> set[str]:
+    """Names read at statement `i` whose value there is the cluster's own: last bound by a root."""
+    internal = set()
+    for name in reads:
+        for j in range(i - 1, min(plan.statements) - 1, -1):
+            if name in _stored(plan.block[j]):
+                if j in plan.statements and any(
+                    _target_of(r, plan.block[j]) == name
+                    for r, k in zip(plan.roots, plan.statements, strict=True)
+                    if k == j
+                ):
+                    internal.add(name)
+                break
+    return internal
+
+
+def _check_late_bindings(plan: _Rewrite) -> None:
+    """An output the call binds before the line that bound it: code in between saw the old value."""
+    for name, i in plan.bound_late.items():
+        for statement in plan.kept(plan.call_at, i):
+            if name in _names_in(statement):
+                raise NoRegion(f"`{name}` is used on line {statement.lineno}, before the cluster computes it")
+
+
+def _check_dropped_names(plan: _Rewrite, outputs: list[int], function: ast.AST) -> None:
+    """A name bound to an intermediate, whose statement goes, must not be read outside the cluster's
+    own expressions before it is bound again."""
+    inside = [_span(root.node) for root in plan.roots]
+    for j, name in plan.gone.items():
+        if name in plan.bound_late or (j == plan.call_at and len(outputs) > 1):
+            continue  # an output: the call binds it
+        if _read_later(plan.block, j, name, inside, function):
+            raise NoRegion(f"`{name}` is assigned on line {plan.block[j].lineno} and used outside the cluster")
+
+
+def _read_later(block: list[ast.stmt], j: int, name: str, inside: list[Span | None], function: ast.AST) -> bool:
+    def outside(statement: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Name)
+            and n.id == name
+            and isinstance(n.ctx, ast.Load)
+            and not any(s is not None and _contains(s, _span(n) or (0, 0, 0, 0)) for s in inside)
+            for n in ast.walk(statement)
+        )
+
+    for statement in block[j + 1 :]:
+        if outside(statement):
+            return True
+        if name in _stored(statement):
+            return False
+    end = block[-1].end_lineno or block[-1].lineno
+    later = [n for n in ast.walk(function) if isinstance(n, ast.stmt) and n.lineno > end]
+    return any(outside(statement) for statement in later)
+
+
+def _names_in(statement: ast.stmt) -> set[str]:
+    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)}
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    if base not in taken:
+        return base
+    k = 1
+    while f"{base}_{k}" in taken:
+        k += 1
+    return f"{base}_{k}"
+
+
+def _replaced(chunk: list[bytes | None], first: int, span: Span, text: bytes) -> list[bytes | None]:
+    """`chunk` (lines from `first`) with `span` replaced by `text`; whole lines replaced by nothing
+    become None, which the caller drops."""
+    line, col, end_line, end_col = span
+    a, b = line - first, end_line - first
+    head, tail = (chunk[a] or b"")[:col], (chunk[b] or b"")[end_col:]
+    if not text and not head.strip() and not tail.strip():
+        return [*chunk[:a], None, *chunk[b + 1 :]]
+    return [*chunk[:a], head + text + tail, *chunk[b + 1 :]]
+
+
+def source_lines(file: str, text: str | None = None) -> list[str]:
+    """The lines of `file`: `text` when given (the analyzed editor buffer), else as linecache has them."""
+    if text is not None:
+        return text.splitlines()
+    return [line.rstrip("\n") for line in linecache.getlines(os.path.abspath(file))]

@@ -1,0 +1,145 @@
+"""Whole models after `fuselens apply`, against eager and torch.compile, on one CUDA device.
+
+    python benchmarks/whole_model.py [--only llama_block.py ...] [--dtype bfloat16] [--out DIR]
+
+Each example of `benchmarks/gpu.py`'s suite, at its DRAM-size shapes, is copied to a temporary
+folder and applied (every cluster that applies), then the original and the applied model (the same
+weights) are timed in one process, CUDA-graph replay (no launch gaps), the replays sampled in
+turn: eager; torch.compile, mode "default"; torch.compile, mode "max-autotune-no-cudagraphs"; the
+applied model; the applied model under torch.compile (default).  The applied model's largest
+difference from eager is printed too.  Writes results.json and results.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from gpu import EXAMPLES, SUITE  # noqa: E402  (the GPU suite's examples and sizes)
+
+
+def _load(path: str, name: str):
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def run_example(example: str, dtype: str) -> dict:
+    import torch
+
+    from fuselens.contracts.config import model_settings
+    from fuselens.contracts.options import AnalyzeOptions
+    from fuselens.pipeline.apply import apply_file
+    from fuselens.validate.gpu import graph_replay, medians_in_turn
+
+    cls, sizes = SUITE[example]
+    shapes, init = sizes["dram"]
+    ints = example == "gpt.py"
+    inputs_config = [{"shape": s, "dtype": "int64" if ints else dtype} for s in shapes]
+    config = {"inputs": inputs_config, "init": init, "param_dtype": dtype}
+    folder = tempfile.mkdtemp(prefix="fuselens-whole-")
+    path = os.path.join(folder, example)
+    shutil.copy(os.path.join(EXAMPLES, example), path)
+    result = apply_file(
+        path, AnalyzeOptions(models={cls: model_settings(config, "the benchmark")}), None, lambda _: True
+    )
+    original = getattr(_load(os.path.join(EXAMPLES, example), f"original_{cls}"), cls)
+    applied = getattr(_load(path, f"applied_{cls}"), cls)
+    torch_dtype = getattr(torch, dtype)
+    torch.manual_seed(0)
+    a = original(**init).to("cuda", torch_dtype).eval()
+    b = applied(**init).to("cuda", torch_dtype).eval()
+    b.load_state_dict(a.state_dict())
+    inputs = [
+        torch.randint(0, 50000, tuple(s), device="cuda") if ints else torch.randn(*s, device="cuda", dtype=torch_dtype)
+        for s in shapes
+    ]
+    with torch.no_grad():
+        models = {
+            "eager": a,
+            "compile_default": torch.compile(a),
+            "compile_max_autotune_no_cudagraphs": torch.compile(a, mode="max-autotune-no-cudagraphs"),
+            "applied": b,
+            "applied_compiled": torch.compile(b),
+        }
+        fns = {name: functools.partial(m, *inputs) for name, m in models.items()}
+        want, got = a(*inputs), b(*inputs)
+        graphs = {name: graph_replay(fn) for name, fn in fns.items()}
+        times = medians_in_turn(graphs, 15)
+    return {
+        "example": example,
+        "dtype": dtype,
+        "shapes": shapes,
+        "applied": result.applied,
+        "skipped": result.skipped,
+        "graph_us": times,
+        "max_abs": (got.float() - want.float()).abs().max().item(),
+        "output_max_abs": want.float().abs().max().item(),
+    }
+
+
+def markdown(rows: list[dict], device: str, versions: str) -> str:
+    names = ["eager", "compile_default", "compile_max_autotune_no_cudagraphs", "applied", "applied_compiled"]
+    lines = [
+        f"Device: {device}; {versions}",
+        "",
+        "| example | dtype | applied | " + " | ".join(f"{n} µs" for n in names) + " | applied vs eager | "
+        "applied vs compile default | max abs diff |",
+        "|" + "---|" * (len(names) + 6),
+    ]
+    for r in rows:
+        g = r["graph_us"]
+        lines.append(
+            f"| {r['example'].removesuffix('.py')} | {r['dtype']} | {len(r['applied'])} of "
+            f"{len(r['applied']) + len(r['skipped'])} | " + " | ".join(f"{g[n]:.1f}" for n in names) + " | "
+            f"{g['eager'] / g['applied']:.3f}× | {g['compile_default'] / g['applied']:.3f}× | "
+            f"{r['max_abs']:.3g} (of {r['output_max_abs']:.3g}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", help="example file(s) to run (default: all)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    rows = []
+    device, versions = torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}"
+    os.makedirs(args.out, exist_ok=True)
+    # The branchy model reads a value (`if h.mean() > 0:`): no CUDA graph can capture it.
+    for example in args.only or [e for e in SUITE if e != "branchy.py"]:
+        print(f"… {example}", file=sys.stderr, flush=True)
+        rows.append(run_example(example, args.dtype))
+        torch._dynamo.reset()
+        text = markdown(rows, device, versions)  # written after each example: a long suite keeps what it measured
+        with open(os.path.join(args.out, "whole_model.json"), "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+        with open(os.path.join(args.out, "whole_model.md"), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    print(markdown(rows, device, versions))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""Library patches: the text that runs fused kernels inside an installed library's functions.
+
+For each library function that holds applied clusters, the kernel module carries a copy of it
+with those clusters' lines rewritten to call the kernels, and registers it.  `install()` puts the
+copy's code object in the library function (`function.__code__`), which keeps the function's
+globals, defaults, closure and decorators: every caller of it, in every model built before or
+after, runs the kernels; the kernels fall back to the library's own operators wherever they
+cannot run.  It first checks that the function is still the code the copy was made from (another
+version of the library is left alone, with a warning).  `uninstall()` puts the library's code back.
+
+The copies reach the kernels through one name (`kernel_alias`) that `install()` binds in the
+library module's namespace.  Text only: the language server builds these sections from a report.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+from fuselens.contracts.report import Cluster, LibraryFunction
+
+from .edits import natural_order
+
+MARKER = "# ---- library patch: "
+MARKER_RE = re.compile(r"^# ---- library patch: ([\w.]+): (\w+(?:, \w+)*)$", re.M)
+
+
+def kernel_alias(module_path: str) -> str:
+    """The name patched library code reaches the kernel module by: `_fuselens_llama_kernels`."""
+    stem = os.path.splitext(os.path.basename(module_path))[0]
+    return "_fuselens_" + re.sub(r"\W", "_", stem)
+
+
+def patch_sections(clusters: list[Cluster]) -> dict[str, str]:
+    """{"module.qualname": section} for the library functions holding `clusters` (those with a patch)."""
+    by_function: dict[str, list[Cluster]] = {}
+    for c in clusters:
+        if c.patch is not None:
+            f = c.patch.function
+            by_function.setdefault(f"{f.module}.{f.qualname}", []).append(c)
+    return {key: _section(key, group) for key, group in by_function.items()}
+
+
+def patched_kernels(module_text: str) -> dict[str, list[str]]:
+    """{"module.qualname": kernel names} of the patch sections in a kernel module."""
+    return {m.group(1): m.group(2).split(", ") for m in MARKER_RE.finditer(module_text)}
+
+
+def existing_patches(module_text: str) -> dict[str, str]:
+    """{"module.qualname": section text} of the patch sections in a kernel module."""
+    marks = list(MARKER_RE.finditer(module_text))
+    out = {}
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(module_text)
+        out[m.group(1)] = module_text[m.start() : end].rstrip() + "\n"
+    return out
+
+
+def _section(key: str, clusters: list[Cluster]) -> str:
+    function = clusters[0].patch.function  # type: ignore[union-attr]
+    names = sorted((c.kernel.name for c in clusters if c.kernel), key=natural_order)
+    copy = _copy(function, _applied(clusters, function))
+    return f"{MARKER}{key}: {', '.join(names)}\n\n{copy}"
+
+
+def _applied(clusters: list[Cluster], function: LibraryFunction) -> str:
+    """The function's text with each cluster's lines replaced by its call (regions never overlap:
+    a later one that would is left out)."""
+    lines = function.source.splitlines(keepends=True)
+    taken: list[tuple[int, int]] = []
+    for c in sorted(clusters, key=lambda c: c.patch.edit.start_line):  # type: ignore[union-attr]
+        edit = c.patch.edit  # type: ignore[union-attr]
+        if any(edit.start_line <= last and edit.end_line >= first for first, last in taken):
+            continue
+        taken.append((edit.start_line, edit.end_line))
+    edits = {c.patch.edit.start_line: c.patch.edit for c in clusters}  # type: ignore[union-attr]
+    for first, last in sorted(taken, reverse=True):
+        lines[first - function.first_line : last - function.first_line + 1] = [edits[first].text]
+    return "".join(lines)
+
+
+def _copy(function: LibraryFunction, text: str) -> str:
+    """The patched function as the kernel module defines it: a method inside a class (so that
+    `super()` finds a `__class__` cell, as in the library), a function at top level; no decorators
+    (the library's stay on its function), no defaults or annotations (the library's function keeps
+    its own: only the code is swapped), then its registration."""
+    lines = text.splitlines(keepends=True)
+    indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())]
+    flat = "".join(line[len(indent) :] if line.startswith(indent) else line for line in lines)
+    node = ast.parse(flat).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    body = flat.splitlines(keepends=True)[node.body[0].lineno - 1 :]
+    if node.body[0].lineno == node.lineno:  # `def f(x): return x`
+        body = ["    " + ast.unparse(stmt) + "\n" for stmt in node.body]
+    header = f"def {node.name}({_parameters(node.args)}):\n"
+    owner, _, _ = function.qualname.rpartition(".")
+    where = f"{function.file.rsplit(os.sep, 1)[-1]} line {function.first_line}"
+    if not owner:
+        copy = f"{header}{''.join(body)}"
+        replacement = node.name
+    else:
+        wrapper = f"_Patched_{owner.replace('.', '_')}"
+        copy = f"class {wrapper}:  # {function.qualname} as in {where}\n" + "".join(
+            "    " + line if line.strip() else line for line in [header, *body]
+        )
+        replacement = f"{wrapper}.{node.name}"
+    registration = f"_library_patch({function.module!r}, {function.qualname!r}, {function.first_line}, {replacement})"
+    return f"{copy.rstrip()}\n\n\n{registration}\n"
+
+
+def _parameters(args: ast.arguments) -> str:
+    """The parameter list without defaults or annotations: the names and kinds the code object has."""
+    bare = ast.arguments(
+        posonlyargs=[ast.arg(a.arg) for a in args.posonlyargs],
+        args=[ast.arg(a.arg) for a in args.args],
+        vararg=ast.arg(args.vararg.arg) if args.vararg else None,
+        kwonlyargs=[ast.arg(a.arg) for a in args.kwonlyargs],
+        kw_defaults=[None] * len(args.kwonlyargs),
+        kwarg=ast.arg(args.kwarg.arg) if args.kwarg else None,
+        defaults=[],
+    )
+    return ast.unparse(bare)
+
+
+RUNTIME = '''
+import importlib
+import inspect
+import sys
+import warnings
+
+_PATCHES = []  # (module, qualname, first line, code) of each library function patched below
+_INSTALLED = {}  # (module, qualname) -> (the library's function, its own code)
+_ALIAS = "ALIAS"  # the name patched code reaches this module by, in the library's namespace
+
+
+def _library_patch(module, qualname, first_line, replacement):
+    _PATCHES.append((module, qualname, first_line, replacement.__code__))
+
+
+def _library_function(module, qualname):
+    owner = importlib.import_module(module)
+    for part in qualname.split("."):
+        owner = vars(owner).get(part)
+        if owner is None:
+            return None
+    return inspect.unwrap(getattr(owner, "__func__", owner))
+
+
+def _stands_in(code, own):
+    """Whether `code` can replace `own`: the same name, parameters and closure."""
+    kinds = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+    n = own.co_argcount + own.co_kwonlyargcount
+    return (
+        (code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_freevars)
+        == (own.co_name, own.co_argcount, own.co_posonlyargcount, own.co_kwonlyargcount, own.co_freevars)
+        and code.co_varnames[:n] == own.co_varnames[:n]
+        and code.co_flags & kinds == own.co_flags & kinds
+    )
+
+
+def _this_module():
+    """This module as a module object (also when it was loaded without a place in sys.modules)."""
+    module = sys.modules.get(__name__)
+    if module is None or vars(module) is not globals():
+        module = types.ModuleType(__name__)
+        vars(module).update(globals())
+    return module
+
+
+def install():
+    """Run the fused kernels inside the library functions patched below, in every model that calls
+    them (built before or after).  A function that is not the code its patch was made from (another
+    version of the library) runs unpatched, with a warning.  Returns the functions patched."""
+    for module, qualname, first_line, code in _PATCHES:
+        if (module, qualname) in _INSTALLED:
+            continue
+        function = _library_function(module, qualname)
+        own = getattr(function, "__code__", None)
+        if own is None or own.co_firstlineno != first_line or not _stands_in(code, own):
+            warnings.warn(
+                f"{module}.{qualname} is not the code its fused kernels were made for (another version "
+                "of the library?): it runs unpatched; run `fuselens apply` again",
+                stacklevel=2,
+            )
+            continue
+        function.__globals__[_ALIAS] = _this_module()
+        function.__code__ = code.replace(co_qualname=own.co_qualname)
+        _INSTALLED[(module, qualname)] = (function, own)
+    return sorted(f"{m}.{q}" for m, q in _INSTALLED)
+
+
+def uninstall():
+    """Put the library's own code back in every function `install()` patched."""
+    for key, (function, own) in list(_INSTALLED.items()):
+        function.__code__ = own
+        del _INSTALLED[key]
+        if all(f.__globals__ is not function.__globals__ for f, _ in _INSTALLED.values()):
+            function.__globals__.pop(_ALIAS, None)
+'''
+
+
+def runtime(alias: str) -> str:
+    """`install()`, `uninstall()` and what they need, for a module whose kernels patched code reaches as `alias`."""
+    text = RUNTIME.replace('"ALIAS"', repr(alias))
+    return f"# ---- library patches: install() runs the fused kernels inside a library's code\n{text}"

@@ -1,0 +1,130 @@
+"""Library models, written as users write them: transformers' own model classes at tiny sizes.
+
+For each architecture of `library_corpus.CORPUS` (decoder LLMs, mixtures of experts, an encoder, an
+encoder-decoder, vision models, an audio encoder), a user's file binds the model at module level
+(or wraps it in a class) with its inputs in a `# fuselens:` comment or in `pyproject.toml`.  What
+the user relies on is checked: the model is analyzed; its clusters are placed in transformers'
+modeling file, not in the user's; repeated layers fold; decoders have no graph break; the experts
+of a mixture of experts are analyzed; every cluster has a kernel, and every instance of every
+cluster verifies against eager in the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+
+from fuselens.contracts import report as R
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.pipeline.analyze import analyze_file
+
+from library_corpus import CORPUS, Case
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing comes from the hub: every model is built from its config
+# Importing transformers imports triton: its @jit helpers (tl.sigmoid, ...) are interpretable only if this
+# is set first (validation sets it too, but a process that imported triton before it is too late).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+transformers = pytest.importorskip("transformers")
+
+# The interpreter runs kernels in numpy, which warns on log(0) (T5's relative position buckets) exactly
+# where eager computes the same values.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+LIBRARY = os.path.dirname(os.path.abspath(transformers.__file__))
+CASES = [pytest.param(case, id=case.id) for case in CORPUS]
+
+
+@pytest.fixture(scope="module")
+def analyzed(tmp_path_factory):
+    """analyzed(case) -> (the user's file, its report); each case is written and analyzed once."""
+    done: dict[str, tuple[str, R.Report]] = {}
+
+    def get(case: Case) -> tuple[str, R.Report]:
+        if case.id not in done:
+            path = case.write(str(tmp_path_factory.mktemp(case.id)))
+            done[case.id] = (path, analyze_file(path))
+        return done[case.id]
+
+    return get
+
+
+def _only_model(report: R.Report) -> R.Model:
+    assert report.problems == []
+    assert len(report.models) == 1, [(m.name, m.status) for m in report.models]
+    model = report.models[0]
+    assert (model.status, model.problem, model.partial) == ("analyzed", None, "")
+    return model
+
+
+def _modeling_file(case: Case) -> str:
+    return os.path.abspath(importlib.import_module(case.modeling).__file__ or "")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_library_model_is_analyzed_in_its_modeling_file(case: Case, analyzed):
+    path, report = analyzed(case)
+    model = _only_model(report)
+    assert model.clusters
+    modeling = _modeling_file(case)
+    assert modeling.startswith(os.path.join(LIBRARY, "models") + os.sep)
+    allowed = {modeling} | {os.path.join(LIBRARY, *f.split("/")) for f in case.shared}
+    for cluster in model.clusters:
+        where = f"{cluster.id} {cluster.op_chain}"
+        assert cluster.file != path, where
+        assert cluster.file in allowed, (where, os.path.relpath(cluster.file, LIBRARY))
+        assert cluster.code, where  # the lines as they read in the library, for the editor to show
+        assert cluster.kernel is not None and cluster.lowering == "ok", (where, cluster.lowering)
+        if cluster.reached_from is not None:  # the user's line that calls into the library
+            assert cluster.reached_from.file == path, where
+    assert any(c.file == modeling for c in model.clusters)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_library_model_repeated_layers_fold(case: Case, analyzed):
+    model = _only_model(analyzed(case)[1])
+    # Every layer (of a stage) has the same clusters: one each, counted, as many times as there are layers.
+    assert max(c.multiplicity for c in model.clusters) == case.repeats
+    for cluster in model.clusters:
+        assert len(cluster.instances) == cluster.multiplicity == len(cluster.positions)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_library_model_graph_breaks_are_where_torch_compile_breaks(case: Case, analyzed):
+    model = _only_model(analyzed(case)[1])
+    found = {(b.file, b.code.strip()) for b in model.graph_breaks}
+    assert found == {(_modeling_file(case), code) for _, code in case.breaks}
+    if case.breaks:  # the trace went on past them with a run on real values, not stopped there
+        assert any("traced past the data-dependent op" in note for note in model.notes), model.notes
+    if case.decoder:
+        assert model.inputs[0].dtype == "int64"  # token ids, without being told
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CORPUS if c.experts])
+def test_library_moe_experts_are_analyzed(case: Case, analyzed):
+    model = _only_model(analyzed(case)[1])
+    experts = [c for c in model.clusters if all(case.experts in op.module for op in c.ops)]
+    # The experts' gated activation, silu(gate) * up, in every layer.
+    assert {c.op_chain for c in experts} == {"silu → mul"}
+    layers = {instance.split(".mlp.")[0] for c in experts for instance in c.instances}
+    assert layers == {"model.layers.0", "model.layers.1"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_library_model_kernels_verify_in_the_interpreter(case: Case, analyzed):
+    pytest.importorskip("triton")
+    from fuselens.pipeline.validate import validate_file
+
+    path, report = analyzed(case)
+    model = _only_model(report)
+    result = validate_file(path, AnalyzeOptions(), ValidateOptions(interpret=True))
+    assert result.problems == []
+    assert [m.name for m in result.models] == [model.name]
+    checks = {c.id: c for c in result.models[0].clusters}
+    # The validation analyzed the file again: the same clusters (the analysis is reproducible).
+    assert {k: c.ops for k, c in checks.items()} == {c.id: c.op_chain for c in model.clusters}
+    for cluster in model.clusters:
+        check = checks[cluster.id]
+        assert (check.status, check.instances) == ("verified", cluster.multiplicity), (cluster.op_chain, check)
+    assert result.ok

@@ -1,0 +1,231 @@
+"""Library patches: `fuselens apply` on a file whose clusters are in transformers' code.
+
+The file gets one import and one `install()`; the kernel module carries each patched library
+function.  What a user relies on is checked on the corpus of `library_corpus.CORPUS`: the patched
+model computes what the library's own code does, with the kernels running (the Triton
+interpreter), where they cannot (CPU without it, bf16 weights on kernels made for fp32, gradients),
+and under torch.compile; `uninstall()` puts the library's code back; a library that is not the code
+the patch was made from is left alone, with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from fuselens.codegen.patches import existing_patches, patched_kernels
+from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.apply import ApplyResult, apply_file
+
+from library_corpus import CORPUS, Case
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: see test_library_models
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+LLAMA = next(c for c in CORPUS if c.id == "llama")
+
+
+def _applied(case: Case, folder) -> tuple[str, ApplyResult]:
+    """The case's file after `fuselens apply`, and the result."""
+    path = case.write(str(folder))
+    result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert not result.refused, result.refused
+    return path, result
+
+
+def _load(path: str, name: str):
+    """The user's file imported as a script would run it (its folder on sys.path), and its kernel module."""
+    folder = os.path.dirname(path)
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        user = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(user)
+    finally:
+        sys.path.remove(folder)
+    # Each test's kernel module is its own: another test's file of the same name must import its own.
+    kernels = sys.modules.pop(os.path.basename(path)[:-3].replace("-", "_") + "_kernels")
+    return user, kernels
+
+
+def _model(user, case: Case) -> torch.nn.Module:
+    name = "Seq2Seq" if case.id == "t5" else "model"
+    obj = getattr(user, name)
+    return (obj() if isinstance(obj, type) else obj).eval()
+
+
+def _inputs(report_model) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for spec in report_model.inputs:
+        shape = tuple(spec.shape)
+        if spec.dtype == "int64":
+            out.append(torch.randint(0, 100, shape, generator=generator))
+        elif spec.dtype == "bool":
+            out.append(torch.ones(shape, dtype=torch.bool))
+        else:
+            out.append(torch.randn(shape, generator=generator))
+    return out
+
+
+def _outputs(value) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_leaves(value.to_tuple() if hasattr(value, "to_tuple") else value)
+    return [t.float() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor], tol: float) -> float:
+    assert len(a) == len(b) and a
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        assert x.shape == y.shape
+        worst = max(worst, (x - y).abs().max().item())
+        assert torch.allclose(x, y, atol=tol, rtol=tol), worst
+    return worst
+
+
+@dataclass
+class Patched:
+    result: ApplyResult
+    kernels: types.ModuleType | None = None  # the kernel module the user's file imported (None: nothing applied)
+    model: torch.nn.Module | None = None  # the user's model
+    inputs: list[torch.Tensor] = field(default_factory=list)
+
+
+@pytest.fixture
+def patched(tmp_path):
+    """patched(case) -> the case's file applied and imported; its patches uninstalled after the test."""
+    loaded: list[types.ModuleType] = []
+
+    def get(case: Case) -> Patched:
+        path, result = _applied(case, tmp_path / case.id)
+        from fuselens.pipeline.analyze import analyze_file
+
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if not result.applied:  # every cluster says why not, and the file is as the user wrote it
+            assert result.skipped and all(": " in s for s in result.skipped)
+            assert text == textwrap.dedent(case.source).lstrip("\n")
+            return Patched(result)
+        assert text.count("\ninstall()") == 1
+        user, kernels = _load(path, f"user_{case.id.replace('-', '_')}")
+        loaded.append(kernels)
+        model = _model(user, case)
+        report = analyze_file(case.write(str(tmp_path / f"{case.id}-original")))
+        return Patched(result, kernels, model, _inputs(report.models[0]))
+
+    yield get
+    for kernels in loaded:
+        kernels.uninstall()
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CORPUS])
+def test_patched_library_model_computes_what_the_library_does(case: Case, patched):
+    p = patched(case)
+    kernels, model, inputs = p.kernels, p.model, p.inputs
+    if kernels is None or model is None:
+        return  # nothing of this model can be patched (the fixture checked that each cluster says why)
+    installed = kernels.install()  # the file's own install() ran at import: this one finds them in place
+    assert installed and all(name.startswith("transformers.") for name in installed)
+    with torch.no_grad():
+        fused = _outputs(model(*inputs))  # kernels in the Triton interpreter
+        kernels.uninstall()
+        library = _outputs(model(*inputs))
+    _same(fused, library, 1e-4)
+
+
+def test_patched_llama_runs_where_the_kernels_cannot(patched, monkeypatch):
+    p = patched(LLAMA)
+    kernels, model, inputs = p.kernels, p.model, p.inputs
+    assert kernels is not None and model is not None
+    half = copy.deepcopy(model).bfloat16()
+    kernels.uninstall()
+    with torch.no_grad():
+        want32 = _outputs(model(*inputs))
+        want16 = _outputs(half(*inputs))
+    kernels.install()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: the library's ops run
+    with torch.no_grad():
+        _same(_outputs(model(*inputs)), want32, 0)
+        # bf16 weights on kernels made for fp32: the casts the library wrote (`.to(input_dtype)`) follow
+        _same(_outputs(half(*inputs)), want16, 0)
+    out = model(*inputs).logits
+    out.sum().backward()  # gradients: the library's ops run, and differentiate
+    assert model.model.layers[0].mlp.up_proj.weight.grad is not None
+    with torch.no_grad():
+        compiled = torch.compile(model)
+        _same(_outputs(compiled(*inputs)), want32, 1e-5)
+
+
+def test_uninstall_puts_the_library_code_back(patched):
+    from transformers.models.llama import modeling_llama
+
+    own = modeling_llama.LlamaRMSNorm.forward.__code__
+    kernels = patched(LLAMA).kernels
+    assert kernels is not None
+    assert modeling_llama.LlamaRMSNorm.forward.__code__ is not own  # the file's install() ran
+    assert modeling_llama.LlamaRMSNorm.forward.__code__.co_filename == kernels.__file__
+    kernels.uninstall()
+    assert modeling_llama.LlamaRMSNorm.forward.__code__ is own
+    assert not any(name.startswith("_fuselens_") for name in vars(modeling_llama))
+
+
+def test_a_library_that_changed_is_left_alone_with_a_warning(tmp_path):
+    path, _ = _applied(LLAMA, tmp_path)
+    module = os.path.join(tmp_path, "llama_kernels.py")
+    with open(module, encoding="utf-8") as fh:
+        text = fh.read()
+    # As if transformers had moved LlamaRMSNorm.forward: the line the patch was made from is elsewhere.
+    target = "'LlamaRMSNorm.forward', "
+    at = text.index(target) + len(target)
+    line = int(text[at:].split(",")[0])
+    with open(module, "w", encoding="utf-8") as fh:
+        fh.write(text[:at] + str(line + 1) + text[at + len(str(line)) :])
+    from transformers.models.llama import modeling_llama
+
+    own = modeling_llama.LlamaRMSNorm.forward.__code__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, kernels = _load(path, "user_llama_changed")
+    try:
+        assert any("LlamaRMSNorm.forward is not the code" in str(w.message) for w in caught)
+        assert modeling_llama.LlamaRMSNorm.forward.__code__ is own
+        assert "transformers.models.llama.modeling_llama.LlamaMLP.forward" in kernels.install()
+    finally:
+        kernels.uninstall()
+
+
+def test_reapplying_keeps_one_install_and_the_patches(tmp_path):
+    path, first = _applied(LLAMA, tmp_path)
+    module = os.path.join(tmp_path, "llama_kernels.py")
+    with open(module, encoding="utf-8") as fh:
+        before = fh.read()
+    # Again, from the command line (its analysis imports the file, whose install() patches that process):
+    # the patched functions run kernels now, so there is nothing new to patch, and nothing is lost.
+    cli = [sys.executable, "-m", "fuselens.cli.main", "apply", "--yes", path]
+    done = subprocess.run(
+        cli, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "TRITON_INTERPRET": "0"}
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert text.count("\ninstall()") == 1 and text.count("import install") == 2  # the try/except import
+    with open(module, encoding="utf-8") as fh:
+        after = fh.read()
+    assert patched_kernels(after) == patched_kernels(before) and patched_kernels(after)
+    for key, section in existing_patches(before).items():
+        assert existing_patches(after)[key] == section
+    assert first.applied
