@@ -268,11 +268,14 @@ def _statements(function: ast.AST, roots: list[_Root]) -> tuple[list[ast.stmt], 
 
 
 def _blocks(function: ast.AST):
+    """Every list of sibling statements inside `function` (its body, if/for/with/try bodies, handlers)."""
     for node in ast.walk(function):
         for attr in ("body", "orelse", "finalbody"):
             block = getattr(node, attr, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
                 yield block
+        for handler in getattr(node, "handlers", []) or []:
+            yield handler.body
 
 
 def _within(node: ast.AST, statement: ast.stmt) -> bool:

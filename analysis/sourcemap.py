@@ -66,17 +66,6 @@ class SourceIndex:
         return self.lines[line - 1] if 0 < line <= len(self.lines) else ""
 
 
-def _statement_blocks(fn: ast.AST):
-    """Every list of sibling statements inside `fn` (its body, if/for/with bodies, ...)."""
-    for node in ast.walk(fn):
-        for attr in ("body", "orelse", "finalbody"):
-            block = getattr(node, attr, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield block
-        for handler in getattr(node, "handlers", []) or []:
-            yield handler.body
-
-
 def map_cluster(
     graph: Graph,
     compute: list[int],
