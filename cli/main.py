@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--cluster", action="append", help="apply only these cluster ids (c0, c1, ...)")
     apply.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
+    restore = sub.add_parser("restore", help="put back the code `apply` replaced in FILE")
+    restore.add_argument("file")
+    restore.add_argument("--kernel", action="append", help="restore only these kernels (cluster0, ...)")
+    restore.add_argument("--out-dir", help="where apply wrote the kernel module (default: beside FILE)")
+    restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
     validate = sub.add_parser("validate", help="check generated kernels against eager (and time them on a GPU)")
     _analysis_arguments(validate)
     validate.add_argument("--interpret", action="store_true", help="run kernels in the Triton interpreter on CPU")
@@ -108,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         from fuselens.cli.apply import run_apply
 
         return run_apply(args, _options(args))
+    if args.command == "restore":
+        from fuselens.cli.restore import run_restore
+
+        return run_restore(args)
     if args.command == "validate":
         from fuselens.cli.validate import run_validate
 

@@ -131,7 +131,7 @@ def _render_graph_breaks(console: Console, model: Model) -> None:
 
 
 def _render_clusters(console: Console, model: Model) -> None:
-    """The cluster table, then a note for each cluster on a branch and each that is not an exact mapping."""
+    """The cluster table, then a note for each cluster on a branch and each that is not applied by an edit."""
     if not model.clusters:
         return
     console.print(_cluster_table(model.clusters, model.file))
@@ -139,11 +139,12 @@ def _render_clusters(console: Console, model: Model) -> None:
         if c.branch:
             console.print(f"  [dim]* {_literal(c.id)} is {_literal(c.branch)}[/]")
     for c in model.clusters:
-        if c.mapping != "exact":
-            reached = f"; reached from line {c.reached_from.line}" if c.reached_from else ""
-            console.print(
-                f"  [dim]{_literal(c.id)} maps as {_literal(c.mapping)}: {_literal(c.mapping_detail)}{reached}[/]"
-            )
+        if c.applies == "edit":
+            continue
+        reached = f"; reached from line {c.reached_from.line}" if c.reached_from else ""
+        how = "applies as a library patch" if c.applies == "patch" else "does not apply"
+        detail = c.apply_detail or c.mapping_detail
+        console.print(f"  [dim]{_literal(c.id)} {how}: {_literal(detail)}{reached}[/]")
 
 
 _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
@@ -153,7 +154,7 @@ _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("unfused → fused", "right"),
     ("saved", "right"),
     ("regime", "left"),
-    ("map", "left"),
+    ("applies", "left"),
     ("lines", "right"),
     ("×", "right"),
 )
@@ -170,10 +171,10 @@ def _cluster_table(clusters: list[Cluster], model_file: str) -> Table:
 
 def _cluster_row(c: Cluster, model_file: str) -> list[str]:
     """id, kind (`*` on a branch), the op chain (the first five of a long one), traffic, saving,
-    regime, the mapping in its colour, lines, multiplicity."""
+    regime, how it applies (edit, patch, no) in its colour, lines, multiplicity."""
     ops = c.op_chain if len(c.ops) <= 6 else " → ".join(o.target for o in c.ops[:5]) + f" … ({len(c.ops)} ops)"
     traffic = f"{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}"
-    style = {"exact": "green", "pointer": "yellow"}.get(c.mapping, "red")
+    style = {"edit": "green", "patch": "cyan"}.get(c.applies, "yellow")
     kind = c.kind + (" *" if c.branch else "")
     return [
         _literal(c.id),
@@ -182,7 +183,7 @@ def _cluster_row(c: Cluster, model_file: str) -> list[str]:
         traffic,
         _saved(c),
         _literal(c.regime or "—"),
-        f"[{style}]{_literal(c.mapping)}[/]",
+        f"[{style}]{_literal(c.applies)}[/]",
         _literal(_where(c.file, c.lines, model_file)),
         str(c.multiplicity),
     ]

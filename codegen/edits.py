@@ -83,13 +83,7 @@ def import_edit(source: str, model_file: str, module_path: str, wanted: list[str
 
 def _calls_install(tree: ast.Module) -> bool:
     """Whether the module's top level calls `install()` already."""
-    return any(
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Call)
-        and isinstance(node.value.func, ast.Name)
-        and node.value.func.id == INSTALL
-        for node in tree.body
-    )
+    return any(_is_install_call(node) for node in tree.body)
 
 
 def _imported_from(node: ast.stmt, module: str) -> list[str] | None:
@@ -146,6 +140,91 @@ def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = N
     module_path = next(c.kernel.path for c in chosen if c.kernel)
     edits.append(import_edit(source, report.file, module_path, names))
     return edits
+
+
+@dataclass
+class Restore:
+    """How to put back the code of applied clusters: the edits, the kernels they restore, and why the
+    others cannot be (the user changed the call since)."""
+
+    edits: list[LineEdit]
+    restored: list[str]
+    refused: list[str]
+
+
+def kept_originals(module_text: str) -> dict[str, tuple[str, str]]:
+    """kernel name -> (the lines `apply` wrote, the lines they replaced), as the kernel module keeps
+    them (`_cluster0_replaced = ("...", "...")`); read from its syntax tree, never run."""
+    try:
+        tree = ast.parse(module_text)
+    except SyntaxError:
+        return {}
+    kept = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        match = re.fullmatch(r"_(\w+)_replaced", node.targets[0].id)
+        value = node.value
+        if match and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+            texts = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if len(texts) == 2:
+                kept[match.group(1)] = (texts[0], texts[1])
+    return kept
+
+
+def restore_edits(
+    source: str, model_file: str, module_path: str, module_text: str, names: list[str] | None = None
+) -> Restore:
+    """Edits that put back the original lines of the kernels `names` the file calls (all of them, and
+    the library patches' `install()`, when None), and drop them from the kernel module's import."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return Restore([], [], ["the file does not parse: fix it first"])
+    module = _module_name(module_path)
+    statement, imported = next(
+        ((n, have) for n in tree.body if (have := _imported_from(n, module)) is not None), (None, [])
+    )
+    kept = kept_originals(module_text)
+    wanted = [n for n in imported if n in kept] if names is None else names
+    lines = source.splitlines(keepends=True)
+    result = Restore([], [], [])
+    for name in wanted:
+        if name not in kept or name not in imported:
+            result.refused.append(f"{name}: the file does not call it from {module}")
+            continue
+        call, original = kept[name]
+        at = _only_place(lines, call.splitlines(keepends=True))
+        if at is None:
+            result.refused.append(f"{name}: its call is no longer as apply wrote it (`{call.strip()}`)")
+            continue
+        result.edits.append(LineEdit(at, at + len(call.splitlines()) - 1, original))
+        result.restored.append(name)
+    gone = set(result.restored)
+    if names is None and INSTALL in imported:
+        gone.add(INSTALL)
+        result.restored.append(INSTALL)
+        result.edits += [LineEdit(n.lineno, n.end_lineno or n.lineno, "") for n in tree.body if _is_install_call(n)]
+    if statement is not None and gone:
+        left = [n for n in imported if n not in gone]
+        text = import_statement(model_file, module_path, left) + "\n" if left else ""
+        result.edits.append(LineEdit(statement.lineno, statement.end_lineno or statement.lineno, text))
+    return result
+
+
+def _only_place(lines: list[str], block: list[str]) -> int | None:
+    """The 1-based line where `block` starts in `lines`, when it occurs exactly once."""
+    places = [i + 1 for i in range(len(lines) - len(block) + 1) if lines[i : i + len(block)] == block]
+    return places[0] if len(places) == 1 and block else None
+
+
+def _is_install_call(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == INSTALL
+    )
 
 
 def apply_line_edits(source: str, edits: list[LineEdit]) -> str:

@@ -61,6 +61,8 @@ def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int]) ->
     func, args, kwargs, index = node.replay
     if getattr(func, "__name__", "") in ("to", "type") and not _spells_dtype(node):
         args, kwargs = _following_dtype(args, kwargs, [(names[i], graph[i]) for i in inputs])
+    if getattr(func, "__name__", "") in ("layer_norm", "rms_norm"):
+        args, kwargs = _normalized_shape_of_input(args, kwargs)
     if _reads_only_metadata(func) and not (isinstance(args[1], Ref) and args[1].node in names):
         text = _metadata_call(func, _value(args[0], names), args[1], graph, [(names[i], graph[i]) for i in inputs])
     else:
@@ -174,7 +176,27 @@ def _following_dtype(args: tuple, kwargs: dict, inputs: list[tuple[str, Node]]) 
     return tuple(follow(a) for a in args), {k: follow(v) for k, v in kwargs.items()}
 
 
+class _TrailingShape:
+    """A norm's `normalized_shape`, read from its input at run time (`x.shape[-1:]`): the kernel
+    takes any width, and so does the reference."""
+
+    def __init__(self, of: Any, dims: int):
+        self.of, self.dims = of, dims
+
+
+def _normalized_shape_of_input(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+    if not args or not isinstance(shape, (tuple, list, torch.Size)) or not shape:
+        return args, kwargs
+    trailing = _TrailingShape(args[0], len(shape))
+    if len(args) > 1:
+        return (args[0], trailing, *args[2:]), kwargs
+    return args, {**kwargs, "normalized_shape": trailing}
+
+
 def _value(value: Any, names: dict[int, str]) -> str:
+    if isinstance(value, _TrailingShape):
+        return f"{_value(value.of, names)}.shape[-{value.dims}:]"
     if isinstance(value, _DtypeOf):
         return f"{value.name}.dtype"
     if isinstance(value, Ref):

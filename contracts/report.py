@@ -20,7 +20,8 @@ from typing import Any, Literal
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
-# 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches
+# 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
+# the original lines of an edit
 SCHEMA_VERSION = 4
 
 # Stable reason codes for ops that could have been fused but were not.
@@ -96,6 +97,7 @@ class Edit:
     text: str
     import_line: str  # the import statement the edit needs
     call: str  # the new call, for display: "x = cluster0(x)"
+    original: str = ""  # the lines as they were, which restoring the cluster puts back
 
 
 @dataclass

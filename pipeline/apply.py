@@ -2,7 +2,8 @@
 
 The edits are computed from the text that was analyzed; if the file changes on disk
 before we write (an editor saved while we asked for confirmation, say), nothing is
-written.  Clusters whose mapping is not exact are never touched.
+written.  Clusters that do not apply are never touched, a kernel module of the same name that
+fuselens did not write is never overwritten, and no write follows a symbolic link (`codegen/files.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fuselens.codegen import edits as edits_mod
+from fuselens.codegen import files
 from fuselens.codegen.module import module_for_report
 from fuselens.contracts.options import AnalyzeOptions
 
@@ -48,6 +50,13 @@ def apply_file(
         return result
     if not exact:
         return result
+    try:  # before asking: a hand-written file of the module's name, or a link, refuses the whole apply
+        files.check_kernel_module(result.module_path)
+        if os.path.islink(path):
+            raise files.Refused(f"{os.path.basename(path)} is a symbolic link: fuselens does not write through links")
+    except files.Refused as exc:
+        result.refused = str(exc)
+        return result
     new_source = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, report, [c.id for c in exact]))
     rel = os.path.relpath(path)
     result.diff = "".join(difflib.unified_diff(source.splitlines(True), new_source.splitlines(True), rel, rel))
@@ -58,15 +67,12 @@ def apply_file(
         if fh.read() != source:
             result.refused = f"{rel} changed on disk since it was analyzed; nothing was written"
             return result
-    existing = None
-    if os.path.exists(result.module_path):
-        with open(result.module_path, encoding="utf-8") as fh:
-            existing = fh.read()
-    with open(result.module_path, "w", encoding="utf-8") as fh:
-        fh.write(module_for_report(report, existing, [c.id for c in exact]))
-    tmp = path + ".fuselens-tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(new_source)
-    os.replace(tmp, path)
+    try:
+        existing = files.check_kernel_module(result.module_path)
+        files.replace_text(result.module_path, module_for_report(report, existing, [c.id for c in exact]))
+        files.replace_text(path, new_source)
+    except files.Refused as exc:
+        result.refused = str(exc)
+        return result
     result.applied = [c.id for c in exact]
     return result

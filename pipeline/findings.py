@@ -217,7 +217,10 @@ def _reached_from(graph: Graph, node_ids: list[int], source: sourcemap.SourceInd
 
 def _code(file: str, lines: list[int]) -> list[str]:
     """The lines as they read in `file` (a library's), for a hover that shows them where they are used."""
-    return [linecache.getline(file, n).rstrip("\n") for n in range(lines[0], min(lines[1], lines[0] + 11) + 1)]
+    shown = [linecache.getline(file, n).rstrip("\n") for n in range(lines[0], min(lines[1], lines[0] + 11) + 1)]
+    if lines[1] > lines[0] + 11:
+        shown.append(f"# … {lines[1] - lines[0] - 11} more lines, to line {lines[1]}")
+    return shown
 
 
 def _times(count: int | None, multiplicity: int) -> int | None:

@@ -112,7 +112,8 @@ def _attach_source_edit(
 ) -> None:
     text = region.rewrite(name, source.lines)
     import_line = edits_mod.import_statement(report.file, module_path, [name])
-    cluster.edit = R.Edit(region.first, region.last, text, import_line, region.statement(name))
+    original = "".join(line + "\n" for line in source.lines[region.first - 1 : region.last])
+    cluster.edit = R.Edit(region.first, region.last, text, import_line, region.statement(name), original)
     cluster.applies = "edit"
     cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
 

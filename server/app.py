@@ -23,6 +23,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
+from fuselens.codegen import edits as edits_mod
+from fuselens.codegen import files
 from fuselens.contracts.config import ConfigError, read_tool_table
 from fuselens.contracts.report import Report
 from fuselens.contracts.version import TOOL_VERSION
@@ -401,23 +403,47 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
         return []
     if ls.workspace_root(path) is None:
         return []  # its kernel module would be written beside it, outside the workspace
+    module_path = next((c.kernel.path for _, c in analysis.report.clusters() if c.kernel), None)
+    try:
+        if module_path:
+            files.check_kernel_module(module_path)
+    except files.Refused as exc:  # a file of the module's name that the user wrote is never replaced
+        reason = lsp.CodeActionDisabled(reason=str(exc))
+        return [lsp.CodeAction(title="Fuse into Triton kernels", kind=lsp.CodeActionKind.QuickFix, disabled=reason)]
     caps = ls.client_capabilities.workspace
     edit_caps = caps.workspace_edit if caps else None
     ops = (edit_caps.resource_operations or []) if edit_caps else []
     document_changes = bool(edit_caps and edit_caps.document_changes)
     create_ok = document_changes and lsp.ResourceOperationKind.Create in ops
-    return actions_mod.code_actions(
-        analysis.report,
-        path,
-        uri,
-        analysis.version,
-        analysis.text,
-        params.range.start.line + 1,
-        params.range.end.line + 1,
-        lambda ids: kernel_module_text(analysis.report, ids),
-        create_ok,
-        document_changes,
+    restores = _restore_actions(path, uri, analysis.version, analysis.text, params.range)
+    return (
+        actions_mod.code_actions(
+            analysis.report,
+            path,
+            uri,
+            analysis.version,
+            analysis.text,
+            params.range.start.line + 1,
+            params.range.end.line + 1,
+            lambda ids: kernel_module_text(analysis.report, ids),
+            create_ok,
+            document_changes,
+        )
+        + restores
     )
+
+
+def _restore_actions(path: str, uri: str, version: int, text: str, where: lsp.Range) -> list[lsp.CodeAction]:
+    """Restore actions from the kernel module beside the file (none where there is none, or it is not ours)."""
+    module_path = edits_mod.kernel_module_path(path)
+    try:
+        module_text = files.check_kernel_module(module_path)
+    except files.Refused:
+        return []
+    if module_text is None:
+        return []
+    first, last = where.start.line + 1, where.end.line + 1
+    return actions_mod.restore_actions(path, uri, version, text, first, last, module_path, module_text)
 
 
 def kernel_module_text(report, patched: list[str] | None = None) -> str:

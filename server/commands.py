@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcInvalidParams
 
+from fuselens.codegen import files
 from fuselens.contracts.options import ValidateOptions
 from fuselens.contracts.plain import ContractError, from_plain
 from fuselens.contracts.validation import ValidationReport
@@ -334,6 +335,9 @@ def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict
         raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
     if ls.workspace_root(path) is None:
         raise JsonRpcInvalidParams.of(ValueError(f"{os.path.basename(path)} is outside the workspace; nothing written"))
-    with open(target, "w", encoding="utf-8") as fh:
-        fh.write(kernel_module_text(analysis.report, [str(i) for i in ids]))
+    try:
+        files.check_kernel_module(target)
+        files.replace_text(target, kernel_module_text(analysis.report, [str(i) for i in ids]))
+    except files.Refused as exc:
+        raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
     return {"path": target}

@@ -116,3 +116,66 @@ def test_applying_one_cluster_then_another_merges_the_import(tmp_path):
     module = (tmp_path / "example_net_kernels.py").read_text()
     assert "fused kernel: cluster1: gelu → sigmoid → mul" in module
     assert "fused kernel: cluster2: tanh → mul → softmax" in module
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fuselens.cli.main", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_restore_puts_back_the_lines_apply_replaced(tmp_path):
+    shutil.copy(os.path.join(EXAMPLES, "llama_block.py"), tmp_path / "llama_block.py")
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), tmp_path / "pyproject.toml")
+    original = (tmp_path / "llama_block.py").read_text()
+    assert _cli("apply", "--yes", "llama_block.py", cwd=tmp_path).returncode == 0
+    applied = (tmp_path / "llama_block.py").read_text()
+    assert "probs = cluster3(torch.matmul(q, k.transpose(2, 3)))" in applied
+    one = _cli("restore", "--yes", "--kernel", "cluster3", "llama_block.py", cwd=tmp_path)
+    assert one.returncode == 0 and "restored cluster3" in one.stdout, one.stdout + one.stderr
+    text = (tmp_path / "llama_block.py").read_text()
+    assert "scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)" in text
+    assert "cluster3" not in text and "x, h = cluster4(" in text  # the others stay applied
+    every = _cli("restore", "--yes", "llama_block.py", cwd=tmp_path)
+    assert every.returncode == 0, every.stdout + every.stderr
+    assert (tmp_path / "llama_block.py").read_text() == original  # every line as it was, the import gone
+
+
+def test_restore_refuses_a_call_the_user_changed(tmp_path):
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+    assert apply_file(str(path), AnalyzeOptions(), ["c0"], lambda r: True).applied == ["c0"]
+    path.write_text(path.read_text().replace("x = cluster0(x)", "x = cluster0(x) * 1.0"))
+    before = path.read_text()
+    done = _cli("restore", "--yes", "--kernel", "cluster0", "example_net.py", cwd=tmp_path)
+    assert done.returncode == 1 and "no longer as apply wrote it" in done.stdout
+    assert path.read_text() == before
+
+
+def test_a_kernel_module_the_user_wrote_is_never_overwritten(tmp_path):
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+    mine = tmp_path / "example_net_kernels.py"
+    mine.write_text("def my_own_kernel():\n    pass\n")
+    before = path.read_text()
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    assert result.refused and "was not written by fuselens" in result.refused and not result.applied
+    assert mine.read_text() == "def my_own_kernel():\n    pass\n" and path.read_text() == before
+
+
+def test_apply_never_writes_through_a_symbolic_link(tmp_path):
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text("# someone else's file\n")
+    (tmp_path / "example_net_kernels.py").symlink_to(elsewhere)
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    assert result.refused and "symbolic link" in result.refused
+    assert elsewhere.read_text() == "# someone else's file\n"
+    # The model file itself behind a link: refused too, before anything is written.
+    (tmp_path / "example_net_kernels.py").unlink()
+    real = tmp_path / "real_model.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), real)
+    (tmp_path / "linked.py").symlink_to(real)
+    result = apply_file(str(tmp_path / "linked.py"), AnalyzeOptions(), None, lambda r: True)
+    assert result.refused and "symbolic link" in result.refused
+    assert real.read_text() == (tmp_path / "example_net.py").read_text()
+    assert not (tmp_path / "linked_kernels.py").exists()

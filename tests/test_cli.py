@@ -30,7 +30,7 @@ def test_analyze_prints_the_compiler_style_table():
         "384 MB → 128 MB",
         "67%",
         "dram-bound",
-        "exact",
+        "edit",  # how it applies
         "18–20",
         "512 MB of 768 MB",
     ):

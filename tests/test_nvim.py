@@ -2,7 +2,8 @@
 
 `tests/nvim/test_script.lua` drives Neovim the way a user would (open the file, hover,
 run the "Validate all" lens, apply the quick fix through vim.lsp.buf.code_action) and
-writes what it saw to a JSON file; these tests assert on that file. Neovim runs with a
+writes what it saw to a JSON file; these tests assert on that file. A second session does the
+same with a transformers model, whose clusters live in the library's code. Neovim runs with a
 minimal init (`tests/nvim/init.lua`: only the plugin) and a private HOME/XDG, so neither the
 user's config nor a user-level fuselens trust file takes part.
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from urllib.parse import unquote, urlparse
 
 import pytest
 
@@ -25,12 +28,19 @@ REPO = os.path.dirname(HERE)
 pytestmark = pytest.mark.skipif(NVIM is None, reason="nvim is not on PATH (Debian: apt-get install -y neovim)")
 
 
-def run_nvim(tmp_path, mode: str, trusted: bool) -> dict:
+def run_nvim(tmp_path, mode: str, trusted: bool, files: dict[str, str] | None = None, **extra_env: str) -> dict:
+    """Run test_script.lua in `mode` on a workspace with `files` (name -> text; the first is the one
+    opened), example_net.py when none; `extra_env` goes to Neovim and from it to the server."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "pyproject.toml").write_text('[project]\nname = "ws"\n')  # the root marker
-    model = workspace / "example_net.py"
-    shutil.copy(example("example_net.py"), model)
+    if files:
+        for name, text in files.items():
+            (workspace / name).write_text(text)
+        model = workspace / next(iter(files))
+    else:
+        model = workspace / "example_net.py"
+        shutil.copy(example("example_net.py"), model)
     home = tmp_path / "home"
     results = tmp_path / "results.json"
     env = {
@@ -46,6 +56,7 @@ def run_nvim(tmp_path, mode: str, trusted: bool) -> dict:
         "FUSELENS_MODEL": str(model),
         "FUSELENS_RESULTS": str(results),
         "FUSELENS_MODE": mode,
+        **extra_env,
     }
     proc = subprocess.run(
         [
@@ -155,3 +166,136 @@ def test_untrusted_folder_is_not_analyzed(tmp_path):
     assert data.get("workspace_trusted") is None, "not listed means 'not said', never 'trusted'"
     assert data["diagnostics"] == 0
     assert any("trusted_folders" in m for m in data["messages"]), data["messages"]
+
+
+LLAMA = """from transformers import LlamaConfig, LlamaForCausalLM
+
+config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+model = LlamaForCausalLM(config)  # fuselens: input=(2, 16)
+"""
+MODEL_LINE = 5  # model = LlamaForCausalLM(config), 1-based as Neovim's results give it
+RMSNORM = "LlamaRMSNorm.forward (library code)"
+
+
+@pytest.fixture(scope="module")
+def library_session(tmp_path_factory):
+    """One trusted Neovim session on a transformers model: diagnostics, hover, the quick fix of a
+    cluster in transformers' code, and the analysis after saving."""
+    pytest.importorskip("transformers", exc_type=ImportError)  # not installed, or not importable here
+    tmp_path = tmp_path_factory.mktemp("nvim-library")
+    return run_nvim(tmp_path, "library", trusted=True, files={"llama_user.py": LLAMA}, HF_HUB_OFFLINE="1")
+
+
+def _modeling_llama() -> tuple[str, list[str]]:
+    """transformers' modeling_llama.py (its real path) and its lines."""
+    import transformers.models.llama.modeling_llama as modeling_llama
+
+    path = os.path.realpath(modeling_llama.__file__)
+    with open(path, encoding="utf-8") as fh:
+        return path, fh.read().splitlines()
+
+
+def _uri_path(uri: str) -> str:
+    parsed = urlparse(uri)
+    assert parsed.scheme == "file", uri
+    return os.path.realpath(unquote(parsed.path))
+
+
+def test_library_diagnostics_on_the_model_line_with_links(library_session):
+    _no_errors(library_session, "open", "library diagnostics")
+    assert library_session["workspace_trusted"] is True
+    diagnostics = library_session["diagnostics"]
+    assert diagnostics and all(d["lnum"] == d["end_lnum"] == MODEL_LINE for d in diagnostics), diagnostics
+    assert all(d["severity"] != 1 for d in diagnostics), diagnostics  # no error
+    clusters = [d for d in diagnostics if d["message"].startswith("fusable:")]
+    assert clusters and all("modeling_llama.py" in d["message"] for d in clusters), diagnostics
+    # the norm's cluster says how it applies: as a patch of the library's function, at its file and line
+    norm = [d for d in clusters if "applies as a patch of LlamaRMSNorm.forward (" in d["message"]]
+    assert len(norm) == 1 and norm[0]["message"].startswith("fusable: pow → mean → add → rsqrt → mul → mul"), clusters
+
+    path, library = _modeling_llama()
+    linked = [r for d in diagnostics for r in d["related"] if _uri_path(r["uri"]) == path]
+    assert linked, [d["related"] for d in diagnostics]
+    for r in linked:
+        assert r["uri"].endswith("/transformers/models/llama/modeling_llama.py"), r
+        line = r["range"]["start"]["line"]  # 0-based
+        assert 0 <= line < len(library) and library[line].strip(), r
+    # The norm's own link: "in transformers/models/llama/modeling_llama.py:65–67 (LlamaRMSNorm.forward)"
+    first = norm[0]["related"][0]
+    assert _uri_path(first["uri"]) == path
+    said = re.fullmatch(
+        r"in transformers/models/llama/modeling_llama\.py:(\d+)–(\d+) \(LlamaRMSNorm\.forward\)", first["message"]
+    )
+    assert said, first
+    start, end = first["range"]["start"], first["range"]["end"]  # 0-based; the end is the next line's start
+    assert (start["line"] + 1, end["line"]) == (int(said[1]), int(said[2])), first
+    assert library[start["line"]].strip() == "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+
+
+def test_library_hover_points_into_modeling_llama(library_session):
+    _no_errors(library_session, "library hover")
+    hover = library_session["hover"]
+    _, library = _modeling_llama()
+    # "in transformers/models/llama/modeling_llama.py lines 65–67 (LlamaRMSNorm.forward)", then its lines
+    spans = re.findall(r"transformers/models/llama/modeling_llama\.py\W* lines? (\d+)(?:–(\d+))? \W*(\w[\w.]*)", hover)
+    assert spans, hover
+    for first, _last, _function in spans:
+        assert library[int(first) - 1].strip() in hover, (first, hover)  # the library's code, as it reads there
+    norm = [(int(a), int(b or a)) for a, b, function in spans if function == "LlamaRMSNorm.forward"]
+    assert len(norm) == 1, spans
+    first, last = norm[0]
+    code = [line.strip() for line in library[first - 1 : last] if line.strip()]
+    assert "variance = hidden_states.pow(2).mean(-1, keepdim=True)" in code, code
+    assert all(line in hover for line in code), (code, hover)
+
+
+def test_library_code_actions_offer_the_norm_and_all(library_session):
+    _no_errors(library_session, "library quick fix")
+    titles = library_session["action_titles"]
+    norm = [t for t in titles if RMSNORM in t]
+    assert len(norm) == 1, titles
+    assert re.fullmatch(
+        r"Fuse pow → mean → .* in LlamaRMSNorm\.forward \(library code\) into Triton kernel "
+        r"cluster\d+, installed at run time",
+        norm[0],
+    ), norm
+    assert any(re.fullmatch(r"Fuse all \d+ applicable clusters in \S+", t) for t in titles), titles
+
+
+def test_library_quick_fix_installs_the_patch(library_session):
+    _no_errors(library_session, "library quick fix")
+    buffer = library_session["buffer"]
+    assert "    from .llama_user_kernels import install" in buffer
+    assert "    from llama_user_kernels import install" in buffer
+    assert any(line.startswith("install()  # fused kernels inside the library's code") for line in buffer), buffer
+    assert [line for line in buffer if line.strip() and line not in LLAMA.splitlines()] == [  # nothing else changed
+        "try:  # the fused kernels beside this file, imported as a package's module or by a script",
+        "    from .llama_user_kernels import install",
+        "except ImportError:",
+        "    from llama_user_kernels import install",
+        "install()  # fused kernels inside the library's code (the kernel module's uninstall() undoes it)",
+    ]
+    assert library_session["model_on_disk"].splitlines() == buffer  # saved
+    # Neovim 0.7.2 announces no documentChanges, so the server writes the module itself
+    # (fuselens.writeKernelModule, run after the edit) rather than sending a CreateFile.
+    assert library_session["module_on_disk_before_save"] is True
+    module_path = os.path.join(library_session["_workspace"], "llama_user_kernels.py")
+    assert os.path.isfile(module_path)
+    with open(module_path, encoding="utf-8") as fh:
+        module = fh.read()
+    assert "# ---- library patch: transformers.models.llama.modeling_llama.LlamaRMSNorm.forward: " in module
+    assert "\ndef install():" in module
+    assert module.count("# ---- library patch: ") == 1  # only the chosen cluster
+
+
+def test_library_analysis_after_saving(library_session):
+    _no_errors(library_session, "analysis after saving")
+    assert library_session["server_running"] is True
+    diagnostics = library_session["after_save"]["diagnostics"]
+    assert diagnostics, library_session["after_save"]
+    assert all(d["severity"] != 1 for d in diagnostics), diagnostics  # no error: the patched file analyzes
+    model_line = 1 + library_session["buffer"].index("model = LlamaForCausalLM(config)  # fuselens: input=(2, 16)")
+    assert all(d["line"] == model_line for d in diagnostics), diagnostics  # the model's line, moved down
+    # The patched norm runs one kernel: its cluster is no longer there to fuse.
+    assert not [d for d in diagnostics if "(LlamaRMSNorm.forward)" in d["message"]], diagnostics

@@ -107,6 +107,7 @@ async def test_fuse_one_cluster(client: Client):
     assert [a.title for a in await client.code_actions(uri, 25)] == [
         "Fuse lines 25–27 into Triton kernel cluster1",
         "Fuse all 2 applicable clusters in ExampleNet",
+        "Restore the original code of every fused cluster in fuse_one.py",  # cluster0 is applied
     ]
 
 
@@ -226,3 +227,37 @@ async def test_fuse_a_cluster_in_library_code(client: Client):
     assert f"_fuselens_patch_llama_kernels.{name}(" in module and "\ndef install():" in module
     # Only the chosen cluster is patched
     assert module.count("# ---- library patch: ") == 1
+
+
+async def test_restore_the_original_code(client: Client):
+    uri = client.open("restore_me.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    await fuse(client, uri, (await client.code_actions(uri, 18))[0])
+    await client.diagnostics_of(uri)
+    assert client.texts[uri] == expected_model("restore_me", {(18, 20): "        x = cluster0(x)"})
+    call = 18 + 4  # the import above it is four lines long
+    titles = [a.title for a in await client.code_actions(uri, call)]
+    assert titles[:2] == [
+        "Restore the original code of cluster0",
+        "Restore the original code of every fused cluster in restore_me.py",
+    ]
+    # Away from the call, only the file-wide restore
+    assert [a.title for a in await client.code_actions(uri, 2) if a.title.startswith("Restore")] == [titles[1]]
+    restore = (await client.code_actions(uri, call))[0]
+    assert restore.kind == lsp.CodeActionKind.RefactorRewrite
+    client.apply_workspace_edit(restore.edit)
+    assert client.texts[uri] == example_text()  # the lines, and no import of the kernel module left
+    client.save(uri)
+    await client.diagnostics_of(uri)
+    assert not any(a.title.startswith("Restore") for a in await client.code_actions(uri, 18))
+
+
+async def test_a_kernel_module_the_user_wrote_disables_the_fix(client: Client):
+    client.write("handmade_kernels.py", "def mine():\n    pass\n")
+    uri = client.open("handmade.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    actions = await client.code_actions(uri, 18)
+    assert len(actions) == 1 and actions[0].edit is None
+    assert actions[0].disabled is not None and "was not written by fuselens" in actions[0].disabled.reason
+    with open(client.path("handmade_kernels.py"), encoding="utf-8") as fh:
+        assert fh.read() == "def mine():\n    pass\n"

@@ -166,3 +166,34 @@ def code_actions(
             if action:
                 actions.append(action)
     return actions
+
+
+def restore_actions(
+    path: str, uri: str, version: int, text: str, first: int, last: int, module_path: str, module_text: str
+) -> list[lsp.CodeAction]:
+    """Actions that put back the code `apply` replaced (what the kernel module keeps): one for the
+    kernel called on lines first..last, and one for every kernel (and the library patches) in the file."""
+    everything = edits_mod.restore_edits(text, path, module_path, module_text)
+    if not everything.restored:
+        return []
+    actions = []
+    for name in everything.restored:
+        if name == edits_mod.INSTALL:
+            continue
+        one = edits_mod.restore_edits(text, path, module_path, module_text, [name])
+        call = one.edits[0] if one.edits else None
+        if call is not None and call.start <= last and call.end >= first:
+            actions.append(_restore_action(f"Restore the original code of {name}", uri, version, one.edits))
+    title = f"Restore the original code of every fused cluster in {os.path.basename(path)}"
+    if edits_mod.INSTALL in everything.restored:
+        title += " (and run the library's own code)"
+    actions.append(_restore_action(title, uri, version, everything.edits))
+    return actions
+
+
+def _restore_action(title: str, uri: str, version: int, edits: list[edits_mod.LineEdit]) -> lsp.CodeAction:
+    text_edits = line_edits_to_lsp(edits)
+    change = lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), text_edits)
+    # `changes` too: a client that does not read documentChanges still gets the edits
+    edit = lsp.WorkspaceEdit(document_changes=[change], changes={uri: text_edits})
+    return lsp.CodeAction(title=title, kind=lsp.CodeActionKind.RefactorRewrite, edit=edit)

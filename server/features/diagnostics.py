@@ -33,7 +33,15 @@ def cluster_message(c: Cluster) -> str:
         text += f" ×{c.multiplicity} ({bytes_label(c.total_bytes_unfused)} → {bytes_label(c.total_bytes_fused)} in all)"
     if c.branch:
         text += f" — {c.branch}"
-    if c.mapping != "exact":
+    if c.applies == "patch" and c.patch is not None:
+        where = f"{library_path(c.patch.function.file)}:{c.lines[0]}"
+        text += f"; applies as a patch of {c.patch.function.qualname} ({where}), installed at run time"
+    elif c.applies == "no" and c.apply_detail:
+        text += f"; not applicable: {c.apply_detail}"
+        shown = library_path(c.file)
+        if shown != c.file and shown not in c.apply_detail:  # say where a library's code is
+            text += f" (its code: {shown}:{c.lines[0]})"
+    elif c.mapping != "exact":
         text += f"; not replaceable here: {c.mapping_detail}"
     return text
 

@@ -63,8 +63,10 @@ def describe(model: Model, c: Cluster) -> str:
             f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with "
             f"`{c.edit.call if c.edit else c.kernel.name if c.kernel else ''}`"
         )
+    elif c.applies == "patch":
+        parts.append(f"applies as a **library patch**: {c.apply_detail}")
     else:
-        parts.append(f"maps as **{c.mapping}**: {c.mapping_detail}")
+        parts.append(f"maps as **{c.mapping}**: {c.apply_detail or c.mapping_detail}")
     if c.boundaries:
         left = [f"- `{b.op.target}` (line {b.op.line}): **{b.reason}** — {b.detail}" for b in c.boundaries[:6]]
         parts.append("**left out**\n" + "\n".join(left))

@@ -2,6 +2,8 @@
 -- happened to $FUSELENS_RESULTS as JSON for tests/test_nvim.py to assert on.
 --   $FUSELENS_MODE = "full": diagnostics, hover, lens -> validation, quick fix
 --   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
+--   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
+--                               cluster in the library's code, then the analysis after saving
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()
@@ -39,23 +41,72 @@ local function ours(bufnr)
   return out
 end
 
---- Make the next vim.ui.select choose the item whose label matches `pattern`.
-local function choose(pattern)
+--- Make the next vim.ui.select choose the item whose label matches `pattern`; the labels
+--- offered go to results[`key`] (default "ui_select").
+local function choose(pattern, key)
   local original = vim.ui.select
   vim.ui.select = function(items, opts, on_choice)
     vim.ui.select = original
-    local labels = {}
+    local labels, chosen = {}, nil
     for _, item in ipairs(items) do
       local label = opts.format_item and opts.format_item(item) or tostring(item)
       table.insert(labels, label)
-      if label:find(pattern) then
-        results.ui_select = labels
-        return on_choice(item)
+      if chosen == nil and label:find(pattern) then
+        chosen = item
       end
     end
-    results.ui_select = labels
-    on_choice(nil)
+    results[key or "ui_select"] = labels
+    on_choice(chosen)
   end
+end
+
+--- The text of the hover window at (`line`, `col`), closed after reading.
+local function hover_at(line, col)
+  vim.api.nvim_win_set_cursor(0, { line, col })
+  vim.lsp.buf.hover()
+  local float
+  wait(15000, "the hover window", function()
+    for _, win in ipairs(vim.api.nvim_list_wins()) do
+      if vim.api.nvim_win_get_config(win).relative ~= "" then
+        float = win
+        return true
+      end
+    end
+    return false
+  end)
+  local text = table.concat(vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(float), 0, -1, false), "\n")
+  vim.api.nvim_win_close(float, true)
+  return text
+end
+
+--- Apply the code action at the cursor whose title matches `pattern`, as a user would; every
+--- title offered goes to results.action_titles.
+local function code_action(pattern)
+  if vim.fn.has("nvim-0.8") == 1 then
+    results.action_titles = {}
+    vim.lsp.buf.code_action({
+      filter = function(action)
+        table.insert(results.action_titles, action.title)
+        return action.title:find(pattern) ~= nil
+      end,
+      apply = true,
+    })
+  else
+    choose(pattern, "action_titles") -- 0.7 has no filter/apply: the picker is how a user chooses
+    vim.lsp.buf.code_action()
+  end
+end
+
+-- Every publishDiagnostics, in order (the plugin's handler calls the global one).
+local publications = {}
+local publish = vim.lsp.handlers["textDocument/publishDiagnostics"]
+vim.lsp.handlers["textDocument/publishDiagnostics"] = function(err, result, ctx, config)
+  local entry = { version = result and result.version, diagnostics = {} }
+  for _, d in ipairs(result and result.diagnostics or {}) do
+    table.insert(entry.diagnostics, { line = d.range.start.line + 1, severity = d.severity, message = d.message })
+  end
+  table.insert(publications, entry)
+  return publish(err, result, ctx, config)
 end
 
 local model = os.getenv("FUSELENS_MODEL")
@@ -94,6 +145,64 @@ if os.getenv("FUSELENS_MODE") == "untrusted" then
   return
 end
 
+if os.getenv("FUSELENS_MODE") == "library" then
+  local MODEL_LINE = 5 -- model = LlamaForCausalLM(config)
+
+  step("library diagnostics", function()
+    wait(240000, "diagnostics of the library's clusters", function() -- the first import of transformers
+      return #ours(bufnr) > 0
+    end)
+    results.diagnostics = {}
+    for _, d in ipairs(ours(bufnr)) do
+      local lsp = d.user_data and d.user_data.lsp or {}
+      local related = {}
+      for _, r in ipairs(lsp.relatedInformation or {}) do
+        table.insert(related, { uri = r.location.uri, range = r.location.range, message = r.message }) -- 0-based
+      end
+      table.insert(results.diagnostics, { lnum = d.lnum + 1, end_lnum = d.end_lnum + 1, severity = d.severity,
+                                          message = d.message, related = related })
+    end
+    results.status = fuselens.status(bufnr)
+  end)
+
+  step("library hover", function()
+    results.hover = hover_at(MODEL_LINE, 8)
+  end)
+
+  step("library quick fix", function()
+    vim.api.nvim_win_set_cursor(0, { MODEL_LINE, 0 })
+    code_action("LlamaRMSNorm%.forward %(library code%)")
+    wait(15000, "the edit", function()
+      return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n"):find("install%(%)") ~= nil
+    end)
+    results.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+    local module = vim.fn.fnamemodify(model, ":h") .. "/llama_user_kernels.py"
+    wait(15000, "the kernel module", function()
+      return vim.fn.filereadable(module) == 1 or vim.fn.bufloaded(module) == 1
+    end)
+    results.module_on_disk_before_save = vim.fn.filereadable(module) == 1 and #vim.fn.readfile(module) > 0
+    results.published_before_save = #publications
+    vim.cmd("silent! wall")
+    results.module = table.concat(vim.fn.readfile(module), "\n")
+    results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
+  end)
+
+  step("analysis after saving", function()
+    local before = results.published_before_save
+    wait(240000, "diagnostics after saving", function()
+      return #publications > before
+    end)
+    results.after_save = publications[#publications]
+    local client = fuselens.client(bufnr)
+    results.server_running = client ~= nil and not client.is_stopped()
+  end)
+
+  results.publications = publications
+  save()
+  vim.cmd("qa!")
+  return
+end
+
 step("diagnostics", function()
   wait(240000, "3 cluster diagnostics", function()
     return #ours(bufnr) >= 3
@@ -119,20 +228,7 @@ step("diagnostics", function()
 end)
 
 step("hover", function()
-  vim.api.nvim_win_set_cursor(0, { 19, 12 }) -- x = F.relu(x)
-  vim.lsp.buf.hover()
-  local float
-  wait(15000, "the hover window", function()
-    for _, win in ipairs(vim.api.nvim_list_wins()) do
-      if vim.api.nvim_win_get_config(win).relative ~= "" then
-        float = win
-        return true
-      end
-    end
-    return false
-  end)
-  results.hover = table.concat(vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(float), 0, -1, false), "\n")
-  vim.api.nvim_win_close(float, true)
+  results.hover = hover_at(19, 12) -- x = F.relu(x)
 end)
 
 step("codelens", function()
@@ -166,18 +262,7 @@ end)
 
 step("quick fix", function()
   vim.api.nvim_win_set_cursor(0, { 18, 8 }) -- x = x * 2.0, the first line of cluster c0
-  local pattern = "^Fuse lines 18"
-  if vim.fn.has("nvim-0.8") == 1 then
-    vim.lsp.buf.code_action({
-      filter = function(action)
-        return action.title:find(pattern) ~= nil
-      end,
-      apply = true,
-    })
-  else
-    choose(pattern) -- 0.7 has no filter/apply: the picker is how a user chooses
-    vim.lsp.buf.code_action()
-  end
+  code_action("^Fuse lines 18")
   wait(15000, "the edit", function()
     return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n"):find("cluster0%(") ~= nil
   end)
