@@ -179,3 +179,29 @@ def test_apply_never_writes_through_a_symbolic_link(tmp_path):
     assert result.refused and "symbolic link" in result.refused
     assert real.read_text() == (tmp_path / "example_net.py").read_text()
     assert not (tmp_path / "linked_kernels.py").exists()
+
+
+EXPORT = textwrap.dedent("""
+    import os, sys, torch
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, os.getcwd())
+    import llama_block
+    model = llama_block.LlamaBlock(dim=256, n_heads=2, hidden=512, max_len=64).eval().bfloat16()
+    x = torch.randn(1, 16, 256).bfloat16()
+    with torch.no_grad():
+        exported = torch.export.export(model, (x,))
+        ops = sorted({n.target.name().split("::")[1] for n in exported.graph.nodes
+                      if n.op == "call_function" and "fuselens_" in str(n.target)})
+        print(" ".join(ops))
+        assert torch.equal(exported.module()(x), model(x))
+""")
+
+
+def test_torch_export_captures_each_kernel_as_one_op(tmp_path):
+    shutil.copy(os.path.join(EXAMPLES, "llama_block.py"), tmp_path / "llama_block.py")
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), tmp_path / "pyproject.toml")
+    assert _cli("apply", "--yes", "llama_block.py", cwd=tmp_path).returncode == 0
+    done = subprocess.run([sys.executable, "-c", EXPORT], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = done.stdout.split()
+    assert [n.split(".")[0] for n in names] == [f"cluster{k}" for k in range(6)], names
