@@ -233,10 +233,20 @@ _SECTION_RE = re.compile(r"^# ---- (?:fused kernel|library patch)", re.M)
 
 def existing_sections(module_text: str) -> dict[str, str]:
     """kernel name -> section text of a module written by `render_module`."""
+    return _sections(module_text, _MARKER_RE)
+
+
+def existing_patches(module_text: str) -> dict[str, str]:
+    """module.qualname -> the library patch's section text, of a module written by `render_module`."""
+    return _sections(module_text, patches_mod.MARKER_RE)
+
+
+def _sections(module_text: str, marker: re.Pattern[str]) -> dict[str, str]:
+    """The sections whose first line `marker` matches, by its first group: each runs to the next section."""
     starts = [m.start() for m in _SECTION_RE.finditer(module_text)] + [len(module_text)]
     out = {}
     for start, end in itertools.pairwise(starts):
-        m = _MARKER_RE.match(module_text, start)
+        m = marker.match(module_text, start)
         if m:
             out[m.group(1)] = module_text[start:end].rstrip() + "\n"
     return out
@@ -281,7 +291,7 @@ def module_for_report(report: Report, existing: str | None = None, patched: list
             where = f"{os.path.basename(c.file)} lines {c.lines[0]}–{c.lines[1]}"
             text = c.kernel.source + (restore_record(c.kernel.name, c.edit) if c.edit and c.edit.original else "")
             sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", text)
-    patches = patches_mod.existing_patches(existing or "")
+    patches = existing_patches(existing or "")
     patches.update(patches_mod.patch_sections([c for c in clusters if c.patch and c.id in (patched or [])]))
     module_path = next((c.kernel.path for c in clusters if c.kernel), report.file)
     alias = patches_mod.kernel_alias(module_path)

@@ -47,16 +47,6 @@ def patched_kernels(module_text: str) -> dict[str, list[str]]:
     return {m.group(1): m.group(2).split(", ") for m in MARKER_RE.finditer(module_text)}
 
 
-def existing_patches(module_text: str) -> dict[str, str]:
-    """{"module.qualname": section text} of the patch sections in a kernel module."""
-    marks = list(MARKER_RE.finditer(module_text))
-    out = {}
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(module_text)
-        out[m.group(1)] = module_text[m.start() : end].rstrip() + "\n"
-    return out
-
-
 def _section(key: str, clusters: list[Cluster]) -> str:
     function = clusters[0].patch.function  # type: ignore[union-attr]
     names = sorted((c.kernel.name for c in clusters if c.kernel), key=natural_order)

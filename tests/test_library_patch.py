@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from fuselens.codegen.patches import existing_patches, patched_kernels
+from fuselens.codegen.module import existing_patches
+from fuselens.codegen.patches import patched_kernels
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.pipeline.apply import ApplyResult, apply_file
 
