@@ -37,6 +37,7 @@ from fuselens.contracts.report import GraphBreak, SourceRef
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
 from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
+from .scalars import ScalarSources
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +105,10 @@ class UserCode:
         """The user's code or a library's: where an op's line is looked for."""
         return self(filename) or self.library(filename)
 
+
+# Ops whose numbers can be the model's state (`x * self.scale`, `F.group_norm(x, self.groups, eps=self.eps)`).
+_TAKES_NUMBERS = frozenset({OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY})
+_NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm"})
 
 # Methods that cast a tensor; called with the dtype it has, they return it as it is.
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"})
@@ -215,6 +220,7 @@ class Recorder(TorchFunctionMode):
         self._positions: dict[Any, list[Any]] = {}  # code object -> its instructions' source spans
         self._frame_refs: list[Any] = []
         self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
+        self._scalars = ScalarSources(user_code.model_code, self._invocation, self._module_path, self._made_at)
 
     # ---- inputs -------------------------------------------------------------------
     def add_input(self, tensor: torch.Tensor, name: str) -> int:
@@ -236,8 +242,12 @@ class Recorder(TorchFunctionMode):
             return self._value_read(func, name, args, kwargs)
         if name in DYNAMIC_SHAPES or (name == "where" and len(args) + len(kwargs) == 1):
             self._dynamic_shape(name)
+        # Numbers read from the model's state (`self.eps`) carry where they come from: a kernel takes them
+        # from its caller.  The call itself runs on the plain values.
+        called_args, called_kwargs = args, kwargs
+        args, kwargs = self._tagged(func, name, args, kwargs)
         template = self._template((args, kwargs))  # the call as made: validation and the reference replay it
-        out = self._call(func, args, kwargs)
+        out = self._call(func, called_args, called_kwargs)
         if not tensors_in(out) and name not in ("__setitem__",):
             return out
         if name in _CASTS and isinstance(out, torch.Tensor) and args and out is args[0]:
@@ -256,6 +266,25 @@ class Recorder(TorchFunctionMode):
         except Exception as exc:  # a normalisation gap must never fail the user's trace
             self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
         return out
+
+    def _tagged(self, func, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        alias = ALIASES.get(name, name)
+        canon = (alias[0] if isinstance(alias, tuple) else alias).rstrip("_")
+        if op_class(canon) not in _TAKES_NUMBERS and canon not in _NORMS:
+            return args, kwargs
+        return self._scalars.tag(func, sys._getframe(2), args, kwargs)
+
+    def _made_at(self, tensor: Any, frame: types.FrameType) -> tuple[int, int, int, int] | None:
+        """The span, in `frame`, of the expression whose op made `tensor` (None: not made there)."""
+        node_id = self._values.get(id(tensor))
+        invocation = self._invocations.get(id(frame))
+        if node_id is None or invocation is None or self._frame_refs[invocation] is not frame:
+            return None
+        made = next((f for f in self.graph.nodes[node_id].stack if f.invocation == invocation), None)
+        return made.span if made is not None and made.col >= 0 else None
+
+    def _module_path(self, obj: Any) -> str | None:
+        return self.module_paths.get(id(obj)) if isinstance(obj, torch.nn.Module) else None
 
     def _template(self, value: Any) -> Any:
         """The call's arguments with each tensor replaced by a Ref to the node holding it now."""

@@ -35,6 +35,66 @@ DTYPE_BYTES = {
 }
 
 
+class _Named:
+    """A Python number an op took that the model's code computed from its state (`self.eps`,
+    `math.sqrt(self.head_dim)`, a local `scale`), not written as a literal: a kernel must take it
+    from the caller at run time, not bake the value it had in the analyzed instance.  `at` says
+    what each frame of model code (by invocation) calls it; `text` is how the op's call spells it."""
+
+    at: dict[int, str]
+    text: str
+
+
+class NamedFloat(float, _Named):
+    def __new__(cls, value: float, text: str, at: dict[int, str]) -> NamedFloat:
+        obj = super().__new__(cls, value)
+        obj.text, obj.at = text, at
+        return obj
+
+    def __reduce__(self):  # a plain float's reduction would drop the provenance
+        return (NamedFloat, (float(self), self.text, self.at))
+
+
+class NamedInt(int, _Named):
+    def __new__(cls, value: int, text: str, at: dict[int, str]) -> NamedInt:
+        obj = super().__new__(cls, value)
+        obj.text, obj.at = text, at
+        return obj
+
+    def __reduce__(self):
+        return (NamedInt, (int(self), self.text, self.at))
+
+
+Named = NamedFloat | NamedInt
+
+
+def is_named(value: Any) -> bool:
+    return isinstance(value, (NamedFloat, NamedInt))
+
+
+def plain(value: Any) -> Any:
+    """`value` with every named number, in lists, tuples and dicts too, as a plain float or int."""
+    if isinstance(value, NamedFloat):
+        return float(value)
+    if isinstance(value, NamedInt):
+        return int(value)
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def keep_float(value: Any) -> float:
+    """`float(value)`, keeping a named number's provenance."""
+    return value if isinstance(value, NamedFloat) else float(value)
+
+
+def keep_int(value: Any) -> int:
+    """`int(value)`, keeping a named number's provenance."""
+    return value if isinstance(value, NamedInt) else int(value)
+
+
 @dataclass(frozen=True)
 class Ref:
     """A tensor operand: the value produced by node `node`."""

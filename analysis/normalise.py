@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .graph import keep_float, keep_int
 from .ops import CASTS, OpClass, op_class
 
 
@@ -178,7 +179,7 @@ def _normalise_batch_norm(func, args, kwargs, out_t):
         return None
     mean, var = bound.get("running_mean"), bound.get("running_var")
     operands = [x, mean, var, bound.get("weight"), bound.get("bias")]
-    eps = float(bound.get("eps", 1e-5))
+    eps = keep_float(bound.get("eps", 1e-5))
     if not bound.get("training", False) and isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
         return "batch_norm", OpClass.CHANNEL, operands, {"eps": eps}
     dims = [0, *range(2, x.dim())]
@@ -222,7 +223,7 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
             canon,
             OpClass.REDUCTION,
             [x, bound.get("weight"), bound.get("bias")],
-            {"dims": list(range(x.dim() - k, x.dim())), "eps": float(bound.get("eps", 1e-5)), "keepdim": True},
+            {"dims": list(range(x.dim() - k, x.dim())), "eps": keep_float(bound.get("eps", 1e-5)), "keepdim": True},
         )
     if canon == "rms_norm":
         bound = bind(func, args, kwargs, ["input", "normalized_shape", "weight", "eps"])
@@ -235,7 +236,7 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
             canon,
             OpClass.REDUCTION,
             [x, bound.get("weight")],
-            {"dims": list(range(x.dim() - k, x.dim())), "eps": float(eps), "keepdim": True},
+            {"dims": list(range(x.dim() - k, x.dim())), "eps": keep_float(eps), "keepdim": True},
         )
     if canon == "group_norm":
         bound = bind(func, args, kwargs, ["input", "num_groups", "weight", "bias", "eps"])
@@ -246,8 +247,8 @@ def _normalise_reduction(canon, func, args, kwargs, out_t):
             [x, bound.get("weight"), bound.get("bias")],
             {
                 "dims": list(range(1, x.dim())),
-                "groups": int(bound["num_groups"]),
-                "eps": float(bound.get("eps", 1e-5)),
+                "groups": keep_int(bound["num_groups"]),
+                "eps": keep_float(bound.get("eps", 1e-5)),
                 "keepdim": True,
             },
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .graph import Graph, Node
@@ -80,12 +81,16 @@ def find_region(
     function: ast.FunctionDef | ast.AsyncFunctionDef,
     lines: list[str],
     file: str,
+    numbers: Sequence[tuple[str, dict[int, str]]] = (),
 ) -> Region:
-    """The code a call of the cluster replaces in `function` (the frame of call `invocation`)."""
+    """The code a call of the cluster replaces in `function` (the frame of call `invocation`);
+    `numbers`: the numbers of the model's state the kernel takes after its tensors, each as the op's
+    call spells it and what each frame calls it (`analysis.scalars`)."""
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
     roots = _roots(spans, ast_of, graph, compute)
     arguments = [_argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     block, statements = _statements(function, roots)
     return _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file)
 
@@ -223,6 +228,15 @@ def _argument(
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
+
+
+def _number_argument(text: str, at: dict[int, str], invocation: int, function: ast.AST) -> str:
+    """What the code to replace calls a number of the model's state that an op inside it takes."""
+    spelled = at.get(invocation)
+    if spelled is None:
+        where = getattr(function, "name", "the function")
+        raise NoRegion(f"`{text}` is computed in code that `{where}` calls, so its kernel call cannot pass it")
+    return spelled
 
 
 def _attribute_path(param: Node, graph: Graph, roots: list[_Root], spans: _Spans, invocation: int) -> str:

@@ -22,6 +22,7 @@ import ast
 import functools
 import linecache
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fuselens.contracts.report import Mapping as MappingQuality
@@ -73,6 +74,7 @@ def map_cluster(
     inputs: list[int],
     outputs: list[int],
     source: SourceIndex | None,
+    numbers: Sequence[tuple[str, dict[int, str]]] = (),
 ) -> Mapping:
     """Where the cluster's code is, and the region one call of its kernel can replace there."""
     place = common_place(graph, compute)
@@ -96,7 +98,9 @@ def map_cluster(
     if index is None or fn is None:
         return _with(base, elsewhere or "the function holding it could not be found in the source")
     try:
-        region = find_region(graph, compute, members, inputs, outputs, place.invocation, fn, index.lines, place.file)
+        region = find_region(
+            graph, compute, members, inputs, outputs, place.invocation, fn, index.lines, place.file, numbers
+        )
     except NoRegion as exc:
         return _with(base, f"{elsewhere}; {exc}" if elsewhere else str(exc))
     base.region = region

@@ -92,7 +92,10 @@ def emit(
     doc: str,
     comments: dict[str, str],
     reference: str,
+    number_names: list[str] | None = None,
 ) -> Emitted:
+    """The kernels and launcher of `plan` as the public function `name`, which takes `input_names`,
+    then `number_names` (one for each of `plan.scalars`)."""
     kernel_name = f"_{name}_kernel"
     flat = plan.kind == "elementwise" and flat_ok(plan)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
@@ -108,7 +111,8 @@ def emit(
         kernels = _rows(plan, kernel_name + "_block", comments, divs, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, looped=True)
         strategy = "row-block/row-loop"
-    text = launcher_text(plan, name, kernel_name, input_names, doc, flat, divs.launcher_exprs(), reference)
+    numbers = number_names if number_names is not None else [slot.name for slot in plan.scalars]
+    text = launcher_text(plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference)
     return Emitted(kernels, text, strategy, helpers_used(kernels))
 
 
@@ -128,7 +132,8 @@ def _signature(
         args += [f"p{i}" for i in range(plan.row_dims)]
     if plan.groups:
         args += ["G"]
-    args += [f"q{j}" for j in range(len(divs.exprs))] + list(scalars)
+    args += [f"q{j}" for j in range(len(divs.exprs))]
+    args += [slot.name for slot in plan.scalars if slot.runtime] + list(scalars)
     args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", *extra]
     lines, line = [], f"def {kernel_name}("
     for a in args:

@@ -21,6 +21,7 @@ def launcher_text(
     name: str,
     kernel_name: str,
     input_names: list[str],
+    number_names: list[str],
     doc: str,
     flat: bool,
     divisors: list[str],
@@ -33,7 +34,7 @@ def launcher_text(
     lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors)
     lines += ["", "", *reference.splitlines()]
     lines += ["", "", *_op_registration(plan, name)]
-    lines += ["", "", *_public_function(plan, name, input_names, doc)]
+    lines += ["", "", *_public_function(plan, name, input_names, number_names, doc)]
     return "\n".join(lines)
 
 
@@ -59,7 +60,8 @@ def _launch_function(
     else:
         body += _row_launch(plan, kernel_name, input_names, call_args)
     body.append("return " + _returns(plan))
-    return [f"def _{name}_launch({', '.join(input_names)}):"] + ["    " + line for line in body]
+    params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
+    return [f"def _{name}_launch({', '.join(params)}):"] + ["    " + line for line in body]
 
 
 def _constant_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -118,6 +120,8 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
         return []
     leads = _tuple([input_names[k] for k in identity_inputs(plan)])
     domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+    if any(out.contiguous for out in plan.outputs):  # its readers are GEMMs: row-major, whatever the inputs
+        return [f"pitches, dense = _row_pitches({leads}, {domain}, row_major=True)"]
     return [f"pitches, dense = _row_pitches({leads}, {domain})"]
 
 
@@ -191,6 +195,7 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
         args.append("G")
     if divisors:
         args.append("*magic")
+    args += [slot.name for slot in plan.scalars if slot.runtime]
     return args
 
 
@@ -279,22 +284,42 @@ def _tuple(items: list[str]) -> str:
 def _op_registration(plan: KernelPlan, name: str) -> list[str]:
     """The launcher as a torch.library op, so that torch.compile and torch.export see one op for the
     cluster (its output shapes, dtypes and strides from the launcher itself) instead of tracing into it."""
-    return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {len(plan.outputs)})"]
+    numbers = tuple(slot.type for slot in plan.scalars if slot.runtime)
+    tail = f", {numbers!r}" if numbers else ""
+    return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {len(plan.outputs)}{tail})"]
 
 
-def _public_function(plan: KernelPlan, name: str, input_names: list[str], doc: str) -> list[str]:
-    """`<name>(inputs)`, the call the user's code makes: the kernel where it runs (CUDA tensors of the
-    dtypes it was generated for, no gradients wanted; on meta tensors, its shapes), else the reference."""
-    params = ", ".join(input_names)
+def _public_function(
+    plan: KernelPlan, name: str, input_names: list[str], number_names: list[str], doc: str
+) -> list[str]:
+    """`<name>(inputs, numbers)`, the call the user's code makes: the kernel where it runs (CUDA tensors
+    of the dtypes it was generated for, no gradients wanted, the numbers it has baked in; on meta
+    tensors, its shapes), else the reference.  The numbers of the model's state default to the
+    analyzed instance's."""
+    numbers = [f"{n}={_number_literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True)]
+    passed = input_names + [n for n, slot in zip(number_names, plan.scalars, strict=True) if slot.runtime]
     dtypes = tuple(slot.dtype for slot in plan.inputs)
-    fits = "".join(f" and {check}" for check in _constant_sizes(plan, input_names))
+    checks = _constant_sizes(plan, input_names) + [
+        f"{n} == {_number_literal(slot.value)}"
+        for n, slot in zip(number_names, plan.scalars, strict=True)
+        if not slot.runtime
+    ]
+    fits = "".join(f" and {check}" for check in checks)
     return [
-        f"def {name}({params}):",
+        f"def {name}({', '.join(input_names + numbers)}):",
         _docstring(doc),
         f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}){fits}:",
-        f"        return _{name}_op({params})",
-        f"    return _{name}_reference({params})",
+        f"        return _{name}_op({', '.join(passed)})",
+        f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]
+
+
+def _number_literal(value: float | int) -> str:
+    if not isinstance(value, float):
+        return repr(int(value))
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"float({str(float(value))!r})"
+    return repr(float(value))
 
 
 def _docstring(doc: str) -> str:

@@ -336,9 +336,9 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
     raise LoweringError(f"`{op}` has no Triton lowering")
 
 
-def batch_norm_scale(var: str, weight: str | None, eps: float) -> str:
+def batch_norm_scale(var: str, weight: str | None, eps: str) -> str:
     """Eval-mode batch norm's per-channel scale, alpha = weight / sqrt(running_var + eps)."""
-    alpha = f"tl.rsqrt({var} + {literal(float(eps))})"
+    alpha = f"tl.rsqrt({var} + {eps})"
     return f"{alpha} * {weight}" if weight is not None else alpha
 
 

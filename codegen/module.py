@@ -78,13 +78,16 @@ def _pointwise_tile(rows, cols, itemsize):
     return block_r, block_c, 4 if block_r * block_c >= 512 else 2
 
 
-def _row_pitches(leads, sizes):
+def _row_pitches(leads, sizes, row_major=False):
     """(pitches, dense): the step of each leading dim in an elementwise kernel's row index.
 
     When the full-size inputs `leads` share one dense layout whose last dim has stride 1 (a
     contiguous tensor, or a permuted view of one such as `x.transpose(1, 2)`), rows are
     numbered in that memory order and the outputs take the same layout, as eager's would;
-    otherwise rows run in row-major order into contiguous outputs."""
+    otherwise, or when the outputs go to GEMMs (`row_major`), rows run in row-major order into
+    contiguous outputs."""
+    if row_major and not all(t.is_contiguous() for t in leads):
+        return _row_major(sizes), False
     if leads and all(t.stride() == leads[0].stride() for t in leads):
         strides = leads[0].stride()
         if leads[0].is_contiguous():
@@ -184,12 +187,14 @@ else:
 _LIBRARY = torch.library.Library(f"fuselens_{uuid.uuid4().hex[:12]}", "DEF")
 
 
-def _kernel_op(name, launch, inputs, outputs):
-    """`launch` registered as the op `name` (CUDA, and CPU for the Triton interpreter).  It is its own
-    fake: on meta and fake tensors it allocates the outputs as the kernel would for those inputs (their
-    strides too, which torch.compile holds the real outputs to) and launches nothing."""
+def _kernel_op(name, launch, inputs, outputs, numbers=()):
+    """`launch` registered as the op `name` (CUDA, and CPU for the Triton interpreter), taking `inputs`
+    tensors then one number of each type in `numbers`.  It is its own fake: on meta and fake tensors it
+    allocates the outputs as the kernel would for those inputs (their strides too, which torch.compile
+    holds the real outputs to) and launches nothing."""
     returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
-    _LIBRARY.define(f"{name}({', '.join(f'Tensor in{k}' for k in range(inputs))}) -> {returns}")
+    params = [f"Tensor in{k}" for k in range(inputs)] + [f"{kind} sc{k}" for k, kind in enumerate(numbers)]
+    _LIBRARY.define(f"{name}({', '.join(params)}) -> {returns}")
     for key in ("CUDA", "CPU"):
         _LIBRARY.impl(name, launch, key)
     torch.library.register_fake(f"{_LIBRARY.ns}::{name}", launch, lib=_LIBRARY)

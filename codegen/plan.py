@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fuselens.analysis.graph import Graph, Node, Ref, TensorMeta
-from fuselens.analysis.ops import OpClass
+from fuselens.analysis.graph import Graph, Node, Ref, TensorMeta, is_named
+from fuselens.analysis.ops import GEMMS, OpClass
 from fuselens.contracts.report import ClusterKind
 
 from .lowering import (
@@ -104,6 +104,30 @@ class OutputSlot:
     shape: tuple[int, ...]
     dtype: str
     row_only: bool  # written once per row (a reduction's result)
+    # Written row-major whatever the inputs' layout: every reader is a GEMM, which would first copy a
+    # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`).
+    contiguous: bool = False
+
+
+@dataclass
+class ScalarSlot:
+    """A number of the model's state an op takes (`self.eps`, `math.sqrt(self.head_dim)`): the kernel's
+    public function takes it from its caller.  A `runtime` one is a kernel argument (`name`); any other
+    stays in the kernel as the analyzed value, and the public function runs the reference for another."""
+
+    name: str  # `sc<k>`: the kernel's and the launcher's name for it
+    value: float | int  # the analyzed instance's: the public function's default
+    text: str  # as the op's call spells it
+    at: dict[int, str]  # by invocation: what each frame of model code calls it
+    runtime: bool
+
+    @property
+    def type(self) -> str:
+        return "float" if isinstance(self.value, float) else "int"
+
+
+# Ops whose lowering writes a number operand as it is into the expression, so that it can be an argument.
+_NUMBER_ARGUMENTS = frozenset({"add", "sub", "rsub", "mul", "div", "maximum", "minimum", "where", "masked_fill"})
 
 
 @dataclass
@@ -117,6 +141,7 @@ class KernelPlan:
     outputs: list[OutputSlot]
     stmts: list[Stmt]
     groups: int | None = None  # group norm: rows are (batch, group)
+    scalars: list[ScalarSlot] = field(default_factory=list)
 
     @property
     def levels(self) -> int:
@@ -161,6 +186,7 @@ class _Planner:
         self.memo: dict[tuple, Stmt] = {}
         self.inputs: list[InputSlot] = []
         self.input_index: dict[int, int] = {}
+        self.scalars: list[ScalarSlot] = []
 
     # ---- structure --------------------------------------------------------------------
     def plan(self) -> KernelPlan:
@@ -217,7 +243,8 @@ class _Planner:
                 kind_of(meta.dtype)
             except LoweringError as exc:
                 raise PlanError("no-lowering", str(exc)) from None
-            out_slots.append(OutputSlot(o, stmt.name, shape, meta.dtype, row_only))
+            out_slots.append(OutputSlot(o, stmt.name, shape, meta.dtype, row_only, self._read_by_gemms_only(o)))
+        self._baked_numbers()
         return KernelPlan(
             kind,
             sorted(self.members),
@@ -228,7 +255,45 @@ class _Planner:
             out_slots,
             self.stmts,
             self.groups,
+            self.scalars,
         )
+
+    # ---- numbers of the model's state ---------------------------------------------------
+    def _number(self, value, runtime: bool) -> str:
+        """The kernel's text for a number an op takes: a literal, or for one of the model's state the
+        argument `sc<k>` (`runtime`) or, where the lowering needs the value itself, the literal the
+        public function checks the caller's value against."""
+        if not is_named(value):
+            return literal(value)
+        slot = next((s for s in self.scalars if s.value is value), None)
+        if slot is None:
+            slot = ScalarSlot(f"sc{len(self.scalars)}", value, value.text, value.at, runtime)
+            self.scalars.append(slot)
+        elif runtime and not slot.runtime:
+            slot.runtime = True
+        plain = float(value) if isinstance(value, float) else int(value)
+        return slot.name if slot.runtime else literal(plain)
+
+    def _baked_numbers(self) -> None:
+        """Every other number of the model's state the members take (a clamp's bounds, a group count)
+        stays in the kernel, checked against the caller's value."""
+        for m in sorted(self.members):
+            node = self.g[m]
+            for value in [*node.args, *node.params.values()]:
+                if is_named(value):
+                    self._number(value, runtime=False)
+
+    def _read_by_gemms_only(self, node_id: int) -> bool:
+        """Whether every reader outside the cluster is a GEMM, directly or through permutes."""
+        readers = [u for u in self.g.users(node_id) if u not in self.members]
+        for u in readers:
+            user = self.g[u]
+            if user.op in GEMMS:
+                continue
+            steps = user.params.get("steps") if user.cls is OpClass.VIEW else None
+            if not steps or any(step[0] != "permute" for step in steps) or not self._read_by_gemms_only(u):
+                return False
+        return bool(readers)
 
     def _escaping(self) -> list[int]:
         g = self.g
@@ -398,7 +463,8 @@ class _Planner:
         if isinstance(arg, bool):
             return Operand(literal(arg), BOOL, True)
         if isinstance(arg, (int, float)):
-            return Operand(literal(arg), FLOAT if isinstance(arg, float) else "int", True)
+            text = self._number(arg, runtime=node.op in _NUMBER_ARGUMENTS)
+            return Operand(text, FLOAT if isinstance(arg, float) else "int", True)
         raise PlanError("no-lowering", f"{_describe(node)} takes a {type(arg).__name__} argument")
 
     def _pointwise(self, node: Node, coords) -> Stmt:
@@ -460,7 +526,7 @@ class _Planner:
 
         comment = self._comment(node)
         scale = self._emit(
-            batch_norm_scale(text(var) or "", text(weight), node.params.get("eps", 1e-5)),
+            batch_norm_scale(text(var) or "", text(weight), self._number(node.params.get("eps", 1e-5), runtime=True)),
             FLOAT,
             [s for s in (var, weight) if s is not None],
             comment=comment + " (scale per channel)",
@@ -563,16 +629,20 @@ class _Planner:
             mean = self._mean(xs, comment + " (mean)")
             d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
             var = self._emit(f"{ss.name} / C", FLOAT, [ss], comment + " (variance)")
-            inv = self._emit(f"tl.rsqrt({var.name} + {literal(float(node.params['eps']))})", FLOAT, [var])
+            inv = self._emit(f"tl.rsqrt({var.name} + {self._eps(node)})", FLOAT, [var])
             y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
             return self._affine(node, y, comment)
         if op == "rms_norm":
             sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
             ms = self._mean(sq, comment + " (mean square)")
-            inv = self._emit(f"tl.rsqrt({ms.name} + {literal(float(node.params['eps']))})", FLOAT, [ms])
+            inv = self._emit(f"tl.rsqrt({ms.name} + {self._eps(node)})", FLOAT, [ms])
             y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _eps(self, node: Node) -> str:
+        eps = node.params["eps"]
+        return self._number(eps if is_named(eps) else float(eps), runtime=True)
 
     def _same_place(self, coords, target) -> bool:
         """Same coordinates, where a size-1 domain dim's coordinate may also be written as 0."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fuselens.analysis.graph import Graph, Node, Ref
+from fuselens.analysis.graph import Graph, Node, Ref, is_named
 
 from .plan import KernelPlan
 
@@ -32,20 +32,42 @@ class NoReference(Exception):
     """An op whose call cannot be written as a self-contained function of the cluster's inputs."""
 
 
-def reference_text(graph: Graph, plan: KernelPlan, name: str, params: list[str], summary: str) -> str:
-    """`_<name>_reference(params)`: the cluster's members, replayed as the model called them."""
+def reference_text(
+    graph: Graph, plan: KernelPlan, name: str, params: list[str], summary: str, number_params: list[str] | None = None
+) -> str:
+    """`_<name>_reference(params, number_params)`: the cluster's members, replayed as the model called
+    them, with the numbers of the model's state (`plan.scalars`) as the caller passes them."""
+    number_params = number_params if number_params is not None else [slot.name for slot in plan.scalars]
     names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)}
+    numbers = {id(slot.value): _Param(p) for slot, p in zip(plan.scalars, number_params, strict=True)}
     body = []
     for member in sorted(plan.members):
         node = graph[member]
         if member in names:
             continue
         names[member] = f"v{member}"
-        body.append(f"    v{member} = {_call(node, names, graph, [slot.node for slot in plan.inputs])}")
+        body.append(f"    v{member} = {_call(node, names, graph, [slot.node for slot in plan.inputs], numbers)}")
     outputs = [names[o.node] for o in plan.outputs]
     body.append(f"    return {', '.join(outputs)}")
     doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
-    return "\n".join([f"def _{name}_reference({', '.join(params)}):", doc, *body])
+    return "\n".join([f"def _{name}_reference({', '.join(params + number_params)}):", doc, *body])
+
+
+class _Param:
+    """A number the reference takes as a parameter (`eps`), where the model's call passed `self.eps`."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _with_params(value: Any, numbers: dict[int, _Param]) -> Any:
+    if is_named(value):
+        return numbers.get(id(value), value)
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return type(value)(_with_params(v, numbers) for v in value)
+    if isinstance(value, dict):
+        return {k: _with_params(v, numbers) for k, v in value.items()}
+    return value
 
 
 class _DtypeOf:
@@ -55,10 +77,11 @@ class _DtypeOf:
         self.name = name
 
 
-def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int]) -> str:
+def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], numbers: dict[int, _Param]) -> str:
     if node.replay is None:
         raise NoReference(f"`{node.op}` was recorded without its call")
     func, args, kwargs, index = node.replay
+    args, kwargs = _with_params(args, numbers), _with_params(kwargs, numbers)
     if getattr(func, "__name__", "") in ("to", "type") and not _spells_dtype(node):
         args, kwargs = _following_dtype(args, kwargs, [(names[i], graph[i]) for i in inputs])
     if getattr(func, "__name__", "") in ("layer_norm", "rms_norm"):
@@ -199,6 +222,8 @@ def _value(value: Any, names: dict[int, str]) -> str:
         return f"{_value(value.of, names)}.shape[-{value.dims}:]"
     if isinstance(value, _DtypeOf):
         return f"{value.name}.dtype"
+    if isinstance(value, _Param):
+        return value.name
     if isinstance(value, Ref):
         if value.node not in names:
             raise NoReference("an op reads a tensor that is not an input of the cluster")

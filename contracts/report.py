@@ -21,8 +21,8 @@ from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
-# the original lines of an edit
-SCHEMA_VERSION = 4
+# the original lines of an edit; 5: the numbers of the model's state a cluster takes
+SCHEMA_VERSION = 5
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -57,6 +57,19 @@ class TensorInfo:
     shape: list[int] | None
     dtype: str
     name: str | None = None  # the user's expression for it, when known ("x", "self.weight")
+
+
+@dataclass
+class Number:
+    """A number of the model's state that a cluster's ops take (`self.eps`, `math.sqrt(self.head_dim)`):
+    the kernel's function takes it from its caller, so that every instance computes with its own."""
+
+    name: str  # the kernel function's parameter
+    value: float  # in the analyzed instance: the parameter's default
+    type: Literal["float", "int"]
+    text: str  # as the op's call spells it
+    passed: str | None  # what the replaced code passes for it (None: the cluster has no region)
+    in_kernel: bool  # a kernel argument; False: the kernel has the analyzed value, and another runs the reference
 
 
 @dataclass
@@ -161,6 +174,7 @@ class Cluster:
     applies: Literal["edit", "patch", "no"] = "no"
     apply_detail: str = ""
     patch: LibraryPatch | None = None  # set when it applies as "patch"
+    numbers: list[Number] = field(default_factory=list)
 
     @property
     def bytes_saved(self) -> int | None:

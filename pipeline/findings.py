@@ -68,7 +68,8 @@ def findings(
             inputs = [s.node for s in plan.inputs]
             outputs = [o.node for o in plan.outputs]
             unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
-            mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source)
+            numbers = [(n.text, n.at) for n in plan.scalars]
+            mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
             path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits, index, position))
         path_rejected = [(graph, r, note) for r in detection.rejected]
         path_matches = [(graph, m, note) for m in patterns_mod.find_patterns(graph)]

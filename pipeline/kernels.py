@@ -17,6 +17,7 @@ from fuselens.analysis.regions import Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.emit import emit
 from fuselens.codegen.patches import kernel_alias, patched_kernels
+from fuselens.codegen.plan import ScalarSlot
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
 from fuselens.contracts.units import in_library, library_path
@@ -42,10 +43,12 @@ def generate_kernels(
             name = f"cluster{n}"
             n += 1
             params = _launcher_params(cluster)
+            numbers = _number_params(instance.plan.scalars, params)
+            cluster.numbers = _numbers(instance, numbers)
             try:
-                reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain)
+                reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain, numbers)
             except NoReference as exc:
-                reference, no_reference = _refusing_reference(name, params, str(exc)), str(exc)
+                reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
             else:
                 no_reference = ""
             try:
@@ -57,6 +60,7 @@ def generate_kernels(
                     _doc(cluster, source),
                     _comments(instance, source, params),
                     reference,
+                    numbers,
                 )
             except Exception as exc:  # codegen must never lose the analysis
                 cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
@@ -90,8 +94,6 @@ def _attach_edit(
     named = all(i.name for i in cluster.inputs)
     if no_reference:
         cluster.apply_detail = f"the kernel could not fall back to torch code where it cannot run: {no_reference}"
-    elif cluster.branch:
-        cluster.apply_detail = f"it is {cluster.branch}, which the example inputs do not take"
     elif region is None or not named:
         cluster.apply_detail = cluster.mapping_detail
     elif cluster.mapping == "exact":
@@ -155,6 +157,45 @@ def _launcher_params(cluster: R.Cluster) -> list[str]:
             base = f"{base}_{k}"
         params.append(base)
     return params
+
+
+def _number_params(slots: list[ScalarSlot], taken: list[str]) -> list[str]:
+    """A parameter name for each number of the model's state the kernel takes: `eps` for `self.eps`,
+    `value<k>` for an expression (`math.sqrt(self.head_dim)`)."""
+    names: list[str] = []
+    for k, slot in enumerate(slots):
+        base = _identifier(slot.text) if _is_reference(slot.text) else ""
+        base = base or f"value{k}"
+        if base in taken or base in names or base in ("self", "torch", "triton", "tl"):
+            base = f"{base}_{k}"
+        names.append(base)
+    return names
+
+
+def _is_reference(text: str) -> bool:
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return False
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
+
+
+def _numbers(instance: Found, names: list[str]) -> list[R.Number]:
+    region = instance.mapping.region
+    passed = region.arguments[len(instance.plan.inputs) :] if region is not None else []
+    return [
+        R.Number(
+            name,
+            float(slot.value),
+            "float" if isinstance(slot.value, float) else "int",
+            slot.text,
+            passed[k] if k < len(passed) else None,
+            slot.runtime,
+        )
+        for k, (name, slot) in enumerate(zip(names, instance.plan.scalars, strict=True))
+    ]
 
 
 def _identifier(text: str | None) -> str:

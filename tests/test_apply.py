@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.apply import apply_file
 
 from conftest import EXAMPLES
@@ -98,7 +99,10 @@ def test_apply_never_touches_clusters_that_cannot_be_applied(tmp_path):
     result = apply_file(str(path), options, None, lambda r: True)
     assert result.applied == ["c1"]  # the block's own residual add and LayerNorm
     after = path.read_text().splitlines()
-    assert "        x, fused_1 = cluster1(x, self.attn(self.ln1(x)), self.ln2.weight, self.ln2.bias)" in after
+    assert (
+        "        x, fused_1 = cluster1(x, self.attn(self.ln1(x)), self.ln2.weight, self.ln2.bias, self.ln2.eps)"
+        in after
+    )
     assert "            x = block(x)" in after and "        x = self.ln_f(x)" in after
 
 
@@ -128,7 +132,7 @@ def test_restore_puts_back_the_lines_apply_replaced(tmp_path):
     original = (tmp_path / "llama_block.py").read_text()
     assert _cli("apply", "--yes", "llama_block.py", cwd=tmp_path).returncode == 0
     applied = (tmp_path / "llama_block.py").read_text()
-    assert "probs = cluster3(torch.matmul(q, k.transpose(2, 3)))" in applied
+    assert "probs = cluster3(torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim))" in applied
     one = _cli("restore", "--yes", "--kernel", "cluster3", "llama_block.py", cwd=tmp_path)
     assert one.returncode == 0 and "restored cluster3" in one.stdout, one.stdout + one.stderr
     text = (tmp_path / "llama_block.py").read_text()
@@ -205,3 +209,29 @@ def test_torch_export_captures_each_kernel_as_one_op(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     names = done.stdout.split()
     assert [n.split(".")[0] for n in names] == [f"cluster{k}" for k in range(6)], names
+
+
+def test_a_number_computed_inside_a_helper_is_not_baked_into_the_kernel(write_model):
+    path = write_model(
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        def scaled_gelu(x):
+            s = x.shape[-1] ** -0.5
+            return F.gelu(x * s)
+
+        class M(nn.Module):
+            def forward(self, x):
+                return scaled_gelu(x) + 1.0
+        """
+    )
+    with open(path, encoding="utf-8") as fh:
+        before = fh.read()
+    report = analyze_file(path, AnalyzeOptions(input_shapes=["8,64"]))
+    (cluster,) = report.models[0].clusters
+    assert cluster.op_chain == "mul → gelu → add" and cluster.applies == "no"
+    assert "`s` is computed in code that `forward` calls" in cluster.apply_detail
+    result = apply_file(path, AnalyzeOptions(input_shapes=["8,64"]), None, lambda r: True)
+    with open(path, encoding="utf-8") as fh:
+        assert not result.applied and fh.read() == before

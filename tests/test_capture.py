@@ -198,3 +198,89 @@ def test_recorded_values_keep_the_models_aliasing_and_what_was_there_before_an_i
     written = t.values[by_op["mul"][1]]
     torch.testing.assert_close(written, x * 3)
     assert written.untyped_storage().data_ptr() != t.values[by_op["input"][0]].untyped_storage().data_ptr()
+
+
+def _numbers(graph):
+    """(op, the number as the call spells it, what each frame calls it) for every number of the
+    model's state the ops took."""
+    from fuselens.analysis.graph import is_named
+
+    return [(n.op, v.text, sorted(v.at.values())) for n in graph for v in [*n.args, *n.params.values()] if is_named(v)]
+
+
+def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_model):
+    path = write_model(
+        """
+        import math
+        import torch
+        import torch.nn as nn
+
+        EPS = 1e-5
+
+        class Norm(nn.Module):
+            def __init__(self, eps):
+                super().__init__()
+                self.eps = eps
+
+            def forward(self, x):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+        def scaled(x, scaling):
+            return x * scaling
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = Norm(1e-6)
+                self.gn = nn.GroupNorm(4, 8)
+                self.head_dim = 64
+                self.scaling = 0.125
+
+            def forward(self, x, y):
+                h = self.norm(x) / math.sqrt(self.head_dim)
+                h = 3 * h + EPS + 2.0
+                h = scaled(h, self.scaling)
+                return h, self.gn(y)
+        """
+    )
+    t = _trace(path, "M", [InputSpec([2, 8]), InputSpec([2, 8, 4])])
+    assert _numbers(t.graph) == [
+        ("add", "self.eps", ["self.eps", "self.norm.eps"]),  # in the norm, and as the block reaches it
+        ("div", "math.sqrt(self.head_dim)", ["math.sqrt(self.head_dim)"]),
+        ("mul", "scaling", ["scaling", "self.scaling"]),  # the argument, and what the caller passed
+        ("group_norm", "self.num_groups", ["self.gn.num_groups"]),  # torch's own module
+        ("group_norm", "self.eps", ["self.gn.eps"]),
+    ]  # `3 * h`, `EPS`, `2.0`, `pow(2)`, `mean(-1)`: literals and module constants stay in the kernel
+
+
+def test_a_cluster_with_named_numbers_replays_as_one_compiled_graph(write_model):
+    """Validation times torch.compile on the cluster's recorded calls: the named numbers reach it as
+    plain constants, so the comparison is against one fused graph, not a graph broken at `self.eps`."""
+    from fuselens.analysis.detect import detect
+    from fuselens.codegen.plan import check, plan_cluster
+    from fuselens.validate.replay import cluster_function
+
+    path = write_model(
+        """
+        import torch
+        import torch.nn as nn
+
+        class Norm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.eps = 1e-6
+
+            def forward(self, x):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        """
+    )
+    t = _trace(path, "Norm", [InputSpec([4, 32])])
+    (group,) = detect(t.graph, check).clusters
+    plan = plan_cluster(t.graph, group.members)
+    assert [s.text for s in plan.scalars] == ["self.eps"]
+    run = cluster_function(t.graph, plan, {})
+    x = torch.randn(4, 32)
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="eager")  # fullgraph: a graph break raises
+    assert torch.allclose(compiled(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch._dynamo.reset()

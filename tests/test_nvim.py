@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -299,3 +300,69 @@ def test_library_analysis_after_saving(library_session):
     assert all(d["line"] == model_line for d in diagnostics), diagnostics  # the model's line, moved down
     # The patched norm runs one kernel: its cluster is no longer there to fuse.
     assert not [d for d in diagnostics if "(LlamaRMSNorm.forward)" in d["message"]], diagnostics
+
+
+@pytest.fixture(scope="module")
+def kinds_session(tmp_path_factory):
+    """The Llama block (a `rotate_half` helper, an RMSNorm module on the residual sum): one quick fix
+    of each kind, then restore."""
+    files = {
+        "llama_block.py": pathlib.Path(example("llama_block.py")).read_text(encoding="utf-8"),
+        "pyproject.toml": '[project]\nname = "ws"\n\n'
+        + pathlib.Path(example("pyproject.toml")).read_text(encoding="utf-8"),
+    }
+    return run_nvim(tmp_path_factory.mktemp("nvim-kinds"), "kinds", trusted=True, files=files)
+
+
+def _changed(before: str, after: str) -> tuple[list[str], list[str]]:
+    """The lines a fix removed and the lines it added (the kernels' import block aside)."""
+
+    def code(text: str) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if "_kernels import" not in line and not line.startswith(("try:", "except"))
+        ]
+
+    old, new = code(before), code(after)
+    return [line for line in old if line not in new], [line for line in new if line not in old]
+
+
+def test_quick_fix_of_a_subexpression_keeps_the_matmul(kinds_session):
+    _no_errors(kinds_session, "diagnostics", "fix expression")
+    fix = kinds_session["fixes"]["expression"]
+    removed, added = _changed(kinds_session["original"], fix["buffer"])
+    assert removed == [
+        "        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)",
+        "        probs = F.softmax(scores.float(), dim=-1).type_as(q)",
+    ]
+    assert added == ["        probs = cluster3(torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim))"]
+
+
+def test_quick_fix_across_a_helper_function(kinds_session):
+    _no_errors(kinds_session, "fix expression", "fix helper")
+    before, after = kinds_session["fixes"]["expression"]["buffer"], kinds_session["fixes"]["helper"]["buffer"]
+    assert _changed(before, after) == (
+        ["        q = q * cos + rotate_half(q) * sin"],
+        ["        q = cluster1(q, cos, sin)"],
+    )
+    assert "def rotate_half(x):" in after  # the helper stays: others may call it
+
+
+def test_quick_fix_binding_the_sum_and_the_norm_of_a_submodule(kinds_session):
+    _no_errors(kinds_session, "fix helper", "fix outputs")
+    before, after = kinds_session["fixes"]["helper"]["buffer"], kinds_session["fixes"]["outputs"]["buffer"]
+    assert _changed(before, after) == (
+        ["        x = x + self.wo(attn)", "        h = self.mlp_norm(x)"],
+        ["        x, h = cluster4(x, self.wo(attn), self.mlp_norm.weight, self.mlp_norm.eps)"],
+    )
+
+
+def test_restore_one_cluster_then_every_cluster(kinds_session):
+    _no_errors(kinds_session, "fix outputs", "restore one", "restore all")
+    assert "Restore the original code of cluster3" in kinds_session["restore_titles"]
+    one = kinds_session["restored_one"]
+    assert "scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)" in one
+    assert "q = cluster1(q, cos, sin)" in one  # the others stay fused
+    assert kinds_session["restored_all"] == kinds_session["original"]
+    assert kinds_session["model_on_disk"] == kinds_session["original"]

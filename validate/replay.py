@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fuselens.analysis.graph import Graph, Ref
+from fuselens.analysis.graph import Graph, Ref, plain
 from fuselens.codegen.plan import KernelPlan
 
 
@@ -50,11 +50,15 @@ def cluster_function(graph: Graph, plan: KernelPlan, values: dict[int, torch.Ten
         if r.node not in members_set and r.node not in inputs
     }
 
+    # The calls with plain numbers: torch.compile, which times the same calls, sees constants, not the
+    # capture's named numbers (an object of its own class would break its graph).
+    calls = {m: plain(graph[m].replay) for m in members}
+
     def run(*args):
         env = dict(extra)
         env.update(zip(inputs, args, strict=True))
         for m in members:
-            func, args, kwargs, index = graph[m].replay
+            func, args, kwargs, index = calls[m]
             out = func(*_substitute(args, env), **_substitute(kwargs, env))
             env[m] = out[index] if index is not None else out
         result = [env[o] for o in outputs]

@@ -4,6 +4,7 @@
 --   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
 --                               cluster in the library's code, then the analysis after saving
+--   $FUSELENS_MODE = "kinds": the Llama block; a quick fix of each kind, then restore
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()
@@ -198,6 +199,75 @@ if os.getenv("FUSELENS_MODE") == "library" then
   end)
 
   results.publications = publications
+  save()
+  vim.cmd("qa!")
+  return
+end
+
+if os.getenv("FUSELENS_MODE") == "kinds" then
+  -- The Llama block: one quick fix of each kind, each after the analysis of the previous result,
+  -- then the restore of one and of every cluster.
+  local function text()
+    return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n")
+  end
+  local function line_of(code)
+    for i, line in ipairs(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)) do
+      if line:find(code, 1, true) then
+        return i
+      end
+    end
+    error("no line holds " .. code)
+  end
+  local function analyzed_again(before)
+    vim.cmd("silent! write")
+    wait(240000, "the analysis of the saved file", function()
+      return #publications > before and publications[#publications].version == vim.lsp.util.buf_versions[bufnr]
+    end)
+  end
+  results.fixes = {}
+  local function fix(kind, code, pattern, expected)
+    step("fix " .. kind, function()
+      local before = #publications
+      vim.api.nvim_win_set_cursor(0, { line_of(code), 8 })
+      code_action(pattern)
+      wait(15000, "the edit", function()
+        return text():find(expected, 1, true) ~= nil
+      end)
+      results.fixes[kind] = { titles = results.action_titles, buffer = text() }
+      analyzed_again(before)
+    end)
+  end
+
+  step("diagnostics", function()
+    wait(240000, "6 cluster diagnostics", function()
+      return #ours(bufnr) >= 6
+    end)
+    results.original = text()
+  end)
+  fix("expression", "scores = torch.matmul(q, k.transpose(2, 3))", "^Fuse lines", "probs = cluster3(")
+  fix("helper", "q = q * cos + rotate_half(q) * sin", "^Fuse line", "q = cluster1(")
+  fix("outputs", "x = x + self.wo(attn)", "^Fuse lines", "x, h = cluster4(")
+  step("restore one", function()
+    local before = #publications
+    vim.api.nvim_win_set_cursor(0, { line_of("probs = cluster3("), 8 })
+    code_action("^Restore the original code of cluster3$")
+    wait(15000, "the restored lines", function()
+      return text():find("scores = torch.matmul", 1, true) ~= nil
+    end)
+    results.restore_titles = results.action_titles
+    results.restored_one = text()
+    analyzed_again(before)
+  end)
+  step("restore all", function()
+    vim.api.nvim_win_set_cursor(0, { line_of("q = cluster1("), 8 })
+    code_action("^Restore the original code of every fused cluster")
+    wait(15000, "every cluster restored", function()
+      return text():find("cluster", 1, true) == nil
+    end)
+    results.restored_all = text()
+    vim.cmd("silent! write")
+    results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
+  end)
   save()
   vim.cmd("qa!")
   return

@@ -1,0 +1,289 @@
+"""Where a Python number an op takes comes from, so that a kernel takes it from its caller.
+
+`x + self.eps` reaches torch as `Tensor.__add__(x, 1e-06)`: the value alone would be baked into
+the kernel, and another instance of the layer (another eps, another head size) would silently
+compute with the analyzed one's.  At the moment of the call the frame that made it is live: its
+source, at the call's span, says how each argument is spelled.  A literal (`2`, `-1e-6`,
+`math.pi`, a module-level constant) is the same for every call and stays in the kernel.
+Anything read from the frame's locals (`self.eps`, `scale`, `math.sqrt(self.head_dim)`) becomes a
+`NamedFloat`/`NamedInt` that knows what each frame of model code calls it:
+
+- the calling frame itself: the expression as written;
+- an outer frame, for an expression over `self` only: the same expression reached through that
+  frame's `self` (`self.eps` inside `RMSNorm.forward` is `self.mlp_norm.eps` in the block);
+- an outer frame, for a float read from locals: a local or an attribute of its `self` holding the
+  very same object (a `scaling` argument is `self.scaling` in the caller that passed it).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import linecache
+import os
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .graph import NamedFloat, NamedInt
+
+# Frames between a torch function and the code that called it: dispatch and Python wrappers.
+_WRAPPER_FILES = tuple(
+    os.path.join(os.path.dirname(torch.__file__ or ""), name)
+    for name in ("overrides.py", "_tensor.py", "_jit_internal.py")
+)
+
+Span = tuple[int, int, int, int]
+
+
+class _Source:
+    """A file's syntax tree, its expressions (and statements) by span."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.by_span: dict[Span, ast.AST] = {}
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return
+        for node in ast.walk(tree):
+            if getattr(node, "end_lineno", None) is None or not hasattr(node, "lineno"):
+                continue
+            span = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+            if isinstance(node, ast.expr) or span not in self.by_span:
+                self.by_span[span] = node
+
+
+class ScalarSources:
+    """Tags the numbers of torch calls with their provenance; one per trace (it caches parsed files)."""
+
+    def __init__(
+        self,
+        model_code: Callable[[str], bool],
+        invocation: Callable[[types.FrameType], tuple[int, str]],
+        module_path: Callable[[Any], str | None],
+        made_at: Callable[[Any, types.FrameType], Span | None],
+    ):
+        self._model_code = model_code  # whether a file is model code (the user's or a library's)
+        self._invocation = invocation  # a frame's invocation number and its `self`'s module path
+        self._module_path = module_path  # the module path of an object, None if it is no module of the model
+        self._made_at = made_at  # the span, in a frame, of the expression whose op made a tensor
+        self._sources: dict[str, _Source] = {}
+        self._positions: dict[types.CodeType, list] = {}
+
+    def tag(self, func: Callable, start: types.FrameType | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """`args`, `kwargs` with each number read from the caller's state replaced by a named one."""
+        if not any(_number(v) for v in (*args, *kwargs.values())):
+            return args, kwargs
+        frame = _calling_frame(func, start)
+        if frame is None:
+            return args, kwargs
+        spelled = self._spelling(func, frame, len(args), list(kwargs), args[0] if args else None)
+        new_args = tuple(self._named(v, spelled.get(i), frame) for i, v in enumerate(args))
+        new_kwargs = {k: self._named(v, spelled.get(k), frame) for k, v in kwargs.items()}
+        return new_args, new_kwargs
+
+    # ---- how the call spells its arguments ---------------------------------------------------
+
+    def _spelling(
+        self, func: Callable, frame: types.FrameType, nargs: int, kwarg_names: list[str], tensor_arg: Any
+    ) -> dict[int | str, ast.expr]:
+        """The expression of each argument position (and keyword) at the call the frame is making."""
+        node = self._call_node(frame)
+        if node is None:
+            return {}
+        name = getattr(func, "__name__", "")
+        if isinstance(node, ast.BinOp | ast.Compare):
+            left, right = node.left, node.right if isinstance(node, ast.BinOp) else node.comparators[0]
+            if name.startswith("__r") and name != "__rshift__":  # `2 - x` reaches torch as `x.__rsub__(2)`
+                return {0: right, 1: left}
+            # `3 * x` reaches torch as `x.mul(3)` too: the tensor's side says which operand is which.
+            tensor = self._tensor_side((left, right), tensor_arg, frame)
+            if tensor is None:
+                return {}
+            return {0: left, 1: right} if tensor is left else {0: right, 1: left}
+        if isinstance(node, ast.AugAssign):
+            return {0: node.target, 1: node.value}
+        if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
+            return {}
+        keywords: dict[str, ast.expr] = {k.arg: k.value for k in node.keywords if k.arg}
+        positional = list(node.args)
+        if _is_method(func) and isinstance(node.func, ast.Attribute) and len(positional) == nargs - 1:
+            positional = [node.func.value, *positional]  # `x.pow(2)`: the receiver is the first argument
+        if inspect.isfunction(func):  # the call and torch's dispatch may pass an argument differently
+            return _by_parameter(func, positional, keywords, nargs, kwarg_names)
+        spelled: dict[int | str, ast.expr] = {key: value for key, value in keywords.items()}
+        if len(positional) == nargs:
+            spelled.update(enumerate(positional))
+        return spelled
+
+    def _tensor_side(self, sides: tuple[ast.expr, ast.expr], tensor: Any, frame: types.FrameType) -> ast.expr | None:
+        """Which operand expression evaluated to `tensor`: a name (or attribute) bound to it, or the one
+        holding the expression of the op that made it."""
+        for side in sides:
+            if _bound_to(side, frame) is tensor:
+                return side
+        made = self._made_at(tensor, frame)
+        if made is not None:
+            for side in sides:
+                if _within(made, side):
+                    return side
+        return None
+
+    def _call_node(self, frame: types.FrameType) -> ast.AST | None:
+        filename = frame.f_code.co_filename
+        source = self._sources.get(filename)
+        if source is None:
+            source = self._sources[filename] = _Source("".join(linecache.getlines(filename)))
+        code = frame.f_code
+        positions = self._positions.get(code)
+        if positions is None:
+            positions = self._positions[code] = list(code.co_positions())
+        span = _span_at(positions, frame.f_lasti // 2)
+        return source.by_span.get(span) if span is not None else None
+
+    # ---- what each frame calls a number --------------------------------------------------------
+
+    def _named(self, value: Any, expr: ast.expr | None, frame: types.FrameType) -> Any:
+        if not _number(value) or expr is None:
+            return value
+        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+        local = {n for n in names if n in frame.f_locals}
+        if not local:
+            return value  # a literal or a module-level constant: the same in every call
+        text = ast.unparse(expr)
+        at: dict[int, str] = {}
+        owner = frame.f_locals.get("self") if "self" in local else None
+        owner_path = self._module_path(owner) if owner is not None else None
+        over_self = local == {"self"} and owner_path is not None
+        for f in self._model_frames(frame):
+            invocation, _ = self._invocation(f)
+            path = self._module_path(f.f_locals.get("self"))  # None in a plain function
+            if f is frame:
+                at[invocation] = text
+            elif over_self and path is not None:
+                reached = _reach(expr, owner_path or "", path)
+                if reached is not None:
+                    at[invocation] = reached
+            elif isinstance(value, float):
+                same = _holding(value, f)
+                if same is not None:
+                    at[invocation] = same
+        kind = NamedFloat if isinstance(value, float) else NamedInt
+        return kind(value, text, at)
+
+    def _model_frames(self, frame: types.FrameType) -> Iterator[types.FrameType]:
+        f: types.FrameType | None = frame
+        while f is not None:
+            if self._model_code(f.f_code.co_filename):
+                yield f
+            f = f.f_back
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_method(func: Callable) -> bool:
+    """A Tensor method (`x.pow`), whose receiver is its first argument, rather than a function."""
+    owner = getattr(func, "__objclass__", None)
+    if owner is not None:
+        return owner.__name__ in ("TensorBase", "Tensor", "_TensorBase")
+    qualname = getattr(func, "__qualname__", "")
+    return qualname.startswith(("Tensor.", "TensorBase."))
+
+
+def _calling_frame(func: Callable, frame: types.FrameType | None) -> types.FrameType | None:
+    """The frame whose code called `func`: past torch's dispatch, its Python wrappers and the frame of
+    `func` itself (a Python function such as `F.group_norm` dispatches from inside itself)."""
+    code = getattr(func, "__code__", None)
+    while frame is not None and (frame.f_code.co_filename.startswith(_WRAPPER_FILES) or frame.f_code is code):
+        frame = frame.f_back
+    return frame
+
+
+def _span_at(positions: list, index: int) -> Span | None:
+    if not 0 <= index < len(positions):
+        return None
+    line, end_line, col, end_col = positions[index]
+    if line is None or end_line is None or col is None or end_col is None:
+        return None
+    return line, col, end_line, end_col
+
+
+def _by_parameter(
+    func: Callable, positional: list[ast.expr], keywords: dict[str, ast.expr], nargs: int, kwarg_names: list[str]
+) -> dict[int | str, ast.expr]:
+    """`F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)` reaches the mode as
+    `(x, num_groups)` and `weight=, bias=, eps=`: both matched to the function's parameters."""
+    try:
+        signature = inspect.signature(func)
+        written = signature.bind_partial(*positional, **keywords).arguments
+        names = list(signature.parameters)
+    except (TypeError, ValueError):
+        return {}
+    spelled: dict[int | str, ast.expr] = {}
+    for i in range(min(nargs, len(names))):
+        if names[i] in written and isinstance(written[names[i]], ast.expr):
+            spelled[i] = written[names[i]]
+    for key in kwarg_names:
+        if isinstance(written.get(key), ast.expr):
+            spelled[key] = written[key]
+    return spelled
+
+
+def _bound_to(expr: ast.expr, frame: types.FrameType) -> Any:
+    """What a name or an attribute chain (`x`, `self.weight`) is bound to in `frame`, read without running
+    code (no properties, no `__getattr__` beyond a module's own tables); None otherwise."""
+    if isinstance(expr, ast.Name):
+        return frame.f_locals.get(expr.id)
+    if isinstance(expr, ast.Attribute):
+        owner = _bound_to(expr.value, frame)
+        if owner is None:
+            return None
+        found = getattr(owner, "__dict__", {}).get(expr.attr)
+        if found is None:
+            for table in ("_parameters", "_buffers", "_modules"):
+                found = getattr(owner, "__dict__", {}).get(table, {}).get(expr.attr)
+                if found is not None:
+                    break
+        return found
+    return None
+
+
+def _within(span: Span, expr: ast.expr) -> bool:
+    outer = (expr.lineno, expr.col_offset, expr.end_lineno or expr.lineno, expr.end_col_offset or 0)
+    return (outer[0], outer[1]) <= (span[0], span[1]) and (span[2], span[3]) <= (outer[2], outer[3])
+
+
+def _reach(expr: ast.expr, from_path: str, to_path: str) -> str | None:
+    """`expr`, an expression over `self` in a method of the module at `from_path`, as written in a
+    method of the module at `to_path` (an ancestor): `self.eps` -> `self.mlp_norm.eps`."""
+    if to_path and from_path != to_path and not from_path.startswith(to_path + "."):
+        return None
+    if not to_path and not from_path:
+        return ast.unparse(expr)
+    rest = from_path[len(to_path) + 1 :] if to_path else from_path
+    reached = "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest.split(".") if p)
+    replacement = ast.parse(reached, mode="eval").body
+
+    class _Rebase(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return replacement if node.id == "self" else node
+
+    return ast.unparse(_Rebase().visit(ast.parse(ast.unparse(expr), mode="eval")).body)
+
+
+def _holding(value: float, frame: types.FrameType) -> str | None:
+    """A name of `frame` bound to this very float object: a local, or an attribute of its `self`."""
+    for name, held in frame.f_locals.items():
+        if held is value and name != "self" and not hasattr(builtins, name):
+            return name
+    owner = frame.f_locals.get("self")
+    for name, held in getattr(owner, "__dict__", {}).items():
+        if held is value and not name.startswith("_"):
+            return f"self.{name}"
+    return None
