@@ -238,6 +238,7 @@ def from_pyproject(table: dict[str, Any], class_name: str, pyproject: str) -> Mo
 _INLINE = re.compile(r"#\s*fuselens:\s*(?P<body>.*)$")
 _INPUT = re.compile(r"input\s*=\s*\(\s*(?P<shape>[^)]*)\)\s*(?P<dtype>[A-Za-z_.][\w.]*)?")
 _INIT = re.compile(r"init\s*=\s*\(")
+_SHAPE = re.compile(r"\(\s*\d[^)]*\)\s*[\w.]*")
 
 
 def from_comment(line: str, where: str) -> ModelSettings | None:
@@ -257,6 +258,12 @@ def from_comment(line: str, where: str) -> ModelSettings | None:
     specs = []
     for m in _INPUT.finditer(body):
         specs.append(_spec(parse_shape(m.group("shape"), where), m.group("dtype"), where))
+    stray = _SHAPE.search(_INPUT.sub("", body))
+    if stray:  # `input=(8, 64), (8, 64)`: a shape without its `input=` would be dropped
+        raise ConfigError(
+            f"{where}: `{stray.group(0).strip()}` has no `input=`: write each input as input=(...) dtype, "
+            "as in input=(8, 64) float32, input=(8, 64) float32"
+        )
     if specs:
         settings.inputs = specs
     elif "input" in body:
