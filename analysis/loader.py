@@ -45,10 +45,13 @@ class LoadError(Exception):
 def import_file(path: str, user_code: UserCode, text: str | None = None) -> ModuleType:
     """Execute the file (or `text` as if it were the file) as a fresh module.
 
-    Its directory goes on sys.path so its local imports resolve.
+    Its directory goes on sys.path so its local imports resolve: the directory of the file itself,
+    past any symbolic link, as Python does for a script.  A link's own folder is not the file's: a
+    module there named like one the file imports would run in its stead, from a folder nobody
+    trusted (trust is decided on the resolved path too).
     """
     path = os.path.abspath(path)
-    directory = os.path.dirname(path)
+    directory = os.path.dirname(os.path.realpath(path))
     if directory not in sys.path:
         sys.path.insert(0, directory)
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]

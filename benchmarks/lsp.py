@@ -1,6 +1,7 @@
 """The language server as an editor feels it: a real LSP client over stdio.
 
     python benchmarks/lsp.py [--saves 20] [--requests 100]
+    python benchmarks/lsp.py --burst 30
 
 Prints: server start -> initialized; open -> first diagnostics (cold, worker warming
 up); save -> diagnostics p50/p95 over N saves (warm) for ExampleNet and the 12-layer GPT;
@@ -176,6 +177,84 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
     shutil.rmtree(work, ignore_errors=True) if not os.environ.get("KEEP") else None
 
 
+def descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for p in frontier for c in children(p)]
+        found += kids
+        frontier = kids
+    return found
+
+
+async def burst(count: int) -> None:
+    """`count` documents opened and saved at once, the torch.compile comparison on: the summed
+    resident memory of the server and every process under it, sampled every 50 ms; hover latency on
+    the first document meanwhile; and when the last document's diagnostics arrive."""
+    work = tempfile.mkdtemp(prefix="fuselens-burst-")
+    with open(os.path.join(ROOT, "examples", "example_net.py"), encoding="utf-8") as fh:
+        base = fh.read()
+    texts = {f"net_{i}.py": base + f"\n# copy {i}\n" for i in range(count)}  # distinct: no shared cache entry
+    for name, text in texts.items():
+        with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    client = Client()
+    await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio")
+    await client.initialize_async(
+        lsp.InitializeParams(
+            capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
+            initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": True}},
+            workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="burst")],
+        )
+    )
+    client.initialized(lsp.InitializedParams())
+    server_pid = client._server.pid
+    first = f"file://{os.path.join(work, 'net_0.py')}"
+    warm = client.wait_for(first, 1)
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(first, "python", 1, texts["net_0.py"]))
+    )
+    await asyncio.wait_for(warm, 300)  # the worker is warm: what follows is the burst itself
+    peak, hovers, done = 0.0, [], False
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done:
+            pids = [server_pid, *descendants(server_pid)]
+            peak = max(peak, sum(rss_mb(p) for p in pids if os.path.exists(f"/proc/{p}")))
+            await asyncio.sleep(0.05)
+
+    async def hover() -> None:
+        doc = lsp.TextDocumentIdentifier(first)
+        while not done:
+            t0 = time.perf_counter()
+            await client.text_document_hover_async(lsp.HoverParams(doc, lsp.Position(18, 8)))
+            hovers.append((time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(0.1)
+
+    sampler, hoverer = asyncio.ensure_future(sample()), asyncio.ensure_future(hover())
+    started = time.perf_counter()
+    waiters = []
+    for name, text in list(texts.items())[1:]:
+        uri = f"file://{os.path.join(work, name)}"
+        waiters.append(client.wait_for(uri, 1))
+        client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri, "python", 1, text)))
+        client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+    await asyncio.wait_for(asyncio.gather(*waiters), 600)
+    last = (time.perf_counter() - started) * 1000
+    await asyncio.sleep(10)  # the comparisons keep running in the background: memory while they do
+    done = True
+    await asyncio.gather(sampler, hoverer)
+    print(
+        f"burst of {count} documents, comparison on: last diagnostics after {last:.0f} ms; peak RSS of the "
+        f"server and its processes {peak:.0f} MB; hover p50 {statistics.median(hovers):.1f} ms, "
+        f"max {max(hovers):.1f} ms over {len(hovers)} hovers"
+    )
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--saves", type=int, default=20)
@@ -185,7 +264,13 @@ def main() -> int:
         action="store_true",
         help="keep the background torch.compile comparison on (it competes for the CPU)",
     )
+    parser.add_argument(
+        "--burst", type=int, default=0, help="instead: N documents opened and saved at once, comparison on"
+    )
     args = parser.parse_args()
+    if args.burst:
+        asyncio.run(burst(args.burst))
+        return 0
     asyncio.run(bench(args.saves, args.requests, args.inductor))
     return 0
 

@@ -62,24 +62,16 @@ class InductorComparer:
         self.jobs[uri] = asyncio.ensure_future(self._run(uri, path, analysis))
 
     async def _run(self, uri: str, path: str, analysis: Analysis) -> None:
-        from .commands import _Progress
-
         server = self.server
-        progress = await _Progress.start(server, "fuselens: comparing with torch.compile")
+        w = server.settings.worker
+        job = CompareJob(path, server.settings.analyze_options(analysis.text))
         try:
-            w = server.settings.worker
-            job = CompareJob(path, server.settings.analyze_options(analysis.text))
-            result = await server.get_worker().run(
-                job,
-                Limits(max(w.timeout_seconds, 300.0), w.memory_mb),
-                on_progress=lambda message, fraction: progress.report(message, fraction),
-            )
+            async with server.scheduler.admission.turn(background=True):  # after the analyses, one at a time
+                result = await self._compare(job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb))
         except JobFailed as exc:
             if exc.kind != "cancelled":
                 server.log_line(f"torch.compile comparison failed: {exc}")
             return
-        finally:
-            progress.end()
         self.completed += 1
         server.log_line(f"torch.compile comparison of {path.rsplit('/', 1)[-1]} v{analysis.version} done")
         key = self.key(analysis)
@@ -87,6 +79,18 @@ class InductorComparer:
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         self._merge(uri, analysis, result)
+
+    async def _compare(self, job: CompareJob, limits: Limits) -> ComparisonResult:
+        from .commands import _Progress
+
+        progress = await _Progress.start(self.server, "fuselens: comparing with torch.compile")
+        try:
+            result: ComparisonResult = await self.server.get_worker().run(
+                job, limits, on_progress=lambda message, fraction: progress.report(message, fraction)
+            )
+        finally:
+            progress.end()
+        return result
 
     def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
         server = self.server

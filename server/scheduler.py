@@ -10,13 +10,13 @@ only those that still match the document.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fuselens.contracts.report import Report
 from fuselens.worker.protocol import Failure
 
+from .admission import Admission
 from .workers import JobFailed
 
 
@@ -42,9 +42,6 @@ class _Slot:
 
 RunJob = Callable[[str, str, int], Awaitable[Report]]  # (path, text, version) -> its report
 
-# Jobs running the user's code at once, across documents: opening twenty files must not
-# fork twenty analyses on a laptop.  Waiting for a turn is cancellable like the job itself.
-MAX_CONCURRENT_JOBS = max(2, (os.cpu_count() or 2) // 2)
 OnResult = Callable[[str, Analysis], Awaitable[None] | None]
 
 
@@ -56,7 +53,7 @@ class Scheduler:
     _slots: dict[str, _Slot] = field(default_factory=dict)
     completed: int = 0
     cancelled: int = 0
-    _turns: asyncio.Semaphore | None = None
+    admission: Admission = field(default_factory=Admission)  # every job of the server takes its turn here
 
     def request(self, uri: str, path: str, version: int, text: str) -> None:
         slot = self._slots.setdefault(uri, _Slot())
@@ -76,9 +73,7 @@ class Scheduler:
         self.cache.pop(uri, None)
 
     async def _take_turn(self, path: str, text: str, version: int) -> Report:
-        if self._turns is None:
-            self._turns = asyncio.Semaphore(MAX_CONCURRENT_JOBS)
-        async with self._turns:
+        async with self.admission.turn():
             return await self.run_job(path, text, version)
 
     async def _run(self, uri: str, slot: _Slot) -> None:

@@ -10,6 +10,7 @@ Trust is deliberately *not* a setting here: see `trust.py`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -19,6 +20,22 @@ from fuselens.contracts.options import AnalyzeOptions
 SEVERITIES = ("error", "warning", "information", "hint")
 KINDS = ("clusters", "patterns", "rejections", "breaks", "problems")
 DEVICES = ("h200", "h100", "a100", "rtx4090")
+
+
+# Bounds on every number a client or a workspace can set: a job's limits must be ones the worker
+# can keep (a poll cannot wait 1e12 s; a job cannot start in a millisecond).
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 86400.0
+MIN_MEMORY_MB, MAX_MEMORY_MB = 256, 1024 * 1024
+MAX_PEAK_GBPS = 100000.0
+
+
+def _number_between(value: Any, low: float, high: float) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and low <= value <= high
+    )
 
 
 @dataclass
@@ -91,8 +108,8 @@ def _apply(s: Settings, key: str, value: Any) -> None:
             raise ValueError(f"must be one of {', '.join(DEVICES)}")
         s.device = value.lower().replace("-", "")
     elif key == "peak_gbps":
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
-            raise ValueError("must be a positive number of GB/s")
+        if value is not None and not _number_between(value, 1.0, MAX_PEAK_GBPS):
+            raise ValueError(f"must be a number of GB/s from 1 to {MAX_PEAK_GBPS:.0f}")
         s.peak_gbps = float(value) if value is not None else None
     elif key == "severity":
         if value not in SEVERITIES:
@@ -131,12 +148,12 @@ def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:
             raise TypeError(f"worker.{raw} must be a path to a Python interpreter")
         w.python = value or None
     elif key in ("timeout_seconds", "validate_timeout_seconds"):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"worker.{raw} must be a positive number of seconds")
+        if not _number_between(value, MIN_TIMEOUT_S, MAX_TIMEOUT_S):
+            raise ValueError(f"worker.{raw} must be a number of seconds from {MIN_TIMEOUT_S} to {MAX_TIMEOUT_S:.0f}")
         setattr(w, key, float(value))
     elif key == "memory_mb":
-        if not isinstance(value, int) or isinstance(value, bool) or value < 256:
-            raise ValueError(f"worker.{raw} must be an integer of at least 256 (MB)")
+        if not isinstance(value, int) or isinstance(value, bool) or not MIN_MEMORY_MB <= value <= MAX_MEMORY_MB:
+            raise ValueError(f"worker.{raw} must be an integer from {MIN_MEMORY_MB} to {MAX_MEMORY_MB} (MB)")
         w.memory_mb = value
     else:
         raise ValueError(f"unknown setting 'worker.{raw}'")

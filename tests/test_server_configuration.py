@@ -36,7 +36,7 @@ async def test_bad_settings_are_named_and_ignored(client: Client):
         assert message.type == lsp.MessageType.Warning
         assert "initializationOptions" in message.message and "ignored" in message.message
     assert "must be one of h200, h100, a100, rtx4090" in device[0].message
-    assert "must be a positive number of seconds" in timeout[0].message
+    assert "must be a number of seconds from 0.1 to 86400" in timeout[0].message
     # ... and analysis keeps working with the defaults (and the good settings).
     uri = client.open("config_bad.py", example_text())
     assert len(clusters(await client.diagnostics_of(uri, 1))) == 3

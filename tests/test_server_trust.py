@@ -51,6 +51,39 @@ user_trusted = server_fixture(
 )
 
 
+def trusted_library(root: str) -> str:
+    """A folder the user trusts, outside the workspace."""
+    return os.path.join(os.path.dirname(root), os.path.basename(root) + "-trusted")
+
+
+def link_into_a_trusted_folder(root: str) -> None:
+    """The untrusted workspace links to a model in a folder the user trusts, and ships its own module
+    named like one that model imports."""
+    lib = trusted_library(root)
+    os.makedirs(lib, exist_ok=True)
+    with open(os.path.join(lib, "model.py"), "w") as fh:
+        fh.write(
+            "import torch\nimport torch.nn as nn\nimport scaling\n\n\n"
+            "class Net(nn.Module):  # fuselens: input=(8, 64) float32\n"
+            "    def forward(self, x):\n"
+            "        return torch.relu(x) * scaling.FACTOR + 1.0\n"
+        )
+    with open(os.path.join(lib, "scaling.py"), "w") as fh:
+        fh.write("FACTOR = 2.0\n")
+    with open(os.path.join(root, "scaling.py"), "w") as fh:  # runs only if the workspace's folder is searched
+        fh.write(f"open({os.path.join(root, 'workspace-code-ran')!r}, 'w').close()\nFACTOR = 3.0\n")
+    os.symlink(os.path.join(lib, "model.py"), os.path.join(root, "linked.py"))
+    trust_file(user_config(root), [lib])
+
+
+linked = server_fixture(  # the workspace itself is not trusted: no worker warms up before the file is opened
+    init_options={},
+    wait_ready=False,
+    prepare=link_into_a_trusted_folder,
+    server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)},
+)
+
+
 async def check_nothing_runs(client: Client) -> None:
     first = client.open("example_net.py")
     second = client.open("gpt.py")
@@ -85,3 +118,12 @@ async def test_the_users_trust_file_trusts_the_folder(user_trusted: Client):
     diags = await user_trusted.diagnostics_of(uri, 1)
     assert len([d for d in diags if d.message.startswith("fusable:")]) == 3
     assert user_trusted.messages == []
+
+
+async def test_a_link_into_a_trusted_folder_imports_from_that_folder_only(linked: Client):
+    """The linked file is trusted (its real place is), and it is analyzed; its imports resolve beside
+    the real file, so the untrusted workspace's module of the same name never runs."""
+    uri = linked.open("linked.py")
+    diags = await linked.diagnostics_of(uri, 1)
+    assert [d for d in diags if d.message.startswith("fusable:")]
+    assert not os.path.exists(linked.path("workspace-code-ran"))
