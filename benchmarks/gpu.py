@@ -22,6 +22,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from provenance import line as provenance_line  # noqa: E402  (beside this script)
+from provenance import provenance  # noqa: E402
+
 EXAMPLES = os.path.join(ROOT, "examples")
 
 # example -> (class, {size label: (input shapes, constructor kwargs)})
@@ -134,13 +139,15 @@ def _f(value, digits=1, suffix=""):
     return "—" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def markdown(rows: list[dict], device: str, versions: dict) -> str:
+def markdown(rows: list[dict], device: str, versions: dict, measured_with: str = "") -> str:
     head = (
-        "| example | size | dtype | cluster | ops | regime | fused bytes | eager µs | compile µs | fused µs "
-        "| GB/s | % peak | vs eager | vs compile | predicted | launch µs fused / compile / eager |"
+        "| example | size | dtype | cluster | ops | regime | fused bytes | eager µs | torch.compile (default) µs "
+        "| fused µs | GB/s | % peak | vs eager | vs torch.compile (default) | predicted "
+        "| launch µs fused / compile / eager |"
     )
     lines = [
         f"Device: {device}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        *([f"Measured with: {measured_with}"] if measured_with else []),
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
@@ -210,6 +217,7 @@ def main() -> int:
     from fuselens.validate.gpu import copy_bandwidth_gbps
 
     versions = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    measured_with = provenance()
     device = torch.cuda.get_device_name()
     peak = copy_bandwidth_gbps(args.peak_gbps)
     print(f"{device}: copy bandwidth {peak:.0f} GB/s; {versions}", flush=True)
@@ -231,17 +239,23 @@ def main() -> int:
                 torch.cuda.empty_cache()
                 with open(os.path.join(args.out, "results.json"), "w") as fh:  # after every case: a cut run keeps it
                     json.dump(
-                        {"device": device, "copy_gbps": peak, "versions": versions, "rows": rows},
+                        {
+                            "device": device,
+                            "copy_gbps": peak,
+                            "versions": versions,
+                            "provenance": measured_with,
+                            "rows": rows,
+                        },
                         fh,
                         indent=1,
                         default=str,
                     )
-    _write_table(args.out, rows, device, versions)
+    _write_table(args.out, rows, device, versions, provenance_line(measured_with))
     return 0
 
 
-def _write_table(out: str, rows: list[dict], device: str, versions: dict) -> None:
-    table = markdown(rows, device, versions)
+def _write_table(out: str, rows: list[dict], device: str, versions: dict, measured_with: str = "") -> None:
+    table = markdown(rows, device, versions, measured_with)
     with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(table)
     print(table)

@@ -29,6 +29,11 @@ import sys
 import tempfile
 import textwrap
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from provenance import line as provenance_line
+from provenance import provenance
+
 MODEL = """
 from transformers import LlamaConfig, LlamaModel
 
@@ -132,6 +137,7 @@ def markdown(results: dict) -> str:
     lines = [
         f"Device: {results['device']}; torch {results['torch']}, triton {results['triton']}, "
         f"transformers {results['transformers']}",
+        f"Measured with: {provenance_line(results['provenance'])}",
         "",
         f"LlamaModel, {results['layers']} layers, hidden 4096, sequence {results['seq']}, bf16; "
         f"applied {', '.join(results['apply']['applied'])}; patched: {', '.join(m['patched_functions'])}",
@@ -189,6 +195,7 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "transformers": transformers.__version__,
+        "provenance": provenance(),
         "layers": args.layers,
         "seq": args.seq,
         # The clusters are timed before the file is changed: once it installs the patch, an analysis of

@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from gpu import EXAMPLES, SUITE  # noqa: E402  (the GPU suite's examples and sizes)
+from provenance import line as provenance_line  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 
 def _load(path: str, name: str):
@@ -120,12 +122,12 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     import torch
-    import triton
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
     rows = []
-    device, versions = torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}"
+    measured_with = provenance()
+    device, versions = torch.cuda.get_device_name(), provenance_line(measured_with)
     os.makedirs(args.out, exist_ok=True)
     # The branchy model reads a value (`if h.mean() > 0:`): no CUDA graph can capture it.
     for example in args.only or [e for e in SUITE if e != "branchy.py"]:
@@ -134,7 +136,7 @@ def main() -> int:
         torch._dynamo.reset()
         text = markdown(rows, device, versions)  # written after each example: a long suite keeps what it measured
         with open(os.path.join(args.out, "whole_model.json"), "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
+            json.dump({"device": device, "provenance": measured_with, "rows": rows}, fh, indent=1)
         with open(os.path.join(args.out, "whole_model.md"), "w", encoding="utf-8") as fh:
             fh.write(text)
     print(markdown(rows, device, versions))
