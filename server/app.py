@@ -4,24 +4,35 @@ It never imports torch.  Open and save schedule an analysis of that document in 
 worker host (`workers.py`, `scheduler.py`); the report that comes back is cached per
 document version, and every feature is answered from that cache (`features/`).
 Nothing runs until the user has trusted the workspace (`trust.py`).
+
+The byte stream is read by `framing.py` (bounded frames, resynchronised after a bad one) and
+fed to pygls' protocol here, which also keeps to the LSP lifecycle: `initialize` once, every
+request answered, InvalidRequest after `shutdown`, and the exit code `exit` asks for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
+import signal
 import sys
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote
 
+import attrs
 from cattrs import transform_error
 from lsprotocol import types as lsp
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcServerNotInitialized
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
@@ -30,6 +41,7 @@ from fuselens.contracts.report import Report
 from fuselens.contracts.version import TOOL_VERSION
 from fuselens.worker.protocol import AnalyzeJob, Limits
 
+from . import framing
 from . import settings as settings_mod
 from .commands import register_commands
 from .features import actions as actions_mod
@@ -39,39 +51,182 @@ from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
 from .inductor import InductorComparer
+from .runner import RemoteRunners, template_problem
 from .scheduler import Analysis, Scheduler
 from .trust import Trust, client_trust
 from .watch import Watcher, affects
-from .workers import WorkerClient
+from .workers import JobFailed, WorkerClient
 
 log = logging.getLogger("fuselens.server")
+
+SETTINGS_WAIT = 10.0  # seconds a job waits for the settings `initialized` fetches (5 s of them for the client's)
+EXIT_GRACE = 2.0  # seconds the tasks still running at exit have to clean up
 
 
 _ANSWERED = object()  # a request already answered with an error while it was being read
 
 
 class FuselensProtocol(LanguageServerProtocol):
-    """pygls' protocol, except that a request whose params cannot be read is answered.
+    """pygls' protocol, fed JSON values by `framing.py`, and answering every request it is sent.
 
-    pygls drops such a request before dispatching it (a negative line, a missing URI), so
-    the client would wait for its answer for ever; here it gets an InvalidParams error.
+    pygls drops a request whose params cannot be read (a negative line, a missing URI), one that
+    is not JSON-RPC 2.0, one sent after `shutdown`, and a notification's method sent with an id,
+    so the client would wait for an answer for ever; here each gets an error.  Each kind of
+    malformed message is logged once, on one line.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initialize_seen = self.initialized_seen = False
+        self.commands_running: dict[Any, asyncio.Task[Any]] = {}  # request id -> the command's task
+        self.complaints: Counter[str] = Counter()
+
+    def receive(self, value: Any) -> None:
+        """Handle one message, as the stream gave it (any JSON value)."""
+        problem = _not_a_message(value)
+        if problem is not None:
+            if isinstance(value, dict) and "method" in value and _is_id(value.get("id")):
+                self._refuse(value["id"], JsonRpcInvalidRequest(f"not a valid request: {problem}"))
+            self.complain("message", problem)
+            return
+        method = value.get("method")
+        if method is not None and "id" in value:
+            refusal = self._lifecycle(method)
+            if refusal is not None:
+                self._refuse(value["id"], refusal)
+                return
+        elif method is not None and self._out_of_order(method):
+            return
+        try:
+            message = self.structure_message(value)
+        except JsonRpcException as exc:  # a notification, or the client's answer to a request of ours
+            what = f"a {method} notification" if method is not None else "an answer"
+            self.complain("unreadable", f"{what} that cannot be read ({type(exc.__cause__).__name__})")
+            if method is None:
+                self._unanswerable(value["id"], exc)
+            return
+        if message is _ANSWERED:
+            return
+        if method is None and self._answer_too_late(value["id"]):
+            return
+        if method == lsp.INITIALIZE:
+            self.initialize_seen = True
+        try:
+            self.handle_message(message)
+        except Exception as exc:  # (pygls answers a request whose handler fails; this is anything else)
+            self.complain("not handled", f"{type(exc).__name__}: {exc}")
+
+    def complain(self, kind: str, detail: str) -> None:
+        """Log a malformed message: the first of each kind, briefly; the others are only counted."""
+        self.complaints[kind] += 1
+        if self.complaints[kind] == 1:
+            log.warning("ignored a malformed message (%s): %s; more of this kind are not logged", kind, detail[:300])
 
     def structure_message(self, data: dict[str, Any]):
         try:
             return super().structure_message(data)
-        except JsonRpcInvalidParams as exc:
-            if data.get("id") is None or not isinstance(data.get("method"), str):
-                raise  # a notification or a response: nobody waits for an answer
+        except JsonRpcException as exc:
+            if "method" not in data or "id" not in data:
+                raise
             cause = exc.__cause__
-            detail = "; ".join(transform_error(cause)) if cause is not None else "unreadable"
-            error = JsonRpcInvalidParams(f"invalid params for {data['method']}: {detail}")
-            self._send_response(data["id"], error=error.to_response_error())
+            if isinstance(exc, JsonRpcInvalidParams) and cause is not None:
+                detail = "; ".join(transform_error(cause))
+            else:
+                detail = f"{type(cause).__name__}: {cause}" if cause is not None else "unreadable"
+            self._refuse(data["id"], JsonRpcInvalidParams(f"invalid params for {data['method']}: {detail[:2000]}"))
             return _ANSWERED
 
     def handle_message(self, message) -> None:
-        if message is not _ANSWERED:
-            super().handle_message(message)
+        super().handle_message(message)
+        if getattr(message, "method", None) == lsp.CANCEL_REQUEST:
+            # pygls cancels the request's future, not the task of the command it runs
+            task = self.commands_running.get(getattr(message.params, "id", None))
+            if task is not None:
+                task.cancel()
+
+    def _lifecycle(self, method: str) -> JsonRpcException | None:
+        """Why a request for `method` is refused at this point of the lifecycle, if it is."""
+        if method == lsp.INITIALIZE:
+            return JsonRpcInvalidRequest("the server is already initialized") if self.initialize_seen else None
+        if not self.initialize_seen:
+            return JsonRpcServerNotInitialized(f"{method} before initialize")
+        if self._shutdown:
+            return JsonRpcInvalidRequest(f"{method} after shutdown: the server is shutting down")
+        return None
+
+    def _out_of_order(self, method: str) -> bool:
+        """A notification the lifecycle drops: any but `exit` before initialize, a second `initialized`."""
+        if not self.initialize_seen and method != lsp.EXIT:
+            self.complain("before initialize", f"the notification {method} came before initialize")
+            return True
+        if method == lsp.INITIALIZED:
+            if self.initialized_seen:
+                self.complain("initialized again", "a second initialized notification")
+                return True
+            self.initialized_seen = True
+        return False
+
+    def _answer_too_late(self, msg_id: Any) -> bool:
+        """An answer to a request of ours that was cancelled meanwhile (`shutdown` cancels them all)."""
+        future = self._request_futures.get(msg_id)
+        if future is None or not future.done():
+            return False
+        del self._request_futures[msg_id]
+        return True
+
+    def _unanswerable(self, msg_id: Any, error: JsonRpcException) -> None:
+        """Our request `msg_id` failed: the client's answer cannot be read.  (pygls would leave it
+        waiting for ever, and the command that asked with it.)"""
+        future = self._request_futures.pop(msg_id, None)
+        if future is not None and not future.done():
+            future.set_exception(JsonRpcException(f"the client's answer cannot be read: {error.__cause__ or error}"))
+
+    def _refuse(self, msg_id: Any, error: JsonRpcException) -> None:
+        self._send_response(msg_id, error=error.to_response_error())
+
+    @lsp_method(lsp.SHUTDOWN)
+    def lsp_shutdown(self, *args):
+        """pygls' shutdown, except that the requests in flight are cancelled first (each answered as
+        cancelled, and a command's work, a remote runner say, stopped before the server's own), and
+        over a copy of their table: cancelling one removes it from the table."""
+        current = self.msg_id
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current and not future.done():
+                future.cancel()
+        if (user_handler := self.fm.features.get(lsp.SHUTDOWN)) is not None:
+            yield user_handler, args, None
+        self._shutdown = True
+
+
+def _not_a_message(value: Any) -> str | None:
+    """Why `value` is not a JSON-RPC 2.0 request, notification or response (None if it is one)."""
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    if value.get("jsonrpc") != "2.0":
+        return 'not JSON-RPC 2.0 (no "jsonrpc": "2.0")'
+    if "method" in value:
+        method = value["method"]
+        if not isinstance(method, str):
+            return "a method that is not a string"
+        if "id" in value and not _is_id(value["id"]):
+            return "an id that is neither an integer nor a string"
+        if "id" in value and _is_notification(method):
+            return f"{method} is a notification, sent with an id"
+        return None
+    if not _is_id(value.get("id")) or not ("result" in value or "error" in value):
+        return "neither a request, a notification nor a response"
+    return None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+@functools.lru_cache(maxsize=256)
+def _is_notification(method: str) -> bool:
+    """An LSP method whose messages carry no id."""
+    types = lsp.METHOD_TO_TYPES.get(method)
+    return types is not None and attrs.has(types[0]) and "id" not in attrs.fields_dict(types[0])
 
 
 class FuselensServer(LanguageServer):
@@ -95,6 +250,78 @@ class FuselensServer(LanguageServer):
         self.stats = {"published": 0, "dropped_stale": 0}
         self.inductor = InductorComparer(self)
         self.background: set[asyncio.Future[Any]] = set()
+        self.remote = RemoteRunners()
+        self.configured = asyncio.Event()  # set once `initialized` has read the settings
+        self.protocol: FuselensProtocol
+
+    def command(self, command_name: str) -> Callable[[Any], Any]:
+        """pygls' command decorator, except that `$/cancelRequest` cancels the command's task (pygls
+        cancels only the request's future, and the command, a remote runner say, would run on)."""
+        register = super().command(command_name)
+
+        def decorator(handler: Callable[..., Coroutine[Any, Any, Any]]):
+            @functools.wraps(handler)
+            async def cancellable(ls: FuselensServer, *args: Any) -> Any:
+                msg_id, task = ls.protocol.msg_id, asyncio.current_task()
+                if msg_id is not None and task is not None:
+                    ls.protocol.commands_running[msg_id] = task
+                try:
+                    return await handler(ls, *args)
+                finally:
+                    ls.protocol.commands_running.pop(msg_id, None)
+
+            register(cancellable)
+            return handler
+
+        return decorator
+
+    def serve_stdio(self) -> int:
+        """Serve on stdin and stdout until `exit` or the end of input; the exit code the LSP spec asks
+        for: 0 after `shutdown`, 1 for an `exit` without it (or a termination signal).
+
+        (pygls' `start_io` reads frames of any claimed size, loses the stream for good after a length
+        it cannot parse, and drops `exit`'s code; its protocol is fed from `framing.py` instead.)
+        """
+        self.protocol.set_writer(StdoutWriter(sys.stdout.buffer))
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        code = 0
+        try:
+            if loop.run_until_complete(self._serve(sys.stdin.fileno())):
+                code = 1
+        except SystemExit as exc:  # `exit`
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BrokenPipeError:
+            log.error("the client closed its end of the connection")
+        finally:
+            self.remote.kill_all()
+            _end_tasks(loop)
+            loop.close()
+            asyncio.set_event_loop(None)
+            self.shutdown()
+        return code
+
+    async def _serve(self, fd: int) -> bool:
+        """Read messages until the end of input; True if a signal ended the server instead."""
+        loop = asyncio.get_running_loop()
+        reading = asyncio.current_task()
+        assert reading is not None
+        signalled = False
+
+        def terminate() -> None:
+            nonlocal signalled
+            signalled = True
+            reading.cancel()
+
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                loop.add_signal_handler(number, terminate)
+        try:
+            await framing.read_messages(fd, self.protocol.receive, self.protocol.complain)
+        except asyncio.CancelledError:
+            if not signalled:
+                raise
+        return signalled
 
     # ---- state -----------------------------------------------------------------------------
     def get_worker(self) -> WorkerClient:
@@ -167,6 +394,9 @@ class FuselensServer(LanguageServer):
                 config = None
             merged, found = settings_mod.merge(merged, config, "settings")
             problems += found
+        if merged.remote_runner is not None and (problem := template_problem(merged.remote_runner)):
+            problems.append(problem)
+            merged.remote_runner = None
         self.settings = merged
         for problem in problems:
             if problem not in self.warned_settings:
@@ -187,10 +417,23 @@ class FuselensServer(LanguageServer):
         self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)
 
+    async def settings_read(self) -> None:
+        """Wait until the settings `initialized` reads are in (bounded: a client that never sends
+        `initialized` gets the defaults), so that no job runs with defaults the user has overridden."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.configured.wait(), SETTINGS_WAIT)
+
     async def _run_analysis(self, path: str, text: str, version: int) -> Report:
+        await self.settings_read()
         w = self.settings.worker
         job = AnalyzeJob(path, self.settings.analyze_options(text))
-        return await self.get_worker().run(job, Limits(w.timeout_seconds, w.memory_mb))
+        try:
+            return await self.get_worker().run(job, Limits(w.timeout_seconds, w.memory_mb))
+        except JobFailed as exc:
+            if exc.kind != "timeout":
+                raise
+            limit = f"{exc.error.message} (worker.timeoutSeconds is {w.timeout_seconds:g} s)"
+            raise JobFailed(dataclasses.replace(exc.error, message=limit)) from None
 
     def _on_result(self, uri: str, analysis: Analysis) -> None:
         doc = self.document(uri)
@@ -267,7 +510,10 @@ def on_initialize(ls: FuselensServer, params: lsp.InitializeParams) -> None:
 
 @server.feature(lsp.INITIALIZED)
 async def on_initialized(ls: FuselensServer, params: lsp.InitializedParams) -> None:
-    await ls.reload_settings()
+    try:
+        await ls.reload_settings()
+    finally:
+        ls.configured.set()
     caps = ls.client_capabilities.workspace
     watched = caps.did_change_watched_files if caps else None
     if watched and watched.dynamic_registration:
@@ -300,6 +546,28 @@ async def on_initialized(ls: FuselensServer, params: lsp.InitializedParams) -> N
         ls.in_background(_warm(ls))
 
 
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what still runs and give it EXIT_GRACE seconds to clean up (a remote runner's group is
+    killed, a worker job cancelled), twice, for what the first cancellations started; unlike
+    asyncio.run, never wait longer: the server is exiting, and a task that does not end is left."""
+    loop.set_exception_handler(_quiet_about_cancelling)
+    for _ in range(2):
+        tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        if not tasks:
+            break
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.wait(tasks, timeout=EXIT_GRACE))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def _quiet_about_cancelling(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """At exit, a callback that finds its task cancelled (pygls' continuation of a request whose
+    handler was cancelled) is expected, not an error to log with a traceback."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None], path: str) -> None:
     """Run `callback(path)` on the server's loop (the watcher calls from its own thread)."""
     loop.call_soon_threadsafe(callback, path)
@@ -320,6 +588,7 @@ async def _warm(ls: FuselensServer) -> None:
 
 @server.feature(lsp.SHUTDOWN)
 async def on_shutdown(ls: FuselensServer, params: None) -> None:
+    ls.remote.kill_all()
     if ls.watcher:
         ls.watcher.stop()
     if ls.worker:
@@ -468,6 +737,42 @@ def run(log_file: str | None = None) -> int:
         handlers.append(logging.FileHandler(log_file))
     logging.basicConfig(level=logging.INFO, handlers=handlers, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pygls").setLevel(logging.WARNING)
+    brief = _BriefOnce()
+    for handler in handlers:
+        handler.addFilter(brief)
     log.info("fuselens %s language server on stdio (python %s)", TOOL_VERSION, sys.version.split()[0])
-    server.start_io()
-    return 0
+    return server.serve_stdio()
+
+
+class _BriefOnce(logging.Filter):
+    """pygls logs a traceback for every message it cannot read or handle: a client that sends
+    thousands would bury the log.  Each kind of its warnings and errors (where, what, which
+    exception) is logged once, on one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        decided = getattr(record, "fuselens_once", None)  # (each handler asks again)
+        if decided is None:
+            decided = self._first_of_its_kind(record)
+            record.fuselens_once = decided
+        return decided
+
+    def _first_of_its_kind(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("pygls") or record.levelno < logging.WARNING:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        arg = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if error is None and isinstance(arg, BaseException):
+            error = arg  # (pygls' error reporter logs the exception as its argument)
+        key = (record.name, str(record.msg), type(error).__name__)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        text = record.getMessage().split("\n", 1)[0][:300]
+        if error is not None:
+            text += f" ({type(error).__name__}: {str(error)[:200]})"
+        record.msg, record.args, record.exc_info, record.exc_text = text + "; logged once", None, None, None
+        return True

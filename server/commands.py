@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import shlex
-import tempfile
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -22,18 +19,20 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from fuselens.codegen import files
 from fuselens.contracts.options import ValidateOptions
-from fuselens.contracts.plain import ContractError, from_plain
 from fuselens.contracts.validation import ValidationReport
 from fuselens.worker.protocol import Limits, ValidateJob
 
 from .features.actions import WRITE_MODULE
 from .features.text import path_to_uri, uri_to_path
+from .runner import RemoteFailed
 from .workers import JobFailed
 
 if TYPE_CHECKING:
     from .app import FuselensServer
 
 INTERPRET = "Check numerics in the Triton interpreter"
+
+SHOW_DOCUMENT_TIMEOUT_S = 10.0  # how long a command waits for the client to show a view
 
 
 def _args(args: tuple[Any, ...], spec: list[tuple[str, type, bool]]) -> list[Any]:
@@ -133,7 +132,9 @@ async def _validate(
         if not interpret and result.needs_gpu:
             if ls.settings.remote_runner:
                 progress.report("no local GPU: running the remote runner")
-                result = await _remote(ls, path, progress)
+                result = await ls.remote.validate(
+                    ls.settings.remote_runner, path, ls.settings.worker.validate_timeout_seconds, progress.report
+                )
             else:
                 choice = await _ask(
                     ls, "No CUDA GPU here, so kernels cannot be timed. " + result.problems[0], [INTERPRET]
@@ -154,40 +155,13 @@ async def _run_validation(
 ) -> ValidationReport:
     w = ls.settings.worker
     job = ValidateJob(path, ls.settings.analyze_options(text), ValidateOptions(interpret=interpret, clusters=clusters))
-    result: ValidationReport = await ls.get_worker().run(
-        job,
-        Limits(w.validate_timeout_seconds, w.memory_mb),
-        on_progress=lambda message, fraction: progress.report(message, fraction),
-    )
-    return result
-
-
-class RemoteFailed(Exception):
-    kind = "remote"
-
-
-async def _remote(ls: FuselensServer, path: str, progress: _Progress) -> ValidationReport:
-    template = ls.settings.remote_runner or ""
-    with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:
-        out = os.path.join(tmp, "validation.json")
-        command = template.format(file=shlex.quote(path), json=shlex.quote(out))
-        proc = await asyncio.create_subprocess_shell(
-            command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    async with ls.scheduler.admission.turn():
+        result: ValidationReport = await ls.get_worker().run(
+            job,
+            Limits(w.validate_timeout_seconds, w.memory_mb),
+            on_progress=lambda message, fraction: progress.report(message, fraction),
         )
-        lines: list[str] = []
-        assert proc.stdout
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            lines.append(line)
-            progress.report(line[-120:])
-        code = await proc.wait()
-        try:
-            if "{json}" in template and os.path.exists(out):
-                with open(out, encoding="utf-8") as fh:
-                    return from_plain(ValidationReport, json.load(fh), "the remote runner's result")
-            return from_plain(ValidationReport, json.loads("\n".join(lines)), "the remote runner's result")
-        except (ValueError, ContractError):
-            raise RemoteFailed(f"the remote runner exited {code}: " + " / ".join(lines[-5:])) from None
+    return result
 
 
 async def _ask(ls: FuselensServer, message: str, options: list[str]) -> str | None:
@@ -258,10 +232,30 @@ class _Progress:
 
 def _views_folder(ls: FuselensServer, path: str, kind: str) -> str:
     """`.fuselens/<kind>` in the workspace folder that holds `path`: inside the workspace, never
-    elsewhere (a file opened from outside it gets its views in the first workspace folder)."""
-    folder = os.path.join(ls.workspace_root(path) or ls.roots[0], ".fuselens", kind)
-    os.makedirs(folder, exist_ok=True)
+    elsewhere (a file opened from outside it gets its views in the first workspace folder).  A link
+    on the way (`.fuselens` pointing at a folder outside) is refused: views are written there only."""
+    root = ls.workspace_root(path) or ls.roots[0]
+    folder = os.path.join(root, ".fuselens", kind)
+    for step in (os.path.dirname(folder), folder):
+        if os.path.islink(step):
+            raise JsonRpcInvalidParams.of(
+                ValueError(f"{os.path.relpath(step, root)} is a symbolic link: fuselens writes no views through it")
+            )
+        os.makedirs(step, exist_ok=True)
     return folder
+
+
+async def _show_document(ls: FuselensServer, params: lsp.ShowDocumentParams) -> None:
+    """Ask the client to show a view; a client that never answers does not hold the command up."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ls.window_show_document_async(params), SHOW_DOCUMENT_TIMEOUT_S)
+
+
+def _write_view(target: str, text: str) -> None:
+    try:
+        files.replace_text(target, text)
+    except files.Refused as exc:
+        raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
 
 
 async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[str, Any]:
@@ -278,22 +272,19 @@ async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[
         raise JsonRpcInvalidParams.of(ValueError(f"no model or cluster {which!r} in {os.path.basename(path)}"))
     folder = _views_folder(ls, path, "kernels")
     target = os.path.join(folder, os.path.basename(chosen[0].kernel.path) if chosen else "kernels.py")
-    with open(target, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    _write_view(target, text)
     window = ls.client_capabilities.window
     if window and window.show_document and window.show_document.support:
         line = 0
         if chosen:
             marker = f"def {chosen[0].kernel.name}("
             line = next((i for i, code in enumerate(text.splitlines()) if code.startswith(marker)), 0)
-        with contextlib.suppress(Exception):
-            await ls.window_show_document_async(
-                lsp.ShowDocumentParams(
-                    path_to_uri(target),
-                    take_focus=True,
-                    selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0)),
-                )
-            )
+        await _show_document(
+            ls,
+            lsp.ShowDocumentParams(
+                path_to_uri(target), take_focus=True, selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))
+            ),
+        )
     return {"path": target, "kernels": [c.kernel.name for c in chosen], "text": text}
 
 
@@ -311,12 +302,10 @@ async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str
     text += "\n\n".join(analysis.inductor_sources.get(i, f"# {i}: no source") for i in ids) + "\n"
     folder = _views_folder(ls, path, "inductor")
     target = os.path.join(folder, f"{os.path.splitext(os.path.basename(path))[0]}_{cluster}.py")
-    with open(target, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    _write_view(target, text)
     window = ls.client_capabilities.window
     if window and window.show_document and window.show_document.support:
-        with contextlib.suppress(Exception):
-            await ls.window_show_document_async(lsp.ShowDocumentParams(path_to_uri(target), take_focus=True))
+        await _show_document(ls, lsp.ShowDocumentParams(path_to_uri(target), take_focus=True))
     return {"path": target, "kernels": ids, "status": comparison.status, "text": text}
 
 

@@ -87,9 +87,10 @@ class Scheduler:
             try:
                 analysis = Analysis(version, text, await slot.job)
             except asyncio.CancelledError:
-                if self._slots.get(uri) is not slot:
-                    return  # the document was closed
-                self.cancelled += 1
+                current = asyncio.current_task()
+                if self._slots.get(uri) is not slot or (current is not None and current.cancelling()):
+                    raise  # the document was closed, or this loop itself is cancelled (the server exits)
+                self.cancelled += 1  # the job was superseded by a newer request: run that one
                 continue
             except JobFailed as exc:
                 if exc.kind == "cancelled":

@@ -4,6 +4,9 @@ The host (`fuselens.worker.host`) runs in the user's interpreter with a scrubbed
 environment: only variables a Python/CUDA program needs pass through, never tokens or
 credentials.  If it dies, every job in flight fails with a clear error and the next job
 starts a fresh host.
+
+The host leads a session of its own.  It kills what its jobs start; when it cannot (it was
+killed, or stopped answering), the server kills whatever is left in that session.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ import contextlib
 import itertools
 import os
 import re
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fuselens.contracts.plain import ContractError, from_plain
 from fuselens.contracts.report import Report
 from fuselens.worker.protocol import (
+    MAX_MESSAGE_BYTES,
     Cancel,
     Done,
     Event,
@@ -28,11 +34,13 @@ from fuselens.worker.protocol import (
     Failure,
     Job,
     Limits,
+    Lines,
     Progress,
     Ready,
     Request,
     Run,
     Shutdown,
+    bounded,
     decode_event,
     encode,
     result_type,
@@ -40,6 +48,8 @@ from fuselens.worker.protocol import (
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
 HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
+TERM_GRACE = 2.0  # seconds a host given up on gets to kill its jobs' processes itself
+LOG_LINE_BYTES = 1 << 16  # a longer line on the host's stderr is dropped, not logged
 
 _PASS_THROUGH = re.compile(
     r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LC_\w+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHOME|VIRTUAL_ENV|"
@@ -107,8 +117,8 @@ class WorkerClient:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=scrubbed_environment(),
-                limit=1 << 26,
                 cwd=tempfile.gettempdir(),
+                start_new_session=True,  # a session of its own: what is left of it can be found and killed
             )
         except OSError as exc:
             raise JobFailed(Failure("unavailable", f"cannot start {self.python}: {exc}")) from exc
@@ -132,18 +142,21 @@ class WorkerClient:
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
         assert proc.stdout
+        lines = Lines()
         try:
-            while True:
-                line = await proc.stdout.readline()
-                if not line:
-                    break
-                try:
-                    message = decode_event(line)
-                except ContractError as exc:
-                    self.log(f"worker: ignored a malformed message: {exc}")
-                    continue
-                self._dispatch(message)
+            while chunk := await proc.stdout.read(1 << 16):
+                dropped = lines.dropped
+                for line in lines.feed(chunk):
+                    try:
+                        message = decode_event(line)
+                    except ContractError as exc:
+                        self.log(f"worker: ignored a malformed message: {exc}")
+                        continue
+                    self._dispatch(message)
+                if lines.dropped > dropped:
+                    self.log(f"worker: ignored a message longer than {MAX_MESSAGE_BYTES} bytes")
         finally:
+            _kill_session(proc.pid)  # the host is gone: nothing it started may stay
             error = Failure("crash", "the analysis worker exited unexpectedly")
             if not ready.done():
                 ready.set_exception(JobFailed(error))
@@ -155,13 +168,12 @@ class WorkerClient:
 
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr
-        while True:
-            line = await proc.stderr.readline()
-            if not line:
-                return
-            text = line.decode(errors="replace").rstrip()
-            self.stderr_tail = ([*self.stderr_tail, text])[-50:]
-            self.log(f"worker: {text}")
+        lines = Lines(LOG_LINE_BYTES)
+        while chunk := await proc.stderr.read(1 << 16):
+            for line in lines.feed(chunk):
+                text = line.decode(errors="replace").rstrip()
+                self.stderr_tail = ([*self.stderr_tail, text])[-50:]
+                self.log(f"worker: {text}")
 
     def _dispatch(self, message: Event) -> None:
         if isinstance(message, Ready):
@@ -192,22 +204,31 @@ class WorkerClient:
     ) -> Any:
         """Run a job and return its result (its `result_type()`); cancelling the awaiting task
         cancels (kills) the job in the worker."""
+        checked = bounded(limits)  # (the settings bound them too; the host checks them again)
+        if isinstance(checked, Failure):
+            raise JobFailed(checked)
         await self.ensure_started()
         proc = self._proc
         job_id = next(self._ids)
+        request = encode(Run(job_id, job, checked))
+        if len(request) > MAX_MESSAGE_BYTES:  # (the editor's buffer of a file of tens of MB)
+            too_long = (
+                f"the job is {len(request) / 2**20:.0f} MiB, more than the {MAX_MESSAGE_BYTES // 2**20} MiB "
+                "the worker reads"
+            )
+            raise JobFailed(Failure("unavailable", too_long))
         future = asyncio.get_running_loop().create_future()
         self._jobs[job_id] = (future, job, on_progress)
-        self._send(Run(job_id, job, limits))
+        self._write(request)
         try:
-            return await asyncio.wait_for(future, limits.seconds + HOST_GRACE)
+            return await asyncio.wait_for(future, checked.seconds + HOST_GRACE)
         except TimeoutError:
             # The host kills a job at its time limit; past that it is wedged (the model's code stopped
             # it, say). Kill it: its other jobs fail, and the next job starts a fresh host.
             self._jobs.pop(job_id, None)
             self.log(f"the worker did not answer job {job_id} within its time limit: restarting it")
             if proc is self._proc and proc is not None and proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+                await _terminate(proc)
             raise JobFailed(
                 Failure("timeout", "the analysis worker stopped responding within the time limit; it was restarted")
             ) from None
@@ -218,9 +239,12 @@ class WorkerClient:
             raise
 
     def _send(self, message: Request) -> None:
+        self._write(encode(message))
+
+    def _write(self, line: bytes) -> None:
         assert self._proc and self._proc.stdin
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
-            self._proc.stdin.write(encode(message))
+            self._proc.stdin.write(line)
 
     async def stop(self) -> None:
         proc = self._proc
@@ -233,13 +257,58 @@ class WorkerClient:
                     proc.stdin.close()
                 await asyncio.wait_for(proc.wait(), 3)
             except (TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
-                with contextlib.suppress(ProcessLookupError):  # it may exit just as the grace runs out
-                    proc.kill()
-                await proc.wait()
+                await _terminate(proc)
+        _kill_session(proc.pid)
         for task in (self._reader, self._stderr):
             if task:
                 task.cancel()
         self._proc = None
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    """End a host that is given up on: SIGTERM (and SIGCONT, should the model's code have stopped it)
+    lets it kill its jobs' processes itself; past TERM_GRACE it is killed (and its reader, seeing
+    it gone, kills what is left in its session)."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    try:
+        await asyncio.wait_for(proc.wait(), TERM_GRACE)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):  # it may exit just as the grace runs out
+            proc.kill()
+        await proc.wait()
+
+
+def _kill_session(session: int) -> None:
+    """SIGKILL every process left in the host's session: what its jobs started when the host was
+    not there to kill it (killed by the OOM killer, say).  Only a process that left the session
+    (setsid()) escapes this; the host itself kills those while it runs."""
+    if session in (os.getsid(0), os.getpid()):  # never the server's own
+        return
+    give_up = time.monotonic() + TERM_GRACE
+    while (left := _members(session)) and time.monotonic() < give_up:
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)  # a killed process takes a moment to become a zombie
+
+
+def _members(session: int) -> list[int]:
+    """The live processes of `session`, from /proc (Linux; elsewhere none are found)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()  # after the name, which may hold anything
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 3 and int(fields[3]) == session and fields[0] not in (b"Z", b"X"):
+                found.append(int(name))
+    return found
 
 
 def _result(job: Job, done: Done) -> Any:

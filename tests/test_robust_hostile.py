@@ -82,7 +82,7 @@ ERRORS = {
     "os-exit-in-forward": (
         hostile(forward="os._exit(7)"),
         "crash",
-        None,
+        "os._exit(7)",
         ["the model's code ended the worker (exit status 7) before it finished"],
     ),
     "keyboard-interrupt-in-forward": (

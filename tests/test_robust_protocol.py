@@ -1,20 +1,44 @@
 """Robustness, what an editor (or a broken client) sends: malformed and out-of-range requests,
-requests about documents that are not open, unknown commands and wrong arguments, and stale
-edits.  Every request gets a JSON-RPC error or an empty/null answer, never silence or a crash;
+requests about documents that are not open, unknown commands and wrong arguments, stale
+edits, broken framing, the lifecycle (initialize, shutdown, exit) and settings that arrive late.
+Every request gets a JSON-RPC error or an empty/null answer, never silence or a crash;
 afterwards the server still answers and analyzes normally; and nothing computed for an older
 version of a document is written over what the user typed since.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
 import os
 
 import pytest
 import pytest_asyncio
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
+from pygls.protocol import default_converter
+from pytest_lsp import ClientServerConfig, client_capabilities
+from pytest_lsp.client import register_lsp_features
 
-from lsp_helpers import Client, end_position, example_text, server_fixture, uri_of
+from fuselens.server import framing
+from fuselens.server.app import FuselensServer
+
+from lsp_helpers import (
+    FEATURES,
+    SERVER,
+    TIMEOUT,
+    Client,
+    end_position,
+    example_text,
+    make_client,
+    make_workspace,
+    replace_line,
+    running_server,
+    server_fixture,
+    uri_of,
+)
 from robust_helpers import Answer, fusable, raw_bytes, raw_notify, raw_request
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -22,7 +46,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 client = server_fixture()
 
 GOOD = [(18, 20, "mul → relu → add"), (23, 25, "gelu → sigmoid → mul"), (28, 30, "tanh → mul → softmax")]
-INVALID_PARAMS, METHOD_NOT_FOUND = -32602, -32601
+INVALID_PARAMS, METHOD_NOT_FOUND, INVALID_REQUEST, SERVER_NOT_INITIALIZED = -32602, -32601, -32600, -32002
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -398,3 +422,174 @@ async def test_write_kernel_module_refuses_a_stale_version(client: Client):
         assert fh.read() == mine
     with open(client.path("stale_module.py"), encoding="utf-8") as fh:
         assert fh.read() == client.texts[uri]
+
+
+# ---- framing -----------------------------------------------------------------------------------------
+
+
+def raw_stream(client: Client, data: bytes) -> None:
+    """Bytes onto the server's stdin exactly as given: no framing of their own."""
+    written = client.protocol.writer.write(data)
+    assert not inspect.isawaitable(written)  # (the stdin of a subprocess: written at once)
+
+
+BAD_FRAMES = {
+    "huge length": b"Content-Length: 99999999999\r\n\r\n{}",
+    "over the limit": b"Content-Length: %d\r\n\r\n{}" % (framing.MAX_BODY_BYTES + 1),
+    "negative length": b'Content-Length: -5\r\n\r\n{"jsonrpc": "2.0"}',
+    "non-numeric length": b"Content-Length: twelve\r\n\r\n{}",
+    "exponent": b"Content-Length: 1e3\r\n\r\n{}",
+    "no length": b"Content-Type: application/vscode-jsonrpc\r\n\r\n{}",
+    "no colon": b"Content-Length 12\r\n\r\n{}",
+    "no header": b'{"jsonrpc": "2.0", "id": "no-header", "method": "shutdown"}',
+    "endless header": b"X-Filler: " + b"a" * (framing.MAX_HEADER_BYTES * 3),
+    "truncated body": b'Content-Length: 90\r\n\r\n{"jsonrpc": "2.0", "method": "textDocument/didSave"',
+    "not JSON": b"Content-Length: 9\r\n\r\n{not json",
+    "not UTF-8": b'Content-Length: 4\r\n\r\n"\xff\xfe"',
+    "too deep": b"Content-Length: 200000\r\n\r\n" + b"[" * 200000,
+}
+
+
+async def test_bad_frames_are_skipped_and_the_stream_recovers(client: Client, figures, good):
+    """After each bad frame, the very next request is answered: the reader skipped that frame alone
+    (a length it cannot take, a header block that never ends, a body cut short) and found the next."""
+    for name, data in BAD_FRAMES.items():
+        raw_stream(client, data)
+        answer = await raw_request(
+            client, "textDocument/hover", {"textDocument": {"uri": good}, "position": position(18)}
+        )
+        assert answer.error is None and "c0" in answer.result.contents.value, f"after {name}: {answer}"
+    figures[f"bad_frames_{client.profile}"] = len(BAD_FRAMES)
+    await still_serving(client, good)
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def fresh_server(tmp_path, name: str):
+    """A server of its own (the test ends it), without waiting for its worker; killed if the test
+    fails (a server that stopped answering would not answer `shutdown` either)."""
+    async with running_server("visual-studio-code", make_workspace(str(tmp_path / name)), wait_ready=False) as client:
+        try:
+            yield client
+        except BaseException:
+            if client._server.returncode is None:
+                client._server.kill()
+                await client._server.wait()
+            raise
+
+
+async def test_initialize_is_answered_once(tmp_path):
+    async with fresh_server(tmp_path, "initialize twice") as client:
+        again = await raw_request(client, "initialize", {"capabilities": {}, "processId": None})
+        assert again.code == INVALID_REQUEST and "already initialized" in str(again.error), again
+        await still_answering(client)
+
+
+async def test_requests_after_shutdown_are_refused_and_exit_is_0(tmp_path):
+    async with fresh_server(tmp_path, "after shutdown") as client:
+        assert await client.shutdown_async(None) is None
+        for method, params in (
+            ("textDocument/hover", {"textDocument": {"uri": uri_of(client.root)}, "position": position(0)}),
+            ("workspace/executeCommand", {"command": "fuselens.analyze", "arguments": []}),
+            ("shutdown", None),
+            ("fuselens/bogus", None),
+        ):
+            answer = await raw_request(client, method, params, timeout=10)
+            assert answer.code == INVALID_REQUEST and "after shutdown" in str(answer.error), answer
+        raw_notify(client, "exit", None)
+        assert await asyncio.wait_for(client._server.wait(), TIMEOUT) == 0
+
+
+async def test_exit_without_shutdown_is_1(tmp_path):
+    async with fresh_server(tmp_path, "no shutdown") as client:
+        await still_answering(client)
+        raw_notify(client, "exit", None)
+        assert await asyncio.wait_for(client._server.wait(), TIMEOUT) == 1
+
+
+async def still_answering(client: Client) -> None:
+    answer = await raw_request(
+        client, "textDocument/hover", {"textDocument": {"uri": uri_of(client.root)}, "position": position(0)}
+    )
+    assert answer.error is None and answer.result is None, answer
+
+
+async def test_requests_before_initialize_are_refused(tmp_path):
+    config = ClientServerConfig(server_command=SERVER, client_factory=make_client)
+    client = await config.start()
+    try:
+        answer = await raw_request(
+            client, "textDocument/hover", {"textDocument": {"uri": "file:///a.py"}, "position": position(0)}
+        )
+        assert answer.code == SERVER_NOT_INITIALIZED, answer
+        raw_notify(client, "exit", None)
+        assert await asyncio.wait_for(client._server.wait(), TIMEOUT) == 1
+    finally:
+        if client._server.returncode is None:
+            client._server.kill()
+        await client.stop()
+
+
+# ---- settings before the first job -------------------------------------------------------------------
+
+
+async def _answer_once_opened(ls: Client, params: lsp.ConfigurationParams):
+    """A client slow to answer workspace/configuration: it answers only once the test has opened a
+    document (so the didOpen surely arrives while the server waits for its settings)."""
+    ls.configuration_requests += 1
+    ls.arrived()
+    await ls.opened.wait()
+    return [ls.get_configuration(section=item.section) for item in params.items]
+
+
+def slow_configuration_client() -> Client:
+    client = Client(converter_factory=default_converter)
+    client.opened = asyncio.Event()
+    register_lsp_features(client, {**FEATURES, lsp.WORKSPACE_CONFIGURATION: _answer_once_opened})
+    return client
+
+
+async def test_a_document_opened_before_the_settings_arrive_is_analyzed_with_them(tmp_path):
+    """timeoutSeconds 0.5 from workspace/configuration, answered only after a looping model was opened:
+    its analysis still runs under 0.5 s, not the 60 s default."""
+    root = make_workspace(str(tmp_path / "slow settings"))
+    config = ClientServerConfig(server_command=SERVER, client_factory=slow_configuration_client)
+    client = await config.start()
+    client.root = root
+    client.set_configuration({"worker": {"timeoutSeconds": 0.5}}, section="fuselens")
+    try:
+        await client.initialize_session(
+            lsp.InitializeParams(
+                capabilities=client_capabilities("visual-studio-code"),
+                initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": False}},
+                root_uri=uri_of(root),
+                workspace_folders=[lsp.WorkspaceFolder(uri=uri_of(root), name="slow")],
+            )
+        )
+        await client.wait_until(lambda: client.configuration_requests, "the server to ask for its settings")
+        uri = client.open("looping.py", replace_line(example_text(), 19, "        while x is not None: pass"))
+        await client.roundtrip()  # the didOpen has been handled, the settings are not in yet
+        client.opened.set()
+
+        (error,) = await client.diagnostics_of(uri, 1, timeout=40)
+        assert error.code == "timeout", error
+        assert "worker.timeoutSeconds is 0.5 s" in error.message, error.message
+    finally:
+        if client._server.returncode is None:
+            await asyncio.wait_for(client.shutdown_session(), TIMEOUT)
+        await client.stop()
+
+
+async def test_an_answer_to_a_request_the_server_cancelled_is_dropped():
+    """`shutdown` cancels the server's own requests too (a workspace/configuration it waits for,
+    say); the client's answer to one may still come, while the server's shutdown handler runs."""
+    protocol = FuselensServer().protocol
+    protocol.receive({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"capabilities": {}}})
+    cancelled: concurrent.futures.Future = concurrent.futures.Future()
+    cancelled.cancel()
+    protocol._request_futures["the server's request"] = cancelled
+    protocol.receive({"jsonrpc": "2.0", "id": "the server's request", "result": [None]})
+    assert "the server's request" not in protocol._request_futures
+    assert not protocol.complaints, protocol.complaints

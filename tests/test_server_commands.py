@@ -16,6 +16,19 @@ client = server_fixture()
 analyzed = analyzed_fixture()
 
 
+def outside(root: str) -> str:
+    return root.rstrip(os.sep) + "-outside"
+
+
+def views_linked_outside(root: str) -> None:
+    """The workspace's `.fuselens` is a link to a folder outside it."""
+    os.makedirs(outside(root), exist_ok=True)
+    os.symlink(outside(root), os.path.join(root, ".fuselens"))
+
+
+linked_views = server_fixture(prepare=views_linked_outside)
+
+
 def statuses(result: dict) -> dict[str, str]:
     return {c["id"]: c["status"] for m in result.get("models", []) for c in m.get("clusters", [])}
 
@@ -141,3 +154,11 @@ async def test_commands_need_an_analysis(client: Client):
     version = client.save_text(uri, client.texts[uri])
     await client.diagnostics_of(uri, version)
     assert (await client.command("fuselens.showKernel", uri))["kernels"] == ["cluster0", "cluster1", "cluster2"]
+
+
+async def test_show_kernel_writes_nothing_through_a_linked_views_folder(linked_views: Client):
+    uri = linked_views.open("linked_views.py", example_text())
+    await linked_views.diagnostics_of(uri, 1)
+    with pytest.raises(JsonRpcException, match=r"\.fuselens is a symbolic link"):
+        await linked_views.command("fuselens.showKernel", uri, "c1")
+    assert os.listdir(outside(linked_views.root)) == []

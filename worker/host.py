@@ -8,10 +8,24 @@ process costs milliseconds, the child imports the user's module afresh (so edits
 always seen), and whatever the user's code does (loop forever, allocate 50 GB, chdir,
 sys.exit, fork, print megabytes) stays in the child.
 
-Limits per job: wall time (the host kills the child's process group, after asking it for
-a stack dump so the report can name the line it was stuck on) and address space
-(RLIMIT_AS, so allocations fail with an error at the user's line).  The host is single
-threaded and uses torch with one thread: forking a multi-threaded process can deadlock.
+Limits per job: wall time (the child's watchdog thread dumps its stack at the limit, so the
+report can name the line it was stuck on, and the host then kills it) and address space
+(RLIMIT_AS, so allocations fail with an error at the user's line).
+
+What a job starts ends with it.  The host and every child are subreapers, so whatever the
+model's code forks stays below the host however it detaches (a double fork, setsid()); when
+a job ends (its answer, its time limit, a cancel) the host kills the child's process group
+and every process below the host that is not a running job's, and it does the same when it
+exits.
+
+The model's code cannot reach the server: the server's pipes are moved off fds 0 and 1 to
+descriptors the child closes before it runs anything, and the child answers over a socket of
+its own on which the host hears only the child itself (the kernel names each sender), so a
+fork of the model's code cannot speak for the job.  Lines are bounded both ways
+(`MAX_MESSAGE_BYTES`): the most the model's code can do is spoil its own job's answer.
+
+The host is single threaded and uses torch with one thread: forking a multi-threaded process
+can deadlock.
 """
 
 from __future__ import annotations
@@ -24,106 +38,150 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import contextlib
 import ctypes
 import faulthandler
+import posix
 import re
 import resource
 import selectors
 import signal
+import socket
+import stat
+import struct
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import NoReturn, TextIO
 
 from fuselens.contracts.plain import ContractError
 from fuselens.worker.protocol import (
+    MAX_MESSAGE_BYTES,
     Cancel,
     Done,
     Event,
     Failed,
     Failure,
-    FailureKind,
     Job,
     Limits,
+    Lines,
     Progress,
     Ready,
     Run,
     Shutdown,
+    bounded,
     decode_event,
     decode_request,
     encode,
     request_id,
 )
 
-DUMP_GRACE = 0.3  # seconds a timed-out child gets to write its stack before it is killed
+DUMP_GRACE = 0.3  # seconds a timed-out child's watchdog gets to write its stack before it is killed
+EXIT_POLL = 0.05  # seconds between checks for a child's exit, where the kernel cannot signal it
+SWEEP_SECONDS = 2.0  # the most that killing what a job left behind may take (a process stuck in the kernel)
+READS_PER_WAKE = 16  # chunks read from one child before the loop looks at the others and the clock
+PROGRESS_CHARS = 1000  # the longest progress note relayed to the server (and on to the editor)
+DUMP_TAIL = 1 << 20  # bytes of a stack dump read back: a stack is far shorter, what else is there is not read
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2) options (Linux)
+_UCRED = struct.Struct("3i")  # SCM_CREDENTIALS: pid, uid, gid
+_EXIT = os._exit  # the real one: a child replaces os._exit to see the model's code call it
+
+
+@dataclass(frozen=True)
+class Channel:
+    """The host's descriptors for the server's pipes, off fds 0 and 1."""
+
+    requests: int
+    events: int
+    pipes: frozenset[tuple[int, int]]  # (device, inode) of each pipe to the server, stderr's too
 
 
 @dataclass
 class Child:
     job_id: int
     pid: int
-    pipe: int
+    answers: socket.socket  # the host's end of the child's own channel
+    exited: int | None  # a pidfd, readable once the child has exited; None: polled instead
     deadline: float
-    dump_path: str
+    dump_path: str  # where its watchdog and faulthandler write its stack
     path: str  # the analyzed file, to find the user's line in a stack dump
-    buffer: bytearray = field(default_factory=bytearray)
-    finished: bool = False
-    dumped_at: float | None = None
+    lines: Lines = field(default_factory=Lines)
+    answer: Done | Failed | None = None  # the last one the child wrote: it counts once the child has exited
+    status: int | None = None  # its wait status, once reaped
+    timed_out_at: float | None = None
 
 
 class Host:
-    def __init__(self) -> None:
-        self.out = sys.stdout.buffer
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
         self.selector = selectors.DefaultSelector()
-        self.children: dict[int, Child] = {}  # by pipe fd
-        self.stdin_buffer = bytearray()
+        self.children: dict[int, Child] = {}  # by pid
+        self.requests = Lines()
         self.running = True
 
     def send(self, message: Event) -> None:
-        self.out.write(encode(message))
-        self.out.flush()
+        with contextlib.suppress(OSError):  # the server went away: reading its pipe says so
+            _write_all(self.channel.events, _line(message))
 
     # ---- main loop -----------------------------------------------------------------------
     def serve(self) -> None:
-        stdin = sys.stdin.buffer.fileno()
-        os.set_blocking(stdin, False)
-        self.selector.register(stdin, selectors.EVENT_READ, "stdin")
-        while self.running or self.children:
-            timeout = self._next_timeout()
-            for key, _ in self.selector.select(timeout):
-                if key.data == "stdin":
-                    self._read_stdin(stdin)
-                else:
-                    self._read_child(key.data)
-            self._enforce_deadlines()
+        os.set_blocking(self.channel.requests, False)
+        self.selector.register(self.channel.requests, selectors.EVENT_READ, ("requests", None))
+        try:
+            while self.running or self.children:
+                for key, _ in self.selector.select(self._next_timeout()):
+                    what, child = key.data
+                    if what == "requests":
+                        self._read_requests()
+                    elif child.pid not in self.children:
+                        continue  # ended by an earlier event of this round
+                    elif what == "answers":
+                        self._read_answers(child)
+                    else:
+                        self._end(child)
+                self._poll_exits()
+                self._enforce_deadlines()
+        finally:  # a SIGTERM, or a bug: nothing the jobs started may outlive the host
+            for child in list(self.children.values()):
+                self._end(child, Failure("cancelled", "the worker is shutting down"))
+            _kill_strays(spared=())
 
     def _next_timeout(self) -> float | None:
         if not self.children:
             return None
         now = time.monotonic()
-        soonest = min((c.dumped_at + DUMP_GRACE) if c.dumped_at else c.deadline for c in self.children.values())
-        return max(0.0, soonest - now)
+        soonest = min(
+            c.deadline if c.timed_out_at is None else c.timed_out_at + DUMP_GRACE for c in self.children.values()
+        )
+        timeout = max(0.0, soonest - now)
+        if any(c.exited is None for c in self.children.values()):
+            timeout = min(timeout, EXIT_POLL)
+        return timeout
 
-    def _read_stdin(self, fd: int) -> None:
+    def _read_requests(self) -> None:
         try:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(self.channel.requests, 1 << 16)
         except BlockingIOError:
             return
         if not chunk:  # the server went away: finish nothing, stop everything
             self.running = False
-            self.selector.unregister(fd)
+            self.selector.unregister(self.channel.requests)
             for child in list(self.children.values()):
-                self._kill(child, "cancelled", "the language server exited")
+                self._end(child, Failure("cancelled", "the language server exited"))
             return
-        self.stdin_buffer += chunk
-        while b"\n" in self.stdin_buffer:
-            line, _, rest = self.stdin_buffer.partition(b"\n")
-            self.stdin_buffer = bytearray(rest)
+        dropped = self.requests.dropped
+        for line in self.requests.feed(chunk):
             if not line.strip():
                 continue
             try:
-                self._handle(decode_request(bytes(line)))
+                self._handle(decode_request(line))
             except ContractError as exc:  # a server of another version, say: never fatal
-                self._refuse(bytes(line), exc)
+                self._refuse(line, exc)
+        if self.requests.dropped > dropped:
+            print(f"fuselens worker: dropped a request longer than {MAX_MESSAGE_BYTES} bytes", file=sys.stderr)
 
     def _refuse(self, line: bytes, error: ContractError) -> None:
         """A request that is not one: a job it names fails at once (its caller would wait for ever)."""
@@ -138,123 +196,210 @@ class Host:
         elif isinstance(message, Cancel):
             for child in list(self.children.values()):
                 if child.job_id == message.id:
-                    self._kill(child, "cancelled", "cancelled: a newer request superseded it")
+                    self._end(child, Failure("cancelled", "cancelled: a newer request superseded it"))
         else:
             self.running = False
             for child in list(self.children.values()):
-                self._kill(child, "cancelled", "the worker is shutting down")
+                self._end(child, Failure("cancelled", "the worker is shutting down"))
 
     # ---- children ------------------------------------------------------------------------
     def _start(self, job_id: int, job: Job, limits: Limits) -> None:
-        read_fd, write_fd = os.pipe()
-        dump_fd, dump_path = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
-        host_pid = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            os.close(read_fd)
-            _child_main(job_id, job, write_fd, dump_fd, limits.memory_mb, host_pid)
-        with contextlib.suppress(
-            OSError
-        ):  # its process group, from this side too: a kill at once after the fork reaches it
-            os.setpgid(pid, pid)
-        os.close(write_fd)
-        os.close(dump_fd)
-        child = Child(job_id, pid, read_fd, time.monotonic() + limits.seconds, dump_path, getattr(job, "path", ""))
-        self.children[read_fd] = child
-        self.selector.register(read_fd, selectors.EVENT_READ, read_fd)
-
-    def _read_child(self, fd: int) -> None:
-        child = self.children.get(fd)
-        if child is None:
+        checked = bounded(limits)  # the server checks them too; a value that crashed the host would end every job
+        if isinstance(checked, Failure):
+            self.send(Failed(job_id, checked))
             return
         try:
-            chunk = os.read(fd, 1 << 20)
-        except OSError:
-            chunk = b""
-        if chunk:
-            child.buffer += chunk
-            while b"\n" in child.buffer:
-                line, _, rest = child.buffer.partition(b"\n")
-                child.buffer = bytearray(rest)
-                self._relay(child, bytes(line))
+            answers, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            dump_fd, dump_path = tempfile.mkstemp(prefix="fuselens-stack-", suffix=".txt")
+        except OSError as exc:  # out of descriptors or disk, say: this job fails, the host goes on
+            self.send(Failed(job_id, Failure("unavailable", f"the worker cannot start a job: {exc}")))
             return
-        self._reap(child)
+        with contextlib.suppress(OSError, AttributeError):  # Linux: each read says which process wrote it
+            answers.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        answers.setblocking(False)
+        deadline = time.monotonic() + checked.seconds
+        private = [*self._descriptors(), answers.fileno()]
+        host_pid = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no processes left to the user (what a fork bomb left running, say)
+            answers.close()
+            theirs.close()
+            os.close(dump_fd)
+            _remove(dump_path)
+            self.send(Failed(job_id, Failure("unavailable", f"the worker cannot start a job: {exc}")))
+            return
+        if pid == 0:  # the child: never returns
+            _child_main(job_id, job, checked, theirs, dump_fd, deadline, host_pid, private, self.channel.pipes)
+        # Its process group, from this side too: a kill at once after the fork reaches it.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        theirs.close()
+        os.close(dump_fd)
+        child = Child(job_id, pid, answers, _pidfd(pid), deadline, dump_path, getattr(job, "path", ""))
+        self.children[pid] = child
+        self.selector.register(answers, selectors.EVENT_READ, ("answers", child))
+        if child.exited is not None:
+            self.selector.register(child.exited, selectors.EVENT_READ, ("exited", child))
 
-    def _relay(self, child: Child, line: bytes) -> None:
+    def _descriptors(self) -> list[int]:
+        """Every descriptor of the host's own: a child closes them before it runs the model's code."""
+        fds = [self.channel.requests, self.channel.events]
+        if isinstance(self.selector, selectors.EpollSelector):  # (Linux's; the others hold no descriptor here)
+            fds.append(self.selector.fileno())
+        for child in self.children.values():
+            fds.append(child.answers.fileno())
+            if child.exited is not None:
+                fds.append(child.exited)
+        return fds
+
+    def _read_answers(self, child: Child, reads: int = READS_PER_WAKE) -> None:
+        for _ in range(reads):
+            try:
+                data, ancillary, _, _ = child.answers.recvmsg(1 << 16, socket.CMSG_SPACE(_UCRED.size))
+            except BlockingIOError:
+                return
+            except OSError:
+                data, ancillary = b"", []
+            if not data:  # every copy of the child's end is closed; its exit ends the job
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(child.answers)
+                return
+            if _sender(ancillary) not in (child.pid, None):
+                continue  # a process the model's code forked: it does not speak for the job
+            for line in child.lines.feed(data):
+                self._take(child, line)
+
+    def _take(self, child: Child, line: bytes) -> None:
         try:
             message = decode_event(line)
         except ContractError:
-            return
+            return  # not a message: something the model's code wrote
         if isinstance(message, Ready) or message.id != child.job_id:
-            return  # only the child's own job speaks on its pipe
-        if isinstance(message, (Done, Failed)):
-            child.finished = True
-        self.send(message)
+            return
+        if isinstance(message, Progress):
+            if len(message.message) <= PROGRESS_CHARS:  # (a longer one is not fuselens's)
+                self.send(message)
+        else:  # the model's code may write a line like this too, but not after the child's own last one
+            child.answer = message
 
-    def _reap(self, child: Child) -> None:
-        self._close(child)
-        _, status = os.waitpid(child.pid, 0)
-        if not child.finished:
-            self.send(Failed(child.job_id, _death(status)))
-        _remove(child.dump_path)
-
-    def _close(self, child: Child) -> None:
-        self.children.pop(child.pipe, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(child.pipe)
-        os.close(child.pipe)
-
-    def _kill(
-        self, child: Child, kind: FailureKind, message: str, file: str | None = None, line: int | None = None
-    ) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        self._close(child)
-        os.waitpid(child.pid, 0)
-        if not child.finished:
-            self.send(Failed(child.job_id, Failure(kind, message, file, line)))
-        _remove(child.dump_path)
+    def _poll_exits(self) -> None:
+        for child in [c for c in self.children.values() if c.exited is None]:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(child.pid, os.WNOHANG)
+                if pid:
+                    child.status = status
+                    self._end(child)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for child in list(self.children.values()):
-            if child.dumped_at is None and now >= child.deadline:
-                with contextlib.suppress(ProcessLookupError):  # a stack dump first: it says which line never finished
-                    os.kill(child.pid, signal.SIGUSR1)
-                child.dumped_at = now
-            elif child.dumped_at is not None and now >= child.dumped_at + DUMP_GRACE:
-                where = _stuck_at(child.dump_path, child.path)
-                message = "the analysis did not finish within the time limit"
-                if where:
-                    message += f"; it was still running line {where[1]} ({where[2]})"
-                self._kill(child, "timeout", message, *(where[:2] if where else ()))
+            if child.timed_out_at is None and now >= child.deadline:
+                child.timed_out_at = now  # its watchdog is writing the stack it is at
+            elif child.timed_out_at is not None and now >= child.timed_out_at + DUMP_GRACE:
+                self._end(child, _timed_out(child))
+
+    def _end(self, child: Child, failure: Failure | None = None) -> None:
+        """The job is over: the child has exited, or `failure` says why the host ends it.  Everything
+        it started is killed, and its answer (or what ended it) goes to the server."""
+        if failure is None:
+            self._read_answers(child, reads=64)  # what it wrote just before it exited
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGKILL)
+        if child.status is None:
+            child.status = _wait(child.pid)
+        self._forget(child)
+        _kill_strays(spared=self.children.keys())
+        if failure is not None or child.answer is None:
+            self.send(Failed(child.job_id, failure or _death(child.status, child)))
+        else:
+            self.send(child.answer)
+        _remove(child.dump_path)
+
+    def _forget(self, child: Child) -> None:
+        self.children.pop(child.pid, None)
+        for watched in (child.answers, child.exited):
+            with contextlib.suppress(KeyError, ValueError):
+                if watched is not None:
+                    self.selector.unregister(watched)
+        child.answers.close()
+        if child.exited is not None:
+            with contextlib.suppress(OSError):
+                os.close(child.exited)
+            child.exited = None
 
 
-def _death(status: int) -> Failure:
+def _line(message: Event) -> bytes:
+    """`message` on the wire, within MAX_MESSAGE_BYTES: an answer too long to send is a failure that
+    says so, a progress note too long is not sent."""
+    line = encode(message)
+    if len(line) <= MAX_MESSAGE_BYTES:
+        return line
+    if not isinstance(message, (Done, Failed)):
+        return b""
+    too_long = (
+        f"the job's answer is {len(line) / 2**20:.0f} MiB, more than the {MAX_MESSAGE_BYTES // 2**20} MiB "
+        "the worker may send"
+    )
+    return encode(Failed(message.id, Failure("crash", too_long)))
+
+
+def _timed_out(child: Child) -> Failure:
+    where = _stuck_at(child.dump_path, child.path)
+    message = "the analysis did not finish within the time limit"
+    if where:
+        message += f"; it was still running line {where[1]} ({where[2]})"
+    return Failure("timeout", message, *(where[:2] if where else ()))
+
+
+def _death(status: int, child: Child) -> Failure:
+    """Why a child that exited without an answer did."""
+    if child.lines.dropped:
+        return Failure(
+            "crash",
+            f"the job's answer was lost in a line longer than {MAX_MESSAGE_BYTES // 2**20} MiB on its channel: "
+            "the model's code wrote to a descriptor it inherited",
+        )
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig == signal.SIGKILL:
             return Failure("memory", "the worker was killed (out of memory?) while running the model's code")
-        return Failure("crash", f"the worker crashed ({signal.Signals(sig).name}) in the model's code")
+        where = _stuck_at(child.dump_path, child.path)  # faulthandler's, for a fatal signal
+        return Failure(
+            "crash",
+            f"the worker crashed ({signal.Signals(sig).name}) in the model's code",
+            *(where[:2] if where else ()),
+        )
     code = os.WEXITSTATUS(status)
     return Failure("crash", f"the model's code ended the worker (exit status {code}) before it finished")
 
 
+_MAIN = re.compile(rb"main thread (\d+)\n")
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<ident>[0-9a-f]+) \(most recent call first\):$", re.M)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
 
 
 def _stuck_at(dump_path: str, path: str) -> tuple[str, int, str] | None:
-    """The innermost frame in the analyzed file from a faulthandler dump."""
+    """The innermost frame in the analyzed file of the main thread's last stack in a dump."""
     try:
-        with open(dump_path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        with open(dump_path, "rb") as fh:
+            main = _MAIN.match(fh.read(64))
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - DUMP_TAIL))
+            text = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    frames = [(_unescape(m["file"]), int(m["line"]), _unescape(m["fn"])) for m in _FRAME.finditer(text)]
+    threads = list(_THREAD.finditer(text))
+    ours = [t for t in threads if main is None or int(t["ident"], 16) == int(main[1])]
+    if ours:
+        start = ours[-1].end()
+        following = [t.start() for t in threads if t.start() > start]
+        text = text[start : following[0] if following else len(text)]
     target = os.path.abspath(path) if path else ""
-    for frame in frames:  # faulthandler lists the innermost frame first
-        if target and os.path.abspath(frame[0]) == target:
-            return frame
+    for m in _FRAME.finditer(text):  # faulthandler lists the innermost frame first
+        if target and os.path.abspath(_unescape(m["file"])) == target:
+            return _unescape(m["file"]), int(m["line"]), _unescape(m["fn"])
     return None
 
 
@@ -265,37 +410,150 @@ def _unescape(name: str) -> str:
     )
 
 
+def _sender(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The pid the kernel gives for what one read returned (None where it gives none)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", None):
+            return int(_UCRED.unpack(data[: _UCRED.size])[0])
+    return None
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _wait(pid: int) -> int:
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
 
 
+# ---- the processes below the host ----------------------------------------------------------------
+
+
+def _kill_strays(spared: Collection[int]) -> None:
+    """Kill every process below the host but the running jobs in `spared` (and what is below them),
+    and reap those that were the host's own.  What a finished job forked is below the host however
+    it detached, the host and every job being subreapers; a process forked while this runs has a
+    parent being killed, and is found on the next pass."""
+    me = os.getpid()
+    give_up = time.monotonic() + SWEEP_SECONDS
+    while (running := [pid for pid in _below(me, spared) if _running(pid)]) and time.monotonic() < give_up:
+        for pid in running:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)  # a killed process takes a moment to become a zombie
+    for pid in _children(me):
+        if pid not in spared:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _below(root: int, spared: Collection[int]) -> list[int]:
+    found, todo = [], [p for p in _children(root) if p not in spared]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _children(pid)
+    return found
+
+
+_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc): each of its threads' own, or, on a
+    kernel without those lists, every process's parent read."""
+    if not _CHILDREN_FILES:
+        with contextlib.suppress(OSError):
+            return [int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(int(p)) or ("", 0))[1] == pid]
+        return []
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with (
+                contextlib.suppress(OSError),
+                open(f"/proc/{pid}/task/{task}/children", "rb") as fh,
+            ):  # (a thread may end)
+                found += [int(p) for p in fh.read().split()]
+    return found
+
+
+def _running(pid: int) -> bool:
+    state = _stat(pid)
+    return state is not None and state[0] not in ("Z", "X")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()  # after the name, which may hold anything
+        return fields[0].decode(), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
 # ---- the child -------------------------------------------------------------------------------
 
 
-def _child_main(job_id: int, job: Job, write_fd: int, dump_fd: int, memory_mb: int, host_pid: int) -> None:
+def _child_main(
+    job_id: int,
+    job: Job,
+    limits: Limits,
+    answers: socket.socket,
+    dump_fd: int,
+    deadline: float,
+    host_pid: int,
+    private: list[int],
+    pipes: frozenset[tuple[int, int]],
+) -> NoReturn:
     code = 0
     try:
-        os.setpgid(0, 0)  # its own process group: a kill reaches anything it forks
-        _die_with(host_pid)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):  # the user's prints must never reach the protocol pipe
-            os.dup2(devnull, fd)
-        faulthandler.register(signal.SIGUSR1, file=os.fdopen(dump_fd, "w"), all_threads=False)
+        _contain(host_pid)
+        _close_channels(private, pipes)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the host's handler is the host's
+        dump = os.fdopen(dump_fd, "w")
+        _watch(dump, deadline)
         # No .pyc for the user's modules: a cached one is trusted when the source's mtime (in
         # seconds) and size match, so an edit saved within a second of the last job would be missed.
         sys.dont_write_bytecode = True
-        _limit_memory(memory_mb)
+        _limit_memory(limits.memory_mb)
+        out = answers.detach()
         me = os.getpid()
-        out = os.fdopen(write_fd, "wb", buffering=0)
 
         def emit(message: Event) -> None:
             if os.getpid() == me:  # a fork made by the user's code must not speak for us
-                out.write(encode(message))
+                _write_all(out, _line(message))
 
         def progress(text: str, fraction: float | None = None) -> None:
             emit(Progress(job_id, text, fraction))
 
+        path = getattr(job, "path", "")
+        _report_exits(lambda failure: emit(Failed(job_id, failure)), path)
         from fuselens.worker.jobs import run_job
 
         try:
@@ -304,11 +562,87 @@ def _child_main(job_id: int, job: Job, write_fd: int, dump_fd: int, memory_mb: i
         except MemoryError:
             emit(Failed(job_id, Failure("memory", "the model's code ran out of memory")))
         except BaseException as exc:  # report, never propagate
-            emit(Failed(job_id, _escaped(exc, getattr(job, "path", ""))))
+            emit(Failed(job_id, _escaped(exc, path)))
     except BaseException:
         code = 70
     finally:
-        os._exit(code)
+        _EXIT(code)
+
+
+def _contain(host_pid: int) -> None:
+    """Its own process group (a kill reaches what it forks), its death with the host's (nobody would
+    enforce its limits then), and what it forks kept below it when the process between is gone."""
+    os.setpgid(0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if os.getppid() != host_pid:  # the host died before that took effect
+        _EXIT(70)
+
+
+def _close_channels(private: list[int], pipes: frozenset[tuple[int, int]]) -> None:
+    """Close every descriptor that leads to the server or to another job, and point 0, 1 and 2 at
+    /dev/null: the user's prints go nowhere, and nothing the model's code writes reaches the server."""
+    for fd in private:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    for fd in _open_descriptors():
+        with contextlib.suppress(OSError):
+            if _identity(fd) in pipes:
+                os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    if devnull > 2:  # (it may be one of them: the lowest free descriptor)
+        os.close(devnull)
+
+
+def _open_descriptors() -> list[int]:
+    try:
+        return [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(min(os.sysconf("SC_OPEN_MAX"), 4096)))
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of a pipe or socket; None for anything else (a file, a terminal, /dev/null)."""
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino) if stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode) else None
+
+
+def _watch(dump: TextIO, deadline: float) -> None:
+    """Have the stack written to `dump` at the time limit and on a fatal signal.  A watchdog thread
+    writes it, not a signal handler: the model's code can ignore a signal, and a thread needs no
+    cooperation from the main thread (stuck in a loop or in C).  The first line names the main
+    thread, whose stack is the one the report points at."""
+    dump.write(f"main thread {threading.get_ident()}\n")
+    dump.flush()
+    faulthandler.enable(file=dump, all_threads=True)
+    faulthandler.dump_traceback_later(max(deadline - time.monotonic(), 0.001), file=dump)
+
+
+def _report_exits(fail: Callable[[Failure], None], path: str) -> None:
+    """Replace os._exit so that a call from the model's code is its job's answer, at its line: the
+    exit status alone cannot say where."""
+    me = os.getpid()
+
+    def _exit(status: int) -> NoReturn:
+        if os.getpid() == me and isinstance(status, int):
+            fail(_exited(status, sys._getframe(1), path))
+        _EXIT(status)
+
+    os._exit = posix._exit = _exit
+
+
+def _exited(status: int, frame: FrameType | None, path: str) -> Failure:
+    message = (
+        f"the model's code ended the worker (exit status {status}) before it finished: it called os._exit({status})"
+    )
+    target = os.path.abspath(path) if path else ""
+    while frame is not None:
+        if target and os.path.abspath(frame.f_code.co_filename) == target:
+            return Failure("crash", message, frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return Failure("crash", message)
 
 
 def _escaped(exc: BaseException, path: str) -> Failure:
@@ -326,16 +660,6 @@ def _escaped(exc: BaseException, path: str) -> Failure:
     return Failure("internal", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=20))
 
 
-def _die_with(host_pid: int) -> None:
-    """Have the kernel kill this child if the host dies: nobody would enforce its time limit then."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != host_pid:  # the host died before that took effect
-        os._exit(70)
-
-
 def _limit_memory(memory_mb: int) -> None:
     """Cap the address space at what the warm process already maps plus `memory_mb`."""
     try:
@@ -344,12 +668,42 @@ def _limit_memory(memory_mb: int) -> None:
     except (OSError, ValueError):
         mapped = 0
     limit = mapped + memory_mb * 2**20
-    with contextlib.suppress(ValueError, OSError):
+    with contextlib.suppress(ValueError, OSError, OverflowError):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+# ---- the host's own start --------------------------------------------------------------------
+
+
+def _take_channel() -> Channel:
+    """Move the server's pipes off fds 0 and 1, which then read and write /dev/null: a print in the
+    host (a warning torch writes, say) cannot corrupt the protocol, and a child closes the two
+    descriptors it inherits before it runs any of the model's code."""
+    pipes = set()
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            pipes.add(_identity(fd))
+    requests, events = os.dup(0), os.dup(1)  # (not inheritable: nothing the host runs gets them)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    if devnull > 2:
+        os.close(devnull)
+    return Channel(requests, events, frozenset(p for p in pipes if p is not None))
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (the server giving up on the host): leave through `serve`'s cleanup, once."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:
     started = time.perf_counter()
+    channel = _take_channel()
+    if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+        print("fuselens worker: cannot keep the jobs' orphans (no PR_SET_CHILD_SUBREAPER)", file=sys.stderr)
+    signal.signal(signal.SIGTERM, _terminate)
     import torch
 
     torch.set_num_threads(1)
@@ -359,7 +713,7 @@ def main() -> int:
         warm_up()
     except Exception as exc:  # a failed warm-up only costs speed
         print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
-    host = Host()
+    host = Host(channel)
     host.send(
         Ready(os.getpid(), sys.version.split()[0], torch.__version__, round((time.perf_counter() - started) * 1000))
     )

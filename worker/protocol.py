@@ -10,12 +10,14 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
                       | Done(id, result) | Failed(id, error)
 
 A job is what to run (`AnalyzeJob`, `ValidateJob`, `CompareJob`, `PingJob`); the result of a
-finished job is the plain form of its `result_type()`.
+finished job is the plain form of its `result_type()`.  Every line is at most
+`MAX_MESSAGE_BYTES` long, either way: a longer one is dropped whole, never half-read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -83,6 +85,13 @@ class Limits:
     memory_mb: int = 8192  # address space beyond what the warm host already maps
 
 
+# The limits a job can run under.  A time limit past a day would overflow the host's clock
+# arithmetic long before it mattered, and an address space past 1 TiB is no limit at all: a value
+# past the most is the most.  Under the least no job can even start: it is refused, saying so.
+MIN_SECONDS, MAX_SECONDS = 0.1, 86400.0
+MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 2**20
+
+
 @dataclass
 class Failure:
     kind: FailureKind
@@ -90,6 +99,24 @@ class Failure:
     file: str | None = None  # the user's line it happened at, when known
     line: int | None = None
     traceback: str = ""  # for "internal": where fuselens failed
+
+
+def bounded(limits: Limits) -> Limits | Failure:
+    """`limits` with a value past the most clamped to it, or the Failure a job under them gets at once."""
+    seconds, memory_mb = limits.seconds, limits.memory_mb
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds):
+        return Failure("timeout", f"the time limit {seconds!r} is not a number of seconds")
+    if seconds < MIN_SECONDS:
+        return Failure(
+            "timeout", f"the time limit of {seconds:g} s is too short to run a job in (at least {MIN_SECONDS:g} s)"
+        )
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int):
+        return Failure("memory", f"the memory limit {memory_mb!r} is not a whole number of MB")
+    if memory_mb < MIN_MEMORY_MB:
+        return Failure(
+            "memory", f"the memory limit of {memory_mb} MB is too small to run a job in (at least {MIN_MEMORY_MB} MB)"
+        )
+    return Limits(min(float(seconds), MAX_SECONDS), min(memory_mb, MAX_MEMORY_MB))
 
 
 # ---- server -> host --------------------------------------------------------------------------
@@ -156,6 +183,8 @@ Event = Ready | Progress | Done | Failed
 
 # ---- the wire --------------------------------------------------------------------------------
 
+MAX_MESSAGE_BYTES = 32 * 2**20  # one line, newline included: far more than any report needs
+
 
 def encode(message: Request | Event) -> bytes:
     return (json.dumps(to_plain(message), separators=(",", ":")) + "\n").encode()
@@ -186,3 +215,37 @@ def _json(line: bytes | str) -> Any:
         return json.loads(line)
     except ValueError as exc:
         raise ContractError(f"not a JSON message: {exc}") from None
+
+
+class Lines:
+    """Bytes as they arrive in, whole lines out (without their newline).  A line longer than
+    `limit` (newline included) is dropped whole, however it arrives, and counted in `dropped`: what
+    the other end writes costs the reader no more memory than that, and never splits a message."""
+
+    def __init__(self, limit: int = MAX_MESSAGE_BYTES) -> None:
+        self.limit = limit
+        self.dropped = 0
+        self._partial = bytearray()
+        self._skipping = False  # inside a line already dropped: until its newline
+
+    def feed(self, data: bytes) -> list[bytes]:
+        lines, start = [], 0
+        while (end := data.find(b"\n", start)) >= 0:
+            line = self._partial + data[start:end]
+            if not self._skipping and len(line) < self.limit:
+                lines.append(bytes(line))
+            elif not self._skipping:
+                self.dropped += 1
+            self._partial.clear()
+            self._skipping = False
+            start = end + 1
+        rest = data[start:]
+        if self._skipping:
+            return lines
+        if len(self._partial) + len(rest) >= self.limit:  # it cannot end within the limit any more
+            self._partial.clear()
+            self._skipping = True
+            self.dropped += 1
+        else:
+            self._partial += rest
+        return lines
