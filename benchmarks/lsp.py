@@ -88,15 +88,10 @@ class Client(LanguageClient):
         return fut
 
 
-async def bench(saves: int, requests: int, inductor: bool) -> None:
-    work = tempfile.mkdtemp(prefix="fuselens-bench-")
-    for name in ("example_net.py", "gpt.py", "pyproject.toml"):
-        shutil.copy(os.path.join(ROOT, "examples", name), work)
+async def start_server(work: str, inductor: bool, *serve_args: str) -> tuple[Client, int]:
+    """`fuselens serve` over stdio on the trusted folder `work`, initialized; and its pid."""
     client = Client()
-    started = time.perf_counter()
-    await client.start_io(
-        sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", "--log-file", os.path.join(work, "server.log")
-    )
+    await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio", *serve_args)
     await client.initialize_async(
         lsp.InitializeParams(
             capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
@@ -105,8 +100,16 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
         )
     )
     client.initialized(lsp.InitializedParams())
+    return client, client._server.pid  # the subprocess pygls started
+
+
+async def bench(saves: int, requests: int, inductor: bool) -> None:
+    work = tempfile.mkdtemp(prefix="fuselens-bench-")
+    for name in ("example_net.py", "gpt.py", "pyproject.toml"):
+        shutil.copy(os.path.join(ROOT, "examples", name), work)
+    started = time.perf_counter()
+    client, server_pid = await start_server(work, inductor, "--log-file", os.path.join(work, "server.log"))
     print(f"server start -> initialized: {(time.perf_counter() - started) * 1000:.0f} ms")
-    server_pid = client._server.pid  # the subprocess pygls started
 
     for name, label in (("example_net.py", "ExampleNet"), ("gpt.py", "GPT, 12 layers")):
         path = os.path.join(work, name)
@@ -197,17 +200,7 @@ async def burst(count: int) -> None:
     for name, text in texts.items():
         with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
             fh.write(text)
-    client = Client()
-    await client.start_io(sys.executable, "-m", "fuselens.cli.main", "serve", "--stdio")
-    await client.initialize_async(
-        lsp.InitializeParams(
-            capabilities=lsp.ClientCapabilities(window=lsp.WindowClientCapabilities(work_done_progress=True)),
-            initialization_options={"workspaceTrusted": True, "settings": {"compareInductor": True}},
-            workspace_folders=[lsp.WorkspaceFolder(uri=f"file://{work}", name="burst")],
-        )
-    )
-    client.initialized(lsp.InitializedParams())
-    server_pid = client._server.pid
+    client, server_pid = await start_server(work, True)
     first = f"file://{os.path.join(work, 'net_0.py')}"
     warm = client.wait_for(first, 1)
     client.text_document_did_open(
