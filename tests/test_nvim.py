@@ -306,12 +306,37 @@ def test_library_analysis_after_saving(library_session):
 def kinds_session(tmp_path_factory):
     """The Llama block (a `rotate_half` helper, an RMSNorm module on the residual sum): one quick fix
     of each kind, then restore."""
+    fixes = [
+        ["expression", "scores = torch.matmul(q, k.transpose(2, 3))", "^Fuse lines", "probs = cluster3("],
+        ["helper", "q = q * cos + rotate_half(q) * sin", "^Fuse line", "q = cluster1("],
+        ["outputs", "x = x + self.wo(attn)", "^Fuse lines", "x, h = cluster4("],
+    ]
+    return _kinds(tmp_path_factory, "llama_block.py", 6, fixes, restore=True)
+
+
+@pytest.fixture(scope="module")
+def gemma_session(tmp_path_factory):
+    """The Gemma-style block, whose norm rebinds `hidden_states` around a submodule's call."""
+    fixes = [["rebinding", "hidden_states = residual + self.attn_out", "^Fuse lines", "fused_1 = cluster0("]]
+    return _kinds(tmp_path_factory, "gemma_norm.py", 2, fixes, restore=False)
+
+
+def _kinds(tmp_path_factory, name: str, clusters: int, fixes: list, restore: bool) -> dict:
+    """A session on the example `name` (with the examples' pyproject.toml) that applies `fixes`."""
     files = {
-        "llama_block.py": pathlib.Path(example("llama_block.py")).read_text(encoding="utf-8"),
+        name: pathlib.Path(example(name)).read_text(encoding="utf-8"),
         "pyproject.toml": '[project]\nname = "ws"\n\n'
         + pathlib.Path(example("pyproject.toml")).read_text(encoding="utf-8"),
     }
-    return run_nvim(tmp_path_factory.mktemp("nvim-kinds"), "kinds", trusted=True, files=files)
+    return run_nvim(
+        tmp_path_factory.mktemp("nvim-kinds"),
+        "kinds",
+        trusted=True,
+        files=files,
+        FUSELENS_CLUSTERS=str(clusters),
+        FUSELENS_FIXES=json.dumps(fixes),
+        FUSELENS_RESTORE="1" if restore else "0",
+    )
 
 
 def _changed(before: str, after: str) -> tuple[list[str], list[str]]:
@@ -366,3 +391,18 @@ def test_restore_one_cluster_then_every_cluster(kinds_session):
     assert "q = cluster1(q, cos, sin)" in one  # the others stay fused
     assert kinds_session["restored_all"] == kinds_session["original"]
     assert kinds_session["model_on_disk"] == kinds_session["original"]
+
+
+def test_quick_fix_of_a_norm_that_rebinds_its_input(gemma_session):
+    _no_errors(gemma_session, "diagnostics", "fix rebinding")
+    removed, added = _changed(gemma_session["original"], gemma_session["fixes"]["rebinding"]["buffer"])
+    assert removed == [
+        "        hidden_states = residual + self.attn_out(hidden_states)",
+        "        hidden_states = self.post_attention_layernorm(hidden_states)",
+    ]
+    assert added == [
+        "        hidden_states, fused_1 = cluster0(residual, self.attn_out(hidden_states), "
+        "self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)",
+        "        hidden_states = fused_1",
+    ]
+    assert "        residual = hidden_states" in gemma_session["fixes"]["rebinding"]["buffer"]  # the sum, as before

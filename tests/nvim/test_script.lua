@@ -4,7 +4,9 @@
 --   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
 --                               cluster in the library's code, then the analysis after saving
---   $FUSELENS_MODE = "kinds": the Llama block; a quick fix of each kind, then restore
+--   $FUSELENS_MODE = "kinds": the quick fixes $FUSELENS_FIXES lists, one after the other, each
+--                             after the analysis of the previous one; with $FUSELENS_RESTORE=1,
+--                             the restore of one cluster (cluster3) and of every cluster
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()
@@ -205,8 +207,6 @@ if os.getenv("FUSELENS_MODE") == "library" then
 end
 
 if os.getenv("FUSELENS_MODE") == "kinds" then
-  -- The Llama block: one quick fix of each kind, each after the analysis of the previous result,
-  -- then the restore of one and of every cluster.
   local function text()
     return table.concat(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), "\n")
   end
@@ -238,15 +238,22 @@ if os.getenv("FUSELENS_MODE") == "kinds" then
     end)
   end
 
+  local clusters = tonumber(os.getenv("FUSELENS_CLUSTERS"))
   step("diagnostics", function()
-    wait(240000, "6 cluster diagnostics", function()
-      return #ours(bufnr) >= 6
+    wait(240000, clusters .. " cluster diagnostics", function()
+      return #ours(bufnr) >= clusters
     end)
     results.original = text()
   end)
-  fix("expression", "scores = torch.matmul(q, k.transpose(2, 3))", "^Fuse lines", "probs = cluster3(")
-  fix("helper", "q = q * cos + rotate_half(q) * sin", "^Fuse line", "q = cluster1(")
-  fix("outputs", "x = x + self.wo(attn)", "^Fuse lines", "x, h = cluster4(")
+  -- Each fix: { kind, a line of code it starts on, the action's title pattern, what the edit writes }.
+  for _, f in ipairs(vim.fn.json_decode(os.getenv("FUSELENS_FIXES"))) do
+    fix(f[1], f[2], f[3], f[4])
+  end
+  if os.getenv("FUSELENS_RESTORE") ~= "1" then
+    save()
+    vim.cmd("qa!")
+    return
+  end
   step("restore one", function()
     local before = #publications
     vim.api.nvim_win_set_cursor(0, { line_of("probs = cluster3("), 8 })
