@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
+from .lowering import literal
 from .plan import KernelPlan, OutputSlot, identity_inputs, row_views
 
 
@@ -296,13 +297,11 @@ def _public_function(
     of the dtypes it was generated for, no gradients wanted, the numbers it has baked in; on meta
     tensors, its shapes), else the reference.  The numbers of the model's state default to the
     analyzed instance's."""
-    numbers = [f"{n}={_number_literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True)]
+    numbers = [f"{n}={literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True)]
     passed = input_names + [n for n, slot in zip(number_names, plan.scalars, strict=True) if slot.runtime]
     dtypes = tuple(slot.dtype for slot in plan.inputs)
     checks = _constant_sizes(plan, input_names) + [
-        f"{n} == {_number_literal(slot.value)}"
-        for n, slot in zip(number_names, plan.scalars, strict=True)
-        if not slot.runtime
+        f"{n} == {literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True) if not slot.runtime
     ]
     fits = "".join(f" and {check}" for check in checks)
     return [
@@ -312,14 +311,6 @@ def _public_function(
         f"        return _{name}_op({', '.join(passed)})",
         f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]
-
-
-def _number_literal(value: float | int) -> str:
-    if not isinstance(value, float):
-        return repr(int(value))
-    if value != value or value in (float("inf"), float("-inf")):
-        return f"float({str(float(value))!r})"
-    return repr(float(value))
 
 
 def _docstring(doc: str) -> str:
