@@ -384,12 +384,10 @@ class FuselensServer(LanguageServer):
         caps = self.client_capabilities.workspace
         if caps is not None and caps.configuration:
             try:
-                (config,) = await asyncio.wait_for(
-                    self.workspace_configuration_async(
+                async with asyncio.timeout(5):
+                    (config,) = await self.workspace_configuration_async(
                         lsp.ConfigurationParams([lsp.ConfigurationItem(section="fuselens")])
-                    ),
-                    5,
-                )
+                    )
             except Exception:  # a client that cannot answer keeps the other sources
                 config = None
             merged, found = settings_mod.merge(merged, config, "settings")
@@ -421,7 +419,8 @@ class FuselensServer(LanguageServer):
         """Wait until the settings `initialized` reads are in (bounded: a client that never sends
         `initialized` gets the defaults), so that no job runs with defaults the user has overridden."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.configured.wait(), SETTINGS_WAIT)
+            async with asyncio.timeout(SETTINGS_WAIT):
+                await self.configured.wait()
 
     async def _run_analysis(self, path: str, text: str, version: int) -> Report:
         await self.settings_read()
@@ -518,8 +517,8 @@ async def on_initialized(ls: FuselensServer, params: lsp.InitializedParams) -> N
     watched = caps.did_change_watched_files if caps else None
     if watched and watched.dynamic_registration:
         try:
-            await asyncio.wait_for(
-                ls.client_register_capability_async(
+            async with asyncio.timeout(5):
+                await ls.client_register_capability_async(
                     lsp.RegistrationParams(
                         [
                             lsp.Registration(
@@ -534,9 +533,7 @@ async def on_initialized(ls: FuselensServer, params: lsp.InitializedParams) -> N
                             )
                         ]
                     )
-                ),
-                5,
-            )
+                )
         except Exception as exc:  # watchdog still watches
             ls.log_line(f"the client did not register file watching ({exc}); using watchdog only")
     if any(ls.trusted(os.path.join(r, "x.py")) for r in ls.roots):
@@ -576,7 +573,8 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[str], None],
 async def _quietly(request) -> None:
     """Await a request whose failure does not matter (a client that cannot refresh lenses)."""
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(request, 10)
+        async with asyncio.timeout(10):
+            await request
 
 
 async def _warm(ls: FuselensServer) -> None:

@@ -169,12 +169,10 @@ async def _ask(ls: FuselensServer, message: str, options: list[str]) -> str | No
     if not (window and window.show_message):
         return None
     try:
-        answer = await asyncio.wait_for(
-            ls.window_show_message_request_async(
+        async with asyncio.timeout(600):
+            answer = await ls.window_show_message_request_async(
                 lsp.ShowMessageRequestParams(lsp.MessageType.Info, message, [lsp.MessageActionItem(o) for o in options])
-            ),
-            600,
-        )
+            )
     except Exception:  # no answer is "no"
         return None
     return answer.title if answer else None
@@ -212,7 +210,8 @@ class _Progress:
             return cls(ls, None)
         token = f"fuselens-{uuid.uuid4().hex[:8]}"
         try:
-            await asyncio.wait_for(ls.work_done_progress.create_async(token), 10)
+            async with asyncio.timeout(10):
+                await ls.work_done_progress.create_async(token)
         except Exception:
             return cls(ls, None)
         ls.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(title=title, cancellable=False, percentage=0))
@@ -248,7 +247,8 @@ def _views_folder(ls: FuselensServer, path: str, kind: str) -> str:
 async def _show_document(ls: FuselensServer, params: lsp.ShowDocumentParams) -> None:
     """Ask the client to show a view; a client that never answers does not hold the command up."""
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(ls.window_show_document_async(params), SHOW_DOCUMENT_TIMEOUT_S)
+        async with asyncio.timeout(SHOW_DOCUMENT_TIMEOUT_S):
+            await ls.window_show_document_async(params)
 
 
 def _write_view(target: str, text: str) -> None:

@@ -126,7 +126,8 @@ class WorkerClient:
         self._reader = asyncio.create_task(self._read(self._proc, self._ready))
         self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
         try:
-            info: Ready = await asyncio.wait_for(asyncio.shield(self._ready), READY_TIMEOUT)
+            async with asyncio.timeout(READY_TIMEOUT):
+                info: Ready = await asyncio.shield(self._ready)
             self.info = info
         except (TimeoutError, JobFailed) as exc:
             tail = "\n".join(self.stderr_tail[-8:])
@@ -137,7 +138,6 @@ class WorkerClient:
             raise JobFailed(
                 Failure("unavailable", f"the analysis worker ({self.python}) did not start.{hint}\n{tail}")
             ) from exc
-        info = self.info
         self.log(f"worker ready: pid {info.pid}, torch {info.torch}, warm-up {info.warmup_ms} ms")
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
@@ -221,7 +221,8 @@ class WorkerClient:
         self._jobs[job_id] = (future, job, on_progress)
         self._write(request)
         try:
-            return await asyncio.wait_for(future, checked.seconds + HOST_GRACE)
+            async with asyncio.timeout(checked.seconds + HOST_GRACE):
+                return await future
         except TimeoutError:
             # The host kills a job at its time limit; past that it is wedged (the model's code stopped
             # it, say). Kill it: its other jobs fail, and the next job starts a fresh host.
@@ -255,7 +256,8 @@ class WorkerClient:
                 self._send(Shutdown())
                 if proc.stdin is not None:
                     proc.stdin.close()
-                await asyncio.wait_for(proc.wait(), 3)
+                async with asyncio.timeout(3):
+                    await proc.wait()
             except (TimeoutError, BrokenPipeError, ConnectionResetError, RuntimeError):
                 await _terminate(proc)
         _kill_session(proc.pid)
@@ -273,7 +275,8 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
     try:
-        await asyncio.wait_for(proc.wait(), TERM_GRACE)
+        async with asyncio.timeout(TERM_GRACE):
+            await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):  # it may exit just as the grace runs out
             proc.kill()

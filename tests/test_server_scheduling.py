@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+
+from fuselens.server.app import FuselensServer
 
 from lsp_helpers import Client, example_text, replace_line, server_fixture
 
@@ -117,3 +121,23 @@ async def test_closing_during_an_analysis_publishes_nothing_more(client: Client)
     await client.diagnostics_of(other, 1)
     await client.roundtrip()
     assert [(p.version, list(p.diagnostics)) for p in client.published_for(uri)] == [(None, [])]
+
+
+async def test_a_job_cancelled_as_its_settings_arrive_stops():
+    """Every job first waits for the settings.  A save that supersedes it just as that wait ends must
+    still stop it: a job that went on would run the model of a stale version, and hold the document's
+    one job slot until that model returned."""
+    server = FuselensServer()
+    server.configured.set()
+    answer = asyncio.Event()  # the worker's answer to the job, which never comes
+
+    async def job() -> None:
+        await server.settings_read()
+        await answer.wait()
+
+    task = asyncio.ensure_future(job())
+    await asyncio.sleep(0)  # it reads the settings, which are already in
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(5):  # (a job that swallowed the cancel waits here for ever)
+            await task
