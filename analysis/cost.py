@@ -76,6 +76,8 @@ def op_bytes(graph: Graph, node: Node) -> int:
         return 0
     if node.op == "output":
         return 0
+    if node.op == "gather":  # reads its indices and the one element of each row they pick
+        return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
     reads = sum(value_bytes(graph[i]) for i in node.inputs)
     return reads + value_bytes(node)
 

@@ -143,6 +143,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         bound = bind(func, args, kwargs, ["tensors", "dim"])
         tensors = [t for t in bound["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
         return "cat", OpClass.CONCAT, [list(tensors)], {"dim": norm_dim(int(bound.get("dim", 0)), out_t.dim())}
+    if canon in ("gather", "take_along_dim"):
+        return _normalise_row_pick(canon, func, args, kwargs, out_t)
     if cls is OpClass.REDUCTION:
         return _normalise_reduction(canon, func, args, kwargs, out_t)
     if cls is OpClass.VIEW or canon == "mT":
@@ -200,6 +202,23 @@ def _normalise_binary(canon, func, args, kwargs, swapped):
     if canon == "div" and bound.get("rounding_mode"):
         params["rounding_mode"] = bound["rounding_mode"]
     return canon, OpClass.BINARY, [a, b], params
+
+
+def _normalise_row_pick(canon, func, args, kwargs, out_t):
+    """`x.gather(-1, index)` (or `take_along_dim`) with one index per row, `index` shaped like `x`
+    but 1 along the last dim: the row reduction that picks one element of each row, as a loss picks
+    the target's log-probability.  A gather with more indices, or along another dim, reads across
+    rows: opaque."""
+    names = ["input", "dim", "index"] if canon == "gather" else ["input", "indices", "dim"]
+    bound = bind(func, args, kwargs, names)
+    x, index, dim = bound.get("input"), bound.get("index", bound.get("indices")), bound.get("dim")
+    if not (isinstance(x, torch.Tensor) and isinstance(index, torch.Tensor)) or out_t is None or x.dim() == 0:
+        return None
+    if dim is None or bound.get("sparse_grad") or norm_dim(int(dim), x.dim()) != x.dim() - 1:
+        return None
+    if tuple(index.shape) != (*x.shape[:-1], 1) or index.dtype not in (torch.int64, torch.int32):
+        return None
+    return "gather", OpClass.REDUCTION, [x, index], {"dims": [x.dim() - 1], "keepdim": True}
 
 
 def _normalise_reduction(canon, func, args, kwargs, out_t):

@@ -543,22 +543,41 @@ def _softmax(graph: Graph) -> list[Match]:
             if graph[u].op == "cast" and len(_consumers(graph, node.id)) == 1:
                 nodes.append(u)
                 tail = u
+        pick = _target_pick(graph, node) if node.op == "log_softmax" else []
+        nodes += pick
+        tail = pick[-1] if pick else tail
         reads = [i for n in nodes for i in _tensor_args(graph, graph[n]) if i not in nodes]
         before = _bytes(graph, nodes)
         after = _io_bytes(graph, reads, [tail])
         label = " and ".join(sorted(set(kinds))) or "plain"
+        summary = f"{label} {node.op} over the last dim"
+        if pick:
+            summary = "cross-entropy: log-softmax and each row's target picked; no log-probabilities written"
         out.append(
             Match(
-                "softmax",
+                "cross-entropy" if pick else "softmax",
                 nodes,
                 before,
                 after,
                 {"variant": label},
                 output=tail,
-                summary=f"{label} {node.op} over the last dim",
+                summary=summary,
             )
         )
     return out
+
+
+def _target_pick(graph: Graph, log_softmax: Node) -> list[int]:
+    """The gather of one element per row that is the log-softmax's only reader, and the negation
+    after it: with the log-softmax, a cross-entropy loss per row."""
+    readers = _consumers(graph, log_softmax.id)
+    if len(readers) != 1 or graph[readers[0]].op != "gather":
+        return []
+    pick = [readers[0]]
+    after = _consumers(graph, pick[0])
+    if len(after) == 1 and graph[after[0]].op == "neg":
+        pick.append(after[0])
+    return pick
 
 
 # ---- residual + norm, GEMM -> residual -> RMSNorm -> GEMM ------------------------------------

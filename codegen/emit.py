@@ -516,7 +516,8 @@ def _accumulators(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stm
         if later is not None and later.centered:
             operands = _closure(row.plan, [r.expr], _varies_along_columns)
             lines += _shift_prologue(r, [row.reduction_pass_statement(s) for s in operands], row.col_coords)
-        lines.append(f"{r.name}_acc = tl.full([BLOCK_C], {_IDENTITY[r.how]}, tl.float32)")
+        lanes = "[]" if later is not None and later.online else "[BLOCK_C]"  # an online max is the row's so far
+        lines.append(f"{r.name}_acc = tl.full({lanes}, {_IDENTITY[r.how]}, tl.float32)")
         if later is not None:
             lines.append(f"{later.name}_acc = tl.full([BLOCK_C], 0.0, tl.float32)")
     return lines
@@ -546,11 +547,13 @@ def _accumulate(r: Stmt, folded: Stmt | None) -> list[str]:
             f"{acc} = {acc} + {d}",
             f"{folded.name}_acc = {folded.name}_acc + {d} * {d}",
         ]
-    # Online softmax: a running max per lane, the running sum rescaled whenever the max grows.
+    # Online softmax: the row's running max, and a running sum per lane rescaled whenever the max
+    # grows.  One max per column block, not per lane, so that an element costs one exp, not two:
+    # at bf16 and DRAM speed the exps, not the bytes, would bound the kernel.
     xm, new, safe = f"{r.name}_x", f"{r.name}_new", f"{r.name}_safe"
     return [
         f"{xm} = tl.where(mask, {x}, float('-inf'))",
-        f"{new} = tl.maximum({acc}, {xm})",
+        f"{new} = tl.maximum({acc}, tl.max({xm}, axis=0))",
         f"{safe} = tl.where({new} == float('-inf'), 0.0, {new})  # no -inf - -inf",
         f"{folded.name}_acc = {folded.name}_acc * tl.exp({acc} - {safe}) + tl.exp({xm} - {safe})",
         f"{acc} = {new}",
@@ -568,11 +571,9 @@ def _finish(r: Stmt, folded: Stmt | None, note: str) -> list[str]:
             f"{r.name} = {dsum} + {r.name}_shift * C{note}",
             f"{folded.name} = tl.maximum(tl.sum({folded.name}_acc, axis=0) - {dsum} * {dsum} / C, 0.0)",
         ]
-    safe = f"{r.name}_safe"
-    return [
-        f"{r.name} = tl.max({r.name}_acc, axis=0){note}",
-        f"{safe} = tl.where({r.name} == float('-inf'), 0.0, {r.name})",
-        f"{folded.name} = tl.sum({folded.name}_acc * tl.exp({r.name}_acc - {safe}), axis=0)",
+    return [  # every lane's sum is already relative to the row's max
+        f"{r.name} = {r.name}_acc{note}",
+        f"{folded.name} = tl.sum({folded.name}_acc, axis=0)",
     ]
 
 

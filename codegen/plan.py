@@ -52,6 +52,9 @@ class Coord:
     text: str
     axes: frozenset = frozenset()  # tile axes it varies along: "r" (rows), "c" (columns)
     guard: str = ""  # lanes where this coordinate is in range (a `cat` piece); loads mask the rest
+    # The guard checks the coordinate against the dim's run-time size (a picked index), so the dim
+    # may have any size; a `cat` piece's guard holds the analyzed sizes, which the launcher checks.
+    any_size: bool = False
 
     @staticmethod
     def const(value: int) -> Coord:
@@ -187,6 +190,7 @@ class _Planner:
         self.inputs: list[InputSlot] = []
         self.input_index: dict[int, int] = {}
         self.scalars: list[ScalarSlot] = []
+        self.row_stats: dict[int, tuple[Stmt, Stmt]] = {}  # softmax node -> its row (max, exp-sum)
 
     # ---- structure --------------------------------------------------------------------
     def plan(self) -> KernelPlan:
@@ -412,13 +416,15 @@ class _Planner:
             slot.strides_used.add(j)
             terms.append(f"{c.text} * in{slot_index}_s{j}")
             axes |= c.axes
-            if not c.text.startswith("c") or not c.text[1:].isdigit():
+            if not (c.text.startswith("c") and c.text[1:].isdigit()) and not c.any_size:
                 slot.guarded_dims.add(j)
         address = " + ".join(terms) if terms else "0"
+        # A coordinate may be a value the kernel computed (the index a pick reads at): the load needs it.
+        named = re.findall(r"\bv\d+\b", " ".join(c.text + " " + c.guard for c in coords))
         stmt = self._emit(
             f"in{slot_index}_ptr + ({address})",
             kind,
-            [],
+            [self._stmt(name) for name in dict.fromkeys(named)],
             comment=self._input_comment(node),
             axes=frozenset(axes),
             load_input=slot_index,
@@ -571,9 +577,13 @@ class _Planner:
         )
 
     def _reduction(self, node: Node, coords) -> Stmt:
+        if node.op == "gather":
+            return self._pick(node, coords)
         x = self.g[node.inputs[0]]
         op = node.op
         k = self.row_dims
+        if op in ("softmax", "log_softmax") and self._same_row(coords):
+            return self._softmax_at(node, coords)
         full_out = op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
         if full_out:
             if not self._same_place(coords, self.full):
@@ -619,12 +629,6 @@ class _Planner:
                 a = self._emit(f"tl.abs({xs.name})", FLOAT, [xs])
                 return r("sum" if p == 1.0 else "max", a, comment)
             raise PlanError("no-lowering", f"{_describe(node)}: p={p} norm")
-        if op in ("softmax", "log_softmax"):
-            m = r("max", xs, comment + " (row max)")
-            shifted, e, s = self._exp_sum(xs, m, comment + " (row sum)")
-            if op == "softmax":
-                return self._emit(f"{e.name} / {s.name}", FLOAT, [e, s], comment)
-            return self._emit(f"{shifted.name} - tl.log({s.name})", FLOAT, [shifted, s], comment)
         if op in ("layer_norm", "group_norm"):
             mean = self._mean(xs, comment + " (mean)")
             d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
@@ -639,6 +643,55 @@ class _Planner:
             y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _same_row(self, coords) -> bool:
+        """`coords` are the kernel's row coordinates and any column of that row (rows are whole last dims)."""
+        k = self.row_dims
+        return k == len(self.domain) - 1 and self._same_place(coords[:k], self.full[:k])
+
+    def _softmax_at(self, node: Node, coords) -> Stmt:
+        """softmax / log_softmax over the row, at `coords` (the kernel's element, or the one element of
+        each row a pick reads): the row's max and exp-sum once per node, then the element's value."""
+        x = self.g[node.inputs[0]]
+        if _meta(x).shape != self.domain:
+            raise PlanError(
+                "reduction", f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}"
+            )
+        comment = self._comment(node)
+        stats = self.row_stats.get(node.id)
+        if stats is None:
+            xs = self.value(x.id, self.full)
+            if xs.kind != FLOAT:
+                raise PlanError("no-lowering", f"{_describe(node)} on {_meta(x).dtype} values")
+            m = self._reduce("max", xs, comment + " (row max)")
+            _, _, total = self._exp_sum(xs, m, comment + " (row sum)")
+            stats = self.row_stats[node.id] = (m, total)
+        m, total = stats
+        shifted = self._emit(f"{self.value(x.id, coords).name} - {m.name}", FLOAT, [self.value(x.id, coords), m])
+        if node.op == "softmax":
+            return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
+        return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
+
+    def _pick(self, node: Node, coords) -> Stmt:
+        """A gather of one element per row (`normalise._normalise_row_pick`): the row's sum of the
+        element whose column is the row's index, so the row is read once, in a pass that reads it
+        anyway (a loss's log-softmax), and nothing row-sized is written."""
+        x, index = self.g[node.inputs[0]], self.g[node.inputs[1]]
+        k = self.row_dims
+        if not self._same_place(coords[:k], self.full[:k]) or any(c.text != "0" for c in coords[k:]):
+            raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
+        if _meta(x).shape != self.domain:
+            raise PlanError(
+                "reduction", f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}"
+            )
+        at = self.value(index.id, self._broadcast(self.full, self.domain, _meta(index).shape))
+        # The element at the row's index, computed there: one load of that element, no pass over the
+        # row of its own.  An index outside the row reads nothing (torch raises on it).
+        column = Coord(at.name, frozenset({"r"}), guard=f"({at.name} >= 0) & ({at.name} < C)", any_size=True)
+        picked = self.value(x.id, (*self.full[:-1], column))
+        if picked.kind != FLOAT:
+            raise PlanError("no-lowering", f"{_describe(node)} of {_meta(x).dtype} values")
+        return self._emit(picked.name, FLOAT, [picked], self._comment(node))
 
     def _eps(self, node: Node) -> str:
         eps = node.params["eps"]

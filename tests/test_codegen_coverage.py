@@ -1174,6 +1174,28 @@ DTYPES = [
         [("33,100", "int64")],
         [["cast", "mul", "add", "sin", "mul"], ["mul", "softmax"]],
     ),
+    case(
+        "log-softmax-gather-loss",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                nll = -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
+                picked = torch.gather(torch.log_softmax(logits * 2.0, 1), 1, target.unsqueeze(1))
+                return nll, picked.squeeze(-1) * 0.5
+        """,
+        [("33,777", "bfloat16"), ("33", "int64")],
+        [["cast", "log_softmax", "gather", "neg"], ["mul", "log_softmax", "gather", "mul"]],
+    ),
+    case(
+        "log-softmax-gather-wide-rows",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                return -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
+        """,
+        [("3,9001", "bfloat16"), ("3", "int64")],
+        [["cast", "log_softmax", "gather", "neg"]],
+    ),
 ]
 
 
