@@ -655,7 +655,8 @@ class _Planner:
         x = self.g[node.inputs[0]]
         if _meta(x).shape != self.domain:
             raise PlanError(
-                "reduction", f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}"
+                "reduction",
+                f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}",
             )
         comment = self._comment(node)
         stats = self.row_stats.get(node.id)
@@ -682,7 +683,8 @@ class _Planner:
             raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
         if _meta(x).shape != self.domain:
             raise PlanError(
-                "reduction", f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}"
+                "reduction",
+                f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}",
             )
         at = self.value(index.id, self._broadcast(self.full, self.domain, _meta(index).shape))
         # The element at the row's index, computed there: one load of that element, no pass over the

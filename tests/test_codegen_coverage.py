@@ -1196,6 +1196,18 @@ DTYPES = [
         [("3,9001", "bfloat16"), ("3", "int64")],
         [["cast", "log_softmax", "gather", "neg"]],
     ),
+    case(
+        "log-softmax-picks-of-transposed-logits",
+        """
+        class M(nn.Module):
+            def forward(self, logits_t, target):
+                logp = torch.log_softmax(logits_t.transpose(0, 1).float(), -1)  # a strided view of the logits
+                nll = -torch.take_along_dim(logp, target[:, None], dim=-1)
+                return nll, (logp.gather(1, target.view(-1, 1)) * 2).exp()
+        """,
+        [("777,33", "bfloat16"), ("33", "int64")],
+        [["cast", "log_softmax", "gather", "neg", "gather", "mul", "exp"]],
+    ),
 ]
 
 

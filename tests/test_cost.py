@@ -60,3 +60,20 @@ def test_labels():
     assert bytes_label(384 * 2**20) == "384 MB"
     assert bytes_label(None) == "unknown"
     assert bytes_label(1536) == "1.5 KB"
+
+
+def test_a_loss_reads_each_row_of_logits_once_and_writes_one_value_per_row():
+    """log_softmax then the target's pick: unfused, the log-probabilities are written and read back
+    (the gather itself reads only what it picks); fused, the logits are read once."""
+    b = Builder()
+    logits = b.input([4096, 32000], dtype="bfloat16")
+    target = b.input([4096, 1], dtype="int64")
+    logp = b.op("log_softmax", logits, dtype="float32", params={"dims": [1], "keepdim": True})
+    picked = b.op("gather", logp, target, shape=[4096, 1], params={"dims": [1], "keepdim": True})
+    loss = b.op("neg", picked, shape=[4096, 1])
+    g = b.graph
+    rows, vocab = 4096, 32000
+    assert op_bytes(g, g[picked]) == rows * 8 + 2 * rows * 4  # its indices, and the element each picks
+    unfused, fused = cluster_bytes(g, [logp, picked, loss], [logits, target], [loss])
+    assert fused == rows * vocab * 2 + rows * 8 + rows * 4
+    assert unfused == (rows * vocab * 2 + rows * vocab * 4) + (rows * 8 + rows * 8) + rows * 8
