@@ -730,7 +730,12 @@ register_commands(server)
 
 
 def run(log_file: str | None = None) -> int:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    # The editor gets the server's lines as window/logMessage (`log_line`).  It also shows stderr:
+    # VS Code in the same output channel (every line twice), Neovim as [ERROR] in lsp.log.  So stderr
+    # carries only warnings and errors; the log file, when asked for, every line.
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setLevel(logging.WARNING)
+    handlers: list[logging.Handler] = [stderr]
     if log_file:
         handlers.append(logging.FileHandler(log_file))
     logging.basicConfig(level=logging.INFO, handlers=handlers, format="%(asctime)s %(name)s %(message)s")

@@ -70,6 +70,7 @@ class RawServer:
         self.answers: dict[Any, list[dict]] = collections.defaultdict(list)
         self.notifications: collections.Counter[str] = collections.Counter()
         self.published: list[dict] = []
+        self.logged: list[str] = []  # window/logMessage texts
         self.server_requests: collections.Counter[str] = collections.Counter()
         self.arrived = asyncio.Event()
         self.reader = asyncio.create_task(self._read())
@@ -132,6 +133,8 @@ class RawServer:
             self.notifications[message["method"]] += 1
             if message["method"] == "textDocument/publishDiagnostics":
                 self.published.append(message["params"])
+            elif message["method"] == "window/logMessage":
+                self.logged.append(message["params"]["message"])
 
 
 def frame(body: bytes) -> bytes:
@@ -487,6 +490,33 @@ async def test_every_request_is_answered_once_whatever_else_comes(tmp_path, figu
     from_pygls = [line for line in log if " pygls." in line]
     assert len(from_pygls) <= 30, "\n".join(from_pygls)
     figures["fuzz_log"] = {"lines": len(log), "malformed": len(malformed), "pygls": len(from_pygls)}
+
+
+@pytest.mark.asyncio
+async def test_the_log_reaches_the_editor_once(tmp_path):
+    """The server's lines reach the editor as window/logMessage.  Editors show stderr too (VS Code in
+    the same output channel, so every line twice; Neovim as [ERROR] in lsp.log): it carries only
+    warnings and errors."""
+    root = make_workspace(str(tmp_path / "ws"))
+    log_path = str(tmp_path / "server.log")
+    server = await RawServer.start(log_path)
+    try:
+        await initialize(server, root)
+        await open_good(server, root)
+        await server.wait_until(lambda: any(m.startswith("analyzed good.py") for m in server.logged), "the log line")
+        assert "result" in await server.request("bye", "shutdown")
+        await server.message({"jsonrpc": "2.0", "method": "exit"})
+        async with asyncio.timeout(30):
+            assert await server.proc.wait() == 0
+    finally:
+        if server.proc.returncode is None:
+            server.proc.kill()
+            await server.proc.wait()
+        server.reader.cancel()
+    assert any(m.startswith("worker ready") for m in server.logged), server.logged
+    with open(log_path, encoding="utf-8", errors="replace") as fh:
+        stderr = fh.read()
+    assert "analyzed good.py" not in stderr and "worker ready" not in stderr, stderr
 
 
 # ---- the frame reader on its own -----------------------------------------------------------------
