@@ -66,3 +66,17 @@ async def test_a_model_without_inputs_has_no_lens_but_a_hint(client: Client):
     (hint,) = diags
     assert hint.code == "no-inputs" and hint.severity == lsp.DiagnosticSeverity.Hint
     assert hint.range.start.line == MODEL_LINE - 1 and "no example inputs" in hint.message
+
+
+async def test_a_model_with_nothing_to_fuse_says_so(client: Client):
+    text = (
+        "import torch.nn as nn\n\n\n"
+        "class Projection(nn.Module):  # fuselens: input=(64, 128) float32\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(128, 128)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    uri = client.open("lens_nothing_to_fuse.py", text)
+    await client.diagnostics_of(uri, 1)
+    (lens,) = await client.code_lenses(uri)  # nothing to validate or show
+    assert lens.command.title.startswith("no fusable clusters · forward() moves "), lens.command.title
+    assert lens.range.start.line == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lsprotocol import types as lsp
 
-from fuselens.contracts.report import Report
+from fuselens.contracts.report import Report, Totals
 from fuselens.contracts.units import bytes_label
 
 from .text import lines_range, same_file
@@ -18,10 +18,7 @@ def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[l
         rng = lines_range(lines, model.line, model.line)
         clusters = [c for c in model.clusters if not c.branch]
         traffic = sum((c.bytes_unfused or 0) * c.multiplicity for c in clusters)
-        title = (
-            f"{len(model.clusters)} fusable cluster{'s' if len(model.clusters) != 1 else ''} · "
-            f"{bytes_label(model.totals.bytes_avoidable)} of {bytes_label(traffic)} avoidable"
-        )
+        title = _summary(model.totals, len(model.clusters), traffic)
         exact = sum(1 for c in model.clusters if c.mapping == "exact")
         if exact:
             title += f" · {exact} applicable"
@@ -51,3 +48,13 @@ def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[l
                 )
             )
     return lenses
+
+
+def _summary(totals: Totals, clusters: int, traffic: int) -> str:
+    if not clusters:  # (every cluster applied, say): what is left to know is what forward() moves
+        moved = f" · forward() moves {bytes_label(totals.bytes_total)}" if totals.bytes_total else ""
+        return "no fusable clusters" + moved
+    return (
+        f"{clusters} fusable cluster{'s' if clusters != 1 else ''} · "
+        f"{bytes_label(totals.bytes_avoidable)} of {bytes_label(traffic)} avoidable"
+    )
