@@ -466,7 +466,8 @@ class FuselensServer(LanguageServer):
     def publish(self, uri: str, analysis: Analysis) -> None:
         path = uri_to_path(uri) or ""
         lines = analysis.text.splitlines()
-        diags = diagnostics(analysis.report, path, lines, self.settings.severity, self.settings.show, analysis.failure)
+        s = self.settings
+        diags = diagnostics(analysis.report, path, lines, s.severity, s.show, analysis.failure, s.pattern_severity)
         self.stats["published"] += 1
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, diags, analysis.version))
 

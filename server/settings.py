@@ -51,6 +51,7 @@ class Settings:
     device: str = "h200"
     peak_gbps: float | None = None
     severity: str = "information"  # for cluster diagnostics
+    pattern_severity: str = "hint"  # for pattern diagnostics ("information" or above lists them in a Problems panel)
     show: list[str] = field(default_factory=lambda: ["clusters", "patterns", "breaks", "problems"])
     inlay_hints: bool = True
     code_lens: bool = True
@@ -68,6 +69,7 @@ _ALIASES = {  # accept the camelCase spellings editors use
     "peakGbps": "peak_gbps",
     "inlayHints": "inlay_hints",
     "codeLens": "code_lens",
+    "patternSeverity": "pattern_severity",
     "compareInductor": "compare_inductor",
     "remoteRunner": "remote_runner",
     "timeoutSeconds": "timeout_seconds",
@@ -111,10 +113,10 @@ def _apply(s: Settings, key: str, value: Any) -> None:
         if value is not None and not _number_between(value, 1.0, MAX_PEAK_GBPS):
             raise ValueError(f"must be a number of GB/s from 1 to {MAX_PEAK_GBPS:.0f}")
         s.peak_gbps = float(value) if value is not None else None
-    elif key == "severity":
+    elif key in ("severity", "pattern_severity"):
         if value not in SEVERITIES:
             raise ValueError(f"must be one of {', '.join(SEVERITIES)}")
-        s.severity = value
+        setattr(s, key, value)
     elif key == "show":
         if not isinstance(value, list) or any(v not in KINDS for v in value):
             raise ValueError(f"must be a list drawn from {', '.join(KINDS)}")

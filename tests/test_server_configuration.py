@@ -79,13 +79,15 @@ async def test_changed_configuration_is_reread_and_reapplied(client: Client):
     asked, seen = client.configuration_requests, len(client.published)
 
     client.set_configuration(
-        {"severity": "hint", "device": "a100", "show": ["clusters", "patterns"]}, section="fuselens"
+        {"severity": "hint", "patternSeverity": "warning", "device": "a100", "show": ["clusters", "patterns"]},
+        section="fuselens",
     )
     client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings=None))
     diags = await client.diagnostics_of(uri, 1, after=seen)  # the open document is analyzed again
     assert client.configuration_requests > asked
     assert {d.severity for d in clusters(diags)} == {lsp.DiagnosticSeverity.Hint}
-    assert any(str(d.code).startswith("pattern:") for d in diags)
+    patterns = [d for d in diags if str(d.code).startswith("pattern:")]
+    assert patterns and {d.severity for d in patterns} == {lsp.DiagnosticSeverity.Warning}  # in a Problems panel
     assert await client.inlay_hints(uri) != []  # no longer switched off
 
 

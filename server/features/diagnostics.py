@@ -47,7 +47,13 @@ def cluster_message(c: Cluster) -> str:
 
 
 def diagnostics(
-    report: Report, path: str, lines: list[str], severity: str, show: list[str], failure: Failure | None = None
+    report: Report,
+    path: str,
+    lines: list[str],
+    severity: str,
+    show: list[str],
+    failure: Failure | None = None,
+    pattern_severity: str = "hint",
 ) -> list[lsp.Diagnostic]:
     """Everything the report says about the document at `path`, filtered by the `show` setting.
 
@@ -68,7 +74,8 @@ def diagnostics(
         if "clusters" in show:
             out += [d for c in model.clusters if (d := _cluster(c, model, path, lines, cluster_severity))]
         if "patterns" in show:
-            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines))]
+            shown_as = SEVERITY.get(pattern_severity, lsp.DiagnosticSeverity.Hint)
+            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines, shown_as))]
             if model.inductor is not None:
                 out += [d for f in model.inductor.unmatched if (d := _inductor_only(f, path, lines))]
         if "rejections" in show:
@@ -170,7 +177,9 @@ def _cluster(
     )
 
 
-def _pattern(p: Pattern, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
+def _pattern(
+    p: Pattern, model: Model, path: str, lines: list[str], severity: lsp.DiagnosticSeverity
+) -> lsp.Diagnostic | None:
     est = p.estimate
     if not est.speedup_bound or est.speedup_bound <= 1.0:
         return None
@@ -186,7 +195,7 @@ def _pattern(p: Pattern, model: Model, path: str, lines: list[str]) -> lsp.Diagn
         message += f" ×{p.multiplicity}"
     return lsp.Diagnostic(
         range=rng,
-        severity=lsp.DiagnosticSeverity.Hint,
+        severity=severity,
         source=SOURCE,
         code=f"pattern:{p.name}",
         message=message,
