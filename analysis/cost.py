@@ -78,6 +78,9 @@ def op_bytes(graph: Graph, node: Node) -> int:
         return 0
     if node.op == "gather":  # reads its indices and the one element of each row they pick
         return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
+    if node.op == "cross_entropy":  # eager: log_softmax writes the log-probabilities, nll_loss picks from them
+        logits, targets = (value_bytes(graph[i]) for i in node.inputs[:2])
+        return 2 * logits + targets + value_bytes(node)
     reads = sum(value_bytes(graph[i]) for i in node.inputs)
     return reads + value_bytes(node)
 

@@ -145,6 +145,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         return "cat", OpClass.CONCAT, [list(tensors)], {"dim": norm_dim(int(bound.get("dim", 0)), out_t.dim())}
     if canon in ("gather", "take_along_dim"):
         return _normalise_row_pick(canon, func, args, kwargs, out_t)
+    if canon == "cross_entropy":
+        return _normalise_cross_entropy(func, args, kwargs, out_t)
     if cls is OpClass.REDUCTION:
         return _normalise_reduction(canon, func, args, kwargs, out_t)
     if cls is OpClass.VIEW or canon == "mT":
@@ -219,6 +221,35 @@ def _normalise_row_pick(canon, func, args, kwargs, out_t):
     if tuple(index.shape) != (*x.shape[:-1], 1) or index.dtype not in (torch.int64, torch.int32):
         return None
     return "gather", OpClass.REDUCTION, [x, index], {"dims": [x.dim() - 1], "keepdim": True}
+
+
+_CROSS_ENTROPY = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing"]
+
+
+def _normalise_cross_entropy(func, args, kwargs, out_t):
+    """`F.cross_entropy` of [N, C] logits against N class indices: a reduction over each row (its
+    log-sum-exp and the target's logit), then over the rows for "mean" and "sum".  Class weights,
+    probabilities as targets, the legacy size_average/reduce, and logits with more dims (classes in
+    dim 1, not last): opaque."""
+    bound = bind(func, args, kwargs, _CROSS_ENTROPY)
+    x, target = bound.get("input"), bound.get("target")
+    if not (isinstance(x, torch.Tensor) and isinstance(target, torch.Tensor)) or out_t is None:
+        return None
+    if x.dim() != 2 or not x.is_floating_point() or target.dim() != 1 or target.dtype not in (torch.int64, torch.int32):
+        return None
+    if bound.get("weight") is not None or bound.get("size_average") is not None or bound.get("reduce") is not None:
+        return None
+    reduction = bound.get("reduction", "mean")
+    if reduction not in ("none", "mean", "sum"):
+        return None
+    params = {
+        "dims": [1],
+        "keepdim": False,
+        "reduction": reduction,
+        "ignore_index": keep_int(bound.get("ignore_index", -100)),
+        "label_smoothing": keep_float(bound.get("label_smoothing", 0.0)),
+    }
+    return "cross_entropy", OpClass.REDUCTION, [x, target], params
 
 
 def _normalise_reduction(canon, func, args, kwargs, out_t):

@@ -524,7 +524,7 @@ def _rotated_source(graph: Graph, cat: Node) -> int | None:
 def _softmax(graph: Graph) -> list[Match]:
     out = []
     for node in graph:
-        if node.op not in ("softmax", "log_softmax"):
+        if node.op not in ("softmax", "log_softmax", "cross_entropy"):
             continue
         nodes = [node.id]
         kinds = []
@@ -539,7 +539,7 @@ def _softmax(graph: Graph) -> list[Match]:
             nodes.insert(0, current.id)
             current = graph[_through_free(graph, current.inputs[0])]
         tail = node.id
-        for u in _consumers(graph, node.id):
+        for u in _consumers(graph, node.id) if node.op != "cross_entropy" else []:
             if graph[u].op == "cast" and len(_consumers(graph, node.id)) == 1:
                 nodes.append(u)
                 tail = u
@@ -551,11 +551,11 @@ def _softmax(graph: Graph) -> list[Match]:
         after = _io_bytes(graph, reads, [tail])
         label = " and ".join(sorted(set(kinds))) or "plain"
         summary = f"{label} {node.op} over the last dim"
-        if pick:
+        if pick or node.op == "cross_entropy":
             summary = "cross-entropy: log-softmax and each row's target picked; no log-probabilities written"
         out.append(
             Match(
-                "cross-entropy" if pick else "softmax",
+                "cross-entropy" if pick or node.op == "cross_entropy" else "softmax",
                 nodes,
                 before,
                 after,

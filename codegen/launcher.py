@@ -60,7 +60,7 @@ def _launch_function(
         body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat)
     else:
         body += _row_launch(plan, kernel_name, input_names, call_args)
-    body.append("return " + _returns(plan))
+    body.append("return " + _returns(plan, input_names))
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
     return [f"def _{name}_launch({', '.join(params)}):"] + ["    " + line for line in body]
 
@@ -163,7 +163,10 @@ def _return_early(plan: KernelPlan, input_names: list[str]) -> list[str]:
     re-analysis of code that already calls the kernel, fake ones in torch.compile's trace), or when
     there is nothing to do."""
     shapes = f"_shapes_only({input_names[0]}) or " if input_names else ""
-    return [f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do", "    return " + _returns(plan)]
+    return [
+        f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do",
+        "    return " + _returns(plan, input_names),
+    ]
 
 
 def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -268,10 +271,22 @@ def _output_names(plan: KernelPlan) -> list[str]:
     return [f"out{k}" for k in range(len(plan.outputs))]
 
 
-def _returns(plan: KernelPlan) -> str:
+def _returns(plan: KernelPlan, input_names: list[str]) -> str:
     """The launcher's return value: the output, or a tuple of them."""
-    outs = _output_names(plan)
+    outs = [_result(k, out, input_names) for k, out in enumerate(plan.outputs)]
     return outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+
+
+def _result(k: int, out: OutputSlot, input_names: list[str]) -> str:
+    """Output `k` as the cluster returns it: a loss over the rows totals the kernel's per-row losses,
+    a mean over the rows whose target is not ignored (0 / 0, NaN, when all are, as in torch)."""
+    total = out.total
+    if total is None:
+        return f"out{k}"
+    text = f"out{k}.sum()"
+    if total.how == "mean":
+        text += f" / ({input_names[total.target_input]} != {total.ignore_index}).sum()"
+    return f"({text}).to(torch.{total.dtype})"
 
 
 def _tuple(items: list[str]) -> str:

@@ -110,6 +110,18 @@ class OutputSlot:
     # Written row-major whatever the inputs' layout: every reader is a GEMM, which would first copy a
     # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`).
     contiguous: bool = False
+    total: RowTotal | None = None  # a loss over the rows: the kernel writes each row's, the launcher totals them
+
+
+@dataclass
+class RowTotal:
+    """How the launcher turns the kernel's per-row losses into a cross-entropy's "sum" or "mean" (over
+    the rows whose target is not `ignore_index`, as torch counts them)."""
+
+    how: str  # "sum" | "mean"
+    target_input: int  # the input slot of the targets
+    ignore_index: str  # its literal
+    dtype: str  # the loss's dtype
 
 
 @dataclass
@@ -190,7 +202,7 @@ class _Planner:
         self.inputs: list[InputSlot] = []
         self.input_index: dict[int, int] = {}
         self.scalars: list[ScalarSlot] = []
-        self.row_stats: dict[int, tuple[Stmt, Stmt]] = {}  # softmax node -> its row (max, exp-sum)
+        self.row_stats: dict[int, tuple[Stmt, Stmt]] = {}  # softmax / loss node -> its row (max, exp-sum)
 
     # ---- structure --------------------------------------------------------------------
     def plan(self) -> KernelPlan:
@@ -237,6 +249,10 @@ class _Planner:
             elif kind == "reduction" and self._is_row_shape(shape):
                 stmt = self.value(o, self._row_coords_for(shape))
                 row_only = True
+            elif kind == "reduction" and node.op == "cross_entropy" and node.params["reduction"] != "none":
+                shape = tuple(self.domain[: self.row_dims])
+                stmt = self.value(o, self._row_coords_for(shape))
+                row_only = True
             else:
                 raise PlanError(
                     "fan-out",
@@ -247,7 +263,9 @@ class _Planner:
                 kind_of(meta.dtype)
             except LoweringError as exc:
                 raise PlanError("no-lowering", str(exc)) from None
-            out_slots.append(OutputSlot(o, stmt.name, shape, meta.dtype, row_only, self._read_by_gemms_only(o)))
+            total = self._row_total(node) if shape != tuple(meta.shape) else None
+            dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
+            out_slots.append(OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total))
         self._baked_numbers()
         return KernelPlan(
             kind,
@@ -579,6 +597,8 @@ class _Planner:
     def _reduction(self, node: Node, coords) -> Stmt:
         if node.op == "gather":
             return self._pick(node, coords)
+        if node.op == "cross_entropy":
+            return self._cross_entropy(node, coords)
         x = self.g[node.inputs[0]]
         op = node.op
         k = self.row_dims
@@ -659,6 +679,53 @@ class _Planner:
                 f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}",
             )
         comment = self._comment(node)
+        m, total = self._row_max_and_exp_sum(node, x, comment)
+        shifted = self._emit(f"{self.value(x.id, coords).name} - {m.name}", FLOAT, [self.value(x.id, coords), m])
+        if node.op == "softmax":
+            return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
+        return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
+
+    def _cross_entropy(self, node: Node, coords) -> Stmt:
+        """Each row's loss: its log-sum-exp less the target's logit (with label smoothing e, (1 - e) of
+        that and e of the log-sum-exp less the row's mean logit), 0 where the target is ignore_index;
+        the row read once, the target's logit loaded on its own.  "mean" and "sum" are totalled by
+        the launcher (`_row_total`)."""
+        x, target = self.g[node.inputs[0]], self.g[node.inputs[1]]
+        k = self.row_dims
+        if len(coords) != k or not self._same_place(coords, self.full[:k]):
+            raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
+        comment = self._comment(node)
+        m, total = self._row_max_and_exp_sum(node, x, comment)
+        t = self.value(target.id, self.full[:k])
+        xt = self.value(x.id, (*self.full[:k], self._column_at(t)))
+        lse = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
+        loss = self._emit(f"{lse.name} - {xt.name}", FLOAT, [lse, xt])
+        smoothing = node.params["label_smoothing"]
+        if float(smoothing):
+            e = self._number(smoothing, runtime=False)
+            row_sum = self._reduce("sum", self.value(x.id, self.full), comment + " (row sum)")
+            smooth = f"{e} * ({lse.name} - {row_sum.name} / C)"
+            loss = self._emit(f"(1.0 - {e}) * {loss.name} + {smooth}", FLOAT, [loss, lse, row_sum])
+        ignored = self._number(node.params["ignore_index"], runtime=False)
+        return self._emit(f"tl.where({t.name} != {ignored}, {loss.name}, 0.0)", FLOAT, [loss, t], comment)
+
+    def _row_total(self, node: Node) -> RowTotal:
+        """The launcher's total of a cross-entropy's per-row losses; "mean" counts the targets, so they
+        must be an input the launcher holds as the kernel reads it (not a view made in the group)."""
+        target = node.inputs[1]
+        if target in self.members or target not in self.input_index:
+            raise PlanError("no-lowering", f"{_describe(node)}: a mean over targets made inside the group")
+        ignored = self._number(node.params["ignore_index"], runtime=False)
+        return RowTotal(node.params["reduction"], self.input_index[target], ignored, _meta(node).dtype)
+
+    def _column_at(self, index: Stmt) -> Coord:
+        """The column a row's `index` names, where loads check it against the row's run-time length
+        (an index outside the row reads nothing; torch raises on it)."""
+        guard = f"({index.name} >= 0) & ({index.name} < C)"
+        return Coord(index.name, frozenset({"r"}), guard=guard, any_size=True)
+
+    def _row_max_and_exp_sum(self, node: Node, x: Node, comment: str) -> tuple[Stmt, Stmt]:
+        """The max of `x`'s row and the sum of exp(x - max), once per node that needs them."""
         stats = self.row_stats.get(node.id)
         if stats is None:
             xs = self.value(x.id, self.full)
@@ -667,11 +734,7 @@ class _Planner:
             m = self._reduce("max", xs, comment + " (row max)")
             _, _, total = self._exp_sum(xs, m, comment + " (row sum)")
             stats = self.row_stats[node.id] = (m, total)
-        m, total = stats
-        shifted = self._emit(f"{self.value(x.id, coords).name} - {m.name}", FLOAT, [self.value(x.id, coords), m])
-        if node.op == "softmax":
-            return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
-        return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
+        return stats
 
     def _pick(self, node: Node, coords) -> Stmt:
         """A gather of one element per row (`normalise._normalise_row_pick`): the row's sum of the
@@ -688,9 +751,8 @@ class _Planner:
             )
         at = self.value(index.id, self._broadcast(self.full, self.domain, _meta(index).shape))
         # The element at the row's index, computed there: one load of that element, no pass over the
-        # row of its own.  An index outside the row reads nothing (torch raises on it).
-        column = Coord(at.name, frozenset({"r"}), guard=f"({at.name} >= 0) & ({at.name} < C)", any_size=True)
-        picked = self.value(x.id, (*self.full[:-1], column))
+        # row of its own.
+        picked = self.value(x.id, (*self.full[:-1], self._column_at(at)))
         if picked.kind != FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} of {_meta(x).dtype} values")
         return self._emit(picked.name, FLOAT, [picked], self._comment(node))

@@ -1197,6 +1197,33 @@ DTYPES = [
         [["cast", "log_softmax", "gather", "neg"]],
     ),
     case(
+        "cross-entropy-every-reduction",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                x = logits.float() * 1.5
+                return (
+                    F.cross_entropy(x, target),
+                    F.cross_entropy(x, target, reduction="sum", label_smoothing=0.1),
+                    F.cross_entropy(x, target, reduction="none", ignore_index=3),
+                )
+        """,
+        [("33,777", "bfloat16"), ("33", "int64")],
+        [["cast", "mul", "cross_entropy", "cross_entropy", "cross_entropy"]],
+    ),
+    case(
+        "cross-entropy-ignored-targets-and-wide-rows",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                ignored = torch.where(target < 4, -100, target)  # (the targets are 0..15)
+                loss = nn.CrossEntropyLoss(label_smoothing=0.05)(logits.float(), ignored)
+                return loss, F.cross_entropy(logits.float() / 2, target, ignore_index=-100, reduction="none")
+        """,
+        [("5,9001", "bfloat16"), ("5", "int64")],
+        [["cast", "cross_entropy"], ["cast", "div", "cross_entropy"]],
+    ),
+    case(
         "log-softmax-picks-of-transposed-logits",
         """
         class M(nn.Module):
