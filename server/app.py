@@ -634,7 +634,7 @@ def on_hover(ls: FuselensServer, params: lsp.HoverParams) -> lsp.Hover | None:
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None:
         return None
-    return hover(analysis.report, path, params.position.line + 1)
+    return hover(analysis.report, path, params.position.line + 1, params.text_document.uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_INLAY_HINT, lsp.InlayHintOptions(resolve_provider=False))

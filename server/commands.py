@@ -22,6 +22,7 @@ from fuselens.contracts.options import ValidateOptions
 from fuselens.contracts.validation import ValidationReport
 from fuselens.worker.protocol import Limits, ValidateJob
 
+from . import views
 from .features.actions import WRITE_MODULE
 from .features.text import path_to_uri, uri_to_path
 from .runner import RemoteFailed
@@ -229,19 +230,13 @@ class _Progress:
             self.ls.work_done_progress.end(self.token, lsp.WorkDoneProgressEnd(message="done"))
 
 
-def _views_folder(ls: FuselensServer, path: str, kind: str) -> str:
-    """`.fuselens/<kind>` in the workspace folder that holds `path`: inside the workspace, never
-    elsewhere (a file opened from outside it gets its views in the first workspace folder).  A link
-    on the way (`.fuselens` pointing at a folder outside) is refused: views are written there only."""
-    root = ls.workspace_root(path) or ls.roots[0]
-    folder = os.path.join(root, ".fuselens", kind)
-    for step in (os.path.dirname(folder), folder):
-        if os.path.islink(step):
-            raise JsonRpcInvalidParams.of(
-                ValueError(f"{os.path.relpath(step, root)} is a symbolic link: fuselens writes no views through it")
-            )
-        os.makedirs(step, exist_ok=True)
-    return folder
+def _view(ls: FuselensServer, path: str, kind: str, name: str, text: str) -> str:
+    """`text` as the read-only view `name` of `kind` for the document at `path` (`views.py`)."""
+    workspace = ls.workspace_root(path) or (ls.roots[0] if ls.roots else os.path.dirname(path))
+    try:
+        return views.write_view(views.views_folder(workspace, kind), name, text)
+    except (views.ViewRefused, OSError) as exc:
+        raise JsonRpcInvalidParams.of(ValueError(f"the view was not written: {exc}")) from None
 
 
 async def _show_document(ls: FuselensServer, params: lsp.ShowDocumentParams) -> None:
@@ -251,32 +246,32 @@ async def _show_document(ls: FuselensServer, params: lsp.ShowDocumentParams) -> 
             await ls.window_show_document_async(params)
 
 
-def _write_view(target: str, text: str) -> None:
-    try:
-        files.replace_text(target, text)
-    except files.Refused as exc:
-        raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
-
-
 async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[str, Any]:
+    """A cluster's kernel and its launcher (`which`: a cluster or kernel name), or a model's or the
+    file's whole kernel module, as a read-only view the client is asked to show."""
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
-    analysis = _analysis_for(ls, uri)
-    report = analysis.report
-    text = kernel_module_text(report)
+    report = _analysis_for(ls, uri).report
     chosen = [
         c for m in report.models for c in m.clusters if c.kernel and (which in (None, m.name, c.id, c.kernel.name))
     ]
     if which and not chosen:
         raise JsonRpcInvalidParams.of(ValueError(f"no model or cluster {which!r} in {os.path.basename(path)}"))
-    folder = _views_folder(ls, path, "kernels")
-    target = os.path.join(folder, os.path.basename(chosen[0].kernel.path) if chosen else "kernels.py")
-    _write_view(target, text)
+    single = len(chosen) == 1 and which in (chosen[0].id, chosen[0].kernel.name if chosen[0].kernel else None)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if single and chosen[0].kernel:
+        kernel = chosen[0].kernel
+        text = _kernel_view(stem, chosen[0].id, kernel.name, kernel.source)
+        name = f"{stem}_{kernel.name}.py"
+    else:
+        text = kernel_module_text(report)
+        name = os.path.basename(chosen[0].kernel.path) if chosen and chosen[0].kernel else f"{stem}_kernels.py"
+    target = _view(ls, path, "kernels", name, text)
     window = ls.client_capabilities.window
     if window and window.show_document and window.show_document.support:
         line = 0
-        if chosen:
+        if chosen and chosen[0].kernel:
             marker = f"def {chosen[0].kernel.name}("
             line = next((i for i, code in enumerate(text.splitlines()) if code.startswith(marker)), 0)
         await _show_document(
@@ -285,7 +280,16 @@ async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[
                 path_to_uri(target), take_focus=True, selection=lsp.Range(lsp.Position(line, 0), lsp.Position(line, 0))
             ),
         )
-    return {"path": target, "kernels": [c.kernel.name for c in chosen], "text": text}
+    return {"path": target, "kernels": [c.kernel.name for c in chosen if c.kernel], "text": text}
+
+
+def _kernel_view(stem: str, cluster: str, kernel: str, source: str) -> str:
+    """One cluster's part of the kernel module: what to read, not to run (the module's helpers are not in it)."""
+    return (
+        f"# {cluster} of {stem}.py: `{kernel}`, its Triton kernel(s), launcher and reference, as\n"
+        f"# `fuselens apply` writes them into {stem}_kernels.py (a read-only view; the module's shared\n"
+        "# helpers, such as _div and _row_tile, are in the module).\n\n" + source.strip("\n") + "\n"
+    )
 
 
 async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str, Any]:
@@ -300,9 +304,7 @@ async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str
     text = f"# torch.compile's kernels for {cluster} of {os.path.basename(path)}: {comparison.status}\n"
     text += f"# {comparison.summary}\n\n"
     text += "\n\n".join(analysis.inductor_sources.get(i, f"# {i}: no source") for i in ids) + "\n"
-    folder = _views_folder(ls, path, "inductor")
-    target = os.path.join(folder, f"{os.path.splitext(os.path.basename(path))[0]}_{cluster}.py")
-    _write_view(target, text)
+    target = _view(ls, path, "inductor", f"{os.path.splitext(os.path.basename(path))[0]}_{cluster}.py", text)
     window = ls.client_capabilities.window
     if window and window.show_document and window.show_document.support:
         await _show_document(ls, lsp.ShowDocumentParams(path_to_uri(target), take_focus=True))

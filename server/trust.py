@@ -20,10 +20,11 @@ import json
 import os
 from dataclasses import dataclass
 
+from fuselens.contracts.folders import user_config_folder
+
 
 def user_trust_file() -> str:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "fuselens", "trusted-folders.json")
+    return os.path.join(user_config_folder(), "trusted-folders.json")
 
 
 def _listed_folders(path: str) -> list[str]:

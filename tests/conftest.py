@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import textwrap
 
 import pytest
@@ -11,6 +12,11 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# fuselens's per-user caches (the views the editor opens, the measured bandwidth) go to a folder of the
+# run's own, for every server, worker and command the tests start; Hugging Face's stays where it was.
+_USER_CACHE = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+os.environ.setdefault("HF_HOME", os.path.join(_USER_CACHE, "huggingface"))
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fuselens-test-cache-")
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ import pytest
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 
+from fuselens.server import views
+
 from lsp_helpers import Client, example_text, path_of, replace_line, server_fixture, uri_of
 from robust_helpers import errors, fusable, worker_host
 
@@ -66,12 +68,14 @@ def uris_in(action: lsp.CodeAction) -> list[str]:
 
 
 async def test_generated_files_stay_inside_the_workspace(client: Client):
+    """Kernel modules go beside the model, in the workspace; views (what "Show kernel" opens) go to the
+    user's cache folder, nowhere else."""
     before = files_outside(client.root)
     uri = client.open("iso_model.py", example_text())
     await client.diagnostics_of(uri, 1)
 
     shown = await client.command("fuselens.showKernel", uri)
-    assert shown["path"] == os.path.join(client.root, ".fuselens", "kernels", "iso_model_kernels.py")
+    assert shown["path"] == os.path.join(views.views_folder(client.root, "kernels"), "iso_model_kernels.py")
     actions = await client.code_actions(uri, 18)
     assert actions
     for action in actions:
@@ -87,7 +91,7 @@ async def test_generated_files_stay_inside_the_workspace(client: Client):
 
 async def test_a_model_outside_the_workspace_gets_no_files_beside_it(client: Client):
     """A file opened from outside the workspace folder: analyzed (the editor's trust covers its
-    window), its views go to the workspace's .fuselens, and no quick fix would write beside it."""
+    window), its views go to the workspace's views folder, and no quick fix would write beside it."""
     before = files_outside(client.root)
     stray = os.path.join(outside_folder(client.root), "stray_model.py")
     uri = uri_of(stray)
@@ -100,11 +104,11 @@ async def test_a_model_outside_the_workspace_gets_no_files_beside_it(client: Cli
     assert len(fusable(await client.diagnostics_of(uri, 1))) == 3
 
     shown = await client.command("fuselens.showKernel", uri)
-    assert inside(shown["path"], os.path.join(client.root, ".fuselens"))
+    assert inside(shown["path"], views.views_folder(client.root, "kernels"))
     assert await client.code_actions(uri, 18) == []
     with pytest.raises(JsonRpcException, match="outside the workspace; nothing written"):
         await client.command("fuselens.writeKernelModule", uri, 1, ["c0"])
-    assert files_outside(client.root) == before  # no .fuselens/ or stray_model_kernels.py out there
+    assert files_outside(client.root) == before  # no stray_model_kernels.py out there
     client.close(uri)
 
 
@@ -125,7 +129,7 @@ async def test_a_report_cannot_choose_where_files_go(client: Client, tmp_path):
     with pytest.raises(JsonRpcException, match="must sit beside the model file"):
         await client.command("fuselens.writeKernelModule", uri, 1, ["c0"])
     shown = await client.command("fuselens.showKernel", uri, "c0")
-    assert shown["path"] == os.path.join(client.root, ".fuselens", "kernels", "evil_kernels.py")
+    assert shown["path"] == os.path.join(views.views_folder(client.root, "kernels"), "iso_report_cluster0.py")
     assert os.listdir(elsewhere) == []
 
 

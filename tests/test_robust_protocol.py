@@ -22,7 +22,7 @@ from pygls.protocol import default_converter
 from pytest_lsp import ClientServerConfig, client_capabilities
 from pytest_lsp.client import register_lsp_features
 
-from fuselens.server import framing
+from fuselens.server import framing, views
 from fuselens.server.app import FuselensServer
 
 from lsp_helpers import (
@@ -167,7 +167,7 @@ async def test_requests_about_documents_that_are_not_open_files(client: Client, 
                 {"command": command, "arguments": arguments},
                 INVALID_PARAMS,
             )
-    assert not os.path.exists(os.path.join(client.root, ".fuselens", "kernels", "gpt_kernels.py"))
+    assert not os.path.exists(os.path.join(views.views_folder(client.root, "kernels"), "gpt_kernels.py"))
     await still_serving(client, good)
 
 

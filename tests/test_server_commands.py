@@ -8,6 +8,8 @@ import pytest
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 
+from fuselens.server import views
+
 from lsp_helpers import INTERPRET, Client, analyzed_fixture, example_text, server_fixture, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -20,13 +22,14 @@ def outside(root: str) -> str:
     return root.rstrip(os.sep) + "-outside"
 
 
-def views_linked_outside(root: str) -> None:
-    """The workspace's `.fuselens` is a link to a folder outside it."""
+def view_linked_outside(root: str) -> None:
+    """The view of cluster1 is a link to a file outside the views folder (planted by someone else)."""
     os.makedirs(outside(root), exist_ok=True)
-    os.symlink(outside(root), os.path.join(root, ".fuselens"))
+    folder = views.views_folder(root, "kernels")
+    os.symlink(os.path.join(outside(root), "target.py"), os.path.join(folder, "linked_views_cluster1.py"))
 
 
-linked_views = server_fixture(prepare=views_linked_outside)
+linked_views = server_fixture(prepare=view_linked_outside)
 
 
 def statuses(result: dict) -> dict[str, str]:
@@ -119,17 +122,20 @@ async def test_analyze_reschedules_the_document(client: Client):
         await client.command("fuselens.analyze", uri_of(client.path("gpt.py")))
 
 
-async def test_show_kernel_writes_the_module_inside_the_workspace(client: Client, analyzed: str):
+async def test_show_kernel_opens_that_kernel_read_only_outside_the_project(client: Client, analyzed: str):
+    before = sorted(os.listdir(client.root))
     shown = len(client.shown_documents)
     result = await client.command("fuselens.showKernel", analyzed, "c1")
-    folder = os.path.join(client.root, ".fuselens", "kernels")
-    assert result["path"] == os.path.join(folder, "example_net_kernels.py")
+    assert result["path"] == os.path.join(views.views_folder(client.root, "kernels"), "example_net_cluster1.py")
     assert result["kernels"] == ["cluster1"]
     with open(result["path"], encoding="utf-8") as fh:
         assert fh.read() == result["text"]
-    assert "\ndef cluster1(x):" in result["text"] and "@triton.jit" in result["text"]
-    compile(result["text"], result["path"], "exec")
-    assert not os.path.exists(client.path("example_net_kernels.py"))  # nothing beside the model
+    assert os.stat(result["path"]).st_mode & 0o222 == 0  # read-only: an edit there would be lost
+    text = result["text"]
+    assert "\ndef cluster1(x):" in text and "@triton.jit" in text and "_cluster1_launch" in text
+    assert "cluster0" not in text and "cluster2" not in text  # that cluster's kernel only
+    compile(text, result["path"], "exec")
+    assert sorted(os.listdir(client.root)) == before  # nothing written into the project
     # The client is asked to show it, at the kernel's definition.
     (show,) = client.shown_documents[shown:]
     assert show.uri == uri_of(result["path"]) and show.take_focus
@@ -140,6 +146,9 @@ async def test_show_kernel_writes_the_module_inside_the_workspace(client: Client
 async def test_show_kernels_for_the_model(client: Client, analyzed: str):
     result = await client.command("fuselens.showKernel", analyzed, "ExampleNet")
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
+    assert os.path.basename(result["path"]) == "example_net_kernels.py" and "\ndef cluster2(" in result["text"]
+    again = await client.command("fuselens.showKernel", analyzed, "ExampleNet")  # over the read-only view
+    assert again["path"] == result["path"] and again["text"] == result["text"]
     result = await client.command("fuselens.showKernel", analyzed)
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
     with pytest.raises(JsonRpcException, match="no model or cluster 'Nope'"):
@@ -156,9 +165,9 @@ async def test_commands_need_an_analysis(client: Client):
     assert (await client.command("fuselens.showKernel", uri))["kernels"] == ["cluster0", "cluster1", "cluster2"]
 
 
-async def test_show_kernel_writes_nothing_through_a_linked_views_folder(linked_views: Client):
+async def test_show_kernel_writes_nothing_through_a_linked_view(linked_views: Client):
     uri = linked_views.open("linked_views.py", example_text())
     await linked_views.diagnostics_of(uri, 1)
-    with pytest.raises(JsonRpcException, match=r"\.fuselens is a symbolic link"):
+    with pytest.raises(JsonRpcException, match=r"linked_views_cluster1.py is a symbolic link"):
         await linked_views.command("fuselens.showKernel", uri, "c1")
     assert os.listdir(outside(linked_views.root)) == []

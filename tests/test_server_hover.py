@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+import urllib.parse
+
 import pytest
 from lsprotocol import types as lsp
 
@@ -23,14 +27,17 @@ async def test_hover_on_every_line_of_a_cluster(client: Client, analyzed: str, i
         assert hover.contents.kind == lsp.MarkupKind.Markdown
         text = hover.contents.value
         assert f"c{index}" in text and f"cluster{index}" in text and want["kind"] in text
-        for op, op_line in zip(want["chain"].split(" → "), want["ops"], strict=True):
-            assert f"| `{op}` | {op_line} | 16384×" in text  # ops with their lines and shapes
+        ops = " → ".join(
+            f"`{op}` {op_line}" for op, op_line in zip(want["chain"].split(" → "), want["ops"], strict=True)
+        )
+        assert f"{ops} · 16384×" in text and "float32" in text  # the ops with their lines, over their shape
         assert f"**{want['bytes']}**" in text
         assert "dram-bound" in text  # the regime
-        assert "float32" in text
-        assert "```python\n@triton.jit\ndef _cluster" in text  # the Triton kernel source
-        assert "tl.load" in text and "tl.store" in text
         assert f"maps **exactly** to lines {first}–{last}" in text
+        # Compact: no kernel source, but a link that opens it (the server's own command, this cluster).
+        assert "@triton.jit" not in text and len([t for t in text.splitlines() if t.strip()]) <= 8, text
+        (link,) = re.findall(r"\[Open the kernel\]\(command:fuselens\.showKernel\?([^)]*)\)", text)
+        assert json.loads(urllib.parse.unquote(link)) == [analyzed, f"c{index}"]
 
 
 async def test_hover_shows_the_bytes_moved(client: Client, analyzed: str):
@@ -61,6 +68,6 @@ async def test_unsaved_edits_hide_results_that_no_longer_line_up(client: Client)
     version = client.save_text(uri, client.texts[uri])
     await client.diagnostics_of(uri, version)
     hover = await client.hover(uri, 19)  # analyzed again: everything is one line further down
-    assert hover is not None and "| `mul` | 19 |" in hover.contents.value
+    assert hover is not None and "`mul` 19 → " in hover.contents.value
     assert await client.hover(uri, 18) is None
     assert [h.position.line + 1 for h in await client.inlay_hints(uri)] == [21, 26, 31]

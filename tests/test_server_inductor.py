@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import pytest_asyncio
+
+from fuselens.server import views
 
 from lsp_helpers import Client, server_fixture
 
@@ -37,7 +41,7 @@ async def test_diagnostics_come_first_then_hover_and_lens_gain_the_comparison(cl
     assert "Inductor agrees on 3/3" in lenses[0].command.title
     shown = await client.command("fuselens.showInductorKernel", compared, "c0")
     assert shown["status"] == "agree" and "@triton.jit" in shown["text"]
-    assert "/.fuselens/inductor/" in shown["path"]
+    assert shown["path"] == os.path.join(views.views_folder(client.root, "inductor"), "example_net_c0.py")
 
 
 async def test_a_save_during_the_comparison_cancels_it(client: Client, compared: str):

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fuselens", "peak.json")
+from fuselens.contracts.folders import user_cache_folder
+
+CACHE = os.path.join(user_cache_folder(), "peak.json")
 
 
 def _events_ms(fn: Callable[[], Any], iterations: int) -> float:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
+import urllib.parse
 
 from lsprotocol import types as lsp
 
@@ -31,51 +33,33 @@ def _shape(shape) -> str:
     return "×".join(map(str, shape)) if shape else "scalar"
 
 
-def describe(model: Model, c: Cluster) -> str:
+def describe(model: Model, c: Cluster, uri: str = "") -> str:
+    """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, what
+    torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
+    the ops next to it were left out)."""
     saved = ""
     if c.bytes_unfused and c.bytes_fused is not None:
         saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}%)"
-    parts = [
-        f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}",
+    cost = (
         f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
-        f"**{c.regime or 'unknown regime'}**",
-    ]
+        f"**{c.regime or 'unknown regime'}**"
+    )
     if c.multiplicity > 1:
         where = ", ".join(i or "(root)" for i in c.instances[:4]) + (" …" if len(c.instances) > 4 else "")
-        parts.append(
-            f"×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
+        cost += (
+            f"; ×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
             f"{bytes_label(c.total_bytes_fused)} in all"
         )
+    parts = [f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}", cost]
     if c.branch:
         parts.append(f"_{c.branch}_")
     if in_library(c.file):
         parts.append(_library_section(c))
-    rows = ["| op | line | shape | dtype |", "|---|---|---|---|"]
-    for op in c.ops:
-        file = "" if same_file(op.file, c.file) else f"{os.path.basename(op.file)}:"
-        rows.append(f"| `{op.target}` | {file}{op.line} | {_shape(op.shape)} | {op.dtype} |")
-    parts.append("\n".join(rows))
+    parts.append(_ops_line(c))
     ins = ", ".join(f"`{i.name or '?'}` {_shape(i.shape)} {i.dtype}" for i in c.inputs)
     outs = ", ".join(f"{_shape(o.shape)} {o.dtype}" for o in c.outputs)
     parts.append(f"reads {ins}; writes {outs}")
-    if c.mapping == "exact":
-        parts.append(
-            f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with "
-            f"`{c.edit.call if c.edit else c.kernel.name if c.kernel else ''}`"
-        )
-    elif c.applies == "patch":
-        parts.append(f"applies as a **library patch**: {c.apply_detail}")
-    else:
-        parts.append(f"maps as **{c.mapping}**: {c.apply_detail or c.mapping_detail}")
-    if c.boundaries:
-        left = [f"- `{b.op.target}` (line {b.op.line}): **{b.reason}** — {b.detail}" for b in c.boundaries[:6]]
-        parts.append("**left out**\n" + "\n".join(left))
-    near = [r for r in model.rejections if same_file(r.file, c.file) and c.lines[0] - 2 <= r.lines[0] <= c.lines[1] + 2]
-    if near:
-        parts.append(
-            "**not fused nearby**\n"
-            + "\n".join(f"- `{r.ops[0].target}` (line {r.lines[0]}): **{r.reason}** — {r.detail}" for r in near[:6])
-        )
+    parts.append(_applies_line(c))
     patterns = [p for p in model.patterns if c.id in p.clusters]
     if patterns:
         parts.append(
@@ -87,19 +71,44 @@ def describe(model: Model, c: Cluster) -> str:
         )
     if model.inductor is not None:
         parts.append(_inductor_section(model.inductor, c))
-    if c.kernel:
-        kernel = c.kernel.source.split("\n\n\ndef _")[0]  # the @triton.jit part, not the launcher
-        parts.append(f"```python\n{kernel}\n```")
+    if c.kernel and uri:
+        parts.append(f"[Open the kernel]({_command_link('fuselens.showKernel', uri, c.id)})")
     elif c.lowering != "ok":
         parts.append(f"no kernel: {c.lowering}")
     return "\n\n".join(parts)
 
 
-def hover(report: Report, path: str, line: int) -> lsp.Hover | None:
+def _ops_line(c: Cluster) -> str:
+    """`mul` 19 → `relu` 19 → `add` 20, over the shape and dtype they share (or each its own)."""
+    shared = {(tuple(op.shape or ()), op.dtype) for op in c.ops}
+    steps = []
+    for op in c.ops:
+        where = str(op.line) if same_file(op.file, c.file) else f"{os.path.basename(op.file)}:{op.line}"
+        own = "" if len(shared) == 1 else f" {_shape(op.shape)} {op.dtype}"
+        steps.append(f"`{op.target}` {where}{own}")
+    over = f" · {_shape(c.ops[0].shape)} {c.ops[0].dtype}" if len(shared) == 1 and c.ops else ""
+    return " → ".join(steps) + over
+
+
+def _applies_line(c: Cluster) -> str:
+    if c.mapping == "exact":
+        call = c.edit.call if c.edit else c.kernel.name if c.kernel else ""
+        return f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with `{call}`"
+    if c.applies == "patch":
+        return f"applies as a **library patch**: {c.apply_detail}"
+    return f"maps as **{c.mapping}**: {c.apply_detail or c.mapping_detail}"
+
+
+def _command_link(command: str, *arguments: str) -> str:
+    """A markdown link target that runs the server's `command` (VS Code runs it; other editors show the text)."""
+    return f"command:{command}?{urllib.parse.quote(json.dumps(list(arguments)))}"
+
+
+def hover(report: Report, path: str, line: int, uri: str = "") -> lsp.Hover | None:
     hits = clusters_at(report, path, line)
     if not hits:
         return None
-    text = "\n\n---\n\n".join(describe(m, c) for m, c in hits)
+    text = "\n\n---\n\n".join(describe(m, c, uri) for m, c in hits)
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
 
 

@@ -38,6 +38,8 @@ export function clientOptions(output: vscode.OutputChannel, status: StatusModel)
   return {
     documentSelector: [{ scheme: "file", language: "python" }],
     outputChannel: output,
+    // The hover's "Open the kernel" link runs the server's command; no other command link is trusted.
+    markdown: { isTrusted: { enabledCommands: ["fuselens.showKernel"] }, supportHtml: false },
     initializationOptions,
     middleware: {
       didOpen: (doc, next) => {
