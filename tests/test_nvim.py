@@ -130,6 +130,11 @@ def test_hover_shows_the_cluster(session):
     assert "c0 · elementwise · `cluster0` · ExampleNet" in hover
     assert "`mul` 18 → `relu` 19 → `add` 20" in hover  # compact: the ops, and a link to the kernel
     assert "[Open the kernel](command:fuselens.showKernel?" in hover and "@triton.jit" not in hover
+    window = session["hover_window"]
+    assert window["width"] <= 100 and window["height"] <= 30, window  # the plugin's size cap
+    major, minor = (int(x) for x in session["nvim"].split(".")[:2])
+    if (major, minor) < (0, 11):  # (0.11+ draws its own float, bordered by 'winborder')
+        assert window["bordered"], window
 
 
 def test_lens_runs_validation_with_progress(session):

@@ -78,6 +78,17 @@ local function hover_at(line, col)
     return false
   end)
   local text = table.concat(vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(float), 0, -1, false), "\n")
+  local config = vim.api.nvim_win_get_config(float)
+  local bordered = false -- (a float without a border reports none, or blank padding: "" and " ")
+  for _, part in ipairs(type(config.border) == "table" and config.border or {}) do
+    local char = type(part) == "table" and part[1] or part
+    bordered = bordered or (char ~= "" and char ~= " ")
+  end
+  results.hover_window = {
+    bordered = bordered,
+    width = vim.api.nvim_win_get_width(float),
+    height = vim.api.nvim_win_get_height(float),
+  }
   vim.api.nvim_win_close(float, true)
   return text
 end

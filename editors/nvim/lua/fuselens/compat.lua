@@ -7,6 +7,7 @@
 --   inlay hints         -                        -                     vim.lsp.inlay_hint.enable
 --   code_action filter  (vim.ui.select picks)    {filter, apply}       {filter, apply}
 --   client methods      client.request(...)      client.request(...)   client:request(...) (0.11+)
+--   hover float options the client's handler   the client's handler  vim.lsp.buf.hover(opts) (0.11+)
 
 local M = {}
 
@@ -105,6 +106,15 @@ function M.redraw_inlay_hints(bufnr)
     pcall(ih.enable, false, { bufnr = bufnr })
     pcall(ih.enable, true, { bufnr = bufnr })
   end
+end
+
+--- The client's hover handler, drawing the float with `opts` (border, max_width, max_height).  On
+--- 0.11+ `vim.lsp.buf.hover()` draws its own float (its border from 'winborder') and this is nil.
+function M.hover_handler(opts)
+  if M.has("0.11") or not vim.lsp.with or not vim.lsp.handlers.hover then
+    return nil
+  end
+  return vim.lsp.with(vim.lsp.handlers.hover, opts)
 end
 
 return M

@@ -32,6 +32,8 @@ local defaults = {
   interpret = nil,
   inlay_hints = true,
   codelens = true,
+  -- The hover float: a border, and a size cap so that a cluster's hover never covers the code.
+  hover = { border = "rounded", max_width = 100, max_height = 30 },
   on_attach = nil, -- function(client, bufnr), called after fuselens' own
 }
 
@@ -130,6 +132,7 @@ end
 
 local function handlers()
   return {
+    ["textDocument/hover"] = compat.hover_handler(M.config.hover),
     -- New diagnostics mean a new analysis: lenses are answered from it, so ask for them now.
     ["textDocument/publishDiagnostics"] = function(err, result, ctx, config)
       vim.lsp.handlers["textDocument/publishDiagnostics"](err, result, ctx, config)
