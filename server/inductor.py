@@ -1,10 +1,12 @@
 """The torch.compile comparison in the editor: a background job after the fast analysis.
 
-The fast analysis publishes first; then, if `compareInductor` is on, the worker compiles
-the model with Inductor (seconds) and the comparison is merged into the cached report:
-hover gains a "torch.compile" section, the model's lens says how often Inductor agrees,
-and Inductor fusions fuselens does not make become Hint diagnostics.  A new save cancels
-the job in flight; results are cached by file content, settings and torch version.
+The fast analysis publishes first; then, if `compareInductor` is on and the document has
+stayed as it is for a moment, the worker compiles the model with Inductor (seconds of CPU)
+and the comparison is merged into the cached report: hover gains a "torch.compile" section,
+the model's lens says how often Inductor agrees, and Inductor fusions fuselens does not make
+become Hint diagnostics.  It runs quietly: no progress in the editor's status, and the
+diagnostics are published again only when it adds one.  A new save cancels the job (a burst
+of saves starts none); results are cached by file content, settings and torch version.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from .app import FuselensServer
 
 CACHE_SIZE = 16
+IDLE_SECONDS = 2.0  # a document saved again within this starts no comparison for the older text
 
 
 class InductorComparer:
@@ -66,6 +69,7 @@ class InductorComparer:
         w = server.settings.worker
         job = CompareJob(path, server.settings.analyze_options(analysis.text))
         try:
+            await asyncio.sleep(IDLE_SECONDS)  # (cancelled by the next save: no compile for a text left behind)
             async with server.scheduler.admission.turn(background=True):  # after the analyses, one at a time
                 result = await self._compare(job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb))
         except JobFailed as exc:
@@ -81,15 +85,8 @@ class InductorComparer:
         self._merge(uri, analysis, result)
 
     async def _compare(self, job: CompareJob, limits: Limits) -> ComparisonResult:
-        from .commands import _Progress
-
-        progress = await _Progress.start(self.server, "fuselens: comparing with torch.compile")
-        try:
-            result: ComparisonResult = await self.server.get_worker().run(
-                job, limits, on_progress=lambda message, fraction: progress.report(message, fraction)
-            )
-        finally:
-            progress.end()
+        self.server.log_line(f"torch.compile comparison of {job.path.rsplit('/', 1)[-1]} started")
+        result: ComparisonResult = await self.server.get_worker().run(job, limits)
         return result
 
     def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
@@ -104,5 +101,6 @@ class InductorComparer:
         analysis.inductor_sources = result.sources
         doc = server.document(uri)
         if doc is not None and (doc.version or 0) == analysis.version:
-            server.publish(uri, analysis)
+            if any(m.inductor is not None and m.inductor.unmatched for m in analysis.report.models):
+                server.publish(uri, analysis)  # the fusions only torch.compile makes, as diagnostics
             server.refresh_views()
