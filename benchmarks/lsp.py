@@ -2,6 +2,7 @@
 
     python benchmarks/lsp.py [--saves 20] [--requests 100]
     python benchmarks/lsp.py --burst 30
+    python benchmarks/lsp.py --cpu-per-save 10
 
 Prints: server start -> initialized; open -> first diagnostics (cold, worker warming
 up); save -> diagnostics p50/p95 over N saves (warm) for ExampleNet and the 12-layer GPT;
@@ -248,6 +249,58 @@ async def burst(count: int) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of `pid`, and of its children it has reaped (the worker host's finished jobs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+async def cpu_per_save(saves: int) -> None:
+    """ExampleNet saved `saves` times, the torch.compile comparison on, in two rhythms: a save every
+    second (editing), then a save every 6 s (each one left to settle); CPU seconds the server and
+    every process under it spent per save, once the last comparison is over."""
+    work = tempfile.mkdtemp(prefix="fuselens-cpu-")
+    shutil.copy(os.path.join(ROOT, "examples", "example_net.py"), work)
+    client, server_pid = await start_server(work, True)
+    uri = f"file://{os.path.join(work, 'example_net.py')}"
+    with open(os.path.join(work, "example_net.py"), encoding="utf-8") as fh:
+        text = fh.read()
+    warm = client.wait_for(uri, 1)
+    client.text_document_did_open(lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri, "python", 1, text)))
+    await asyncio.wait_for(warm, 300)
+    await asyncio.sleep(30)  # the first comparison (the warm-up's) is over
+
+    def spent() -> float:
+        return sum(cpu_seconds(p) for p in [server_pid, *descendants(server_pid)])
+
+    version = 1
+    for pause in (1.0, 6.0):
+        before = spent()
+        for _ in range(saves):
+            version += 1
+            text += f"# save {version}\n"
+            client.text_document_did_change(
+                lsp.DidChangeTextDocumentParams(
+                    lsp.VersionedTextDocumentIdentifier(version=version, uri=uri),
+                    [lsp.TextDocumentContentChangeWholeDocument(text=text)],
+                )
+            )
+            client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+            await asyncio.sleep(pause)
+        await asyncio.sleep(30)  # what the last save started is over
+        print(
+            f"a save every {pause:.0f} s, comparison on: {(spent() - before) / saves:.2f} CPU s per save ({saves} saves)"
+        )
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--saves", type=int, default=20)
@@ -260,7 +313,11 @@ def main() -> int:
     parser.add_argument(
         "--burst", type=int, default=0, help="instead: N documents opened and saved at once, comparison on"
     )
+    parser.add_argument("--cpu-per-save", type=int, default=0, help="instead: CPU seconds per save, comparison on")
     args = parser.parse_args()
+    if args.cpu_per_save:
+        asyncio.run(cpu_per_save(args.cpu_per_save))
+        return 0
     if args.burst:
         asyncio.run(burst(args.burst))
         return 0
