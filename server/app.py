@@ -252,6 +252,7 @@ class FuselensServer(LanguageServer):
         self.background: set[asyncio.Future[Any]] = set()
         self.remote = RemoteRunners()
         self.configured = asyncio.Event()  # set once `initialized` has read the settings
+        self.no_gpu_choice: str | None = None  # what the user chose, once, for validations without a GPU
         self.protocol: FuselensProtocol
 
     def command(self, command_name: str) -> Callable[[Any], Any]:

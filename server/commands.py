@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .app import FuselensServer
 
 INTERPRET = "Check numerics in the Triton interpreter"
+ALWAYS_INTERPRET = "Always check in the interpreter"  # (for the rest of the session)
 
 SHOW_DOCUMENT_TIMEOUT_S = 10.0  # how long a command waits for the client to show a view
 
@@ -125,30 +126,67 @@ async def _validate(
         clusters = [c.id for m in report.models if m.name == model for c in m.clusters]
         if not clusters:
             raise JsonRpcInvalidParams.of(ValueError(f"no analyzed model {model!r} with clusters"))
-    interpret = bool(options.get("interpret"))
-    title = f"fuselens: validating {', '.join(clusters) if clusters and len(clusters) <= 3 else 'kernels'}"
-    progress = await _Progress.start(ls, title)
+    interpret = bool(options.get("interpret")) or ls.no_gpu_choice == ALWAYS_INTERPRET
+    what = ", ".join(clusters) if clusters and len(clusters) <= 3 else "kernels"
+    name = os.path.basename(path)
+    ls.log_line(f"validating {what} of {name}{' in the Triton interpreter' if interpret else ''}")
     try:
-        result = await _run_validation(ls, path, analysis.text, clusters, interpret, progress)
+        result = await _with_progress(
+            ls, f"fuselens: validating {what}", _validation(ls, path, analysis.text, clusters, interpret)
+        )
         if not interpret and result.needs_gpu:
             if ls.settings.remote_runner:
-                progress.report("no local GPU: running the remote runner")
-                result = await ls.remote.validate(
-                    ls.settings.remote_runner, path, ls.settings.worker.validate_timeout_seconds, progress.report
+                ls.log_line(f"no CUDA GPU here: validating {name} with the remote runner")
+                result = await _with_progress(
+                    ls, f"fuselens: validating {what} on the remote runner", _remote(ls, path)
                 )
-            else:
-                choice = await _ask(
-                    ls, "No CUDA GPU here, so kernels cannot be timed. " + result.problems[0], [INTERPRET]
+            elif await _interpret_instead(ls):
+                result = await _with_progress(
+                    ls,
+                    f"fuselens: validating {what} in the interpreter",
+                    _validation(ls, path, analysis.text, clusters, True),
                 )
-                if choice == INTERPRET:
-                    result = await _run_validation(ls, path, analysis.text, clusters, True, progress)
     except (JobFailed, RemoteFailed) as exc:
+        ls.log_line(f"validation of {what} of {name} did not run: {exc}")
         ls.tell(f"fuselens: validation did not run: {exc}", lsp.MessageType.Warning)
         return {"error": exc.kind, "message": str(exc)}
+    ls.log_line(f"validation of {name}: {_summary(result)}")
+    ls.tell(_toast(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
+    return result.to_dict()
+
+
+def _validation(ls: FuselensServer, path: str, text: str, clusters: list[str] | None, interpret: bool):
+    return lambda progress: _run_validation(ls, path, text, clusters, interpret, progress)
+
+
+def _remote(ls: FuselensServer, path: str):
+    runner, seconds = ls.settings.remote_runner or "", ls.settings.worker.validate_timeout_seconds
+    return lambda progress: ls.remote.validate(runner, path, seconds, progress.report)
+
+
+async def _with_progress(ls: FuselensServer, title: str, work) -> ValidationReport:
+    """`work(progress)` under a work-done progress that lasts exactly as long as it runs."""
+    progress = await _Progress.start(ls, title)
+    try:
+        result: ValidationReport = await work(progress)
     finally:
         progress.end()
-    ls.tell(_summary(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
-    return result.to_dict()
+    return result
+
+
+async def _interpret_instead(ls: FuselensServer) -> bool:
+    """Whether to check numerics in the interpreter, there being no GPU and no remote runner: asked
+    once; "always" is kept for the rest of the session."""
+    choice = await _ask(
+        ls,
+        "No CUDA GPU on this machine, so the kernels cannot be timed here. Check their numerics in the "
+        "Triton interpreter, or set fuselens.remoteRunner to validate on a GPU machine.",
+        [INTERPRET, ALWAYS_INTERPRET],
+    )
+    if choice == ALWAYS_INTERPRET:
+        ls.no_gpu_choice = ALWAYS_INTERPRET
+        ls.log_line("no CUDA GPU: validations check numerics in the Triton interpreter from now on")
+    return choice in (INTERPRET, ALWAYS_INTERPRET)
 
 
 async def _run_validation(
@@ -177,6 +215,26 @@ async def _ask(ls: FuselensServer, message: str, options: list[str]) -> str | No
     except Exception:  # no answer is "no"
         return None
     return answer.title if answer else None
+
+
+def _toast(result: ValidationReport) -> str:
+    """A line short enough for a notification; the full summary goes to the log."""
+    if result.problems:
+        return (
+            "fuselens: "
+            + result.problems[0]
+            + (f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else "")
+        )
+    clusters = [c for m in result.models for c in m.clusters]
+    counts: dict[str, int] = {}
+    for c in clusters:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    where = "in the interpreter" if result.mode == "interpret" else f"on {result.device or 'the GPU'}"
+    text = ", ".join(f"{n} {status}" for status, n in counts.items()) or "nothing to validate"
+    speedups = [c.timing.speedup_vs_compiled for c in clusters if c.timing and c.timing.speedup_vs_compiled]
+    if speedups:
+        text += f"; {min(speedups):.2f}–{max(speedups):.2f}× torch.compile"
+    return f"fuselens {where}: {text} (details in the fuselens log)"
 
 
 def _summary(result: ValidationReport) -> str:

@@ -54,24 +54,41 @@ async def test_the_server_advertises_its_commands(client: Client):
 
 
 async def test_validate_without_a_gpu_offers_the_interpreter(client: Client, analyzed: str):
-    """No CUDA here: the server says so and asks; answering runs the kernel in the Triton interpreter."""
-    client.answer = lambda params: INTERPRET if INTERPRET in [a.title for a in params.actions or []] else None
+    """No CUDA here: the server says so once, in the editor's words, and asks; answering runs the
+    kernel in the Triton interpreter.  Progress shows only while work runs, not while it asks."""
+    open_while_asked = []
+
+    def answer(params):
+        open_while_asked.extend(
+            t for t, values in client.progress_reports.items() if type(values[-1]).__name__ != "WorkDoneProgressEnd"
+        )
+        return INTERPRET if INTERPRET in [a.title for a in params.actions or []] else None
+
+    client.answer = answer
     asked, told, tokens = len(client.message_requests), len(client.messages), set(client.progress_reports)
+    logged = len(client.log_messages)
 
     result = await client.command("fuselens.validateKernel", analyzed, "c0")
 
     (request,) = client.message_requests[asked:]
-    assert "no CUDA device" in request.message and [a.title for a in request.actions] == [INTERPRET]
+    assert [a.title for a in request.actions] == [INTERPRET, "Always check in the interpreter"]
+    assert "No CUDA GPU" in request.message and "fuselens.remoteRunner" in request.message
+    assert "--interpret" not in request.message and request.message.count("CUDA") == 1, request.message
+    assert not open_while_asked
     assert result["mode"] == "interpret"
     assert statuses(result) == {"c0": "verified"}
     assert result["models"][0]["clusters"][0]["max_abs"] is not None  # it compared real numbers
     summary = client.messages[told:][-1]
     assert summary.type == lsp.MessageType.Info
-    assert "c0 verified" in summary.message and "interpreter" in summary.message
-    # Work-done progress: created by the server, then begin ... report ... end.
-    (kinds,) = progress_kinds(client, tokens)
-    assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
-    assert "WorkDoneProgressReport" in kinds
+    assert "in the interpreter: 1 verified" in summary.message and len(summary.message) < 100, summary.message
+    lines = [m.message for m in client.log_messages[logged:]]
+    assert any(
+        line.startswith("validation of example_net.py: ") and "c0 verified (max err" in line for line in lines
+    ), lines
+    # Work-done progress: created by the server, then begin ... report ... end, once per run.
+    for kinds in progress_kinds(client, tokens):
+        assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
+    assert any("WorkDoneProgressReport" in kinds for kinds in progress_kinds(client, tokens))
 
 
 async def test_declining_the_interpreter_reports_the_missing_gpu(client: Client, analyzed: str):
@@ -83,6 +100,7 @@ async def test_declining_the_interpreter_reports_the_missing_gpu(client: Client,
     assert statuses(result) == {}  # nothing ran
     summary = client.messages[told:][-1]
     assert summary.type == lsp.MessageType.Warning and "no CUDA device" in summary.message
+    assert len(client.message_requests) == asked + 1  # asked once: the summary says it, no second prompt
 
 
 async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyzed: str):
@@ -171,3 +189,14 @@ async def test_show_kernel_writes_nothing_through_a_linked_view(linked_views: Cl
     with pytest.raises(JsonRpcException, match=r"linked_views_cluster1.py is a symbolic link"):
         await linked_views.command("fuselens.showKernel", uri, "c1")
     assert os.listdir(outside(linked_views.root)) == []
+
+
+async def test_always_the_interpreter_is_remembered(client: Client, analyzed: str):
+    """(Last in this module: the choice holds for the rest of the server's session.)"""
+    client.answer = lambda params: "Always check in the interpreter"
+    asked = len(client.message_requests)
+    first = await client.command("fuselens.validateKernel", analyzed, "c1")
+    assert statuses(first) == {"c1": "verified"} and len(client.message_requests) == asked + 1
+    again = await client.command("fuselens.validateKernel", analyzed, "c2")
+    assert statuses(again) == {"c2": "verified"} and again["mode"] == "interpret"
+    assert len(client.message_requests) == asked + 1  # not asked again
