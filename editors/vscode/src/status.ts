@@ -11,6 +11,15 @@ export type Shown = { text: string; tooltip: string; error: boolean };
 /** Diagnostic codes the server uses when an analysis did not produce a report. */
 const FAILURE_CODES = new Set(["timeout", "memory", "crash", "internal", "unavailable"]);
 
+/** Codes of the problems in the file itself that stop its analysis, and how the status names them. */
+const PROBLEM_WORDS: Record<string, string> = {
+  syntax: "syntax error",
+  import: "import error",
+  construct: "model not built",
+  inputs: "no inputs",
+  trace: "forward failed",
+};
+
 /** The fields of a (protocol) diagnostic the model reads. */
 export interface DiagnosticLike {
   source?: string;
@@ -23,6 +32,7 @@ interface DocState {
   analyzing: boolean;
   clusters: number;
   failure?: string;
+  problem?: { words: string; message: string };
 }
 
 function codeOf(d: DiagnosticLike): string {
@@ -62,6 +72,8 @@ export class StatusModel {
     state.analyzing = false;
     state.clusters = ours.filter((d) => (d.data as { cluster?: string } | undefined)?.cluster).length;
     state.failure = ours.find((d) => FAILURE_CODES.has(codeOf(d)))?.message;
+    const problem = ours.find((d) => codeOf(d) in PROBLEM_WORDS);
+    state.problem = problem ? { words: PROBLEM_WORDS[codeOf(problem)], message: problem.message } : undefined;
     this.onChange();
   }
 
@@ -130,6 +142,10 @@ export class StatusModel {
     }
     if (state.failure) {
       return { text: "$(error) fuselens: failed", tooltip: state.failure, error: true };
+    }
+    if (state.problem && state.clusters === 0) {
+      // Nothing was analyzed: "0 clusters" would read as "nothing to fuse".
+      return { text: `$(warning) fuselens: ${state.problem.words}`, tooltip: state.problem.message, error: true };
     }
     const n = state.clusters;
     return {

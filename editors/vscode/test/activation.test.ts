@@ -187,6 +187,11 @@ describe("activation", () => {
 
     mw.handleDiagnostics(uri, [{ source: "fuselens", code: "timeout", message: "analysis timed out: 60 s" }], () => undefined);
     assert.strictEqual(item.text, "$(error) fuselens: failed");
+
+    const syntax = { source: "fuselens", code: "syntax", message: "invalid syntax (line 12)" };
+    mw.handleDiagnostics(uri, [syntax], () => undefined);
+    assert.strictEqual(item.text, "$(warning) fuselens: syntax error", "not '0 clusters': nothing was analyzed");
+    assert.strictEqual(item.tooltip, "invalid syntax (line 12)");
   });
 
   it("answers workspace/configuration with the server's keys only", async () => {
