@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
 
@@ -63,18 +63,6 @@ MODELS = {
 IMPLEMENTATIONS = ["eager", "compile_default", "compile_max_autotune_no_cudagraphs", "applied"]
 
 
-def _load(path: str, name: str):
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module
-
-
 def applied_models(source: str, name: str):
     """(the model as written, the model after `fuselens apply` of every cluster), and what applied."""
     from fuselens.contracts.options import AnalyzeOptions
@@ -84,11 +72,11 @@ def applied_models(source: str, name: str):
     path = os.path.join(folder, f"{name}.py")  # (its kernel module, `{name}_kernels`, is imported by name)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(HEADER + source.lstrip())
-    original = _load(path, f"original_{name}").Loss
+    original = load_model_file(path, f"original_{name}").Loss
     result = apply_file(path, AnalyzeOptions(), None, lambda _: True)
     if not result.applied:
         raise SystemExit(f"nothing applied: {result.skipped}")
-    return original, _load(path, f"applied_{name}").Loss, result.applied
+    return original, load_model_file(path, f"applied_{name}").Loss, result.applied
 
 
 def peak_bytes(fn) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -25,20 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from gpu import EXAMPLES, SUITE  # noqa: E402  (the GPU suite's examples and sizes)
+from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
-
-
-def _load(path: str, name: str):
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module
 
 
 def run_example(example: str, dtype: str) -> dict:
@@ -60,8 +48,8 @@ def run_example(example: str, dtype: str) -> dict:
     result = apply_file(
         path, AnalyzeOptions(models={cls: model_settings(config, "the benchmark")}), None, lambda _: True
     )
-    original = getattr(_load(os.path.join(EXAMPLES, example), f"original_{cls}"), cls)
-    applied = getattr(_load(path, f"applied_{cls}"), cls)
+    original = getattr(load_model_file(os.path.join(EXAMPLES, example), f"original_{cls}"), cls)
+    applied = getattr(load_model_file(path, f"applied_{cls}"), cls)
     torch_dtype = getattr(torch, dtype)
     torch.manual_seed(0)
     a = original(**init).to("cuda", torch_dtype).eval()
