@@ -253,6 +253,13 @@ class _Planner:
                 shape = tuple(self.domain[: self.row_dims])
                 stmt = self.value(o, self._row_coords_for(shape))
                 row_only = True
+            elif sorted(shape) == sorted(self.domain) and len(shape) > 1:
+                raise PlanError(
+                    "layout",
+                    f"{_describe(node)} produces a {_shape(shape)} value used outside the group, a "
+                    f"permuted layout of the kernel's {_shape(self.domain)} (a `permute` between them): "
+                    "this kernel writes its own layout only",
+                )
             else:
                 raise PlanError(
                     "fan-out",

@@ -21,12 +21,14 @@ from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
-# the original lines of an edit; 5: the numbers of the model's state a cluster takes
-SCHEMA_VERSION = 5
+# the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
+# rejection reason
+SCHEMA_VERSION = 6
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
     "fan-out": "a value escapes the group in a form one kernel cannot write",
+    "layout": "a value escapes the group in another layout (a permute) than the kernel's iteration space",
     "convexity": "a dependency path leaves the group and re-enters it",
     "shape": "the group would need two different iteration spaces",
     "aliasing": "an in-place write that other views of the buffer would observe",

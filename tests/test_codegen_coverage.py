@@ -1197,6 +1197,22 @@ DTYPES = [
         [["cast", "log_softmax", "gather", "neg"]],
     ),
     case(
+        "layer-scale-residual-in-another-layout",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(96, eps=1e-6)
+                self.gamma = nn.Parameter(torch.randn(96))
+
+            def forward(self, x, y):
+                return x + (self.gamma * self.norm(y.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        """,
+        [("2,96,5,7", "float32"), ("2,96,5,7", "float32")],
+        [["layer_norm", "mul"]],
+        rejects=[("add", "layout")],  # the residual is NCHW, the norm's rows NHWC: named as layout
+    ),
+    case(
         "cross-entropy-every-reduction",
         """
         class M(nn.Module):
