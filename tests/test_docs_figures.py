@@ -1,0 +1,49 @@
+"""The README's summary of the loss benchmark says what docs/benchmarks.md's table measured."""
+
+from __future__ import annotations
+
+import os
+import re
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(name: str) -> str:
+    with open(os.path.join(REPO, name), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def table_after(text: str, heading: str) -> list[dict[str, str]]:
+    """The first markdown table below `heading`, as rows of {column: cell}."""
+    rows: list[dict[str, str]] = []
+    header = None
+    for line in text.split(heading, 1)[1].splitlines():
+        if not line.startswith("|"):
+            if header is not None:
+                break  # the table's end
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set("".join(cells)) <= set("-:"):
+            rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def ratio(cell: str) -> float:
+    return float(cell.rstrip("×"))
+
+
+def test_the_readme_states_the_loss_figures_of_the_table():
+    rows = table_after(read("docs/benchmarks.md"), "## A language model's loss")
+    assert len(rows) >= 6, rows
+    compile_ratios = [ratio(r["applied vs better compile"]) for r in rows]
+    eager_ratios = [ratio(r["applied vs eager"]) for r in rows]
+    readme = " ".join(read("README.md").split())  # (sentences wrap)
+    claimed = re.search(
+        r"runs at (\d+\.\d+)–(\d+\.\d+)× the better `torch.compile` mode and (\d+\.\d+)–(\d+\.\d+)× eager", readme
+    )
+    assert claimed, "the README's sentence on the loss benchmark"
+    low, high, eager_low, eager_high = (float(x) for x in claimed.groups())
+    assert (low, high) == (min(compile_ratios), max(compile_ratios))
+    assert (eager_low, eager_high) == (min(eager_ratios), max(eager_ratios))
