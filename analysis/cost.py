@@ -78,6 +78,8 @@ def op_bytes(graph: Graph, node: Node) -> int:
         return 0
     if node.op == "gather":  # reads its indices and the one element of each row they pick
         return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
+    if node.op == "embedding":  # reads its indices and the rows they pick
+        return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
     if node.op == "cross_entropy":  # eager: log_softmax writes the log-probabilities, nll_loss picks from them
         logits, targets = (value_bytes(graph[i]) for i in node.inputs[:2])
         return 2 * logits + targets + value_bytes(node)
@@ -99,9 +101,18 @@ def cluster_bytes(graph: Graph, compute: list[int], inputs: list[int], outputs: 
     for root, views in by_root.items():
         total = sum(value_bytes(graph[v]) for v in views)
         root_bytes = value_bytes(graph[root])
-        reads += min(total, root_bytes) if root_bytes else total
+        reads += min(total, root_bytes, _looked_up(graph, compute, views)) if root_bytes else total
     writes = sum(value_bytes(graph[o]) for o in outputs)
     return unfused, reads + writes
+
+
+def _looked_up(graph: Graph, compute: list[int], views: list[int]) -> int:
+    """Bytes of a table that the cluster reads only through embeddings: the rows they pick (at most);
+    any other reader reads it whole."""
+    readers = [graph[c] for c in compute if any(v in graph[c].inputs for v in views)]
+    if readers and all(r.op == "embedding" and r.inputs[0] in views for r in readers):
+        return sum(value_bytes(r) for r in readers)
+    return sum(value_bytes(graph[v]) for v in views)
 
 
 def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> Regime:

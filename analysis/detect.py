@@ -9,6 +9,9 @@ still legal.  Legality, in the order it is checked:
 - `no-lowering` an op (or op/dtype combination) without a Triton lowering;
 - `reduction`   a reduction over something other than trailing dims of its input;
 - `graph-break` members would sit on both sides of a data-dependent break;
+- `layer-boundary` members would run in two layers of a module list (`blocks.3`, `blocks.4`), or in
+  one and outside it: the layers would no longer run the same code, and no edit of one layer's code
+  (or patch of its class) could apply the kernel;
 - `convexity`   a dependency path leaves the group and re-enters it;
 - `fan-out` / `shape` / `reduction` / `no-lowering` from the kernel planner (injected
   by the caller, so analysis knows what codegen can express without importing it):
@@ -302,6 +305,15 @@ def _legal(graph: Graph, reach: _Reach, planner: Planner, members: set[int]) -> 
         brk = graph.breaks[min(pieces)] if graph.breaks and min(pieces) < len(graph.breaks) else None
         where = f" at line {brk.line}" if brk else ""
         return "graph-break", f"the ops sit on both sides of the graph break{where}"
+    layers = _layers(graph, members)
+    if len(layers) > 1:
+        (a, where_a), (b, where_b) = sorted(layers.items())[:2]
+        return (
+            "layer-boundary",
+            f"{describe(graph[where_a])} ({a or 'outside the layers'}) and {describe(graph[where_b])} "
+            f"({b or 'outside the layers'}) would share a kernel across a layer's boundary: the layers "
+            "would no longer run the same code, so no edit or patch of one layer's code can apply it",
+        )
     outsider = reach.escapee(members)
     if outsider is not None:
         return (
@@ -311,6 +323,23 @@ def _legal(graph: Graph, reach: _Reach, planner: Planner, members: set[int]) -> 
         )
     ok, reason, detail = planner(graph, frozenset(members))
     return None if ok else (reason, detail)
+
+
+def layer_of(module: str) -> str:
+    """The repeated layer a module path lies in: its path up to the last index of a module list
+    ("blocks.3" for "blocks.3.attn", "model.layers.0" for "model.layers.0.mlp"); "" outside them."""
+    parts = module.split(".") if module else []
+    last = max((i for i, part in enumerate(parts) if part.isdigit()), default=-1)
+    return ".".join(parts[: last + 1])
+
+
+def _layers(graph: Graph, members: set[int]) -> dict[str, int]:
+    """The layers the group's ops run in, each with one of its ops."""
+    found: dict[str, int] = {}
+    for m in sorted(members):
+        if graph[m].cls.absorbable:
+            found.setdefault(layer_of(graph[m].module), m)
+    return found
 
 
 def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:

@@ -147,6 +147,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         return _normalise_row_pick(canon, func, args, kwargs, out_t)
     if canon == "cross_entropy":
         return _normalise_cross_entropy(func, args, kwargs, out_t)
+    if canon == "embedding":
+        return _normalise_embedding(func, args, kwargs, out_t)
     if cls is OpClass.REDUCTION:
         return _normalise_reduction(canon, func, args, kwargs, out_t)
     if cls is OpClass.VIEW or canon == "mT":
@@ -221,6 +223,18 @@ def _normalise_row_pick(canon, func, args, kwargs, out_t):
     if tuple(index.shape) != (*x.shape[:-1], 1) or index.dtype not in (torch.int64, torch.int32):
         return None
     return "gather", OpClass.REDUCTION, [x, index], {"dims": [x.dim() - 1], "keepdim": True}
+
+
+def _normalise_embedding(func, args, kwargs, out_t):
+    """`F.embedding(ids, weight)`: the rows of `weight` at `ids`, operands (weight, ids).  With
+    `max_norm` it also renormalises the rows it reads in place: opaque."""
+    bound = bind(func, args, kwargs, ["input", "weight", "padding_idx", "max_norm"])
+    ids, weight = bound.get("input"), bound.get("weight")
+    if not (isinstance(ids, torch.Tensor) and isinstance(weight, torch.Tensor)) or out_t is None:
+        return None
+    if bound.get("max_norm") is not None or weight.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+        return None
+    return "embedding", OpClass.LOOKUP, [weight, ids], {}
 
 
 _CROSS_ENTROPY = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing"]

@@ -25,6 +25,7 @@ class OpClass(StrEnum):
     TERNARY = "pointwise-ternary"
     CONCAT = "pointwise-concat"
     CHANNEL = "pointwise-channel"  # x with per-channel [C] operands read at x's dim 1
+    LOOKUP = "pointwise-lookup"  # rows of a table read at indices (an embedding)
     REDUCTION = "reduction"
     VIEW = "view"
     IDENTITY = "identity"
@@ -42,7 +43,15 @@ class OpClass(StrEnum):
 
 
 ABSORBABLE = frozenset(
-    {OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY, OpClass.CONCAT, OpClass.CHANNEL, OpClass.REDUCTION}
+    {
+        OpClass.UNARY,
+        OpClass.BINARY,
+        OpClass.TERNARY,
+        OpClass.CONCAT,
+        OpClass.CHANNEL,
+        OpClass.LOOKUP,
+        OpClass.REDUCTION,
+    }
 )
 
 UNARY = frozenset(
@@ -133,6 +142,10 @@ TERNARY = frozenset({"where", "masked_fill", "lerp", "addcmul", "addcdiv", "clam
 # (x - running_mean) / sqrt(running_var + eps) * weight + bias, each [C] operand read at x's dim 1.
 # With batch statistics (training) it is recorded as a reduction over every dim but the channel.
 CHANNEL = frozenset({"batch_norm"})
+
+# Elementwise over the result, each element one of a table's rows read at an index: `embedding(ids, W)`
+# is W[ids[...], :] (out[..., d] = W[ids[...], d]).
+LOOKUP = frozenset({"embedding"})
 
 REDUCTION = frozenset(
     {
@@ -409,6 +422,8 @@ def op_class(op: str) -> OpClass:
         return OpClass.TERNARY
     if base in CHANNEL:
         return OpClass.CHANNEL
+    if base in LOOKUP:
+        return OpClass.LOOKUP
     if base == "cat":
         return OpClass.CONCAT
     if base in REDUCTION:

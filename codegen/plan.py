@@ -397,6 +397,8 @@ class _Planner:
             stmt = self._concat(node, coords)
         elif node.cls is OpClass.CHANNEL:
             stmt = self._per_channel(node, coords)
+        elif node.cls is OpClass.LOOKUP:
+            stmt = self._lookup(node, coords)
         else:
             stmt = self._pointwise(node, coords)
         self.memo[key] = stmt
@@ -525,6 +527,18 @@ class _Planner:
         except LoweringError as exc:
             raise PlanError("no-lowering", f"{_describe(node)}: {exc}") from None
         return self._emit(expr, out_kind, deps, comment=self._comment(node))
+
+    def _lookup(self, node: Node, coords) -> Stmt:
+        """An embedding at `coords` (..., d): the table's row at the index held at (...), column d.  The
+        table's row count is the model's (its weight's shape, which the launcher checks), and an
+        index outside it reads nothing (torch raises on it)."""
+        table, ids = self.g[node.inputs[0]], self.g[node.inputs[1]]
+        index = self.value(ids.id, tuple(coords[:-1]))
+        if index.kind == FLOAT:
+            raise PlanError("no-lowering", f"{_describe(node)} with float indices")
+        rows = _meta(table).shape[0]
+        guard = f"({index.name} >= 0) & ({index.name} < {rows})"
+        return self.value(table.id, (Coord(index.name, frozenset(index.axes), guard=guard), coords[-1]))
 
     def _per_channel(self, node: Node, coords) -> Stmt:
         """Eval-mode batch norm: x at the element's coordinates, each [C] operand (running mean and

@@ -85,20 +85,57 @@ def test_apply_refuses_when_the_file_changes_before_writing(tmp_path):
     assert not os.path.exists(tmp_path / "example_net_kernels.py")
 
 
+MIXED = """
+import torch
+import torch.nn as nn
+
+
+def mix(x, w):
+    a = torch.sigmoid(x) * 2.0
+    return a @ w, a + 1.0
+
+
+class Mixer(nn.Module):  # fuselens: input=(64, 64) float32
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 64))
+
+    def forward(self, x):
+        y, z = mix(x, self.w)
+        return y * 0.5 + 1.0, torch.tanh(z) * 3.0
+"""
+
+
 def test_apply_never_touches_clusters_that_cannot_be_applied(tmp_path):
-    path = tmp_path / "gpt.py"
-    shutil.copy(os.path.join(EXAMPLES, "gpt.py"), path)
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED.lstrip())
     before = path.read_text()
-    options = AnalyzeOptions(input_shapes=["2,64"], dtypes=["int64"])
-    # The clusters that span two blocks (a block's residual add and the next block's LayerNorm) have
-    # no code of their own to replace: the loop's `x = block(x)` also runs the rest of each block.
-    result = apply_file(str(path), options, ["c0", "c2", "c3"], lambda r: True)
-    assert not result.applied and len(result.skipped) == 3
-    assert all("also runs" in s for s in result.skipped), result.skipped
+    options = AnalyzeOptions()
+    # c0 runs partly in `mix`, whose call on line 16 also runs the matmul: no code of its own to replace.
+    result = apply_file(str(path), options, ["c0"], lambda r: True)
+    assert not result.applied and len(result.skipped) == 1
+    assert "also runs `matmul`" in result.skipped[0], result.skipped
     assert path.read_text() == before
     result = apply_file(str(path), options, None, lambda r: True)
-    assert result.applied == ["c1"]  # the block's own residual add and LayerNorm
+    assert result.applied == ["c1"]  # the other cluster, on its own line
     after = path.read_text().splitlines()
+    assert "        return cluster1(y), torch.tanh(z) * 3.0" in after and "        y, z = mix(x, self.w)" in after
+
+
+def test_clusters_never_span_two_layers(tmp_path):
+    """GPT's residual add ends one block and the next block's LayerNorm begins it: fused, the blocks
+    would no longer run the same code.  They are left apart (reason `layer-boundary`), so every
+    cluster of the example has code of its own and applies."""
+    path = tmp_path / "gpt.py"
+    shutil.copy(os.path.join(EXAMPLES, "gpt.py"), path)
+    options = AnalyzeOptions(input_shapes=["2,64"], dtypes=["int64"])
+    model = next(m for m in analyze_file(str(path), options).models if m.name == "GPT")
+    apart = [r for r in model.rejections if r.reason == "layer-boundary"]
+    assert apart and all("across a layer's boundary" in r.detail for r in apart), model.rejections
+    result = apply_file(str(path), options, None, lambda r: True)
+    assert result.applied == ["c0", "c1"] and not result.skipped
+    after = path.read_text().splitlines()
+    assert "        x = self.drop(cluster0(idx, self.tok.weight, pos, self.pos.weight))" in after
     assert (
         "        x, fused_1 = cluster1(x, self.attn(self.ln1(x)), self.ln2.weight, self.ln2.bias, self.ln2.eps)"
         in after
