@@ -245,6 +245,7 @@ class FuselensServer(LanguageServer):
         self.scheduler = Scheduler(self._run_analysis, self._on_result)
         self.watcher: Watcher | None = None
         self.untrusted_told = False
+        self.editor = ""  # the client's name, from `initialize`: messages speak its words
         self.warned_settings: set[str] = set()
         self.seen_changes: dict[str, float] = {}
         self.stats = {"published": 0, "dropped_stale": 0}
@@ -411,7 +412,7 @@ class FuselensServer(LanguageServer):
         if not self.trusted(path):
             if not self.untrusted_told:
                 self.untrusted_told = True
-                self.tell(Trust.explanation(path), lsp.MessageType.Warning)
+                self.tell(Trust.explanation(path, self.editor), lsp.MessageType.Warning)
             return
         self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)
@@ -507,6 +508,7 @@ def on_initialize(ls: FuselensServer, params: lsp.InitializeParams) -> None:
         roots = [uri_to_path(params.root_uri)]
     ls.roots = [r for r in roots if r]
     ls.trust = Trust(client_trust(ls.init_options), ls.roots)
+    ls.editor = params.client_info.name if params.client_info else ""
 
 
 @server.feature(lsp.INITIALIZED)

@@ -58,13 +58,21 @@ class Trust:
         return any(_inside(real, folder) for folder in _listed_folders(trust_file))
 
     @staticmethod
-    def explanation(path: str) -> str:
-        return (
-            "fuselens analyzes a model by running its code, so it waits until you trust this folder: "
-            "in VS Code, trust the workspace (Workspaces: Manage Workspace Trust); in Neovim, add it to "
-            "`trusted_folders` in require('fuselens').setup{}; or add "
-            f'"{os.path.dirname(path)}" to {user_trust_file()}.'
-        )
+    def explanation(path: str, editor: str = "") -> str:
+        """Why nothing runs in `path`'s folder, and how to trust it in `editor` (the client's name from
+        `initialize`; every way when it is not one fuselens knows)."""
+        listed = f'add "{os.path.dirname(path)}" to {user_trust_file()}'
+        ways = {
+            "code": "trust the workspace (Workspaces: Manage Workspace Trust)",
+            "neovim": "add the folder to `trusted_folders` in require('fuselens').setup{}",
+            "eglot": "add the folder to `fuselens-eglot-trusted-folders` in your Emacs configuration",
+        }
+        known = next((way for key, way in ways.items() if key in editor.lower()), None)
+        if known:
+            how = f"{known}, or {listed}"
+        else:
+            how = f"in VS Code, {ways['code']}; in Neovim, {ways['neovim']}; or {listed}"
+        return f"fuselens analyzes a model by running its code, so it waits until you trust this folder: {how}."
 
 
 def client_trust(init_options: dict | None) -> bool | None:

@@ -8,6 +8,8 @@ import os
 import pytest
 from lsprotocol import types as lsp
 
+from fuselens.server.trust import Trust
+
 from lsp_helpers import Client, children, example_text, server_fixture, server_pid
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -127,3 +129,17 @@ async def test_a_link_into_a_trusted_folder_imports_from_that_folder_only(linked
     diags = await linked.diagnostics_of(uri, 1)
     assert [d for d in diags if d.message.startswith("fusable:")]
     assert not os.path.exists(linked.path("workspace-code-ran"))
+
+
+async def test_the_untrusted_folder_message_speaks_to_the_editor_that_asked():
+    """VS Code users are told about Workspace Trust, Neovim users about `trusted_folders`, each not
+    about the other's; a client fuselens does not know hears every way."""
+    path = "/work/models/net.py"
+    vscode = Trust.explanation(path, "Visual Studio Code")
+    neovim = Trust.explanation(path, "Neovim")
+    other = Trust.explanation(path, "")
+    assert "Manage Workspace Trust" in vscode and "trusted_folders" not in vscode
+    assert "trusted_folders" in neovim and "Workspace Trust" not in neovim
+    assert "fuselens-eglot-trusted-folders" in Trust.explanation(path, "Eglot")
+    assert "Manage Workspace Trust" in other and "trusted_folders" in other
+    assert all('"/work/models"' in text and "trusted-folders.json" in text for text in (vscode, neovim, other))
