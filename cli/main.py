@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--cluster", action="append", help="validate only these cluster ids")
     validate.add_argument("--json", metavar="OUT", help="write the validation results as JSON")
     validate.add_argument(
+        "--markdown", metavar="OUT", help="write the results table (as the editors' results view shows it) to OUT"
+    )
+    validate.add_argument(
         "--no-benchmark", action="store_true", help="on a GPU, check numerics only (by default kernels are also timed)"
     )
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
-from fuselens.contracts.validation import ValidationReport
+from fuselens.contracts.validation import ValidationReport, results_markdown
 
 
 def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
@@ -31,6 +31,9 @@ def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> i
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(report.to_dict(), fh, indent=2)
             fh.write("\n")
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(results_markdown(report))
     render_validation(report, console)
     return 0 if report.ok else 1
 

@@ -99,3 +99,73 @@ class ValidationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(to_plain(self))
+
+
+# ---- the results table ---------------------------------------------------------------------------
+# One table for every place a validation is shown (the CLI's --markdown, the editors' results view):
+# per cluster its numerics and, on a GPU, its CUDA-graph times against eager and torch.compile in the
+# mode validation compiles with.
+
+COMPILE_MODE = "default"  # the torch.compile mode the timings compare with
+RESULT_COLUMNS = (
+    "cluster",
+    "ops",
+    "status",
+    "max abs err",
+    "eager µs",
+    f"torch.compile ({COMPILE_MODE}) µs",
+    "fused µs",
+    "GB/s",
+    "% of copy ceiling",
+    "vs eager",
+    "vs torch.compile",
+)
+
+
+def result_rows(model: ModelValidation) -> list[tuple[str, ...]]:
+    """The results table's rows for `model`, one per cluster ("—" where nothing was measured)."""
+    rows: list[tuple[str, ...]] = []
+    for c in model.clusters:
+        t = c.timing or Timing()
+        rows.append(
+            (
+                c.id,
+                c.ops,
+                c.status,
+                "—" if c.max_abs is None else f"{c.max_abs:.1e}",
+                _number(t.eager_us),
+                _number(t.compiled_us),
+                _number(t.fused_us),
+                _number(t.achieved_gbps, 0),
+                _number(t.pct_of_peak, 0),
+                _times(t.speedup_vs_eager),
+                _times(t.speedup_vs_compiled),
+            )
+        )
+    return rows
+
+
+def results_markdown(report: ValidationReport) -> str:
+    """Every model's results table, as markdown, under a line saying where it ran."""
+    where = "in the Triton interpreter (numerics only)" if report.mode == "interpret" else f"on {report.device}"
+    parts = []
+    for model in report.models:
+        shapes = ", ".join(f"{'×'.join(map(str, s))} {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
+        lines = [f"### {model.name} at {shapes}, {where}", "", "| " + " | ".join(RESULT_COLUMNS) + " |"]
+        lines.append("|" + "---|" * len(RESULT_COLUMNS))
+        lines += ["| " + " | ".join(row) + " |" for row in result_rows(model)]
+        if model.model is not None:
+            whole = f"whole model with {', '.join(model.model.applied) or 'nothing'} applied: {model.model.status}"
+            if model.model.speedup:
+                whole += f", {model.model.speedup:.2f}× eager"
+            lines += ["", whole]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts + [f"_{p}_" for p in report.problems]) + "\n"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"

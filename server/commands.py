@@ -19,7 +19,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from fuselens.codegen import files
 from fuselens.contracts.options import ValidateOptions
-from fuselens.contracts.validation import ValidationReport
+from fuselens.contracts.validation import ValidationReport, results_markdown
 from fuselens.worker.protocol import Limits, ValidateJob
 
 from . import views
@@ -152,7 +152,7 @@ async def _validate(
         return {"error": exc.kind, "message": str(exc)}
     ls.log_line(f"validation of {name}: {_summary(result)}")
     ls.tell(_toast(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
-    return result.to_dict()
+    return {**result.to_dict(), "results_markdown": results_markdown(result)}  # (the editors' results view)
 
 
 def _validation(ls: FuselensServer, path: str, text: str, clusters: list[str] | None, interpret: bool):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -78,8 +79,15 @@ def test_validate_without_a_gpu_says_so_and_offers_the_interpreter():
     assert "no CUDA device" in done.stdout and "--interpret" in done.stdout
 
 
-def test_validate_interpret_checks_every_kernel_and_the_whole_model():
-    done = fuselens("validate", example("example_net.py"), "--interpret")
+def test_validate_interpret_checks_every_kernel_and_the_whole_model(tmp_path):
+    table = tmp_path / "results.md"
+    done = fuselens("validate", example("example_net.py"), "--interpret", "--markdown", str(table))
+    rows = [line for line in table.read_text().splitlines() if re.match(r"\| c\d+ \|", line)]
+    assert [row.split(" | ")[:3] for row in rows] == [
+        ["| c0", "mul → relu → add", "verified"],
+        ["| c1", "gelu → sigmoid → mul", "verified"],
+        ["| c2", "tanh → mul → softmax", "verified"],
+    ]
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("verified") == 3
     assert "whole model with c0, c1, c2 applied: matches" in done.stdout

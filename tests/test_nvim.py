@@ -152,6 +152,18 @@ def test_lens_runs_validation_with_progress(session):
     assert any("verified" in m for m in session["messages"]), "the server's summary reached the user"
 
 
+def test_the_results_view_shows_the_validation_table(session):
+    _no_errors(session, "results view")
+    view = session["results_view"]
+    assert view["filetype"] == "markdown" and not view["modifiable"]  # a scratch view, not a file to edit
+    lines = view["lines"]
+    assert lines[0].startswith("### ExampleNet at ") and "Triton interpreter" in lines[0]
+    assert "| cluster | ops | status | max abs err | eager µs | torch.compile (default) µs |" in lines[2]
+    rows = [line for line in lines if re.match(r"\| c\d+ \|", line)]
+    assert [row.split(" | ")[2] for row in rows] == ["verified"] * 3, rows
+    assert rows[0].startswith("| c0 | mul → relu → add | verified | ")
+
+
 def test_quick_fix_through_code_action(session):
     _no_errors(session, "quick fix")
     buffer = session["buffer"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from lsprotocol import types as lsp
@@ -108,6 +109,12 @@ async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyze
     result = await client.command("fuselens.validateKernel", analyzed, "c2", {"interpret": True})
     assert len(client.message_requests) == asked  # nothing to ask
     assert statuses(result) == {"c2": "verified"}
+    # The results table the editors show, with the torch.compile mode its timings would compare with.
+    table = result["results_markdown"].splitlines()
+    assert table[0].startswith("### ExampleNet at ") and "Triton interpreter" in table[0]
+    assert "torch.compile (default) µs" in table[2]
+    (row,) = [line for line in table if re.match(r"\| c\d+ \|", line)]
+    assert row.startswith("| c2 | tanh → mul → softmax | verified | ") and row.endswith("| — | — |")
 
 
 async def test_validate_all_from_the_code_lens(client: Client, analyzed: str):

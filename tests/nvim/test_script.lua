@@ -348,6 +348,20 @@ step("validate from the lens", function()
   results.progress = fuselens.state.progress_log
 end)
 
+step("results view", function()
+  local model_win = vim.api.nvim_get_current_win()
+  vim.cmd("FuselensResults")
+  local buf = vim.api.nvim_get_current_buf()
+  results.results_view = {
+    name = vim.fn.fnamemodify(vim.api.nvim_buf_get_name(buf), ":t"),
+    filetype = vim.bo[buf].filetype,
+    modifiable = vim.bo[buf].modifiable,
+    lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false),
+  }
+  vim.cmd("close")
+  vim.api.nvim_set_current_win(model_win)
+end)
+
 step("quick fix", function()
   vim.api.nvim_win_set_cursor(0, { 18, 8 }) -- x = x * 2.0, the first line of cluster c0
   code_action("^Fuse lines 18")

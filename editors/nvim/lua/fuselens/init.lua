@@ -1,5 +1,5 @@
 -- fuselens for Neovim: starts `fuselens serve --stdio` for Python buffers and adds
--- :FuselensAnalyze, :FuselensValidate, :FuselensShowKernel and :FuselensRestart.
+-- :FuselensAnalyze, :FuselensValidate, :FuselensResults, :FuselensShowKernel and :FuselensRestart.
 --
 --   require("fuselens").setup({
 --     python = "/path/to/venv/bin/python",    -- or cmd = {...}; default: `fuselens` on PATH
@@ -45,6 +45,8 @@ M.state = {
   progress = {}, -- token -> { title, message, percentage, done }
   progress_log = {}, -- every work-done progress value received, in order
   last_result = {}, -- command name -> what the server answered last
+  last_validation = nil, -- the last validation's result: :FuselensResults shows its table
+  results_buffer = nil, -- the scratch buffer of :FuselensResults
 }
 
 local function server_cmd(cfg)
@@ -93,6 +95,9 @@ local function execute(client, bufnr, command, arguments, on_result)
       return
     end
     M.state.last_result[command] = result
+    if type(result) == "table" and result.results_markdown then
+      M.state.last_validation = result -- :FuselensResults shows its table
+    end
     status_changed()
     if on_result then
       on_result(result)
@@ -304,6 +309,30 @@ function M.restart()
   end, 500)
 end
 
+--- The last validation's results table (the server's markdown) in a scratch buffer of its own.
+function M.show_results()
+  local latest = M.state.last_validation
+  if not latest or not latest.results_markdown then
+    notify("no validation yet: run :FuselensValidate", vim.log.levels.INFO)
+    return nil
+  end
+  local buf = M.state.results_buffer
+  if not (buf and vim.api.nvim_buf_is_valid(buf)) then
+    buf = vim.api.nvim_create_buf(false, true) -- unlisted scratch: nothing to save
+    vim.api.nvim_buf_set_name(buf, "fuselens://results")
+    vim.bo[buf].filetype = "markdown"
+    M.state.results_buffer = buf
+  end
+  vim.bo[buf].modifiable = true
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, vim.split(latest.results_markdown, "\n", { plain = true }))
+  vim.bo[buf].modifiable = false
+  if vim.fn.bufwinnr(buf) == -1 then
+    vim.cmd("botright split")
+    vim.api.nvim_win_set_buf(0, buf)
+  end
+  return buf
+end
+
 --- A short status for statuslines: "fuselens: validating c0 40%", "fuselens: 3 clusters", or "".
 function M.status(bufnr)
   for _, p in pairs(M.state.progress) do
@@ -332,6 +361,9 @@ local function define_commands()
   vim.api.nvim_create_user_command("FuselensShowKernel", function(opts)
     M.show_kernel(nil, opts.args)
   end, { nargs = "?", complete = complete_clusters, desc = "fuselens: open the generated kernels" })
+  vim.api.nvim_create_user_command("FuselensResults", function()
+    M.show_results()
+  end, { desc = "fuselens: the last validation's results table" })
   vim.api.nvim_create_user_command("FuselensRestart", function()
     M.restart()
   end, { desc = "fuselens: restart the language server" })
