@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
-from fuselens.contracts.validation import ValidationReport, results_markdown
+from fuselens.contracts.validation import RESULT_COLUMNS, ValidationReport, results_markdown, timing_cells
 
 
 def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
@@ -55,7 +55,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
             table.add_column(col)
         timed = any(c.timing for c in model.clusters)
         if timed:
-            for col in ("eager µs", "compile µs", "fused µs", "GB/s", "% peak", "vs eager", "vs compile"):
+            for col in RESULT_COLUMNS[4:]:  # the results table's timing columns, the compile mode named
                 table.add_column(col, justify="right")
         for c in model.clusters:
             style = {"verified": "green", "not-reached": "yellow"}.get(c.status, "bold red")
@@ -70,20 +70,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
                 escape(c.message),
             ]
             if timed:
-                t = c.timing
-                row += (
-                    ["—"] * 7
-                    if t is None
-                    else [
-                        _num(t.eager_us),
-                        _num(t.compiled_us),
-                        _num(t.fused_us),
-                        _num(t.achieved_gbps, 0),
-                        _num(t.pct_of_peak, 0),
-                        _x(t.speedup_vs_eager),
-                        _x(t.speedup_vs_compiled),
-                    ]
-                )
+                row += timing_cells(c.timing)
             table.add_row(*row)
         console.print(table)
         m = model.model
@@ -98,11 +85,3 @@ def render_validation(report: ValidationReport, console: Console) -> None:
         console.print()
     if not report.models and not report.problems:
         console.print("no clusters to validate")
-
-
-def _num(value, digits: int = 1) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _x(value) -> str:
-    return "—" if value is None else f"{value:.2f}×"
