@@ -701,7 +701,8 @@ class _Planner:
             )
         comment = self._comment(node)
         m, total = self._row_max_and_exp_sum(node, x, comment)
-        shifted = self._emit(f"{self.value(x.id, coords).name} - {m.name}", FLOAT, [self.value(x.id, coords), m])
+        here = self.value(x.id, coords)
+        shifted = self._emit(f"{here.name} - {m.name}", FLOAT, [here, m])
         if node.op == "softmax":
             return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
         return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
