@@ -76,9 +76,7 @@ def op_bytes(graph: Graph, node: Node) -> int:
         return 0
     if node.op == "output":
         return 0
-    if node.op == "gather":  # reads its indices and the one element of each row they pick
-        return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
-    if node.op == "embedding":  # reads its indices and the rows they pick
+    if node.op in ("gather", "embedding"):  # reads its indices and what they pick (an element, a row)
         return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
     if node.op == "cross_entropy":  # eager: log_softmax writes the log-probabilities, nll_loss picks from them
         logits, targets = (value_bytes(graph[i]) for i in node.inputs[:2])

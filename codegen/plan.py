@@ -536,9 +536,8 @@ class _Planner:
         index = self.value(ids.id, tuple(coords[:-1]))
         if index.kind == FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} with float indices")
-        rows = _meta(table).shape[0]
-        guard = f"({index.name} >= 0) & ({index.name} < {rows})"
-        return self.value(table.id, (Coord(index.name, frozenset(index.axes), guard=guard), coords[-1]))
+        row = _at_index(index, str(_meta(table).shape[0]), any_size=False)
+        return self.value(table.id, (row, coords[-1]))
 
     def _per_channel(self, node: Node, coords) -> Stmt:
         """Eval-mode batch norm: x at the element's coordinates, each [C] operand (running mean and
@@ -719,7 +718,7 @@ class _Planner:
         comment = self._comment(node)
         m, total = self._row_max_and_exp_sum(node, x, comment)
         t = self.value(target.id, self.full[:k])
-        xt = self.value(x.id, (*self.full[:k], self._column_at(t)))
+        xt = self.value(x.id, (*self.full[:k], _at_index(t, "C", any_size=True)))
         lse = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
         loss = self._emit(f"{lse.name} - {xt.name}", FLOAT, [lse, xt])
         smoothing = node.params["label_smoothing"]
@@ -739,12 +738,6 @@ class _Planner:
             raise PlanError("no-lowering", f"{_describe(node)}: a mean over targets made inside the group")
         ignored = self._number(node.params["ignore_index"], runtime=False)
         return RowTotal(node.params["reduction"], self.input_index[target], ignored, _meta(node).dtype)
-
-    def _column_at(self, index: Stmt) -> Coord:
-        """The column a row's `index` names, where loads check it against the row's run-time length
-        (an index outside the row reads nothing; torch raises on it)."""
-        guard = f"({index.name} >= 0) & ({index.name} < C)"
-        return Coord(index.name, frozenset({"r"}), guard=guard, any_size=True)
 
     def _row_max_and_exp_sum(self, node: Node, x: Node, comment: str) -> tuple[Stmt, Stmt]:
         """The max of `x`'s row and the sum of exp(x - max), once per node that needs them."""
@@ -774,7 +767,7 @@ class _Planner:
         at = self.value(index.id, self._broadcast(self.full, self.domain, _meta(index).shape))
         # The element at the row's index, computed there: one load of that element, no pass over the
         # row of its own.
-        picked = self.value(x.id, (*self.full[:-1], self._column_at(at)))
+        picked = self.value(x.id, (*self.full[:-1], _at_index(at, "C", any_size=True)))
         if picked.kind != FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} of {_meta(x).dtype} values")
         return self._emit(picked.name, FLOAT, [picked], self._comment(node))
@@ -848,6 +841,14 @@ class _Planner:
     def _comment(self, node: Node) -> str:
         where = f"line {node.line}: " if node.line else ""
         return f"{where}{node.op}"
+
+
+def _at_index(index: Stmt, size: str, any_size: bool) -> Coord:
+    """The coordinate an `index` the kernel loaded names, in a dim of `size` (the row's run-time
+    length C, `any_size`; or a model constant the launcher checks): loads there are masked to
+    0 <= index < size, so an index outside reads nothing (torch raises on it)."""
+    guard = f"({index.name} >= 0) & ({index.name} < {size})"
+    return Coord(index.name, frozenset(index.axes), guard=guard, any_size=any_size)
 
 
 def _step_shape(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
