@@ -3,7 +3,7 @@
     fuselens analyze FILE [--model-class C] [--input-shape 16384,1024 ...] [--dtype float32]
                           [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
     fuselens apply FILE ... [--yes]
-    fuselens validate FILE ... [--interpret] [--json OUT]
+    fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
     fuselens serve [--stdio]
 
 torch is imported only by the commands that run models, so `serve` starts fast.
@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", metavar="OUT", help="write the validation results as JSON")
     validate.add_argument(
         "--markdown", metavar="OUT", help="write the results table (as the editors' results view shows it) to OUT"
+    )
+    validate.add_argument(
+        "--html",
+        metavar="OUT",
+        help="write the results view (tables, chart, earlier runs) as a self-contained HTML page to OUT (needs plotly)",
     )
     validate.add_argument(
         "--no-benchmark", action="store_true", help="on a GPU, check numerics only (by default kernels are also timed)"

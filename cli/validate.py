@@ -1,19 +1,29 @@
-"""`fuselens validate`: check kernels against eager and print one row per cluster."""
+"""`fuselens validate`: check kernels against eager and print one row per cluster; keep the run in the
+file's validation history and write the results view (`--markdown`, `--html`) beside the earlier runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
-from fuselens.contracts.validation import RESULT_COLUMNS, ValidationReport, results_markdown, timing_cells
+from fuselens.contracts.results_view import ResultsView, results_view, view_markdown
+from fuselens.contracts.validation import RESULT_COLUMNS, ValidationReport, timing_cells
+from fuselens.server import history
+
+from . import results_page
 
 
 def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
+    missing = results_page.plotly_missing() if args.html else ""
+    if missing:  # said before the validation runs (and torch loads), not after
+        print(missing, file=sys.stderr)
+        return 2
     from fuselens.pipeline.validate import validate_file
 
     console = Console(stderr=False)
@@ -27,15 +37,28 @@ def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> i
         console.print(f"[dim]… {escape(message)}[/]")
 
     report = validate_file(args.file, analyze_options, options, progress)
+    latest, earlier = history.record(args.file, report, _warn)
+    write_results(args, report, results_view(latest, earlier))
+    render_validation(report, console)
+    return 0 if report.ok else 1
+
+
+def write_results(args: argparse.Namespace, report: ValidationReport, view: ResultsView) -> None:
+    """The files asked for: the report as JSON (what a remote runner hands back), the results view as
+    markdown and as an HTML page."""
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(report.to_dict(), fh, indent=2)
             fh.write("\n")
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(results_markdown(report))
-    render_validation(report, console)
-    return 0 if report.ok else 1
+            fh.write(view_markdown(view))
+    if args.html:
+        results_page.write_page(args.html, view)
+
+
+def _warn(line: str) -> None:
+    print(f"fuselens: {line}", file=sys.stderr)
 
 
 def _err(value) -> str:

@@ -29,6 +29,8 @@ class Timing:
     pct_of_peak: float | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_compiled: float | None = None
+    # CUDA-graph µs of torch.compile in each other mode asked for (`ValidateOptions.other_compile_modes`)
+    compiled_modes_us: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,9 +104,9 @@ class ValidationReport:
 
 
 # ---- the results table ---------------------------------------------------------------------------
-# One table for every place a validation is shown (the CLI's --markdown, the editors' results view):
-# per cluster its numerics and, on a GPU, its CUDA-graph times against eager and torch.compile in the
-# mode validation compiles with.
+# One table for every place a validation is shown (the CLI's --markdown and --html, the editors' results
+# view, all put together by `results_view.py`): per cluster its numerics and, on a GPU, its CUDA-graph
+# times against eager and torch.compile in the mode validation compiles with.
 
 COMPILE_MODE = "default"  # the torch.compile mode the timings compare with
 RESULT_COLUMNS = (
@@ -144,22 +146,25 @@ def timing_cells(t: Timing | None) -> tuple[str, ...]:
     )
 
 
-def results_markdown(report: ValidationReport) -> str:
-    """Every model's results table, as markdown, under a line saying where it ran."""
-    where = "in the Triton interpreter (numerics only)" if report.mode == "interpret" else f"on {report.device}"
-    parts = []
-    for model in report.models:
-        shapes = ", ".join(f"{'×'.join(map(str, s))} {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
-        lines = [f"### {model.name} at {shapes}, {where}", "", "| " + " | ".join(RESULT_COLUMNS) + " |"]
-        lines.append("|" + "---|" * len(RESULT_COLUMNS))
-        lines += ["| " + " | ".join(row) + " |" for row in result_rows(model)]
-        if model.model is not None:
-            whole = f"whole model with {', '.join(model.model.applied) or 'nothing'} applied: {model.model.status}"
-            if model.model.speedup:
-                whole += f", {model.model.speedup:.2f}× eager"
-            lines += ["", whole]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts + [f"_{p}_" for p in report.problems]) + "\n"
+def where_validated(report: ValidationReport) -> str:
+    """Where the report's kernels ran, as the results' headings say it."""
+    return "in the Triton interpreter (numerics only)" if report.mode == "interpret" else f"on {report.device}"
+
+
+def model_heading(model: ModelValidation, where: str) -> str:
+    """The title of the model's table: "ExampleNet at 64×256 float32, in the Triton interpreter (numerics only)"."""
+    shapes = ", ".join(f"{'×'.join(map(str, s))} {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
+    return f"{model.name} at {shapes}, {where}"
+
+
+def whole_model_line(model: ModelValidation) -> str:
+    """What the whole-model check found, in a line under the table ("" when it did not run)."""
+    if model.model is None:
+        return ""
+    line = f"whole model with {', '.join(model.model.applied) or 'nothing'} applied: {model.model.status}"
+    if model.model.speedup:
+        line += f", {model.model.speedup:.2f}× eager"
+    return line
 
 
 def _number(value: float | None, digits: int = 1) -> str:

@@ -19,10 +19,12 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from fuselens.codegen import files
 from fuselens.contracts.options import ValidateOptions
-from fuselens.contracts.validation import ValidationReport, results_markdown
+from fuselens.contracts.plain import to_plain
+from fuselens.contracts.results_view import results_view, view_markdown
+from fuselens.contracts.validation import ValidationReport
 from fuselens.worker.protocol import Limits, ValidateJob
 
-from . import views
+from . import history, views
 from .features.actions import WRITE_MODULE
 from .features.text import path_to_uri, uri_to_path
 from .runner import RemoteFailed
@@ -30,6 +32,8 @@ from .workers import JobFailed
 
 if TYPE_CHECKING:
     from .app import FuselensServer
+
+VALIDATION_RESULTS = "fuselens.validationResults"  # the results view of a file's last validation
 
 INTERPRET = "Check numerics in the Triton interpreter"
 ALWAYS_INTERPRET = "Always check in the interpreter"  # (for the rest of the session)
@@ -85,6 +89,11 @@ def register_commands(server: FuselensServer) -> None:
     async def validate_all(ls, *args):
         uri, model, options = _args(args, [("uri", str, True), ("model", str, False), ("options", dict, False)])
         return await _validate(ls, uri, None, model, options or {})
+
+    @server.command(VALIDATION_RESULTS)
+    async def validation_results(ls, *args):
+        (uri,) = _args(args, [("uri", str, True)])
+        return _last_results(ls, _document_path(ls, uri))
 
     @server.command("fuselens.showKernel")
     async def show_kernel(ls, *args):
@@ -152,7 +161,24 @@ async def _validate(
         return {"error": exc.kind, "message": str(exc)}
     ls.log_line(f"validation of {name}: {_summary(result)}")
     ls.tell(_toast(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
-    return {**result.to_dict(), "results_markdown": results_markdown(result)}  # (the editors' results view)
+    return {**result.to_dict(), **_results(ls, path, result)}
+
+
+def _results(ls: FuselensServer, path: str, result: ValidationReport) -> dict[str, Any]:
+    """The results view of `result` beside the file's earlier runs, as data (VS Code's webview) and as
+    markdown (Neovim's :FuselensResults); a run that checked something is added to the history first."""
+    latest, earlier = history.record(path, result, ls.log_line)
+    view = results_view(latest, earlier)
+    return {"results_view": to_plain(view), "results_markdown": view_markdown(view)}
+
+
+def _last_results(ls: FuselensServer, path: str) -> dict[str, Any]:
+    """The results view of the last validation of `path` kept in its history, beside the runs before it."""
+    runs = history.load(path, ls.log_line)
+    if not runs:
+        return {"results_view": None, "message": f"no validation of {os.path.basename(path)} yet"}
+    view = results_view(runs[-1], runs[:-1])
+    return {"results_view": to_plain(view), "results_markdown": view_markdown(view)}
 
 
 def _validation(ls: FuselensServer, path: str, text: str, clusters: list[str] | None, interpret: bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -91,6 +92,63 @@ def test_validate_interpret_checks_every_kernel_and_the_whole_model(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("verified") == 3
     assert "whole model with c0, c1, c2 applied: matches" in done.stdout
+
+
+def test_validate_html_writes_the_table_the_chart_and_the_earlier_runs_in_one_page(tmp_path):
+    """One offline page: the results table, a plotly chart (plotly.js inlined, no CDN) and the file's
+    earlier runs (one seeded here, as if validated on a GPU before); --json writes the same report."""
+    pytest.importorskip("plotly")
+    from datetime import UTC, datetime
+
+    from fuselens.contracts.validation import ClusterCheck, ModelValidation, Timing, ValidationReport
+    from fuselens.server import history
+
+    model = tmp_path / "example_net.py"  # a copy: a history of its own
+    shutil.copy(example("example_net.py"), model)
+    earlier = ValidationReport(
+        str(model),
+        "cuda",
+        "NVIDIA H200",
+        [
+            ModelValidation(
+                "ExampleNet",
+                [[16384, 1024]],
+                ["float32"],
+                [
+                    ClusterCheck(f"c{i}", f"cluster{i}", "verified", max_abs=1e-6, timing=Timing(fused_us=12.5))
+                    for i in range(3)
+                ],
+            )
+        ],
+    )
+    history.record(str(model), earlier, print, now=datetime(2025, 1, 31, 12, 3, tzinfo=UTC))
+
+    page, report = tmp_path / "results.html", tmp_path / "results.json"
+    done = fuselens("validate", str(model), "--interpret", "--html", str(page), "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = page.read_text(encoding="utf-8")
+    data = json.loads(report.read_text())
+    for c in data["models"][0]["clusters"]:  # the report's numbers, as the page's table shows them
+        row = f"<td>{c['id']}</td><td>{c['ops']}</td><td>{c['status']}</td><td>{c['max_abs']:.1e}</td>"
+        assert row in text, row
+    assert "<th>torch.compile (default) µs</th>" in text
+    assert text.count('class="plotly-graph-div"') == 1  # one chart for the one model
+    assert "max |error|" in text and "tolerance (atol)" in text  # the interpreter's chart: numerics
+    assert "max |error|, 2025-01-31 12:03 UTC" in text  # the earlier run, a series of the chart
+    assert "Earlier runs of this file" in text and "<td>NVIDIA H200</td>" in text and "<td>12.5 µs</td>" in text
+    assert re.search(r"<script[^>]*\bsrc=", text) is None  # plotly.js is in the page, not fetched
+    assert len(text) > 1_000_000  # (plotly.js itself, about 4.8 MB)
+
+
+def test_validate_html_without_plotly_names_the_extra_to_install(monkeypatch, capsys, tmp_path):
+    from fuselens.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "plotly.io", None)
+    code = main(["validate", example("example_net.py"), "--interpret", "--html", str(tmp_path / "r.html")])
+    assert code == 2
+    assert "pip install 'fuselens[html]'" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_a_hint_prints_its_pyproject_table_as_written(write_model):

@@ -84,10 +84,40 @@ def run_nvim(tmp_path, mode: str, trusted: bool, files: dict[str, str] | None = 
     return data
 
 
+EARLIER_RUN = "| 2025-01-31 12:03 UTC | NVIDIA H200 | 2.13.0 | — | 12.5 µs | 12.5 µs | 12.5 µs | — |"
+
+
+def keep_an_earlier_run(tmp_path) -> None:
+    """A validation of the session's model on a GPU, as if run before, in the session's cache folder
+    (run_nvim's XDG_CACHE_HOME), where the server keeps each file's history."""
+    from datetime import UTC, datetime
+
+    from fuselens.contracts.validation import ClusterCheck, ModelValidation, Timing, ValidationReport
+    from fuselens.server import history
+
+    model = str(tmp_path / "ws" / "example_net.py")
+    checks = [ClusterCheck(f"c{i}", f"cluster{i}", "verified", timing=Timing(fused_us=12.5)) for i in range(3)]
+    report = ValidationReport(
+        model,
+        "cuda",
+        "NVIDIA H200",
+        [ModelValidation("ExampleNet", [[16384, 1024]], ["float32"], checks)],
+        versions={"torch": "2.13.0"},
+    )
+    cache = os.environ["XDG_CACHE_HOME"]
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "home" / ".cache")
+    try:
+        history.record(model, report, print, now=datetime(2025, 1, 31, 12, 3, tzinfo=UTC))
+    finally:
+        os.environ["XDG_CACHE_HOME"] = cache
+
+
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    """One trusted Neovim session that goes through every step."""
-    return run_nvim(tmp_path_factory.mktemp("nvim"), "full", trusted=True)
+    """One trusted Neovim session that goes through every step, on a file validated once before."""
+    tmp_path = tmp_path_factory.mktemp("nvim")
+    keep_an_earlier_run(tmp_path)
+    return run_nvim(tmp_path, "full", trusted=True)
 
 
 def _no_errors(session, *steps):
@@ -162,6 +192,20 @@ def test_the_results_view_shows_the_validation_table(session):
     rows = [line for line in lines if re.match(r"\| c\d+ \|", line)]
     assert [row.split(" | ")[2] for row in rows] == ["verified"] * 3, rows
     assert rows[0].startswith("| c0 | mul → relu → add | verified | ")
+
+
+def test_the_results_view_lists_the_earlier_runs_of_the_file(session):
+    """Before any validation in the session, :FuselensResults shows the run the server kept; after
+    one, the new table with the earlier runs under it (each cluster's fused µs or max error)."""
+    _no_errors(session, "results before validating", "results view")
+    kept = session["kept_results"]
+    assert kept["lines"][0] == "### ExampleNet at 16384×1024 float32, on NVIDIA H200" and not kept["modifiable"]
+    lines = session["results_view"]["lines"]
+    at = lines.index("#### Earlier runs of this file")
+    assert lines[at + 2] == "| run | device | torch | revision | c0 | c1 | c2 | whole model |"
+    latest = lines[at + 4]
+    assert latest.startswith("| latest | Triton interpreter | ") and latest.count("| err ") == 3, latest
+    assert lines[at + 5] == EARLIER_RUN
 
 
 def test_quick_fix_through_code_action(session):

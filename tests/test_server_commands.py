@@ -51,6 +51,7 @@ async def test_the_server_advertises_its_commands(client: Client):
         "fuselens.validateAll",
         "fuselens.showKernel",
         "fuselens.writeKernelModule",
+        "fuselens.validationResults",
     } <= set(commands)
 
 
@@ -115,6 +116,35 @@ async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyze
     assert "torch.compile (default) µs" in table[2]
     (row,) = [line for line in table if re.match(r"\| c\d+ \|", line)]
     assert row.startswith("| c2 | tanh → mul → softmax | verified | ") and row.endswith("| — | — |")
+
+
+async def test_a_validation_comes_with_its_results_view_and_the_files_earlier_runs(client: Client):
+    """The results view the editors draw: the table's rows, the chart and, from the second run on,
+    the earlier runs of the same file, kept by the server; asked for later, the last run's view."""
+    uri = client.open("history_net.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    none_yet = await client.command("fuselens.validationResults", uri)
+    assert none_yet["results_view"] is None and none_yet["message"] == "no validation of history_net.py yet"
+
+    first = (await client.command("fuselens.validateKernel", uri, "c0", {"interpret": True}))["results_view"]
+    assert first["earlier_runs"] == 0 and first["time"].endswith("Z")
+    (model,) = first["models"]
+    assert model["rows"][0][:3] == ["c0", "mul → relu → add", "verified"]
+    assert [t["name"] for t in model["chart"]["data"]] == ["max |error|", "tolerance (atol)"]  # numerics: no timings
+    assert model["history"]["rows"] == []
+
+    second = await client.command("fuselens.validateKernel", uri, "c0", {"interpret": True})
+    view = second["results_view"]
+    assert view["earlier_runs"] == 1
+    (model,) = view["models"]
+    assert model["history"]["columns"] == ["run", "device", "torch", "revision", "c0", "whole model"]
+    latest, before = model["history"]["rows"]
+    assert latest[0] == "latest" and before[1] == "Triton interpreter" and before[4].startswith("err ")
+    assert [t["name"] for t in model["chart"]["data"]][2].startswith("max |error|, ")  # the earlier run's series
+    assert "#### Earlier runs of this file" in second["results_markdown"]  # (Neovim's :FuselensResults)
+
+    shown = await client.command("fuselens.validationResults", uri)  # the palette's "Show validation results"
+    assert shown["results_view"] == view and shown["results_markdown"] == second["results_markdown"]
 
 
 async def test_validate_all_from_the_code_lens(client: Client, analyzed: str):

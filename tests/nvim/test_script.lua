@@ -329,6 +329,20 @@ step("codelens", function()
   end
 end)
 
+step("results before validating", function()
+  -- Nothing validated in this session yet: the server answers with the run its history kept.
+  local model_win = vim.api.nvim_get_current_win()
+  vim.cmd("FuselensResults")
+  wait(20000, "the kept results", function()
+    local buf = fuselens.state.results_buffer
+    return buf ~= nil and vim.api.nvim_buf_is_valid(buf) and vim.api.nvim_buf_get_lines(buf, 0, 1, false)[1] ~= ""
+  end)
+  local buf = fuselens.state.results_buffer
+  results.kept_results = { modifiable = vim.bo[buf].modifiable, lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false) }
+  vim.cmd("close")
+  vim.api.nvim_set_current_win(model_win)
+end)
+
 step("validate from the lens", function()
   vim.api.nvim_win_set_cursor(0, { 11, 0 }) -- the class line carries the lenses
   choose("^Validate all$")

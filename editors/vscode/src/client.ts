@@ -27,7 +27,11 @@ function isPythonFile(doc: vscode.TextDocument): boolean {
   return doc.uri.scheme === "file" && doc.languageId === "python";
 }
 
-export function clientOptions(output: vscode.OutputChannel, status: StatusModel): LanguageClientOptions {
+export function clientOptions(
+  output: vscode.OutputChannel,
+  status: StatusModel,
+  onCommandResult: (result: unknown) => void = () => undefined,
+): LanguageClientOptions {
   // The server analyzes only trusted files and says nothing for the others, so an untrusted
   // document is never marked "analyzing" (it would spin forever).
   const sent = (doc: vscode.TextDocument) => {
@@ -42,6 +46,12 @@ export function clientOptions(output: vscode.OutputChannel, status: StatusModel)
     markdown: { isTrusted: { enabledCommands: ["fuselens.showKernel"] }, supportHtml: false },
     initializationOptions,
     middleware: {
+      // A server command run from a code lens ("Validate all"): its result goes to the results view.
+      executeCommand: async (command, args, next) => {
+        const result = await next(command, args);
+        onCommandResult(result);
+        return result;
+      },
       didOpen: (doc, next) => {
         sent(doc);
         return next(doc);
@@ -95,6 +105,7 @@ export class Controller {
     private readonly storage: string,
     private readonly output: vscode.OutputChannel,
     private readonly status: StatusModel,
+    private readonly onCommandResult: (result: unknown) => void = () => undefined,
   ) {}
 
   log(line: string): void {
@@ -112,7 +123,8 @@ export class Controller {
     this.log(`starting ${server.command} ${server.args.join(" ")} (from ${server.source}); ` +
       `workspace ${vscode.workspace.isTrusted ? "trusted" : "not trusted: analysis waits for trust"}`);
     const serverOptions: ServerOptions = { command: server.command, args: server.args, options: { cwd: this.storage } };
-    const client = new LanguageClient(CLIENT_ID, "fuselens", serverOptions, clientOptions(this.output, this.status));
+    const options = clientOptions(this.output, this.status, this.onCommandResult);
+    const client = new LanguageClient(CLIENT_ID, "fuselens", serverOptions, options);
     client.onDidChangeState((e) => {
       if (e.newState === State.Stopped && !this.stopping) {
         this.status.setServerError("the language server stopped; see the fuselens output");

@@ -8,6 +8,7 @@
 import * as vscode from "vscode";
 import { ExecuteCommandRequest } from "vscode-languageclient/node";
 import { Controller } from "./client";
+import { ResultsPanel, resultsViewOf } from "./results";
 import { StatusModel } from "./status";
 
 export const PALETTE_COMMANDS = {
@@ -15,6 +16,7 @@ export const PALETTE_COMMANDS = {
   validateKernel: "fuselens.palette.validateKernel",
   validateAll: "fuselens.palette.validateAll",
   showKernel: "fuselens.palette.showKernel",
+  showResults: "fuselens.palette.showResults",
   restart: "fuselens.palette.restart",
   showOutput: "fuselens.palette.showOutput",
 } as const;
@@ -59,11 +61,15 @@ async function pickCluster(uri: vscode.Uri): Promise<string | undefined> {
   return choice?.label;
 }
 
+/** The server's command that answers with the results view of a file's last validation. */
+export const VALIDATION_RESULTS = "fuselens.validationResults";
+
 export function registerCommands(
   context: vscode.ExtensionContext,
   controller: Controller,
   status: StatusModel,
   output: vscode.OutputChannel,
+  results: ResultsPanel,
 ): void {
   const run = async (command: string, args: unknown[]): Promise<unknown> => {
     const client = controller.client;
@@ -105,13 +111,24 @@ export function registerCommands(
     const uri = activePythonUri();
     const cluster = uri && (await pickCluster(uri));
     if (uri && cluster) {
-      await run("fuselens.validateKernel", [uri.toString(), cluster]);
+      results.showValidation(await run("fuselens.validateKernel", [uri.toString(), cluster]));
     }
   });
   register(PALETTE_COMMANDS.validateAll, async () => {
     const uri = activePythonUri();
     if (uri) {
-      await run("fuselens.validateAll", [uri.toString()]);
+      results.showValidation(await run("fuselens.validateAll", [uri.toString()]));
+    }
+  });
+  register(PALETTE_COMMANDS.showResults, async () => {
+    const uri = activePythonUri();
+    const result = uri && (await run(VALIDATION_RESULTS, [uri.toString()]));
+    const view = resultsViewOf(result);
+    if (view) {
+      results.show(view, false);
+    } else if (result) {
+      const why = (result as { message?: string }).message ?? "no validation results";
+      void vscode.window.showInformationMessage(`fuselens: ${why} (fuselens: Validate all kernels).`);
     }
   });
   register(PALETTE_COMMANDS.showKernel, async () => {

@@ -2,13 +2,14 @@
 // Workspace Trust together. Each piece lives in its own module:
 //   server.ts   which process to start        config.ts  settings sent to the server
 //   client.ts   LanguageClient + middleware   commands.ts palette commands
-//   status.ts   the status bar's state
+//   status.ts   the status bar's state        results.ts  the validation results view
 
 import * as vscode from "vscode";
 import { DidChangeConfigurationNotification } from "vscode-languageclient/node";
 import { Controller } from "./client";
 import { PALETTE_COMMANDS, registerCommands } from "./commands";
 import { RESTART_KEYS, serverSettings } from "./config";
+import { ResultsPanel } from "./results";
 import { StatusModel } from "./status";
 
 let controller: Controller | undefined;
@@ -29,9 +30,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<Contro
   status.refresh();
   item.show();
 
-  controller = new Controller(context.globalStorageUri.fsPath, output, status);
+  const results = new ResultsPanel(context.extensionUri);
+  context.subscriptions.push(results);
+  controller = new Controller(context.globalStorageUri.fsPath, output, status, (result) => results.showValidation(result));
   const ctl = controller;
-  registerCommands(context, ctl, status, output);
+  registerCommands(context, ctl, status, output, results);
 
   context.subscriptions.push(
     vscode.window.onDidChangeActiveTextEditor(() => status.refresh()),

@@ -31,8 +31,47 @@ export class FakeUri {
   static parse(s: string): FakeUri {
     return s.startsWith("file://") ? new FakeUri("file", decodeURIComponent(s.slice(7))) : new FakeUri("other", s);
   }
+  static joinPath(base: FakeUri, ...parts: string[]): FakeUri {
+    return new FakeUri(base.scheme, path.join(base.fsPath, ...parts));
+  }
   toString(): string {
     return `file://${this.fsPath}`;
+  }
+}
+
+/** The scheme the fake webview serves the extension's files under (`asWebviewUri`). */
+export const WEBVIEW_SCHEME = "https://fake.vscode-resource";
+
+/** A webview panel the extension created, as far as the extension uses one. */
+export class FakeWebviewPanel {
+  title: string;
+  visible = true;
+  disposed = false;
+  reveals: { viewColumn: unknown; preserveFocus?: boolean }[] = [];
+  private disposeListeners: (() => unknown)[] = [];
+  readonly webview = {
+    html: "",
+    cspSource: WEBVIEW_SCHEME,
+    asWebviewUri: (uri: FakeUri) => ({ toString: () => `${WEBVIEW_SCHEME}${uri.fsPath}` }),
+  };
+  constructor(
+    readonly viewType: string,
+    title: string,
+    readonly showOptions: unknown,
+    readonly options: { enableScripts?: boolean; localResourceRoots?: FakeUri[] },
+  ) {
+    this.title = title;
+  }
+  reveal(viewColumn?: unknown, preserveFocus?: boolean) {
+    this.reveals.push({ viewColumn, preserveFocus });
+  }
+  onDidDispose(listener: () => unknown) {
+    this.disposeListeners.push(listener);
+    return { dispose: () => undefined };
+  }
+  dispose() {
+    this.disposed = true;
+    this.disposeListeners.forEach((l) => l());
   }
 }
 
@@ -44,6 +83,7 @@ export interface FakeState {
   statusItems: any[];
   outputs: { name: string; lines: string[] }[];
   messages: { level: string; text: string }[];
+  panels: FakeWebviewPanel[];
   workspaceFolders: { uri: FakeUri }[];
   pythonExtension?: { exports: unknown };
   activeEditor?: { document: { uri: FakeUri; languageId: string } };
@@ -70,6 +110,7 @@ export function makeVscode(state: FakeState) {
       constructor(readonly id: string) {}
     },
     StatusBarAlignment: { Left: 1, Right: 2 },
+    ViewColumn: { Active: -1, Beside: -2, One: 1, Two: 2 },
     ProgressLocation: { Notification: 15, Window: 10 },
     window: {
       get activeTextEditor() {
@@ -92,6 +133,11 @@ export function makeVscode(state: FakeState) {
         item.hide = () => (item.visible = false);
         state.statusItems.push(item);
         return item;
+      },
+      createWebviewPanel(viewType: string, title: string, showOptions: unknown, options: any) {
+        const panel = new FakeWebviewPanel(viewType, title, showOptions, options ?? {});
+        state.panels.push(panel);
+        return panel;
       },
       onDidChangeActiveTextEditor: new Emitter<unknown>().event,
       showErrorMessage: async (text: string) => void state.messages.push({ level: "error", text }),
@@ -163,9 +209,11 @@ export class FakeLanguageClient {
   isRunning() {
     return this.running;
   }
+  /** What the "server" answers (a test may swap it: a canned answer, or a real server's). */
+  answer: (method: string, params: unknown) => unknown = () => ({ scheduled: true });
   async sendRequest(type: { method: string }, params: unknown) {
     this.requests.push({ type: type.method, params });
-    return { scheduled: true };
+    return this.answer(type.method, params);
   }
   async sendNotification(type: { method: string }, params: unknown) {
     this.notifications.push({ type: type.method, params });
@@ -187,6 +235,7 @@ export function freshState(): FakeState {
     statusItems: [],
     outputs: [],
     messages: [],
+    panels: [],
     workspaceFolders: [],
     grantTrust: new Emitter<void>(),
     configChange: new Emitter(),
@@ -228,7 +277,14 @@ export function loadExtension(state: FakeState) {
   }
 }
 
+/** The extension's folder (what VS Code gives as `context.extensionUri`). */
+export const EXTENSION_ROOT = path.resolve(__dirname, "..", "..");
+
 /** A fake ExtensionContext. */
 export function fakeContext(storage: string) {
-  return { subscriptions: [] as { dispose(): unknown }[], globalStorageUri: FakeUri.file(storage) };
+  return {
+    subscriptions: [] as { dispose(): unknown }[],
+    globalStorageUri: FakeUri.file(storage),
+    extensionUri: FakeUri.file(EXTENSION_ROOT),
+  };
 }

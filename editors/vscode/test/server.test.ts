@@ -14,6 +14,7 @@ import {
   StreamMessageWriter,
 } from "vscode-languageserver-protocol/node";
 import { clients, fakeContext, FakeUri, freshState, loadExtension } from "./fakes";
+import { renderPage, tableRows } from "./webview";
 
 const REPO = path.resolve(__dirname, "..", "..", "..", "..");
 const PYTHON = process.env.FUSELENS_PYTHON || path.join(REPO, ".venv", "bin", "python");
@@ -47,7 +48,12 @@ describe("the real server, started as the extension starts it", function () {
     const { serverOptions, clientOptions } = clients[0];
     const mw = clientOptions.middleware;
 
-    const proc = spawn(serverOptions.command, serverOptions.args, { cwd: serverOptions.options.cwd });
+    // The server keeps validation histories in the user's cache folder: a fresh one for this test.
+    const cache = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-vscode-cache-"));
+    const proc = spawn(serverOptions.command, serverOptions.args, {
+      cwd: serverOptions.options.cwd,
+      env: { ...process.env, XDG_CACHE_HOME: cache },
+    });
     let stderr = "";
     proc.stderr.on("data", (chunk) => (stderr += chunk));
     const connection = createProtocolConnection(new StreamMessageReader(proc.stdout), new StreamMessageWriter(proc.stdin));
@@ -57,6 +63,8 @@ describe("the real server, started as the extension starts it", function () {
     connection.onRequest("workspace/configuration", (params: unknown) =>
       mw.workspace.configuration(params, undefined, () => assert.fail("the extension answers this itself")));
     connection.onRequest("client/registerCapability", () => null);
+    connection.onRequest("window/workDoneProgress/create", () => null);
+    connection.onNotification("$/progress", () => undefined);
     const published = new Promise<{ uri: string; diagnostics: any[] }>((resolve) => {
       connection.onNotification("textDocument/publishDiagnostics", (p: { uri: string; diagnostics: any[] }) => {
         if (p.diagnostics.length > 0) {
@@ -97,6 +105,25 @@ describe("the real server, started as the extension starts it", function () {
       mw.handleDiagnostics(uri, diagnostics, () => undefined);
       assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
       assert.deepStrictEqual(shown.filter((m) => /setting|ignored/.test(m)), [], "the server took every setting");
+
+      // A validation run from a code lens: its result opens the results view, drawn from the server's data.
+      const execute = (command: string, args: unknown[]) =>
+        connection.sendRequest("workspace/executeCommand", { command, arguments: args });
+      const validation: any = await mw.executeCommand("fuselens.validateKernel", [uri.toString(), "c0", { interpret: true }], execute);
+      const view = validation.results_view;
+      assert.strictEqual(state.panels.length, 1, "the results view opened");
+      const page = await renderPage(state.panels[0].webview.html);
+      const rows = tableRows(page.document.querySelector("table.results")!);
+      assert.deepStrictEqual(rows, view.models[0].rows);
+      assert.deepStrictEqual([rows[0][0], rows[0][2]], ["c0", "verified"]);
+      const legend = Array.from(page.document.querySelectorAll(".chart .legendtext")).map((t) => t.textContent);
+      assert.deepStrictEqual(legend, ["max |error|", "tolerance (atol)"]); // the interpreter: numerics, not times
+
+      // Later, from the palette: the server answers with the last run it kept for the file.
+      clients[0].answer = (method, params) => connection.sendRequest(method, params);
+      await state.commands.get("fuselens.palette.showResults")!();
+      const data = /<script type="application\/json" id="fuselens-results">(.*?)<\/script>/s.exec(state.panels[0].webview.html);
+      assert.deepStrictEqual(JSON.parse(data![1]), view);
 
       await connection.sendRequest("shutdown");
       await connection.sendNotification("exit");

@@ -45,7 +45,7 @@ M.state = {
   progress = {}, -- token -> { title, message, percentage, done }
   progress_log = {}, -- every work-done progress value received, in order
   last_result = {}, -- command name -> what the server answered last
-  last_validation = nil, -- the last validation's result: :FuselensResults shows its table
+  last_validation = nil, -- the last validation's result: :FuselensResults shows its table and earlier runs
   results_buffer = nil, -- the scratch buffer of :FuselensResults
 }
 
@@ -309,13 +309,8 @@ function M.restart()
   end, 500)
 end
 
---- The last validation's results table (the server's markdown) in a scratch buffer of its own.
-function M.show_results()
-  local latest = M.state.last_validation
-  if not latest or not latest.results_markdown then
-    notify("no validation yet: run :FuselensValidate", vim.log.levels.INFO)
-    return nil
-  end
+--- `markdown` (the server's results view) in the read-only scratch buffer of :FuselensResults.
+local function show_markdown(markdown)
   local buf = M.state.results_buffer
   if not (buf and vim.api.nvim_buf_is_valid(buf)) then
     buf = vim.api.nvim_create_buf(false, true) -- unlisted scratch: nothing to save
@@ -324,7 +319,7 @@ function M.show_results()
     M.state.results_buffer = buf
   end
   vim.bo[buf].modifiable = true
-  vim.api.nvim_buf_set_lines(buf, 0, -1, false, vim.split(latest.results_markdown, "\n", { plain = true }))
+  vim.api.nvim_buf_set_lines(buf, 0, -1, false, vim.split(markdown, "\n", { plain = true }))
   vim.bo[buf].modifiable = false
   if vim.fn.bufwinnr(buf) == -1 then
     vim.cmd("botright split")
@@ -332,6 +327,32 @@ function M.show_results()
   end
   return buf
 end
+
+--- The last validation's results table and the file's earlier runs (the server's markdown) in a
+--- scratch buffer of its own. Before any validation in this session, the last run the server kept
+--- for the current buffer's file, if there is one.
+function M.show_results()
+  local latest = M.state.last_validation
+  if latest and latest.results_markdown then
+    return show_markdown(latest.results_markdown)
+  end
+  local bufnr = vim.api.nvim_get_current_buf()
+  local client = M.client(bufnr)
+  if not client then
+    notify("no validation yet: run :FuselensValidate", vim.log.levels.INFO)
+    return nil
+  end
+  execute(client, bufnr, "fuselens.validationResults", { vim.uri_from_bufnr(bufnr) }, function(result)
+    if type(result) == "table" and result.results_markdown then
+      show_markdown(result.results_markdown)
+    else
+      notify(((type(result) == "table" and result.message) or "no validation yet") .. ": run :FuselensValidate",
+        vim.log.levels.INFO)
+    end
+  end)
+  return nil
+end
+
 
 --- A short status for statuslines: "fuselens: validating c0 40%", "fuselens: 3 clusters", or "".
 function M.status(bufnr)
@@ -363,7 +384,7 @@ local function define_commands()
   end, { nargs = "?", complete = complete_clusters, desc = "fuselens: open the generated kernels" })
   vim.api.nvim_create_user_command("FuselensResults", function()
     M.show_results()
-  end, { desc = "fuselens: the last validation's results table" })
+  end, { desc = "fuselens: the last validation's results table and the file's earlier runs" })
   vim.api.nvim_create_user_command("FuselensRestart", function()
     M.restart()
   end, { desc = "fuselens: restart the language server" })

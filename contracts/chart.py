@@ -1,0 +1,209 @@
+"""The results chart: one Plotly figure per validated model, as a plain dict (`{"data": [...],
+"layout": {...}}`), built without plotly so that every layer can build it.
+
+The server sends it to VS Code's results view, which hands it to plotly.js; the CLI hands it to
+the Python plotly package for `fuselens validate --html`: one chart, drawn the same everywhere.
+
+Where clusters were timed (on a GPU) it shows each cluster's CUDA-graph time, eager against
+torch.compile (in the mode validation compiles with) against the fused kernel, and the kernel's
+share of the measured copy ceiling.  Where they were not (the Triton interpreter), it shows each
+cluster's largest error against its tolerance instead, so that the chart always has something to
+say.  Earlier runs of the same file add one faded series each.
+
+The figure carries no colours: each place that draws it applies its own theme.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .validation import COMPILE_MODE, ClusterCheck, ModelValidation, Timing
+
+Figure = dict[str, Any]
+
+COMPILED = f"torch.compile ({COMPILE_MODE})"  # the series of torch.compile's times, its mode named
+EARLIER_SERIES = 3  # earlier runs drawn in the chart (the history table lists every run kept)
+EARLIER_OPACITY = 0.45
+
+EarlierModels = Sequence[tuple[str, ModelValidation]]  # (the run's label, its validation of this model), oldest first
+
+
+def results_figure(model: ModelValidation, where: str, earlier: EarlierModels = ()) -> Figure:
+    """The chart of `model`'s validation (`where`: "on NVIDIA H200", "in the Triton interpreter ...")."""
+    if not model.clusters:
+        return {"data": [], "layout": _layout(f"{model.name}: no clusters to validate", "")}
+    if is_timed(model):
+        return _times_figure(model, where, earlier)
+    return _numerics_figure(model, where, earlier)
+
+
+def is_timed(model: ModelValidation) -> bool:
+    """Whether any cluster of `model` has a GPU time to chart."""
+    return any(_timing(c).fused_us is not None or _timing(c).eager_us is not None for c in model.clusters)
+
+
+# ---- on a GPU: time per cluster ------------------------------------------------------------------
+
+
+def _times_figure(model: ModelValidation, where: str, earlier: EarlierModels) -> Figure:
+    clusters = model.clusters
+    fused = _bar("fused", clusters, [_timing(c).fused_us for c in clusters])
+    fused["text"] = [_bandwidth(_timing(c)) for c in clusters]
+    fused["textposition"] = "outside"
+    data = [
+        _bar("eager", clusters, [_timing(c).eager_us for c in clusters]),
+        _bar(COMPILED, clusters, [_timing(c).compiled_us for c in clusters]),
+        fused,
+    ]
+    for label, before in _recent(earlier):
+        times = [_timing(_same(before, c)).fused_us for c in clusters]
+        data.append({**_bar(f"fused, {label}", clusters, times), "opacity": EARLIER_OPACITY})
+    layout = _layout(
+        f"{model.name}: CUDA-graph time per cluster {where}, eager vs {COMPILED} vs fused", "µs (lower is better)"
+    )
+    ceiling = [_finite(_timing(c).pct_of_peak) for c in clusters]
+    if any(p is not None for p in ceiling):
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "fused: % of copy ceiling",
+                "x": [c.id for c in clusters],
+                "y": ceiling,
+                "yaxis": "y2",
+                "text": [_bandwidth(_timing(c)) for c in clusters],
+                "hovertemplate": "%{x}: %{y:.0f}% of the measured copy ceiling (%{text})<extra></extra>",
+                "marker": {"symbol": "diamond", "size": 10},
+            }
+        )
+        layout["yaxis2"] = {
+            "title": {"text": "% of the measured copy ceiling"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "showgrid": False,
+        }
+    return {"data": data, "layout": layout}
+
+
+def _bandwidth(t: Timing) -> str:
+    """The kernel's bandwidth ("2980 GB/s, 97% of the copy ceiling"), as much of it as was measured."""
+    parts = []
+    if _finite(t.achieved_gbps) is not None:
+        parts.append(f"{t.achieved_gbps:.0f} GB/s")
+    if _finite(t.pct_of_peak) is not None:
+        parts.append(f"{t.pct_of_peak:.0f}% of the copy ceiling")
+    return ", ".join(parts)
+
+
+# ---- without timings: numerics per cluster -------------------------------------------------------
+
+
+def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels) -> Figure:
+    clusters = model.clusters
+    errors = _bar("max |error|", clusters, [_drawable(c.max_abs) for c in clusters])
+    errors["hovertext"] = [_error_hover(c) for c in clusters]
+    errors["hoverinfo"] = "text"
+    data = [
+        errors,
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "tolerance (atol)",
+            "x": [c.id for c in clusters],
+            "y": [_drawable(c.atol) for c in clusters],
+            "marker": {"symbol": "line-ew-open", "size": 30, "line": {"width": 3}},
+            "hovertemplate": "%{x}: atol %{y:.1e}<extra></extra>",
+        },
+    ]
+    for label, before in _recent(earlier):
+        values = [_drawable(_error(_same(before, c))) for c in clusters]
+        data.append({**_bar(f"max |error|, {label}", clusters, values), "opacity": EARLIER_OPACITY})
+    layout = _layout(f"{model.name}: largest error per cluster {where}, against its tolerance", "max |error| vs eager")
+    layout["yaxis"]["type"] = "log"  # errors and tolerances span decades (1e-7 in fp32, 1e-2 in bf16)
+    # A log axis cannot draw 0 (an exact match) or a check that never produced a number: say it in words.
+    layout["annotations"] = [
+        {
+            "x": c.id,
+            "xref": "x",
+            "y": 0,
+            "yref": "paper",
+            "yanchor": "bottom",
+            "text": note,
+            "showarrow": False,
+        }
+        for c in clusters
+        if (note := _undrawn(c))
+    ]
+    return {"data": data, "layout": layout}
+
+
+def _drawable(value: float | None) -> float | None:
+    """`value` where a log axis can draw it (a positive, finite number), else a gap."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _undrawn(c: ClusterCheck) -> str:
+    """Why `c`'s error has no bar ("" when it has one)."""
+    if c.max_abs is None:
+        return c.status
+    if c.max_abs == 0:
+        return "exact (0)"
+    if not math.isfinite(c.max_abs):
+        return f"{c.max_abs} ({c.status})"
+    return ""
+
+
+def _error_hover(c: ClusterCheck) -> str:
+    error = "—" if c.max_abs is None else f"{c.max_abs:.2e}"
+    tolerance = "" if c.atol is None else f"; passes within atol {c.atol:g} + rtol {c.rtol or 0:g}·|expected|"
+    return f"{c.id} ({c.ops}): {c.status}, max |error| {error}{tolerance}"
+
+
+# ---- shared --------------------------------------------------------------------------------------
+
+
+def _bar(name: str, clusters: list[ClusterCheck], values: list[float | None]) -> dict[str, Any]:
+    return {
+        "type": "bar",
+        "name": name,
+        "x": [c.id for c in clusters],
+        "y": [_finite(v) for v in values],
+        "hovertext": [c.ops for c in clusters],
+    }
+
+
+def _layout(title: str, y_title: str) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "barmode": "group",
+        "xaxis": {"title": {"text": "cluster"}, "type": "category"},
+        "yaxis": {"title": {"text": y_title}},
+        "legend": {"orientation": "h", "y": -0.25},
+        "margin": {"t": 60, "r": 70},
+    }
+
+
+def _recent(earlier: EarlierModels) -> list[tuple[str, ModelValidation]]:
+    """The earlier runs the chart draws: the latest few, newest first."""
+    return list(reversed(earlier[-EARLIER_SERIES:]))
+
+
+def _same(model: ModelValidation, check: ClusterCheck) -> ClusterCheck | None:
+    """`model`'s check of the cluster `check` is of (matched by id), if it checked it."""
+    return next((c for c in model.clusters if c.id == check.id), None)
+
+
+def _error(check: ClusterCheck | None) -> float | None:
+    return check.max_abs if check else None
+
+
+def _timing(check: ClusterCheck | None) -> Timing:
+    return (check.timing if check else None) or Timing()
+
+
+def _finite(value: float | None) -> float | None:
+    """A number JSON and plotly can carry (no inf, no NaN), else a gap."""
+    return value if value is not None and math.isfinite(value) else None

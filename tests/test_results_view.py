@@ -1,0 +1,329 @@
+"""The results view of a validation: its chart (a Plotly figure built without plotly), the file's history
+of earlier runs in the user's cache folder, and the view every editor and the CLI show."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fuselens.contracts.chart import results_figure
+from fuselens.contracts.folders import user_cache_folder
+from fuselens.contracts.history import HISTORY_LIMIT, ValidationRun, unrecorded
+from fuselens.contracts.results_view import results_view, view_markdown
+from fuselens.contracts.validation import ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
+from fuselens.server import git, history
+
+T0 = datetime(2025, 1, 31, 12, 3, 4, tzinfo=UTC)
+
+
+def timed_report(fused: tuple[float, float] = (10.0, 20.0)) -> ValidationReport:
+    """A validation on a GPU: two clusters timed against eager and torch.compile."""
+    clusters = [
+        ClusterCheck(
+            "c0",
+            "cluster0",
+            "verified",
+            ops="mul → relu → add",
+            max_abs=1e-6,
+            atol=1e-5,
+            rtol=1e-5,
+            timing=Timing(
+                eager_us=30.0,
+                compiled_us=12.0,
+                fused_us=fused[0],
+                achieved_gbps=2900.0,
+                pct_of_peak=97.0,
+                speedup_vs_eager=3.0,
+                speedup_vs_compiled=1.2,
+            ),
+        ),
+        ClusterCheck(
+            "c1",
+            "cluster1",
+            "verified",
+            ops="tanh → mul → softmax",
+            max_abs=2e-6,
+            atol=1e-5,
+            rtol=1e-5,
+            timing=Timing(eager_us=50.0, compiled_us=25.0, fused_us=fused[1]),  # no bandwidth measured
+        ),
+    ]
+    model = ModelValidation("Net", [[4096, 1024]], ["float32"], clusters, ModelCheck("matches", ["c0", "c1"]))
+    return ValidationReport("model.py", "cuda", "NVIDIA H200", [model], versions={"torch": "2.13.0", "triton": "3.8.0"})
+
+
+def interpreted_report() -> ValidationReport:
+    """A validation in the Triton interpreter: numerics only, one of them exact, one mismatched."""
+    clusters = [
+        ClusterCheck("c0", "cluster0", "verified", ops="mul → relu → add", max_abs=0.0, atol=1e-4, rtol=1e-4),
+        ClusterCheck("c1", "cluster1", "mismatch", ops="gelu → sigmoid → mul", max_abs=3e-2, atol=1e-4, rtol=1e-4),
+        ClusterCheck("c2", "cluster2", "error", ops="tanh → mul → softmax", message="launch failed"),
+    ]
+    model = ModelValidation("Net", [[128, 1024]], ["float32"], clusters, ModelCheck("mismatch", ["c0", "c1"]))
+    return ValidationReport("model.py", "interpret", "cpu", [model])
+
+
+def names(figure: dict) -> list[str]:
+    return [trace["name"] for trace in figure["data"]]
+
+
+def series(figure: dict, name: str) -> dict:
+    (trace,) = [t for t in figure["data"] if t["name"] == name]
+    return trace
+
+
+def check_with_plotly(figure: dict) -> None:
+    """plotly itself accepts the figure (an unknown property or a bad value raises)."""
+    go = pytest.importorskip("plotly.graph_objects")
+    go.Figure(figure)
+
+
+# ---- the chart -----------------------------------------------------------------------------------
+
+
+def test_a_timed_validation_charts_eager_torch_compile_and_fused_time_per_cluster():
+    model = timed_report().models[0]
+    figure = results_figure(model, "on NVIDIA H200")
+    assert names(figure) == ["eager", "torch.compile (default)", "fused", "fused: % of copy ceiling"]
+    assert series(figure, "eager")["y"] == [30.0, 50.0]
+    assert series(figure, "torch.compile (default)")["y"] == [12.0, 25.0]
+    fused = series(figure, "fused")
+    assert fused["type"] == "bar" and fused["x"] == ["c0", "c1"] and fused["y"] == [10.0, 20.0]
+    assert fused["text"] == ["2900 GB/s, 97% of the copy ceiling", ""]  # c1's bandwidth was not measured
+    ceiling = series(figure, "fused: % of copy ceiling")
+    assert ceiling["yaxis"] == "y2" and ceiling["y"] == [97.0, None]
+    layout = figure["layout"]
+    title = layout["title"]["text"]
+    assert "Net" in title and "NVIDIA H200" in title and "torch.compile (default)" in title
+    assert layout["yaxis"]["title"]["text"].startswith("µs") and layout["barmode"] == "group"
+    assert layout["yaxis2"]["overlaying"] == "y"
+    json.dumps(figure, allow_nan=False)  # plain JSON: what the server sends and the webview reads
+    check_with_plotly(figure)
+
+
+def test_earlier_runs_add_a_faded_series_each_newest_first():
+    model = timed_report().models[0]
+    earlier = [
+        ("2025-01-30 09:00 UTC", timed_report((14.0, 28.0)).models[0]),
+        ("2025-01-31 08:00 UTC", timed_report((12.0, 24.0)).models[0]),
+    ]
+    figure = results_figure(model, "on NVIDIA H200", earlier)
+    assert names(figure)[3:5] == ["fused, 2025-01-31 08:00 UTC", "fused, 2025-01-30 09:00 UTC"]
+    assert series(figure, "fused, 2025-01-30 09:00 UTC")["y"] == [14.0, 28.0]
+    assert series(figure, "fused, 2025-01-31 08:00 UTC")["opacity"] < 1
+    check_with_plotly(figure)
+
+
+def test_an_interpreter_validation_charts_each_error_against_its_tolerance():
+    model = interpreted_report().models[0]
+    figure = results_figure(model, "in the Triton interpreter (numerics only)")
+    assert names(figure) == ["max |error|", "tolerance (atol)"]  # no time series: nothing was timed
+    errors = series(figure, "max |error|")
+    # A log axis cannot draw 0 or a check with no number: those clusters are named in words instead.
+    assert errors["x"] == ["c0", "c1", "c2"] and errors["y"] == [None, 3e-2, None]
+    assert "mismatch" in errors["hovertext"][1] and "atol 0.0001" in errors["hovertext"][1]
+    assert series(figure, "tolerance (atol)")["y"] == [1e-4, 1e-4, None]
+    layout = figure["layout"]
+    assert layout["yaxis"]["type"] == "log"
+    assert {(a["x"], a["text"]) for a in layout["annotations"]} == {("c0", "exact (0)"), ("c2", "error")}
+    assert "Triton interpreter" in layout["title"]["text"] and "tolerance" in layout["title"]["text"]
+    check_with_plotly(figure)
+
+
+def test_a_model_with_nothing_to_validate_still_has_a_titled_chart():
+    figure = results_figure(ModelValidation("Empty", [[4]], ["float32"]), "on NVIDIA H200")
+    assert figure["data"] == [] and "no clusters" in figure["layout"]["title"]["text"]
+
+
+def test_infinite_errors_stay_out_of_the_figures_json():
+    report = interpreted_report()
+    report.models[0].clusters[1].max_abs = float("inf")
+    figure = results_figure(report.models[0], "in the Triton interpreter (numerics only)")
+    json.dumps(figure, allow_nan=False)
+    assert ("c1", "inf (mismatch)") in {(a["x"], a["text"]) for a in figure["layout"]["annotations"]}
+
+
+# ---- the history ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "project" / "model.py"
+    path.parent.mkdir()
+    path.write_text("# a model\n")
+    return str(path)
+
+
+def test_each_validation_is_kept_in_the_users_cache_folder_not_the_project(model_file):
+    lines: list[str] = []
+    first, earlier = history.record(model_file, timed_report((14.0, 28.0)), lines.append, now=T0)
+    assert earlier == [] and first.time == "2025-01-31T12:03:04Z"
+    second, earlier = history.record(model_file, timed_report(), lines.append, now=T0 + timedelta(hours=1))
+    assert [run.time for run in earlier] == ["2025-01-31T12:03:04Z"]
+    assert earlier[0].report.models[0].clusters[0].timing.fused_us == 14.0  # read back whole, as a report
+    assert second.device == "NVIDIA H200" and second.versions == {"torch": "2.13.0", "triton": "3.8.0"}
+    path = history.history_path(model_file)
+    assert path.startswith(os.path.join(user_cache_folder(), "history") + os.sep)
+    assert os.listdir(os.path.dirname(model_file)) == ["model.py"]  # nothing written into the project
+    assert [run.time for run in history.load(model_file, lines.append)] == [first.time, second.time]
+    assert lines == []
+
+
+def test_the_history_is_keyed_by_the_files_resolved_path(model_file, tmp_path):
+    link = tmp_path / "elsewhere.py"
+    link.symlink_to(model_file)
+    history.record(model_file, timed_report(), print, now=T0)
+    assert len(history.load(str(link), print)) == 1
+    assert history.history_path(str(link)) == history.history_path(model_file)
+
+
+def test_the_history_keeps_the_last_runs_only(model_file):
+    for minute in range(HISTORY_LIMIT + 5):
+        history.record(model_file, interpreted_report(), print, now=T0 + timedelta(minutes=minute))
+    runs = history.load(model_file, print)
+    assert len(runs) == HISTORY_LIMIT
+    assert runs[0].time == "2025-01-31T12:08:04Z" and runs[-1].time == "2025-01-31T12:27:04Z"  # the oldest 5 dropped
+
+
+def test_a_run_that_checked_nothing_is_not_kept(model_file):
+    nothing = ValidationReport(model_file, "cuda", "", problems=["no CUDA device here"])
+    run, earlier = history.record(model_file, nothing, print, now=T0)
+    assert run.time == "" and earlier == [] and history.load(model_file, print) == []
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"{not json", "not JSON"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+        (b'__import__("os").system("touch /tmp/owned")', "not JSON"),  # read as data, never run
+        (b'["a", "list"]', "not a validation history"),
+        (b'{"schema_version": 99, "file": "x", "runs": []}', "schema version 99"),
+    ],
+)
+def test_a_corrupt_history_is_skipped_with_a_log_line_and_started_afresh(model_file, content, why):
+    path = history.history_path(model_file)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(content)
+    lines: list[str] = []
+    assert history.load(model_file, lines.append) == []
+    assert len(lines) == 1 and why in lines[0] and path in lines[0], lines
+    _, earlier = history.record(model_file, timed_report(), lines.append, now=T0)
+    assert earlier == [] and len(history.load(model_file, print)) == 1  # the next run replaced it
+
+
+def test_another_files_history_is_not_taken_for_this_ones(model_file, tmp_path):
+    other = tmp_path / "other.py"
+    other.write_text("")
+    history.record(str(other), timed_report(), print, now=T0)
+    shutil.copy(history.history_path(str(other)), history.history_path(model_file))
+    lines: list[str] = []
+    assert history.load(model_file, lines.append) == []
+    assert "it is the history of" in lines[0] and "other.py" in lines[0]
+
+
+def test_a_run_that_does_not_read_is_skipped_and_the_others_kept(model_file):
+    history.record(model_file, timed_report(), print, now=T0)
+    history.record(model_file, timed_report(), print, now=T0 + timedelta(minutes=1))
+    path = history.history_path(model_file)
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    data["runs"][0]["report"]["models"] = "not a list"
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    lines: list[str] = []
+    assert [run.time for run in history.load(model_file, lines.append)] == ["2025-01-31T12:04:04Z"]
+    assert len(lines) == 1 and "skipped a run" in lines[0] and "runs[0].report.models" in lines[0]
+
+
+def test_a_history_that_cannot_be_written_is_logged_not_raised(model_file, monkeypatch, tmp_path):
+    blocked = tmp_path / "cache-is-a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    lines: list[str] = []
+    run, earlier = history.record(model_file, timed_report(), lines.append, now=T0)
+    assert run.report.models and earlier == []
+    assert any("not written" in line for line in lines), lines
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_each_run_keeps_the_commit_checked_out_in_the_files_repository(model_file):
+    repo = os.path.dirname(model_file)
+
+    def run_git(*args: str) -> str:
+        env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_SYSTEM": os.devnull}
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", repo, *args]
+        return subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+    assert git.head_revision(model_file) is None  # no repository yet
+    run_git("init", "-q", "-b", "main")
+    run_git("add", "model.py")
+    run_git("commit", "-q", "-m", "a model")
+    head = run_git("rev-parse", "HEAD")
+    assert git.head_revision(model_file) == head  # a loose ref
+    run_git("pack-refs", "--all")
+    assert git.head_revision(model_file) == head  # a packed one
+    run_git("checkout", "-q", "--detach")
+    assert git.head_revision(model_file) == head  # a detached HEAD
+    run, _ = history.record(model_file, timed_report(), print, now=T0)
+    assert run.revision == head
+
+
+# ---- the view ------------------------------------------------------------------------------------
+
+
+def test_the_view_has_the_table_the_chart_and_the_earlier_runs(model_file):
+    first, _ = history.record(model_file, timed_report((14.0, 28.0)), print, now=T0)
+    latest, earlier = history.record(model_file, timed_report(), print, now=T0 + timedelta(days=1))
+    view = results_view(latest, earlier)
+    assert view.where == "on NVIDIA H200" and view.earlier_runs == 1 and view.versions["torch"] == "2.13.0"
+    assert view.summary == (
+        "Validated on NVIDIA H200 at 2025-02-01 12:03 UTC · torch 2.13.0 · triton 3.8.0 · 1 earlier run of this file"
+    )
+    assert "torch.compile (default) µs" in view.columns
+    (model,) = view.models
+    assert model.heading == "Net at 4096×1024 float32, on NVIDIA H200"
+    assert model.rows[0][:3] == ["c0", "mul → relu → add", "verified"] and model.rows[0][6] == "10.0"
+    assert model.whole_model == "whole model with c0, c1 applied: matches"
+    assert names(model.chart)[3] == "fused, 2025-01-31 12:03 UTC"
+    assert model.history.columns == ["run", "device", "torch", "revision", "c0", "c1", "whole model"]
+    assert model.history.rows == [
+        ["latest", "NVIDIA H200", "2.13.0", "—", "10.0 µs", "20.0 µs", "matches"],
+        ["2025-01-31 12:03 UTC", "NVIDIA H200", "2.13.0", "—", "14.0 µs", "28.0 µs", "matches"],
+    ]
+    assert first.time == "2025-01-31T12:03:04Z"
+
+    text = view_markdown(view)
+    lines = text.splitlines()
+    assert lines[0] == "### Net at 4096×1024 float32, on NVIDIA H200"
+    assert "#### Earlier runs of this file" in lines
+    assert "| 2025-01-31 12:03 UTC | NVIDIA H200 | 2.13.0 | — | 14.0 µs | 28.0 µs | matches |" in lines
+
+
+def test_a_first_run_has_no_history_table():
+    view = results_view(unrecorded(interpreted_report()))
+    assert view.models[0].history.rows == [] and view.earlier_runs == 0
+    assert "Earlier runs" not in view_markdown(view)
+    row = view.models[0].rows[1]
+    assert row[:4] == ["c1", "gelu → sigmoid → mul", "mismatch", "3.0e-02"]
+
+
+def test_the_history_table_names_each_runs_headline_number():
+    earlier = ValidationRun("2025-01-30T10:00:00Z", "cpu", interpreted_report(), revision="0123456789abcdef")
+    view = results_view(ValidationRun("2025-01-31T10:00:00Z", "cpu", interpreted_report()), [earlier])
+    assert view.models[0].history.rows[1] == [
+        "2025-01-30 10:00 UTC",
+        "Triton interpreter",
+        "—",
+        "0123456789",
+        "err 0.0e+00",
+        "err 3.0e-02 (mismatch)",
+        "error",
+        "mismatch",
+    ]
