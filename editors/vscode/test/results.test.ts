@@ -111,6 +111,21 @@ describe("the results view", function () {
     assert.deepStrictEqual(page.errors.filter((e) => !/getContext|canvas/.test(e)), []);
   });
 
+  it("draws the chart in the editor theme's colours", async () => {
+    const state = freshState();
+    pythonEditor(state);
+    const { client } = await activate(state);
+    await client.clientOptions.middleware.executeCommand("fuselens.validateAll", [], async () => ({ results_view: serverView() }));
+    // VS Code sets the theme's colours as CSS variables on the page's body.
+    const theme = "--vscode-charts-blue: #123456; --vscode-charts-orange: #654321; --vscode-editor-foreground: #abcdef";
+    const page = await renderPage(state.panels[0].webview.html.replace("<body>", `<body style="${theme}">`));
+    const fills = Array.from(page.document.querySelectorAll(".chart .bars path")).map((p) => (p as any).style.fill);
+    assert.strictEqual(fills[0], "rgb(18, 52, 86)"); // the first series (eager) in --vscode-charts-blue
+    assert.ok(fills.includes("rgb(101, 67, 33)"), fills.join()); // the second in --vscode-charts-orange
+    const title = page.document.querySelector(".chart .gtitle") as any;
+    assert.strictEqual(title.style.fill, "rgb(171, 205, 239)"); // text in the editor's foreground
+  });
+
   it("opens beside the editor, keeping the focus, when a validation from a code lens ends", async () => {
     const state = freshState();
     pythonEditor(state);
