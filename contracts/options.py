@@ -44,3 +44,6 @@ class ValidateOptions:
     seed: int = 0
     shapes: list[InputSpec] | None = None  # validate at these instead of choosing
     peak_gbps: float | None = None  # bandwidth ceiling for "% of peak" (default: measured copy)
+    # torch.compile modes timed beside mode "default" (the results table's baseline), such as
+    # "max-autotune-no-cudagraphs": each compiles every cluster again, so a benchmark asks, not the editor.
+    other_compile_modes: list[str] = field(default_factory=list)

@@ -56,6 +56,22 @@ def test_fused_kernels_beat_eager_when_dram_bound():
     assert model.model.speedup is not None and model.model.speedup > 1.0
 
 
+def test_other_compile_modes_are_timed_beside_the_default():
+    specs = [InputSpec([4096, 1024])]
+    report = validate_file(
+        example("example_net.py"),
+        AnalyzeOptions(models={"ExampleNet": {"inputs": [[4096, 1024]]}}),
+        ValidateOptions(shapes=specs, clusters=["c0"], other_compile_modes=["max-autotune-no-cudagraphs"]),
+    )
+    (check,) = report.models[0].clusters
+    t = check.timing
+    assert t is not None and t.compiled_us > 0
+    assert (
+        set(t.compiled_modes_us) == {"max-autotune-no-cudagraphs"}
+        and t.compiled_modes_us["max-autotune-no-cudagraphs"] > 0
+    )
+
+
 WIDE_ROWS = """
 import torch
 import torch.nn as nn

@@ -73,6 +73,10 @@ def medians_in_turn(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[s
     return {name: statistics.median(times) * 1000 for name, times in samples.items()}
 
 
+def _bound(fn: Callable[..., Any], args: list[torch.Tensor]) -> Callable[[], Any]:
+    return lambda: fn(*args)
+
+
 def time_graphs_us(fns: dict[str, Callable[[], Any]], repeats: int = 15) -> dict[str, float]:
     """Median µs per call of each `fn`, captured once into a CUDA graph and replayed: what the
     GPU itself spends, without launch gaps."""
@@ -131,24 +135,35 @@ def copy_bandwidth_gbps(peak_gbps: float | None = None, size_bytes: int = 1 << 3
     return gbps
 
 
-def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """torch.compile with static shapes and a fresh compile (no reuse across shapes)."""
+def compiled(fn: Callable[..., Any], mode: str = "default") -> Callable[..., Any]:
+    """torch.compile in `mode` with static shapes and a fresh compile (no reuse across shapes)."""
     torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False, fullgraph=False)
+    return torch.compile(fn, dynamic=False, fullgraph=False, mode=mode)
 
 
 def time_implementations(
-    eager: Callable[..., Any], fused: Callable[..., Any], args: list[torch.Tensor], bytes_fused: int | None, peak: float
+    eager: Callable[..., Any],
+    fused: Callable[..., Any],
+    args: list[torch.Tensor],
+    bytes_fused: int | None,
+    peak: float,
+    other_modes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Times eager, torch.compile and the fused kernel on `args`; the fields of `results.Timing`."""
-    inductor = compiled(eager)
+    """Times eager, torch.compile (mode "default", and each of `other_modes`) and the fused kernel on
+    `args`, sampled in turn; the fields of `results.Timing`."""
+    modes = [m for m in other_modes or [] if m != "default"]
     with torch.no_grad():
-        inductor(*args)  # compile outside the timed region
-        calls = {"eager": lambda: eager(*args), "compiled": lambda: inductor(*args), "fused": lambda: fused(*args)}
+        inductors = {mode: compiled(eager, mode) for mode in ["default", *modes]}
+        for inductor in inductors.values():
+            inductor(*args)  # compile outside the timed region
+        calls = {"eager": lambda: eager(*args), "compiled": lambda: inductors["default"](*args)}
+        calls |= {f"compiled {mode}": _bound(inductors[mode], args) for mode in modes}
+        calls["fused"] = lambda: fused(*args)
         graph = time_graphs_us(calls)
-        launch = time_launches_us(calls)
-    out: dict[str, Any] = {f"{name}_us": graph[name] for name in calls}
-    out.update({f"{name}_launch_us": launch[name] for name in calls})
+        launch = time_launches_us({name: calls[name] for name in ("eager", "compiled", "fused")})
+    out: dict[str, Any] = {f"{name}_us": graph[name] for name in ("eager", "compiled", "fused")}
+    out.update({f"{name}_launch_us": launch[name] for name in launch})
+    out["compiled_modes_us"] = {mode: round(graph[f"compiled {mode}"], 2) for mode in modes}
     out["bytes_fused"] = bytes_fused
     out["peak_gbps"] = round(peak, 1)
     if bytes_fused:

@@ -187,7 +187,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         check_ = _check_cluster(cluster, kernel, found, run.kernels, run.device)
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
-            check_.timing = _time_cluster(kernel, found[0], run.kernels, peak)
+            check_.timing = _time_cluster(kernel, found[0], run.kernels, peak, run.options.other_compile_modes)
         result.clusters.append(check_)
     exact = [c.id for c, _ in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
     precision = narrowest(
@@ -227,7 +227,7 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
     return scaled_specs(specs, signatures)
 
 
-def _time_cluster(kernel: Kernel, instance, kernels, peak: float) -> Timing:
+def _time_cluster(kernel: Kernel, instance, kernels, peak: float, other_modes: list[str]) -> Timing:
     from fuselens.analysis.cost import cluster_bytes
 
     from .gpu import time_implementations
@@ -236,7 +236,7 @@ def _time_cluster(kernel: Kernel, instance, kernels, peak: float) -> Timing:
     args = [values[s.node] for s in plan.inputs]
     _, fused_bytes = cluster_bytes(graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in plan.outputs])
     figures = time_implementations(
-        cluster_function(graph, plan, values), getattr(kernels, kernel.name), args, fused_bytes, peak
+        cluster_function(graph, plan, values), getattr(kernels, kernel.name), args, fused_bytes, peak, other_modes
     )
     return Timing(**figures)
 
