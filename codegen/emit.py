@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import COORD, KernelPlan, Stmt, identity_inputs, row_views
+from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, row_views
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -100,10 +100,16 @@ def emit(
     flat = plan.kind == "elementwise" and flat_ok(plan)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
     divs = Divisors()
-    _coords(plan, _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True)), "r", divs)
+    used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True))
+    if full_rank_loads(plan):  # the across kernel finds every row coordinate
+        used |= set(range(plan.row_dims))
+    _coords(plan, used, "r", divs)
     if plan.kind == "elementwise":
         kernels = _elementwise(plan, kernel_name + "_tile", comments, divs, flat=False)
         strategy = "elementwise-tile"
+        if full_rank_loads(plan):
+            kernels += "\n\n" + _elementwise(plan, kernel_name + "_across", comments, divs, flat=False, across=True)
+            strategy = "elementwise-tile/across"
         if flat:
             kernels = _elementwise(plan, kernel_name + "_flat", comments, divs, flat=True) + "\n\n" + kernels
             strategy = "elementwise-flat/tile"
@@ -130,6 +136,8 @@ def _signature(
     args += ["R", "C"]
     if plan.kind == "elementwise":
         args += [f"p{i}" for i in range(plan.row_dims)]
+        if full_rank_loads(plan):
+            args += [f"o{i}" for i in range(plan.row_dims)]
     if plan.groups:
         args += ["G"]
     args += [f"q{j}" for j in range(len(divs.exprs))]
@@ -265,14 +273,15 @@ def _indented(lines: list[str], prefix: str = "    ") -> list[str]:
     return [prefix + part for line in lines for part in line.split("\n")]
 
 
-def _store(plan: KernelPlan, k: int, value: Stmt) -> str:
+def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
+    """The store of output `k`; `rows`: the name holding each row's index in the output."""
     out = plan.outputs[k]
     cast = f".to(out{k}_ptr.dtype.element_ty)"
     if out.row_only:
         v = value.name if value.axes == {"r"} else f"tl.broadcast_to({value.name}, [BLOCK_R, 1])"
         return f"tl.store(out{k}_ptr + rows, {v}{cast}, mask=rmask)"
     v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
-    return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
+    return f"tl.store(out{k}_ptr + ({rows} * C + cols), {v}{cast}, mask=mask)"
 
 
 def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
@@ -298,10 +307,13 @@ def flat_ok(plan: KernelPlan) -> bool:
     return not _used_coords([s for s in stmts if s.load_input not in direct])
 
 
-def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, flat: bool) -> str:
-    """The 2-D tile kernel, or (`flat`) the 1-D kernel for plans that need no coordinates:
-    one flat offset addresses every full-size input and the output when they share a layout,
-    as Inductor's pointwise kernels do."""
+def _elementwise(
+    plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, flat: bool, across: bool = False
+) -> str:
+    """The 2-D tile kernel; or (`flat`) the 1-D kernel for plans that need no coordinates: one
+    flat offset addresses every full-size input and the output when they share a layout, as
+    Inductor's pointwise kernels do; or (`across`) the tile kernel for an input laid out along a
+    row dim (`_across_head`)."""
     if flat:
         body = [
             "offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
@@ -316,6 +328,8 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
             "rows = offs // C",
             "cols = offs % C",
         ]
+    elif across:
+        body = _across_head(plan, divs)
     else:
         body = [
             # The launcher passes the column-block count: triton specialises a 1 to a constant,
@@ -347,7 +361,9 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
     used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)])
     if flat:
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
-    body += _coords(plan, used, "r", divs) + _coords(plan, used, "c", divs) + lines
+    if not across:  # the across head defines every row coordinate itself
+        body += _coords(plan, used, "r", divs)
+    body += _coords(plan, used, "c", divs) + lines
     by_name = {st.name: st for st in plan.stmts}
     for k, o in enumerate(plan.outputs):
         value = by_name[o.stmt]
@@ -356,14 +372,50 @@ def _elementwise(plan: KernelPlan, kernel_name: str, comments: dict[str, str], d
             v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
             body.append(f"tl.store(out{k}_ptr + offs, {v}{cast}, mask=mask)")
         else:
-            body.append(_store(plan, k, value))
+            body.append(_store(plan, k, value, "orow" if across else "rows"))
     if flat:
         return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
-    return (
-        _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), ("col_blocks",))
-        + "\n"
-        + "\n".join(_indented(body))
-    )
+    flags: tuple[str, ...]
+    scalars: tuple[str, ...]
+    if across:
+        flags, scalars = ("CONTIG: tl.constexpr", "FAST: tl.constexpr"), ("col_blocks", "fast_blocks", "F")
+    else:
+        flags, scalars = ("CONTIG: tl.constexpr",), ("col_blocks",)
+    return _signature(plan, kernel_name, divs, flags, scalars) + "\n" + "\n".join(_indented(body))
+
+
+def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
+    """The across kernel's program: one position of the row dims other than FAST (`outer`), a block
+    of FAST's positions down the tile's rows and a block of columns across it.  FAST is the row dim
+    along which an input is laid out (the launcher's `_row_order` finds it at call time): its
+    coordinate is an `arange`, so Triton can see that input is contiguous down the tile's rows, as
+    the outputs are along its columns, and reads each way in runs of memory (moving the tile
+    between the two layouts on chip).  Each row is written at its offset in the outputs' own
+    layout (`orow`, from the outputs' row pitches `o<i>`)."""
+    k = plan.row_dims
+    head = [
+        "pid = tl.program_id(0)",
+        "tiles = fast_blocks * col_blocks",
+        "outer = pid // tiles",
+        "fast = ((pid % tiles) // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        "cols = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+        "if INDEX_64:",
+        "    outer = outer.to(tl.int64)",
+        "    fast = fast.to(tl.int64)",
+        "    cols = cols.to(tl.int64)",
+        "rmask = fast < F",
+        "cmask = cols < C",
+        "mask = rmask & cmask",
+    ]
+    for i in range(k):
+        # `p<i>` here is dim i's step in `outer`, which counts the positions of the other row dims.
+        head += [
+            f"if FAST == {i}:",
+            f"    c{i} = fast",
+            "else:",
+            f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
+        ]
+    return [*head, "orow = " + " + ".join(f"c{i} * o{i}" for i in range(k))]
 
 
 # ---- row kernels --------------------------------------------------------------------------

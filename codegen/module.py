@@ -105,6 +105,42 @@ def _row_pitches(leads, sizes, row_major=False):
     return _row_major(sizes), False
 
 
+def _row_order(leads, sizes, others, row_major=False):
+    """(pitches, out_pitches, dense, fast) for an elementwise kernel that also reads full-size
+    inputs laid out their own way (`others`: each a tensor and the domain dim each of its dims runs
+    along; `y.permute(0, 3, 1, 2)` read inside the kernel is (y, (0, 2, 3, 1))).
+
+    The outputs take the layout `_row_pitches` gives them (`out_pitches`, `dense`).  When one of
+    those inputs has its stride-1 dim along a leading dim of the domain (channels-last values
+    added to channels-first ones, the transposed patches of a ViT), `fast` is that dim and the
+    across kernel runs: walking rows in the outputs' order would read that input one element a
+    row.  `pitches` then holds each other leading dim's step in the across kernel's count of
+    their positions; `fast` is -1 when no input asks for it and rows follow `out_pitches`."""
+    out_pitches, dense = _row_pitches(leads, sizes, row_major)
+    n = len(sizes)
+    for t, dims in others:
+        inner = [dims[j] for j, (m, s) in enumerate(zip(t.shape, t.stride())) if s == 1 and m > 1]
+        if inner and inner[0] < n - 1 and sizes[-1] > 1:
+            fast = inner[0]
+            pitches, step = list(out_pitches), 1
+            pitches[fast] = 1
+            for i in sorted((i for i in range(n - 1) if i != fast), key=out_pitches.__getitem__):
+                pitches[i] = step
+                step *= sizes[i]
+            return pitches, out_pitches, dense, fast
+    return out_pitches, out_pitches, dense, -1
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
+def _across_tile(rows, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across kernel's tiles, read down their rows and written
+    along their columns: 64 columns and 8 KB of the widest tensor, so that both ways move 128
+    bytes of memory at a time."""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(rows), 8192 // itemsize // block_c))
+    return block_r, block_c, 4
+
+
 def _needs_int64(*tensors):
     """Whether an element offset into any of `tensors` can reach 2**31, where 32-bit index
     arithmetic would wrap: a large tensor, or a small view with large strides (`big[:, :8]`)."""

@@ -935,3 +935,29 @@ def row_views(plan: KernelPlan) -> list[int]:
             and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1]
         )
     return sorted(k for k, ok in fits.items() if ok)
+
+
+def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
+    """(input, the domain dim each of its dims runs along) for the inputs of an elementwise tile
+    plan read along every domain dim, one dim each, other than element for element: a permuted
+    view read inside the cluster (`(gamma * y).permute(0, 3, 1, 2)` reads y at (c0, c2, c3, c1)),
+    a piece of a `cat` (read at (c0, (c1 - 1), c2)).  Such an input may be laid out along a row
+    dim of the domain, which the launcher sees at call time (`_row_order`)."""
+    n = len(plan.domain)
+    if plan.kind != "elementwise" or n < 2 or plan.row_dims != n - 1:
+        return []
+    direct = set(identity_inputs(plan))
+    dims_of: dict[int, set[tuple[int, ...] | None]] = {}
+    for s in plan.stmts:
+        if s.load_input is None or s.load_input in direct:
+            continue
+        found = [COORD.findall(str(c)) for c in s.load_coords]
+        dims = tuple(int(f[0]) for f in found if len(f) == 1)
+        whole = len(s.load_coords) == n and len(dims) == n and len(set(dims)) == n
+        dims_of.setdefault(s.load_input, set()).add(dims if whole else None)
+    loads = []
+    for k, seen in sorted(dims_of.items()):
+        only = next(iter(seen)) if len(seen) == 1 else None  # read two ways: neither is the input's own
+        if only is not None:
+            loads.append((k, only))
+    return loads

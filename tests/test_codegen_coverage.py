@@ -15,7 +15,10 @@ Shapes are small (the interpreter costs ~1 ms per program) and deliberately ragg
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 
@@ -627,6 +630,50 @@ LAYOUT = [
         """,
         [("1000", "float32")],
         [["mul", "relu", "add"]],
+    ),
+    case(
+        "channels-last-values-onto-a-channels-first-residual",  # a ConvNeXt block's layer scale
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gamma = nn.Parameter(torch.rand(20))
+
+            def forward(self, x, y):
+                return x + (self.gamma * F.gelu(y)).permute(0, 3, 1, 2)
+        """,
+        [("3,20,5,9", "float32"), ("3,5,9,20", "float32")],
+        [["gelu", "mul", "add"]],
+    ),
+    case(
+        "transposed-patches-after-a-class-token",  # a ViT's embeddings
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.cls = nn.Parameter(torch.randn(1, 1, 40))
+                self.pos = nn.Parameter(torch.randn(1, 10, 40))
+
+            def forward(self, patches):
+                tokens = patches.flatten(2).transpose(1, 2)
+                return torch.cat((self.cls.expand(tokens.shape[0], -1, -1), tokens), dim=1) + self.pos
+        """,
+        [("2,40,3,3", "float32")],
+        [["cat", "add"]],
+    ),
+    case(
+        "frames-first-after-channels-first",  # a Whisper encoder's stem
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pos = nn.Parameter(torch.randn(33, 40))
+
+            def forward(self, x):
+                return F.gelu(x).permute(0, 2, 1) + self.pos
+        """,
+        [("2,40,33", "float32")],
+        [["gelu", "add"]],
     ),
     case(
         "conditioning-broadcast",
@@ -1465,6 +1512,136 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     # An empty batch launches nothing and returns an empty result of the right shape.
     empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
     assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
+
+
+def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outputs_layout(write_model):
+    """Channels-last values added to a channels-first residual (a ConvNeXt block): the kernel
+    numbers its rows channel-fastest, so the channels-last input is read along its memory, and
+    writes each row where the output keeps it.  Right whatever the layouts seen at call time."""
+    import torch
+
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gamma = nn.Parameter(torch.rand(20))
+
+            def forward(self, x, y):
+                return x + (self.gamma * y).permute(0, 3, 1, 2)
+        """
+    fused = _kernel_module(write_model, source, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    module = __import__(fused.__module__)
+    gamma = torch.rand(20)
+
+    def want(x, y):
+        return x + (gamma * y).permute(0, 3, 1, 2)
+
+    x, y = torch.randn(3, 20, 5, 9), torch.randn(3, 5, 9, 20)
+    pitches, out_pitches, dense, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
+    assert dense  # the output takes the contiguous residual's layout
+    # The rows (batch, channel, height) of W: the across kernel runs down the channels, its other
+    # positions counted height-fastest, and writes each row where the contiguous output keeps it.
+    assert fast == 1 and out_pitches == [100, 5, 1] and pitches == [5, 1, 1]
+    got = fused(x, gamma, y)
+    assert got.stride() == want(x, y).stride()
+    torch.testing.assert_close(got, want(x, y))
+    # The residual channels-last too (the tile kernel keeps only layouts whose last dim is
+    # contiguous, so the result is a contiguous tensor of the same values).
+    x_cl = x.to(memory_format=torch.channels_last)
+    got = fused(x_cl, gamma, y)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want(x_cl, y))
+    # The values channels-first after all (a permuted view): nothing to read across, rows in order.
+    y_cf = torch.randn(3, 20, 5, 9).permute(0, 2, 3, 1)
+    assert module._row_order((x,), tuple(x.shape), ((y_cf, (0, 2, 3, 1)),))[3] == -1
+    torch.testing.assert_close(fused(x, gamma, y_cf), want(x, y_cf))
+    # Odd sizes and a strided slice of a wider tensor.
+    x2, y2 = torch.randn(1, 20, 3, 1), torch.randn(1, 3, 1, 40)[..., ::2]
+    torch.testing.assert_close(fused(x2, gamma, y2), want(x2, y2))
+
+
+_COMPILE_FOR_SM90 = """
+import importlib.util, json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+path, name, constants = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+spec = importlib.util.spec_from_file_location("kernels", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+kernel = getattr(module, name)
+names = kernel.arg_names
+signature = {
+    n: "constexpr" if n in constants else "*bf16" if n.endswith("_ptr") else "i64" if n[0] == "q" else "i32"
+    for n in names
+}
+try:
+    compiled = compile(
+        ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constants.items()}),
+        target=GPUTarget("cuda", 90, 32),
+    )
+except RuntimeError as exc:  # no ptxas for this machine
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+print(compiled.asm["ttgir"])
+"""
+
+
+def _layouts_of_memory_ops(ttgir: str) -> tuple[list[list[int]], list[list[int]]]:
+    """The `order` of the blocked layout of each `tt.load` and `tt.store` in a kernel's TTGIR:
+    [1, 0] puts a warp's threads along the columns, [0, 1] down the rows."""
+    import re
+
+    orders = {
+        m[1]: [int(v) for v in m[2].split(",")] for m in re.finditer(r"^#(\w+) = .*order = \[([\d, ]+)\]", ttgir, re.M)
+    }
+
+    def of(op: str) -> list[list[int]]:
+        return [orders[m[1]] for m in re.finditer(rf"{op} .*tensor<\d+x\d+x!tt\.ptr<\w+>, #(\w+)>", ttgir)]
+
+    return of("tt.load"), of("tt.store")
+
+
+def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_along_columns(write_model):
+    """Compiled for an H100/H200 (sm_90, no GPU needed): in the across kernel a warp reads the
+    channels-last input down the tile's rows, where it is contiguous, and reads the residual and
+    writes the output along the columns; the tile kernel would read that input across its rows,
+    one element per row."""
+    pytest.importorskip("triton.backends.nvidia")
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gamma = nn.Parameter(torch.rand(20))
+
+            def forward(self, x, y):
+                return x + (self.gamma * y).permute(0, 3, 1, 2)
+        """
+    fused = _kernel_module(write_model, source, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    path = sys.modules[fused.__module__].__file__
+
+    def ttgir(kernel: str, **constants) -> str:
+        # Compiled in a process of its own: under TRITON_INTERPRET (as the tests run) triton.jit
+        # makes interpreter functions, which do not compile.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        run = subprocess.run(
+            [sys.executable, "-c", _COMPILE_FOR_SM90, path, kernel, json.dumps(constants)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        if run.returncode == 3:
+            pytest.skip(f"cannot compile for sm_90 here: {run.stderr.strip()[-300:]}")
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    # y is the third input: its channel stride, x's and the output's column stride are 1 at call time.
+    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, CONTIG=False, in0_s3=1, in2_s3=1)
+    loads, stores = _layouts_of_memory_ops(ttgir("_cluster0_kernel_across", FAST=1, **tile))
+    assert [0, 1] in loads and [1, 0] in loads and stores == [[1, 0]]
+    loads, _ = _layouts_of_memory_ops(ttgir("_cluster0_kernel_tile", **tile))
+    assert [0, 1] not in loads
 
 
 def test_batch_norm_kernel_follows_a_channels_last_input(write_model):
