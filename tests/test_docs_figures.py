@@ -1,4 +1,4 @@
-"""The README's summary of the loss benchmark says what docs/benchmarks.md's table measured."""
+"""The README's and the docs' summaries of the GPU benchmarks say what docs/benchmarks.md's tables measured."""
 
 from __future__ import annotations
 
@@ -47,3 +47,26 @@ def test_the_readme_states_the_loss_figures_of_the_table():
     low, high, eager_low, eager_high = (float(x) for x in claimed.groups())
     assert (low, high) == (min(compile_ratios), max(compile_ratios))
     assert (eager_low, eager_high) == (min(eager_ratios), max(eager_ratios))
+
+
+def test_the_held_out_summary_counts_the_rows_of_its_table():
+    text = read("docs/benchmarks.md")
+    rows = [r for r in table_after(text, "## A held-out suite") if r["regime"] == "dram-bound"]
+    ratios = [ratio(r["vs better compile"]) for r in rows]
+    summary = " ".join(text.split("## A held-out suite", 1)[1].split())
+    claimed = re.search(
+        r"Of the (\d+) DRAM-bound clusters, (\d+) run at 1\.00× the better `torch.compile` mode or better and "
+        r"(\d+) at 0\.95× or better",
+        summary,
+    )
+    assert claimed, "the sentence that sums up the held-out table"
+    total, at_par, near = (int(x) for x in claimed.groups())
+    assert total == len(rows)
+    assert at_par == sum(r >= 1.0 for r in ratios)
+    assert near == sum(r >= 0.95 for r in ratios)
+    readme = " ".join(read("README.md").split())
+    stated = re.search(
+        r"(\d+) of (\d+) DRAM-bound clusters run at 0\.95× or better \((\d+) at 1\.00× or better\)", readme
+    )
+    assert stated, "the README's sentence on the held-out suite"
+    assert [int(x) for x in stated.groups()] == [near, total, at_par]
