@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, row_views
+from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, row_layouts, row_views
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -114,9 +114,14 @@ def emit(
             kernels = _elementwise(plan, kernel_name + "_flat", comments, divs, flat=True) + "\n\n" + kernels
             strategy = "elementwise-flat/tile"
     else:
+        if row_layouts(plan):  # the across row kernel's coordinates, so that every kernel takes them
+            _across_row_coords(plan, set(range(plan.row_dims)), divs)
         kernels = _rows(plan, kernel_name + "_block", comments, divs, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, looped=True)
         strategy = "row-block/row-loop"
+        if row_layouts(plan):
+            kernels += "\n\n" + _rows(plan, kernel_name + "_across", comments, divs, looped=False, across=True)
+            strategy = "row-block/row-loop/across"
     numbers = number_names if number_names is not None else [slot.name for slot in plan.scalars]
     text = launcher_text(plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference)
     return Emitted(kernels, text, strategy, helpers_used(kernels))
@@ -452,16 +457,48 @@ class _RowKernel:
         return _stmt_line(self.plan, s, self.comments, self.contiguous, "evict_first")
 
 
-def _rows(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, looped: bool) -> str:
+def _rows(
+    plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, looped: bool, across: bool = False
+) -> str:
     """A row kernel: `_block` holds a whole row in registers, `_loop` (`looped`) walks it in column
-    blocks.  With CONTIG (the launcher checks the full-size inputs are contiguous) those inputs
-    are read at rows * C + cols, the same flat offset the output uses."""
+    blocks, `_across` (`across`) holds whole rows too, its tiles' rows down the last row dim.  With
+    CONTIG (the launcher checks the full-size inputs are contiguous) those inputs are read at
+    rows * C + cols, the same flat offset the output uses."""
     every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     used = _used_coords(every)
-    head = _row_head(plan, used, divs, looped)
+    head = _across_row_head(plan, used, divs) if across else _row_head(plan, used, divs, looped)
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
-    return _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",)) + "\n" + "\n".join(_indented(head + body))
+    scalars = ("fast_blocks", "F") if across else ()
+    signature = _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), scalars)
+    return signature + "\n" + "\n".join(_indented(head + body))
+
+
+def _across_row_head(plan: KernelPlan, used: set[int], divs: Divisors) -> list[str]:
+    """The across row kernel's program: one position of the row dims before the last (`outer`)
+    and a block of the last row dim's positions (`last`, of F) down the tile's rows.  An input
+    laid out along that dim (the launcher's `_down_rows` finds it at call time) then has an
+    `arange` for its stride-1 coordinate, so Triton can see it is contiguous down the tile and
+    reads it in runs of memory, where the block kernel's rows, found by division, read it one
+    element a row."""
+    return [
+        "pid = tl.program_id(0)",
+        "outer = pid // fast_blocks",
+        "last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        "if INDEX_64:",
+        "    outer = outer.to(tl.int64)",
+        "    last = last.to(tl.int64)",
+        "rows = outer * F + last",
+        "rmask = last < F",
+        *_across_row_coords(plan, used, divs),
+    ]
+
+
+def _across_row_coords(plan: KernelPlan, used: set[int], divs: Divisors) -> list[str]:
+    """The row coordinates of the across row kernel: the last is `last`, the others come from `outer`."""
+    k = plan.row_dims
+    out = [f"c{k - 1} = last"] if k - 1 in used else []
+    return out + _delinearize("outer", list(range(k - 1)), [i for i in used if i < k - 1], divs)
 
 
 def _row_head(plan: KernelPlan, used: set[int], divs: Divisors, looped: bool) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fuselens.analysis.graph import DTYPE_BYTES
 
 from .lowering import literal
-from .plan import KernelPlan, OutputSlot, full_rank_loads, identity_inputs, row_views
+from .plan import KernelPlan, OutputSlot, full_rank_loads, identity_inputs, row_layouts, row_views
 
 
 def launcher_text(
@@ -277,21 +277,40 @@ def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
 def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
     """A row kernel's launch: one program a block of rows, the whole-row `_block` kernel when a row
     fits in registers and the looped `_loop` one otherwise (the module's `_row_tile` decides);
-    CONTIG when the full-size inputs are contiguous, so they share the outputs' flat offsets."""
+    CONTIG when the full-size inputs are contiguous, so they share the outputs' flat offsets.  With
+    inputs read along every dim, the `_across` kernel when one runs along the last row dim."""
     direct = [input_names[k] for k in identity_inputs(plan)]
     contiguous = " and ".join(f"{x}.is_contiguous()" for x in direct) or "True"
-    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {_widest_item(plan)})"]
+    item = _widest_item(plan)
+    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item})"]
     if plan.groups:
         # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)
         # over [32, 256, 64, 64] on an H200 took 61.0 µs instead of 63.2 with 16 (with the residual
         # add, 74.9 instead of 80.6).  A whole 32768-wide group in registers spilled: 190 µs.
         tile += ["if not whole_row:", "    warps = 8"]
-    return [
-        *tile,
+    launch = [
         "grid = ((R + block_r - 1) // block_r,)",
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
         f"kernel[grid]({call_args},",
         f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)",
+    ]
+    layouts = row_layouts(plan)
+    if not layouts:
+        return tile + launch
+    tensors = _tuple([f"({input_names[k]}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
+    domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+    last = f"d{plan.row_dims - 1}"
+    return [
+        *tile,
+        f"across = whole_row and _down_rows({tensors}, {domain}, {plan.row_dims})",
+        f"tile = _across_rows_tile({last}, block_c, {item}) if across else None",
+        "if tile is not None:  # an input runs along the last row dim: down the tiles' rows",
+        f"    (block_r, warps), F = tile, {last}",
+        "    fast_blocks = (F + block_r - 1) // block_r",
+        f"    {kernel_name}_across[((R // F) * fast_blocks,)]({call_args}, fast_blocks, F,",
+        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=False, num_warps=warps)",
+        "else:",
+        *["    " + line for line in launch],
     ]
 
 

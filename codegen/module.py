@@ -141,6 +141,30 @@ def _across_tile(rows, cols, itemsize):
     return block_r, block_c, 4
 
 
+def _down_rows(layouts, sizes, row_dims):
+    """Whether a row kernel reads one of `layouts` (each a tensor and the domain dim each of its
+    dims runs along) with its stride-1 dim along the last row dim, such as a LayerNorm over the
+    channels of an NCHW tensor seen as NHWC: walking the rows' columns would read it one element
+    a row, so the across row kernel runs blocks of that dim down its tiles' rows instead."""
+    last = row_dims - 1
+    for t, dims in layouts:
+        inner = [dims[j] for j, (m, s) in enumerate(zip(t.shape, t.stride())) if s == 1 and m > 1]
+        if inner and inner[0] == last and sizes[last] > 1:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
+def _across_rows_tile(rows, block_c, itemsize):
+    """(BLOCK_R, num_warps) for the across row kernel's tiles of whole rows `block_c` wide: 8192
+    elements, rows down the dim their input runs along, 16 elements a thread; None when fewer than
+    4 rows fit, too few to read that input in runs."""
+    block_r = min(_next_pow2(rows), max(1, 8192 // block_c))
+    if block_r < 4:
+        return None
+    return block_r, max(2, min(16, block_r * block_c // 512))
+
+
 def _needs_int64(*tensors):
     """Whether an element offset into any of `tensors` can reach 2**31, where 32-bit index
     arithmetic would wrap: a large tensor, or a small view with large strides (`big[:, :8]`)."""

@@ -946,10 +946,24 @@ def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     n = len(plan.domain)
     if plan.kind != "elementwise" or n < 2 or plan.row_dims != n - 1:
         return []
-    direct = set(identity_inputs(plan))
+    return _loads_along_every_dim(plan, skip=set(identity_inputs(plan)))
+
+
+def row_layouts(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
+    """(input, the domain dim each of its dims runs along) for the inputs of a row plan read along
+    every domain dim, one dim each (element for element too): the launcher looks at call time for
+    one laid out along the last row dim, such as a LayerNorm over the channels of an NCHW tensor
+    seen as NHWC, which the across row kernel reads down its tiles' rows."""
+    if plan.kind == "elementwise" or plan.groups or not plan.row_dims:
+        return []
+    return _loads_along_every_dim(plan, skip=set())
+
+
+def _loads_along_every_dim(plan: KernelPlan, skip: set[int]) -> list[tuple[int, tuple[int, ...]]]:
+    n = len(plan.domain)
     dims_of: dict[int, set[tuple[int, ...] | None]] = {}
     for s in plan.stmts:
-        if s.load_input is None or s.load_input in direct:
+        if s.load_input is None or s.load_input in skip:
             continue
         found = [COORD.findall(str(c)) for c in s.load_coords]
         dims = tuple(int(f[0]) for f in found if len(f) == 1)

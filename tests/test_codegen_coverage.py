@@ -676,6 +676,36 @@ LAYOUT = [
         [["gelu", "add"]],
     ),
     case(
+        "layer-norm-over-the-channels-of-nchw",  # a ConvNeXt block's norm, written as in the paper
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(20, eps=1e-6)
+                self.gamma = nn.Parameter(torch.rand(20))
+
+            def forward(self, y):
+                return self.gamma * self.norm(y.permute(0, 2, 3, 1))
+        """,
+        [("3,20,5,9", "float32")],
+        [["layer_norm", "mul"]],
+    ),
+    case(
+        "residual-layer-norm-over-a-frames-first-view",  # a Whisper encoder's first layer
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(40)
+
+            def forward(self, x, h):
+                r = x.permute(0, 2, 1) + h
+                return r, self.norm(r)
+        """,
+        [("2,40,33", "float32"), ("2,33,40", "float32")],
+        [["add", "layer_norm"]],
+    ),
+    case(
         "conditioning-broadcast",
         """
         class M(nn.Module):
@@ -1587,6 +1617,24 @@ print(compiled.asm["ttgir"])
 """
 
 
+def _ttgir_for_sm90(path: str, kernel: str, **constants) -> str:
+    """The TTGIR of `kernel` in the kernel module at `path`, compiled for sm_90 with `constants`."""
+    # Compiled in a process of its own: under TRITON_INTERPRET (as the tests run) triton.jit makes
+    # interpreter functions, which do not compile.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_FOR_SM90, path, kernel, json.dumps(constants)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if run.returncode == 3:
+        pytest.skip(f"cannot compile for sm_90 here: {run.stderr.strip()[-300:]}")
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
 def _layouts_of_memory_ops(ttgir: str) -> tuple[list[list[int]], list[list[int]]]:
     """The `order` of the blocked layout of each `tt.load` and `tt.store` in a kernel's TTGIR:
     [1, 0] puts a warp's threads along the columns, [0, 1] down the rows."""
@@ -1620,27 +1668,47 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     fused = _kernel_module(write_model, source, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
     path = sys.modules[fused.__module__].__file__
 
-    def ttgir(kernel: str, **constants) -> str:
-        # Compiled in a process of its own: under TRITON_INTERPRET (as the tests run) triton.jit
-        # makes interpreter functions, which do not compile.
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        run = subprocess.run(
-            [sys.executable, "-c", _COMPILE_FOR_SM90, path, kernel, json.dumps(constants)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        if run.returncode == 3:
-            pytest.skip(f"cannot compile for sm_90 here: {run.stderr.strip()[-300:]}")
-        assert run.returncode == 0, run.stderr
-        return run.stdout
-
     # y is the third input: its channel stride, x's and the output's column stride are 1 at call time.
     tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, CONTIG=False, in0_s3=1, in2_s3=1)
-    loads, stores = _layouts_of_memory_ops(ttgir("_cluster0_kernel_across", FAST=1, **tile))
+    loads, stores = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_across", FAST=1, **tile))
     assert [0, 1] in loads and [1, 0] in loads and stores == [[1, 0]]
-    loads, _ = _layouts_of_memory_ops(ttgir("_cluster0_kernel_tile", **tile))
+    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_tile", **tile))
+    assert [0, 1] not in loads
+
+
+def test_the_across_row_kernel_reads_a_norms_permuted_input_down_its_rows(write_model):
+    """A LayerNorm over the channels of an NCHW tensor seen as NHWC: the across row kernel runs the
+    width (where the input is contiguous) down its tiles' rows, so a warp reads the input in runs
+    of memory; the block kernel's rows come from divisions and it reads one element a row.  Its
+    numerics match eager on that layout, and on a contiguous input the block kernel still runs."""
+    import torch
+    import torch.nn.functional as F
+
+    pytest.importorskip("triton.backends.nvidia")
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(20, eps=1e-6)
+
+            def forward(self, y):
+                return self.norm(y.permute(0, 2, 3, 1)) * 2
+        """
+    fused = _kernel_module(write_model, source, [("3,20,5,9", "float32")])
+    module = sys.modules[fused.__module__]
+    weight, bias = torch.randn(20), torch.randn(20)
+    y = torch.randn(3, 20, 5, 9).permute(0, 2, 3, 1)
+    assert module._down_rows(((y, (0, 1, 2, 3)),), tuple(y.shape), 3)
+    torch.testing.assert_close(fused(y, weight, bias, 1e-6), F.layer_norm(y, (20,), weight, bias, 1e-6) * 2)
+    y_nhwc = torch.randn(3, 5, 9, 20)
+    assert not module._down_rows(((y_nhwc, (0, 1, 2, 3)),), tuple(y_nhwc.shape), 3)
+    torch.testing.assert_close(fused(y_nhwc, weight, bias, 1e-6), F.layer_norm(y_nhwc, (20,), weight, bias, 1e-6) * 2)
+
+    path = module.__file__
+    constants = dict(BLOCK_R=64, BLOCK_C=32, INDEX_64=False, CONTIG=False, in0_s2=1)
+    loads, stores = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_across", **constants))
+    assert [0, 1] in loads and stores == [[1, 0]]
+    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_block", **constants))
     assert [0, 1] not in loads
 
 
