@@ -182,6 +182,25 @@ def test_lens_runs_validation_with_progress(session):
     assert any("verified" in m for m in session["messages"]), "the server's summary reached the user"
 
 
+def test_lenses_are_drawn_above_the_class_line_in_full(session):
+    """The lenses sit on a virtual line of their own above the class line (not after its
+    `# fuselens:` comment), their whole text there: wrapped at a separator in an 80-column window,
+    on one line again once the editor is 200 columns wide."""
+    _no_errors(session, "codelens", "lens drawing")
+    full = " | ".join(lens["title"] for lens in session["lenses"])
+    assert full.startswith("3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable | Validate all")
+    narrow, wide = session["lens_drawing"]
+    for drawing in (narrow, wide):
+        assert [(mark["line"], mark["above"]) for mark in drawing["drawn"]] == [(11, True)]  # the class line
+        assert drawing["at_line_end"] == [], "nothing is drawn after the class line's comment"
+        rows = drawing["drawn"][0]["rows"]
+        assert all(len(row) <= drawing["width"] for row in rows), rows
+        assert " ".join(" ".join(row.split()) for row in rows) == full  # every word, in order
+    assert narrow["width"] == 80 and len(narrow["drawn"][0]["rows"]) == 2, narrow
+    assert narrow["drawn"][0]["rows"][0].endswith(("·", "|"))  # broken after a separator, not mid-word
+    assert wide["width"] == 200 and wide["drawn"][0]["rows"] == [full], wide
+
+
 def test_the_results_view_shows_the_validation_table(session):
     _no_errors(session, "results view")
     view = session["results_view"]

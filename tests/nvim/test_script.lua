@@ -329,6 +329,42 @@ step("codelens", function()
   end
 end)
 
+--- What is drawn for the lenses: the plugin's virtual lines, and any end-of-line virtual text on
+--- the class line from any namespace (Neovim's own lens display included).
+local function lens_drawing()
+  local drawn = {}
+  for _, mark in ipairs(require("fuselens.lenses").drawn(bufnr)) do
+    table.insert(drawn, { line = mark.line + 1, above = mark.above, rows = mark.rows })
+  end
+  local line = vim.lsp.codelens.get(bufnr)[1].range.start.line
+  local at_line_end = {}
+  for _, ns in pairs(vim.api.nvim_get_namespaces()) do
+    for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(bufnr, ns, { line, 0 }, { line, -1 }, { details = true })) do
+      for _, chunk in ipairs(mark[4].virt_text or {}) do
+        table.insert(at_line_end, chunk[1])
+      end
+    end
+  end
+  return { width = vim.api.nvim_win_get_width(0), drawn = drawn, at_line_end = at_line_end }
+end
+
+step("lens drawing", function()
+  wait(10000, "the lenses drawn", function()
+    return #require("fuselens.lenses").drawn(bufnr) > 0
+  end)
+  results.lens_drawing = { lens_drawing() }
+  -- A wider editor: the lenses are laid out again for the new width. Headless Neovim has no UI
+  -- to resize, so the test fires the event a terminal's resize fires.
+  vim.o.columns = 200
+  vim.cmd("doautocmd VimResized")
+  wait(5000, "the lenses laid out for 200 columns", function()
+    local marks = require("fuselens.lenses").drawn(bufnr)
+    return #marks == 1 and #marks[1].rows == 1
+  end)
+  table.insert(results.lens_drawing, lens_drawing())
+  vim.o.columns = 80
+end)
+
 step("results before validating", function()
   -- Nothing validated in this session yet: the server answers with the run its history kept.
   local model_win = vim.api.nvim_get_current_win()

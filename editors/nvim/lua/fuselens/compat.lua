@@ -69,7 +69,8 @@ function M.stop(client)
   return client.stop()
 end
 
---- Ask for code lenses of `bufnr` again (they are drawn as virtual text).
+--- Ask for code lenses of `bufnr` again, drawn by Neovim as end-of-line virtual text (the plugin
+--- draws its own, lenses.lua, wherever it can keep them in Neovim's lens store).
 function M.refresh_codelens(bufnr)
   if not vim.api.nvim_buf_is_valid(bufnr) then
     return

@@ -12,6 +12,7 @@
 -- they need from fuselens: trust, settings, code lens refresh, inlay hints, commands.
 
 local compat = require("fuselens.compat")
+local lenses = require("fuselens.lenses")
 local trust = require("fuselens.trust")
 
 local M = {}
@@ -83,6 +84,20 @@ local function notify(message, level)
   vim.notify("fuselens: " .. message, level or vim.log.levels.INFO)
 end
 
+--- Ask for the code lenses of `bufnr` again and draw them (lenses.lua: above the class line);
+--- Neovim's own lens display where the plugin cannot keep them in Neovim's lens store.
+local function refresh_lenses(bufnr)
+  if not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  local client = M.client(bufnr)
+  if client and lenses.supported() then
+    lenses.refresh(client, bufnr)
+  elseif client then
+    compat.refresh_codelens(bufnr)
+  end
+end
+
 local function status_changed()
   pcall(vim.cmd, "doautocmd <nomodeline> User FuselensStatus")
 end
@@ -112,8 +127,22 @@ local function validate_options()
   return { interpret = M.config.interpret }
 end
 
--- Lenses run `fuselens.validateAll [uri, model]`; these client-side handlers add the
--- validation options (the third argument) before passing the command on to the server.
+--- fuselens.showKernel with `args` ([uri] or [uri, cluster or model]): the server shows the view.
+local function show_kernel_view(client, bufnr, args)
+  execute(client, bufnr, "fuselens.showKernel", args, function(result)
+    -- A client that supports window/showDocument has been shown the file by the server.
+    local caps = vim.lsp.protocol.make_client_capabilities()
+    local shown = caps.window and caps.window.showDocument and caps.window.showDocument.support
+    if result and result.path and not shown then
+      vim.cmd("split " .. vim.fn.fnameescape(result.path))
+    end
+  end)
+end
+
+-- Every command a lens carries runs through a client-side handler: Neovim sends a lens's command
+-- to the server itself only for commands without one, and then redraws the lenses its own way.
+-- Lenses run `fuselens.validateAll [uri, model]`; its handler adds the validation options (the
+-- third argument) before passing the command on to the server.
 local function client_commands()
   local function validate(command, ctx)
     local client = vim.lsp.get_client_by_id(ctx.client_id)
@@ -122,7 +151,14 @@ local function client_commands()
     args[3] = validate_options()
     execute(client, ctx.bufnr, command.command, args)
   end
-  return { ["fuselens.validateAll"] = validate, ["fuselens.validateKernel"] = validate }
+  local function show_kernel(command, ctx)
+    show_kernel_view(vim.lsp.get_client_by_id(ctx.client_id), ctx.bufnr, command.arguments or {})
+  end
+  return {
+    ["fuselens.validateAll"] = validate,
+    ["fuselens.validateKernel"] = validate,
+    ["fuselens.showKernel"] = show_kernel,
+  }
 end
 
 local function count_clusters(diagnostics)
@@ -146,7 +182,7 @@ local function handlers()
       status_changed()
       if M.config.codelens and vim.api.nvim_buf_is_loaded(bufnr) then
         vim.schedule(function()
-          compat.refresh_codelens(bufnr)
+          refresh_lenses(bufnr)
         end)
       end
     end,
@@ -189,7 +225,7 @@ local function on_attach(client, bufnr)
       group = group,
       buffer = bufnr,
       callback = function()
-        compat.refresh_codelens(bufnr)
+        refresh_lenses(bufnr)
       end,
     })
   end
@@ -284,14 +320,7 @@ function M.show_kernel(bufnr, which)
   if which and which ~= "" then
     args[2] = which
   end
-  execute(client, bufnr, "fuselens.showKernel", args, function(result)
-    -- A client that supports window/showDocument has been shown the file by the server.
-    local caps = vim.lsp.protocol.make_client_capabilities()
-    local shown = caps.window and caps.window.showDocument and caps.window.showDocument.support
-    if result and result.path and not shown then
-      vim.cmd("split " .. vim.fn.fnameescape(result.path))
-    end
-  end)
+  show_kernel_view(client, bufnr, args)
 end
 
 function M.restart()
@@ -394,6 +423,7 @@ function M.setup(opts)
   M.config = vim.tbl_deep_extend("force", vim.deepcopy(defaults), opts or {})
   define_commands()
   local group = vim.api.nvim_create_augroup("fuselens", { clear = true })
+  lenses.follow_window_widths(group)
   vim.api.nvim_create_autocmd("FileType", {
     group = group,
     pattern = M.config.filetypes,
