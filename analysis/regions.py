@@ -521,6 +521,9 @@ def _replaced(chunk: list[bytes | None], first: int, span: Span, text: bytes) ->
     head, tail = (chunk[a] or b"")[:col], (chunk[b] or b"")[end_col:]
     if not text and not head.strip() and not tail.strip():
         return [*chunk[:a], None, *chunk[b + 1 :]]
+    if not text and not head.strip() and tail.lstrip().startswith(b"#"):
+        # The statement went; its comment stays, where the statement was indented.
+        return [*chunk[:a], head + tail.lstrip(), *chunk[b + 1 :]]
     return [*chunk[:a], head + text + tail, *chunk[b + 1 :]]
 
 

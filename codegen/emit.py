@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, row_layouts, row_views
+from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, permuted_outputs, row_layouts, row_views
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -100,7 +100,7 @@ def emit(
     flat = plan.kind == "elementwise" and flat_ok(plan)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
     divs = Divisors()
-    used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True))
+    used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True), plan)
     if full_rank_loads(plan):  # the across kernel finds every row coordinate
         used |= set(range(plan.row_dims))
     _coords(plan, used, "r", divs)
@@ -138,6 +138,8 @@ def _signature(
     args += [f"d{i}" for i in range(len(plan.domain))]
     for k, slot in enumerate(plan.inputs):
         args += [f"in{k}_s{j}" for j in sorted(slot.strides_used)]
+    for k in permuted_outputs(plan):
+        args += [f"out{k}_s{j}" for j in range(len(plan.domain))]
     args += ["R", "C"]
     if plan.kind == "elementwise":
         args += [f"p{i}" for i in range(plan.row_dims)]
@@ -202,10 +204,14 @@ def _delinearize(index: str, dims: list[int], wanted: list[int], divide: Divisor
     return out
 
 
-def _used_coords(stmts: list[Stmt]) -> set[int]:
+def _used_coords(stmts: list[Stmt], plan: KernelPlan | None = None) -> set[int]:
+    """The domain coordinates `stmts` read; every one when `plan` stores an output by its own
+    strides (a permuted output is addressed from all of them)."""
     used: set[int] = set()
     for s in stmts:
         used |= {int(m) for m in COORD.findall(s.expr + " " + s.load_guard)}
+    if plan is not None and permuted_outputs(plan):
+        used |= set(range(len(plan.domain)))
     return used
 
 
@@ -286,6 +292,9 @@ def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
         v = value.name if value.axes == {"r"} else f"tl.broadcast_to({value.name}, [BLOCK_R, 1])"
         return f"tl.store(out{k}_ptr + rows, {v}{cast}, mask=rmask)"
     v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
+    if out.dims is not None:  # a permutation of the domain, addressed by its own strides
+        offset = " + ".join(f"c{d} * out{k}_s{j}" for j, d in enumerate(out.dims))
+        return f"tl.store(out{k}_ptr + ({offset}), {v}{cast}, mask=mask)"
     return f"tl.store(out{k}_ptr + ({rows} * C + cols), {v}{cast}, mask=mask)"
 
 
@@ -309,7 +318,7 @@ def flat_ok(plan: KernelPlan) -> bool:
     output's own position (or of a single value), so no coordinate is ever computed."""
     direct = set(identity_inputs(plan))
     stmts = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
-    return not _used_coords([s for s in stmts if s.load_input not in direct])
+    return not _used_coords([s for s in stmts if s.load_input not in direct], plan)
 
 
 def _elementwise(
@@ -363,7 +372,7 @@ def _elementwise(
             )
         else:
             lines.append(_stmt_line(plan, st, comments, direct, views=views))
-    used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)])
+    used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)], plan)
     if flat:
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
     if not across:  # the across head defines every row coordinate itself
@@ -465,7 +474,7 @@ def _rows(
     CONTIG (the launcher checks the full-size inputs are contiguous) those inputs are read at
     rows * C + cols, the same flat offset the output uses."""
     every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
-    used = _used_coords(every)
+    used = _used_coords(every, plan)
     head = _across_row_head(plan, used, divs) if across else _row_head(plan, used, divs, looped)
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
@@ -673,7 +682,7 @@ def _output_pass(row: _RowKernel) -> list[str]:
     if not full:
         return []
     operands = _closure(row.plan, [o.stmt for _, o in full], _varies_along_columns)
-    stores = [_loop_store(k, row.by_name[o.stmt]) for k, o in full]
+    stores = [_loop_store(k, row.by_name[o.stmt], dims=o.dims) for k, o in full]
     return _column_loop(row.col_coords, [row.output_pass_statement(s) for s in operands] + stores)
 
 
@@ -690,12 +699,16 @@ def _column_loop(
     return [header, *_indented(block)]
 
 
-def _loop_store(k: int, value: Stmt, row: bool = False) -> str:
-    """A store of the loop kernel, where a row value is a scalar and a column block 1-D."""
+def _loop_store(k: int, value: Stmt, row: bool = False, dims: tuple[int, ...] | None = None) -> str:
+    """A store of the loop kernel, where a row value is a scalar and a column block 1-D; `dims`: a
+    permuted output's domain dim for each of its dims, addressed by its own strides."""
     cast = f".to(out{k}_ptr.dtype.element_ty)"
     if row:
         return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
     v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
+    if dims is not None:
+        offset = " + ".join(f"c{d} * out{k}_s{j}" for j, d in enumerate(dims))
+        return f"tl.store(out{k}_ptr + ({offset}), {v}{cast}, mask=mask)"
     return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fuselens.analysis.graph import DTYPE_BYTES
 
 from .lowering import literal
-from .plan import KernelPlan, OutputSlot, full_rank_loads, identity_inputs, row_layouts, row_views
+from .plan import KernelPlan, OutputSlot, full_rank_loads, identity_inputs, permuted_outputs, row_layouts, row_views
 
 
 def launcher_text(
@@ -143,11 +143,13 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
     """A fresh tensor for `out`; an elementwise output takes the full-size inputs' layout when
     they share a dense one, as eager's result would, and is contiguous otherwise."""
     n, k_rows = len(plan.domain), plan.row_dims
+    device = f"{input_names[0]}.device" if input_names else "'cuda'"
+    if out.dims is not None:  # a permutation of the domain: its own shape, contiguous
+        return f"torch.empty({_tuple([f'd{d}' for d in out.dims])}, device={device}, dtype=torch.{out.dtype})"
     if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
     else:
         dims = [f"d{i}" for i in range(n)]
-    device = f"{input_names[0]}.device" if input_names else "'cuda'"
     fresh = f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype})"
     direct = [input_names[k] for k in identity_inputs(plan)]
     if plan.kind == "elementwise" and direct:
@@ -200,6 +202,8 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
     args = input_names + _output_names(plan) + [f"d{i}" for i in range(len(plan.domain))]
     for k, slot in enumerate(plan.inputs):
         args += [f"st{k}[{j}]" for j in sorted(slot.strides_used)]
+    for k in permuted_outputs(plan):
+        args += [f"out{k}.stride({j})" for j in range(len(plan.domain))]
     args += ["R", "C"]
     if plan.kind == "elementwise":
         args.append("*pitches")

@@ -111,6 +111,9 @@ class OutputSlot:
     # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`).
     contiguous: bool = False
     total: RowTotal | None = None  # a loss over the rows: the kernel writes each row's, the launcher totals them
+    # A permuted output (a ConvNeXt block's residual, added back in NCHW to a norm over NHWC): the
+    # domain dim each of its dims runs along; the kernel stores it by its own strides.
+    dims: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -243,8 +246,13 @@ class _Planner:
             node = g[o]
             meta = _meta(node)
             shape = meta.shape
+            dims: tuple[int, ...] | None = None  # the domain's own layout
             if shape == self.domain:
-                stmt = self.value(o, full)
+                dims = self._output_dims(o)
+                if dims == tuple(range(len(shape))):
+                    dims = None
+                # Of the domain's shape, but maybe a permute of it (a square image's NHWC and NCHW).
+                stmt = self.value(o, full if dims is None else tuple(full[d] for d in dims))
                 row_only = False
             elif kind == "reduction" and self._is_row_shape(shape):
                 stmt = self.value(o, self._row_coords_for(shape))
@@ -254,12 +262,16 @@ class _Planner:
                 stmt = self.value(o, self._row_coords_for(shape))
                 row_only = True
             elif sorted(shape) == sorted(self.domain) and len(shape) > 1:
-                raise PlanError(
-                    "layout",
-                    f"{_describe(node)} produces a {_shape(shape)} value used outside the group, a "
-                    f"permuted layout of the kernel's {_shape(self.domain)} (a `permute` between them): "
-                    "this kernel writes its own layout only",
-                )
+                dims = self._output_dims(o)
+                if dims is None:
+                    raise PlanError(
+                        "layout",
+                        f"{_describe(node)} produces a {_shape(shape)} value used outside the group, a "
+                        f"layout of the kernel's {_shape(self.domain)} that no `permute` between them "
+                        "explains: this kernel writes its own layout and permutations of it only",
+                    )
+                stmt = self.value(o, tuple(full[d] for d in dims))
+                row_only = False
             else:
                 raise PlanError(
                     "fan-out",
@@ -272,7 +284,7 @@ class _Planner:
                 raise PlanError("no-lowering", str(exc)) from None
             total = self._row_total(node) if shape != tuple(meta.shape) else None
             dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
-            out_slots.append(OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total))
+            out_slots.append(OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims))
         self._baked_numbers()
         return KernelPlan(
             kind,
@@ -311,6 +323,31 @@ class _Planner:
             for value in [*node.args, *node.params.values()]:
                 if is_named(value):
                     self._number(value, runtime=False)
+
+    def _output_dims(self, node_id: int) -> tuple[int, ...] | None:
+        """For a member whose shape permutes the domain's: the domain dim each of its dims runs along,
+        through the `permute`s between it and the domain-shaped values it is computed from; None when
+        no such chain explains it."""
+        node = self.g[node_id]
+        if node_id not in self.members:
+            return None
+        shape = _meta(node).shape
+        steps = node.params.get("steps") if node.cls is OpClass.VIEW else None
+        if steps:
+            if any(step[0] != "permute" for step in steps):
+                return None
+            dims = self._output_dims(node.inputs[0])
+            for step in steps:
+                dims = None if dims is None else tuple(dims[p] for p in step[1])
+            return dims
+        if node.cls is OpClass.REDUCTION:  # the reductions' rows are the domain's
+            return tuple(range(len(shape))) if shape == self.domain else None
+        for i in node.inputs:  # an elementwise op: along an operand of its own shape
+            if i in self.members and _meta(self.g[i]).shape == shape:
+                dims = self._output_dims(i)
+                if dims is not None:
+                    return dims
+        return tuple(range(len(shape))) if shape == self.domain else None
 
     def _read_by_gemms_only(self, node_id: int) -> bool:
         """Whether every reader outside the cluster is a GEMM, directly or through permutes."""
@@ -935,6 +972,11 @@ def row_views(plan: KernelPlan) -> list[int]:
             and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1]
         )
     return sorted(k for k, ok in fits.items() if ok)
+
+
+def permuted_outputs(plan: KernelPlan) -> list[int]:
+    """The outputs stored by their own strides at a permutation of the domain's coordinates."""
+    return [k for k, o in enumerate(plan.outputs) if o.dims is not None]
 
 
 def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:

@@ -272,3 +272,27 @@ def test_a_number_computed_inside_a_helper_is_not_baked_into_the_kernel(write_mo
     result = apply_file(path, AnalyzeOptions(input_shapes=["8,64"]), None, lambda r: True)
     with open(path, encoding="utf-8") as fh:
         assert not result.applied and fh.read() == before
+
+
+def test_a_replaced_statements_comment_stays_at_its_indentation(write_model):
+    path = write_model(
+        """
+        import torch
+        import torch.nn as nn
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gamma = nn.Parameter(torch.ones(8))
+
+            def forward(self, x, y):
+                y = (self.gamma * y).permute(0, 3, 1, 2)  # back to (N, C, H, W)
+                return x + y
+        """
+    )
+    result = apply_file(path, AnalyzeOptions(input_shapes=["2,8,3,5", "2,3,5,8"]), None, lambda r: True)
+    assert result.applied == ["c0"]
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    comment = lines.index("        # back to (N, C, H, W)")  # the statement's own indentation
+    assert lines[comment + 1] == "        return cluster0(x, self.gamma, y)"

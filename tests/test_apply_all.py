@@ -59,6 +59,7 @@ CASES = {
         "ResBlock",
         lambda g: [torch.randn(2, 128, 6, 10, generator=g), torch.randn(2, 512, generator=g)],
     ),
+    "convnext_block.py": Case("convnext_block.py", "ConvNeXtBlock", lambda g: [torch.randn(2, 96, 6, 10, generator=g)]),
     "diffusion_block.py": Case(
         "diffusion_block.py",
         "DiffusionResBlock",

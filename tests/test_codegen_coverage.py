@@ -691,6 +691,20 @@ LAYOUT = [
         [["layer_norm", "mul"]],
     ),
     case(
+        "norm-over-nhwc-and-the-residual-square",  # height, width and channels alike: the permute decides
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(6)
+
+            def forward(self, x, y):
+                return x + F.gelu(self.norm(y.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        """,
+        [("2,6,6,6", "float32"), ("2,6,6,6", "float32")],
+        [["layer_norm", "gelu", "add"]],
+    ),
+    case(
         "residual-layer-norm-over-a-frames-first-view",  # a Whisper encoder's first layer
         """
         class M(nn.Module):
@@ -1286,8 +1300,7 @@ DTYPES = [
                 return x + (self.gamma * self.norm(y.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
         """,
         [("2,96,5,7", "float32"), ("2,96,5,7", "float32")],
-        [["layer_norm", "mul"]],
-        rejects=[("add", "layout")],  # the residual is NCHW, the norm's rows NHWC: named as layout
+        [["layer_norm", "mul", "add"]],  # the residual is NCHW, the norm's rows NHWC: one kernel all the same
     ),
     case(
         "embeddings-positions-and-norm",
