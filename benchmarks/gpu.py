@@ -97,27 +97,8 @@ def run_case(
         rows.append({"example": example, "size": size, "dtype": dtype, "error": problem})
     for model in report.models:
         for c in model.clusters:
-            row = {
-                "example": example,
-                "model": model.name,
-                "size": size,
-                "dtype": dtype,
-                "shapes": model.inputs,
-                "cluster": c.id,
-                "ops": c.ops,
-                "status": c.status,
-                "regime": c.regime,
-                "max_abs": c.max_abs,
-                "bytes_unfused": c.bytes_unfused,
-                "bytes_fused": c.bytes_fused,
-                "instances": c.instances,
-                "message": c.message,
-            }
-            if c.timing:
-                row.update(vars(c.timing))
-                if c.bytes_unfused and c.bytes_fused:
-                    row["predicted_ratio"] = round(c.bytes_unfused / c.bytes_fused, 3)
-            rows.append(row)
+            where = {"example": example, "model": model.name, "size": size, "dtype": dtype, "shapes": model.inputs}
+            rows.append(where | cluster_row(c))
         if model.model:
             rows.append(
                 {
@@ -135,6 +116,26 @@ def run_case(
                 }
             )
     return rows
+
+
+def cluster_row(c) -> dict:
+    """A validated cluster (`contracts.validation.ClusterCheck`) as a row of results.json."""
+    row = {
+        "cluster": c.id,
+        "ops": c.ops,
+        "status": c.status,
+        "regime": c.regime,
+        "max_abs": c.max_abs,
+        "bytes_unfused": c.bytes_unfused,
+        "bytes_fused": c.bytes_fused,
+        "instances": c.instances,
+        "message": c.message,
+    }
+    if c.timing:
+        row.update(vars(c.timing))
+        if c.bytes_unfused and c.bytes_fused:
+            row["predicted_ratio"] = round(c.bytes_unfused / c.bytes_fused, 3)
+    return row
 
 
 def _f(value, digits=1, suffix=""):

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from provenance import line as provenance_line  # noqa: E402  (beside this script)
+from gpu import cluster_row  # noqa: E402  (beside this script: the tuning suite's rows)
+from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 OTHER_MODE = "max-autotune-no-cudagraphs"
@@ -161,20 +162,7 @@ def run_case(case_id: str, peak_gbps: float | None) -> list[dict]:
     )
     rows: list[dict] = [{"case": case_id, "error": problem} for problem in report.problems]
     for model in report.models:
-        for c in model.clusters:
-            row = {
-                "case": case_id,
-                "cluster": c.id,
-                "ops": c.ops,
-                "status": c.status,
-                "regime": c.regime,
-                "instances": c.instances,
-                "max_abs": c.max_abs,
-                "message": c.message,
-            }
-            if c.timing:
-                row.update(vars(c.timing))
-            rows.append(row)
+        rows += [{"case": case_id} | cluster_row(c) for c in model.clusters]
     return rows
 
 

@@ -293,9 +293,14 @@ def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
         return f"tl.store(out{k}_ptr + rows, {v}{cast}, mask=rmask)"
     v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
     if out.dims is not None:  # a permutation of the domain, addressed by its own strides
-        offset = " + ".join(f"c{d} * out{k}_s{j}" for j, d in enumerate(out.dims))
-        return f"tl.store(out{k}_ptr + ({offset}), {v}{cast}, mask=mask)"
+        return f"tl.store(out{k}_ptr + ({_permuted_offset(k, out.dims)}), {v}{cast}, mask=mask)"
     return f"tl.store(out{k}_ptr + ({rows} * C + cols), {v}{cast}, mask=mask)"
+
+
+def _permuted_offset(k: int, dims: tuple[int, ...]) -> str:
+    """The offset into output `k`, a permutation of the domain (`dims`: the domain dim of each of its
+    dims), by its own strides."""
+    return " + ".join(f"c{d} * out{k}_s{j}" for j, d in enumerate(dims))
 
 
 def _closure(plan: KernelPlan, targets: list[str], keep) -> list[Stmt]:
@@ -707,8 +712,7 @@ def _loop_store(k: int, value: Stmt, row: bool = False, dims: tuple[int, ...] | 
         return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
     v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
     if dims is not None:
-        offset = " + ".join(f"c{d} * out{k}_s{j}" for j, d in enumerate(dims))
-        return f"tl.store(out{k}_ptr + ({offset}), {v}{cast}, mask=mask)"
+        return f"tl.store(out{k}_ptr + ({_permuted_offset(k, dims)}), {v}{cast}, mask=mask)"
     return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
 
 

@@ -126,9 +126,10 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     row_major = any(out.contiguous for out in plan.outputs)  # its readers are GEMMs: row-major, whatever the inputs
     others = full_rank_loads(plan)
     if others:
-        layouts = _tuple([f"({input_names[k]}, {_tuple([str(d) for d in dims])})" for k, dims in others])
         flag = ", row_major=True" if row_major else ""
-        return [f"pitches, out_pitches, dense, fast = _row_order({leads}, {domain}, {layouts}{flag})"]
+        return [
+            f"pitches, out_pitches, dense, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
+        ]
     if row_major:
         return [f"pitches, dense = _row_pitches({leads}, {domain}, row_major=True)"]
     return [f"pitches, dense = _row_pitches({leads}, {domain})"]
@@ -301,12 +302,11 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
     layouts = row_layouts(plan)
     if not layouts:
         return tile + launch
-    tensors = _tuple([f"({input_names[k]}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
     domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
     last = f"d{plan.row_dims - 1}"
     return [
         *tile,
-        f"across = whole_row and _down_rows({tensors}, {domain}, {plan.row_dims})",
+        f"across = whole_row and _down_rows({_layouts(layouts, input_names)}, {domain}, {plan.row_dims})",
         f"tile = _across_rows_tile({last}, block_c, {item}) if across else None",
         "if tile is not None:  # an input runs along the last row dim: down the tiles' rows",
         f"    (block_r, warps), F = tile, {last}",
@@ -316,6 +316,11 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         "else:",
         *["    " + line for line in launch],
     ]
+
+
+def _layouts(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -> str:
+    """`((x, (0, 2, 3, 1)), ...)`: each input and the domain dim each of its dims runs along."""
+    return _tuple([f"({input_names[k]}, {_tuple([str(d) for d in dims])})" for k, dims in loads])
 
 
 def _widest_item(plan: KernelPlan) -> int:

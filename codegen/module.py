@@ -119,9 +119,8 @@ def _row_order(leads, sizes, others, row_major=False):
     out_pitches, dense = _row_pitches(leads, sizes, row_major)
     n = len(sizes)
     for t, dims in others:
-        inner = [dims[j] for j, (m, s) in enumerate(zip(t.shape, t.stride())) if s == 1 and m > 1]
-        if inner and inner[0] < n - 1 and sizes[-1] > 1:
-            fast = inner[0]
+        fast = _stride_one_dim(t, dims)
+        if fast is not None and fast < n - 1 and sizes[-1] > 1:
             pitches, step = list(out_pitches), 1
             pitches[fast] = 1
             for i in sorted((i for i in range(n - 1) if i != fast), key=out_pitches.__getitem__):
@@ -147,11 +146,13 @@ def _down_rows(layouts, sizes, row_dims):
     channels of an NCHW tensor seen as NHWC: walking the rows' columns would read it one element
     a row, so the across row kernel runs blocks of that dim down its tiles' rows instead."""
     last = row_dims - 1
-    for t, dims in layouts:
-        inner = [dims[j] for j, (m, s) in enumerate(zip(t.shape, t.stride())) if s == 1 and m > 1]
-        if inner and inner[0] == last and sizes[last] > 1:
-            return True
-    return False
+    return sizes[last] > 1 and any(_stride_one_dim(t, dims) == last for t, dims in layouts)
+
+
+def _stride_one_dim(t, dims):
+    """The domain dim along which `t` (its dims running along the domain's `dims`) is contiguous, or None."""
+    inner = [dims[j] for j, (m, s) in enumerate(zip(t.shape, t.stride())) if s == 1 and m > 1]
+    return inner[0] if inner else None
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch

@@ -1557,22 +1557,25 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     assert fused(empty, cos, empty[..., 16:], empty[..., :16], sin).shape == (0, 4, 8, 32)
 
 
+# A ConvNeXt block's layer scale: channels-last values added to a channels-first residual.
+LAYER_SCALE = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gamma = nn.Parameter(torch.rand(20))
+
+        def forward(self, x, y):
+            return x + (self.gamma * y).permute(0, 3, 1, 2)
+    """
+
+
 def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outputs_layout(write_model):
     """Channels-last values added to a channels-first residual (a ConvNeXt block): the kernel
     numbers its rows channel-fastest, so the channels-last input is read along its memory, and
     writes each row where the output keeps it.  Right whatever the layouts seen at call time."""
     import torch
 
-    source = """
-        class M(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.gamma = nn.Parameter(torch.rand(20))
-
-            def forward(self, x, y):
-                return x + (self.gamma * y).permute(0, 3, 1, 2)
-        """
-    fused = _kernel_module(write_model, source, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
     module = __import__(fused.__module__)
     gamma = torch.rand(20)
 
@@ -1669,16 +1672,7 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     writes the output along the columns; the tile kernel would read that input across its rows,
     one element per row."""
     pytest.importorskip("triton.backends.nvidia")
-    source = """
-        class M(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.gamma = nn.Parameter(torch.rand(20))
-
-            def forward(self, x, y):
-                return x + (self.gamma * y).permute(0, 3, 1, 2)
-        """
-    fused = _kernel_module(write_model, source, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
     path = sys.modules[fused.__module__].__file__
 
     # y is the third input: its channel stride, x's and the output's column stride are 1 at call time.
