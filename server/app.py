@@ -403,6 +403,17 @@ class FuselensServer(LanguageServer):
                 self.warned_settings.add(problem)
                 self.tell(f"fuselens: {problem} (ignored; the default is used)", lsp.MessageType.Warning)
 
+    def untrusted(self, path: str) -> str:
+        """Why nothing runs for `path`, in the editor's words. The user is told once per server, by
+        window/showMessage, whatever asked first (an open, a save, a command): every later open or
+        command in the folder has the same answer, and a second notification would only stack on
+        the first. Commands return the text as well, for a client that answers them itself."""
+        explanation = Trust.explanation(path, self.editor)
+        if not self.untrusted_told:
+            self.untrusted_told = True
+            self.tell(explanation, lsp.MessageType.Warning)
+        return explanation
+
     # ---- analysis -----------------------------------------------------------------------------
     def schedule(self, uri: str) -> None:
         doc = self.document(uri)
@@ -410,9 +421,7 @@ class FuselensServer(LanguageServer):
         if doc is None or path is None or not path.endswith(".py"):
             return
         if not self.trusted(path):
-            if not self.untrusted_told:
-                self.untrusted_told = True
-                self.tell(Trust.explanation(path, self.editor), lsp.MessageType.Warning)
+            self.untrusted(path)
             return
         self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)

@@ -76,7 +76,7 @@ def register_commands(server: FuselensServer) -> None:
         if ls.document(uri) is None:
             raise JsonRpcInvalidParams.of(ValueError(f"{uri} is not open"))
         if not ls.trusted(path):
-            return {"scheduled": False, "reason": "untrusted"}
+            return {"scheduled": False, "reason": "untrusted", "message": ls.untrusted(path)}
         ls.schedule(uri)
         return {"scheduled": True}
 
@@ -123,7 +123,7 @@ async def _validate(
 ) -> dict[str, Any]:
     path = _document_path(ls, uri)
     if not ls.trusted(path):
-        return {"error": "untrusted", "message": "validation runs the model's code; trust the workspace first"}
+        return {"error": "untrusted", "message": ls.untrusted(path)}
     analysis = _analysis_for(ls, uri)
     report = analysis.report
     if clusters is not None:

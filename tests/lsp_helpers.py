@@ -33,6 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
 SERVER = [sys.executable, "-m", "fuselens.cli.main", "serve"]
 PROFILES = ["visual-studio-code", "neovim"]
+# The name each profile's editor gives in `initialize` (vscode-languageclient sends vscode.env.appName).
+CLIENT_NAMES = {"visual-studio-code": "Visual Studio Code", "neovim": "Neovim"}
 TIMEOUT = 60.0  # generous: a 2-core CI machine also runs a worker warm-up per server
 
 
@@ -480,6 +482,7 @@ async def running_server(
     client.init_result = await client.initialize_session(
         lsp.InitializeParams(
             capabilities=client_capabilities(profile),
+            client_info=lsp.ClientInfo(name=CLIENT_NAMES[profile]),
             initialization_options=options,
             root_uri=uri_of(root),
             workspace_folders=[lsp.WorkspaceFolder(uri=uri_of(root), name="examples")],

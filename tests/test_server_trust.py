@@ -86,23 +86,37 @@ linked = server_fixture(  # the workspace itself is not trusted: no worker warms
 )
 
 
+# The way to trust a folder that each profile's editor is told, and what it is not told.
+HOW_TO_TRUST = {
+    "visual-studio-code": ("Manage Workspace Trust", "trusted_folders"),
+    "neovim": ("trusted_folders", "Workspace Trust"),
+}
+
+
 async def check_nothing_runs(client: Client) -> None:
     first = client.open("example_net.py")
     second = client.open("gpt.py")
     await client.roundtrip()
-    (told,) = client.messages  # one explanation, however many files are opened
-    assert told.type == lsp.MessageType.Warning
-    for words in ("running its code", "trust", "Manage Workspace Trust", "trusted_folders", "trusted-folders.json"):
-        assert words in told.message
     assert client.published_for(first) == [] and client.published_for(second) == []
     assert children(server_pid(client)) == []  # no worker was even started
-    assert await client.command("fuselens.analyze", first) == {"scheduled": False, "reason": "untrusted"}
-    result = await client.command("fuselens.validateKernel", first, "c0", {"interpret": True})
-    assert result["error"] == "untrusted"
+    analyzed = await client.command("fuselens.analyze", first)
+    validated = await client.command("fuselens.validateKernel", first, "c0", {"interpret": True})
     client.save_text(first, example_text() + "\n")
     await client.roundtrip()
     assert client.published_for(first) == [] and children(server_pid(client)) == []
     assert await client.hover(first, 19) is None and await client.code_lenses(first) == []
+
+    # One notification, however many files are opened, saved or asked about: a second one would
+    # stack on the first in VS Code. It speaks to the editor that asked.
+    (told,) = client.messages
+    assert told.type == lsp.MessageType.Warning
+    told_way, other_way = HOW_TO_TRUST[client.profile]
+    for words in ("running its code", told_way, "trusted-folders.json"):
+        assert words in told.message
+    assert other_way not in told.message
+    # The commands' answers carry the same explanation, for a client that answers a command itself.
+    assert analyzed == {"scheduled": False, "reason": "untrusted", "message": told.message}
+    assert validated == {"error": "untrusted", "message": told.message}
 
 
 async def test_an_untrusted_workspace_runs_nothing(untrusted: Client):

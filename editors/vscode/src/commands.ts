@@ -61,6 +61,26 @@ async function pickCluster(uri: vscode.Uri): Promise<string | undefined> {
   return choice?.label;
 }
 
+/** An answer of the server's for a folder it runs nothing in (server/commands.py). */
+function untrustedAnswer(result: unknown): boolean {
+  const answer = result as { reason?: unknown; error?: unknown } | undefined;
+  return answer?.reason === "untrusted" || answer?.error === "untrusted";
+}
+
+/**
+ * For a command that runs the model's code (analyze, validate, the kernel of an analysis) in a
+ * workspace that is not trusted: opens Workspace Trust, where the user can grant it, and says true.
+ * No notification of the extension's own: the server has already told the user why, once, in VS
+ * Code's words (window/showMessage, server/app.py `untrusted`), and a second one would stack on it.
+ */
+function openTrustInstead(result?: unknown): boolean {
+  if (vscode.workspace.isTrusted && !untrustedAnswer(result)) {
+    return false;
+  }
+  void vscode.commands.executeCommand("workbench.trust.manage");
+  return true;
+}
+
 /** The server's command that answers with the results view of a file's last validation. */
 export const VALIDATION_RESULTS = "fuselens.validationResults";
 
@@ -91,33 +111,36 @@ export function registerCommands(
 
   register(PALETTE_COMMANDS.analyze, async () => {
     const uri = activePythonUri();
-    if (!uri) {
+    if (!uri || openTrustInstead()) {
       return;
     }
     const result = (await run("fuselens.analyze", [uri.toString()])) as { scheduled?: boolean } | undefined;
     if (result?.scheduled) {
       status.analyzing(uri.toString());
-    } else if (result) {
-      const choice = await vscode.window.showWarningMessage(
-        "fuselens runs your model's code to analyze it, so it waits until you trust this workspace.",
-        "Manage Workspace Trust",
-      );
-      if (choice) {
-        void vscode.commands.executeCommand("workbench.trust.manage");
-      }
+    } else {
+      openTrustInstead(result);
     }
   });
+  const validate = async (command: string, args: unknown[]) => {
+    const result = await run(command, args);
+    if (!openTrustInstead(result)) {
+      results.showValidation(result);
+    }
+  };
   register(PALETTE_COMMANDS.validateKernel, async () => {
     const uri = activePythonUri();
-    const cluster = uri && (await pickCluster(uri));
-    if (uri && cluster) {
-      results.showValidation(await run("fuselens.validateKernel", [uri.toString(), cluster]));
+    if (!uri || openTrustInstead()) {
+      return; // (an untrusted file has no clusters to pick from: it was never analyzed)
+    }
+    const cluster = await pickCluster(uri);
+    if (cluster) {
+      await validate("fuselens.validateKernel", [uri.toString(), cluster]);
     }
   });
   register(PALETTE_COMMANDS.validateAll, async () => {
     const uri = activePythonUri();
-    if (uri) {
-      results.showValidation(await run("fuselens.validateAll", [uri.toString()]));
+    if (uri && !openTrustInstead()) {
+      await validate("fuselens.validateAll", [uri.toString()]);
     }
   });
   register(PALETTE_COMMANDS.showResults, async () => {
@@ -133,7 +156,7 @@ export function registerCommands(
   });
   register(PALETTE_COMMANDS.showKernel, async () => {
     const uri = activePythonUri();
-    if (uri) {
+    if (uri && !openTrustInstead()) { // (no analysis, no kernel)
       await run("fuselens.showKernel", [uri.toString()]); // the server opens the file (showDocument)
     }
   });

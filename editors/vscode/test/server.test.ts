@@ -48,23 +48,7 @@ describe("the real server, started as the extension starts it", function () {
     const { serverOptions, clientOptions } = clients[0];
     const mw = clientOptions.middleware;
 
-    // The server keeps validation histories in the user's cache folder: a fresh one for this test.
-    const cache = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-vscode-cache-"));
-    const proc = spawn(serverOptions.command, serverOptions.args, {
-      cwd: serverOptions.options.cwd,
-      env: { ...process.env, XDG_CACHE_HOME: cache },
-    });
-    let stderr = "";
-    proc.stderr.on("data", (chunk) => (stderr += chunk));
-    const connection = createProtocolConnection(new StreamMessageReader(proc.stdout), new StreamMessageWriter(proc.stdin));
-    const shown: string[] = [];
-    connection.onNotification("window/showMessage", (p: { message: string }) => void shown.push(p.message));
-    connection.onNotification("window/logMessage", () => undefined);
-    connection.onRequest("workspace/configuration", (params: unknown) =>
-      mw.workspace.configuration(params, undefined, () => assert.fail("the extension answers this itself")));
-    connection.onRequest("client/registerCapability", () => null);
-    connection.onRequest("window/workDoneProgress/create", () => null);
-    connection.onNotification("$/progress", () => undefined);
+    const { proc, connection, shown, stderr } = startServer(serverOptions, mw);
     const published = new Promise<{ uri: string; diagnostics: any[] }>((resolve) => {
       connection.onNotification("textDocument/publishDiagnostics", (p: { uri: string; diagnostics: any[] }) => {
         if (p.diagnostics.length > 0) {
@@ -128,10 +112,107 @@ describe("the real server, started as the extension starts it", function () {
       await connection.sendRequest("shutdown");
       await connection.sendNotification("exit");
     } catch (error) {
-      throw new Error(`${error}\nserver stderr:\n${stderr.slice(-3000)}`);
+      throw new Error(`${error}\nserver stderr:\n${stderr().slice(-3000)}`);
+    } finally {
+      connection.dispose();
+      proc.kill();
+    }
+  });
+
+  it("in an untrusted workspace, tells the user once, in VS Code's words, and adds no notification of its own", async function () {
+    if (!fs.existsSync(PYTHON)) {
+      this.skip();
+    }
+    const workspace = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-vscode-untrusted-"));
+    const models = ["example_net.py", "gpt.py"].map((name) => {
+      fs.copyFileSync(path.join(REPO, "examples", name), path.join(workspace, name));
+      return FakeUri.file(path.join(workspace, name));
+    });
+    const state = freshState();
+    state.trusted = false;
+    state.workspaceFolders = [{ uri: FakeUri.file(workspace) }];
+    state.settings["fuselens.server.python"] = PYTHON; // (a user setting: VS Code keeps it in restricted mode)
+    state.activeEditor = { document: { uri: models[0], languageId: "python" } };
+    clients.length = 0;
+    const { extension } = loadExtension(state);
+    await extension.activate(fakeContext(fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-ext-"))));
+    const { serverOptions, clientOptions } = clients[0];
+    const { proc, connection, shown, stderr } = startServer(serverOptions, clientOptions.middleware);
+    connection.listen();
+    const execute = (command: string, args: unknown[]) =>
+      connection.sendRequest("workspace/executeCommand", { command, arguments: args });
+    try {
+      await connection.sendRequest("initialize", {
+        processId: process.pid,
+        clientInfo: { name: "Visual Studio Code" }, // what vscode-languageclient sends: vscode.env.appName
+        rootUri: FakeUri.file(workspace).toString(),
+        workspaceFolders: [{ uri: FakeUri.file(workspace).toString(), name: "ws" }],
+        capabilities: { workspace: { configuration: true }, window: { workDoneProgress: true } },
+        initializationOptions: clientOptions.initializationOptions(),
+      });
+      await connection.sendNotification("initialized", {});
+
+      // Two files opened and one saved, as VS Code sends them; the palette's commands run; and the
+      // server's commands asked directly (a code lens, or another client of the same server).
+      for (const [version, uri] of models.entries()) {
+        const text = fs.readFileSync(uri.fsPath, "utf8");
+        await connection.sendNotification("textDocument/didOpen", {
+          textDocument: { uri: uri.toString(), languageId: "python", version: version + 1, text },
+        });
+      }
+      await connection.sendNotification("textDocument/didSave", { textDocument: { uri: models[0].toString() } });
+      clients[0].answer = (method, params) => connection.sendRequest(method, params);
+      for (const command of ["analyze", "validateKernel", "validateAll", "showKernel"] as const) {
+        await state.commands.get(`fuselens.palette.${command}`)!();
+      }
+      const analyzed: any = await execute("fuselens.analyze", [models[0].toString()]);
+      const validated: any = await execute("fuselens.validateAll", [models[1].toString(), null, { interpret: true }]);
+
+      // (Every notification the server sent before answering the last request has been read.)
+      assert.strictEqual(shown.length, 1, JSON.stringify(shown, null, 1));
+      const [told] = shown;
+      assert.match(told, /waits until you trust this folder: trust the workspace \(Workspaces: Manage Workspace Trust\)/);
+      assert.ok(!told.includes("trusted_folders") && !told.includes("Neovim"), told);
+      assert.deepStrictEqual(state.messages, [], "the extension showed a notification of its own");
+      const opened = state.executed.filter(([id]) => id === "workbench.trust.manage");
+      assert.strictEqual(opened.length, 4, "each palette command that needs trust opens Workspace Trust instead");
+      assert.strictEqual(clients[0].requests.length, 0, "the palette asked the server for nothing it cannot do");
+      assert.deepStrictEqual(analyzed, { scheduled: false, reason: "untrusted", message: told });
+      assert.deepStrictEqual(validated, { error: "untrusted", message: told });
+      assert.doesNotMatch(state.statusItems[0].text, /analyzing/);
+
+      await connection.sendRequest("shutdown");
+      await connection.sendNotification("exit");
+    } catch (error) {
+      throw new Error(`${error}\nserver stderr:\n${stderr().slice(-3000)}`);
     } finally {
       connection.dispose();
       proc.kill();
     }
   });
 });
+
+/**
+ * `fuselens serve --stdio` started with the extension's server options, its requests for settings
+ * answered by the extension's middleware `mw`, in a fresh cache folder (where the server keeps its
+ * validation histories). `shown` collects the server's window/showMessage texts.
+ */
+function startServer(serverOptions: any, mw: any) {
+  const cache = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-vscode-cache-"));
+  const proc = spawn(serverOptions.command, serverOptions.args, {
+    cwd: serverOptions.options.cwd,
+    env: { ...process.env, XDG_CACHE_HOME: cache },
+  });
+  let stderr = "";
+  proc.stderr.on("data", (chunk) => (stderr += chunk));
+  const connection = createProtocolConnection(new StreamMessageReader(proc.stdout), new StreamMessageWriter(proc.stdin));
+  const shown: string[] = [];
+  connection.onNotification("window/showMessage", (p: { message: string }) => void shown.push(p.message));
+  connection.onNotification("window/logMessage", () => undefined);
+  connection.onRequest("workspace/configuration", (params: unknown) =>
+    mw.workspace.configuration(params, undefined, () => assert.fail("the extension answers this itself")));
+  connection.onRequest("client/registerCapability", () => null);
+  connection.onRequest("window/workDoneProgress/create", () => null);
+  connection.onNotification("$/progress", () => undefined);
+  return { proc, connection, shown, stderr: () => stderr };
+}
