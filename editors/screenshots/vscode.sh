@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# A screenshot of the extension at work in a real VS Code: code-server (VS Code in a browser,
-# from npm) driven by Debian's headless Chromium through playwright-core.
+# Screenshots of the VS Code extension at work, for the README (see README.md beside this file):
+# code-server (VS Code in a browser, from npm) driven by Debian's headless Chromium through
+# playwright-core.
 #
-#   editors/vscode/scripts/screenshot.sh [OUT_DIR]     (default: docs/images)
+#   editors/screenshots/vscode.sh [OUT_DIR]     (default: docs/images)
 #
-# Not run in CI: the first run installs code-server (~400 MB, native modules compiled from
-# source) into $FUSELENS_CODE_SERVER_CACHE (default ~/.cache/fuselens-code-server); later runs
-# reuse it. Needs, from Debian:
+# The first run installs code-server (~330 MB, native modules built from source) into
+# $FUSELENS_CODE_SERVER_CACHE (default ~/.cache/fuselens-code-server); later runs reuse it. Needs,
+# from Debian:
 #   apt-get install -y chromium ripgrep build-essential pkg-config python3 libkrb5-dev
 # and Node 20 (code-server 4.100.x is the last release that runs on Node 20), plus the
 # repository's .venv (or $FUSELENS_PYTHON) with fuselens and torch installed.
 #
-# What it does: builds and packages the extension, installs the .vsix into a fresh
-# code-server profile whose settings point fuselens.server.python at the venv, opens a copy
-# of examples/example_net.py in a workspace, trusts it, waits for the diagnostics, inlay hints
-# and code lens, and saves vscode.png (the editor) and vscode-hover.png (a cluster's hover).
+# It builds and packages the extension, installs the .vsix into a fresh code-server profile whose
+# settings point fuselens.server.python at the venv, and runs vscode.mjs, which takes each
+# scene in a workspace holding a copy of examples/example_net.py. SCENES (default: all of
+# vscode.mjs's) picks some, e.g. SCENES="untrusted hover".
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-EXT="$(dirname "$HERE")"
-REPO="$(cd "$EXT/../.." && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+EXT="$REPO/editors/vscode"
 OUT_DIR="$(mkdir -p "${1:-$REPO/docs/images}" && cd "${1:-$REPO/docs/images}" && pwd)"
 CACHE="${FUSELENS_CODE_SERVER_CACHE:-$HOME/.cache/fuselens-code-server}"
 PYTHON="${FUSELENS_PYTHON:-$REPO/.venv/bin/python}"
@@ -58,16 +59,14 @@ install_code_server() {
 [ -f "$CACHE/.installed-$CODE_SERVER_VERSION" ] || (install_code_server)
 
 # --- the extension -------------------------------------------------------------------------
-cd "$EXT"
-[ -d node_modules ] || npm ci
-npm run compile
-npx vsce package -o "$CACHE/fuselens.vsix" </dev/null
+(
+  cd "$EXT"
+  [ -d node_modules ] || npm ci
+  npm run compile
+  npx vsce package -o "$CACHE/fuselens.vsix" </dev/null
+)
 
-WORK="$(mktemp -d -t fuselens-screenshot-XXXXXX)"
+WORK="$(mktemp -d /tmp/fuselens.XXXX)"
 trap 'rm -rf "$WORK"' EXIT
-export XDG_CONFIG_HOME="$WORK/config" XDG_DATA_HOME="$WORK/data"  # keep code-server's config out of ~
-"$CACHE/node_modules/.bin/code-server" --user-data-dir "$WORK/user" --extensions-dir "$WORK/extensions" \
-  --install-extension "$CACHE/fuselens.vsix"
-
-node "$HERE/screenshot.mjs" --cache "$CACHE" --work "$WORK" --python "$PYTHON" --chromium "$CHROMIUM" \
-  --model "$REPO/examples/example_net.py" --out "$OUT_DIR"
+node "$HERE/vscode.mjs" --cache "$CACHE" --work "$WORK" --python "$PYTHON" --chromium "$CHROMIUM" \
+  --vsix "$CACHE/fuselens.vsix" --model "$REPO/examples/example_net.py" --out "$OUT_DIR" ${SCENES:+--scenes "$SCENES"}

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Screenshots of the Neovim plugin at work, for the README (see README.md beside this file).
+#
+#   editors/screenshots/nvim.sh [OUT_DIR]          (default: docs/images)
+#
+# Writes, from a copy of examples/example_net.py:
+#   nvim.png          cluster diagnostics as virtual text, inlay hints (0.10+), the code lens above
+#                     the class line, a cluster's hover and the statusline
+#   nvim-results.png  :FuselensResults after a validation in the Triton interpreter
+#
+# How: the real Neovim runs in a detached tmux pane of a fixed size with only this plugin (a
+# minimal init written below, a private HOME, the copy's folder in `trusted_folders`) and walks
+# through the scene; `tmux capture-pane -e` takes the screen with its colours, terminal_html.py
+# turns it into an HTML page of the same grid, and headless Chromium renders that. No display.
+#
+# Environment:
+#   NVIM             the Neovim to run (default: nvim on PATH; README.md says where a 0.11 comes from)
+#   FUSELENS_PYTHON  an interpreter with fuselens and torch (default: the repository's .venv)
+#   CHROMIUM         the browser (default: chromium)
+#   COLS, ROWS       the terminal size (default 172x54)
+#   SCENES           which to take (default: "main results")
+#   KEEP=1           keep the work folder (captured ANSI text, HTML, logs) and print its path
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+OUT_DIR=$(realpath -m "${1:-$REPO/docs/images}")
+NVIM=$(command -v "${NVIM:-nvim}")
+PYTHON=${FUSELENS_PYTHON:-$REPO/.venv/bin/python}
+CHROMIUM=${CHROMIUM:-chromium}
+COLS=${COLS:-172}
+ROWS=${ROWS:-54}
+SCENES=${SCENES:-main results}
+
+for tool in tmux "$CHROMIUM" python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (Debian: apt-get install -y tmux chromium)" >&2; exit 2; }
+done
+[[ -x $PYTHON ]] || { echo "no Python with fuselens at $PYTHON (set FUSELENS_PYTHON)" >&2; exit 2; }
+
+WORK=$(mktemp -d /tmp/fuselens-nvim-shots.XXXXXX)
+SOCKET=$WORK/tmux.sock
+cleanup() {
+  tmux -S "$SOCKET" kill-server 2>/dev/null || true
+  if [[ ${KEEP:-} == 1 ]]; then echo "work folder: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+# The minimal init: only the plugin, set up as a user would, plus what makes the picture. The
+# scene ($FUSELENS_SCENE) runs in steps polled every 250 ms, and writes $FUSELENS_READY when the
+# screen shows what it is for.
+cat >"$WORK/init.lua" <<'LUA'
+vim.opt.runtimepath:prepend(os.getenv("FUSELENS_PLUGIN"))
+vim.o.swapfile = false
+vim.o.shada = ""
+vim.o.termguicolors = true
+vim.o.background = "dark"
+vim.o.number = true
+vim.o.numberwidth = 3
+if vim.fn.exists("+winborder") == 1 then -- 0.11+: a border around the hover
+  vim.o.winborder = "rounded"
+end
+vim.o.signcolumn = "yes"
+vim.o.laststatus = 2
+vim.o.statusline = " %f%m %= %{v:lua.require'fuselens'.status()}   %l:%c "
+vim.cmd("filetype plugin indent on")
+vim.cmd("syntax on")
+-- Neovim 0.11+ shows no diagnostic virtual text by default.
+vim.diagnostic.config({ virtual_text = true, signs = true, underline = true })
+
+local fuselens = require("fuselens")
+fuselens.setup({
+  python = os.getenv("FUSELENS_PYTHON"),
+  trusted_folders = { os.getenv("FUSELENS_PROJECT") },
+  interpret = true, -- no GPU here: validate in the Triton interpreter without asking
+  settings = { compareInductor = false },
+})
+
+local ih = vim.lsp.inlay_hint
+local has_hints = type(ih) == "table" and ih.get ~= nil
+
+local function analyzed(bufnr)
+  local n = 0
+  for _, d in ipairs(vim.diagnostic.get(bufnr)) do
+    n = n + (d.source == "fuselens" and 1 or 0)
+  end
+  local hints = not has_hints or #ih.get({ bufnr = bufnr }) >= 3
+  return n >= 3 and hints and #vim.lsp.codelens.get(bufnr) >= 3
+end
+
+local function float_open()
+  for _, win in ipairs(vim.api.nvim_list_wins()) do
+    if vim.api.nvim_win_get_config(win).relative ~= "" then
+      return true
+    end
+  end
+  return false
+end
+
+local function ready()
+  vim.cmd("redraw")
+  vim.fn.writefile({}, os.getenv("FUSELENS_READY"))
+end
+
+-- Each scene: a list of steps; a step returns true when it is done.
+local scenes = {
+  main = {
+    function() return analyzed(0) end,
+    function() -- the hover under the last line of cluster c2
+      vim.api.nvim_win_set_cursor(0, { 30, 15 }) -- return F.softmax(x, dim=-1)
+      -- Sizes and placement are taken by 0.11+ (older ones place it where it fits).
+      vim.lsp.buf.hover({ max_width = 100, max_height = 20, anchor_bias = "below" })
+      return true
+    end,
+    function() return float_open() end,
+  },
+  results = {
+    function() return analyzed(0) end,
+    function()
+      fuselens.validate(0)
+      return true
+    end,
+    function() return fuselens.state.last_validation ~= nil end,
+    function()
+      vim.cmd("FuselensResults")
+      vim.cmd("resize 24")
+      vim.cmd("normal! gg")
+      return true
+    end,
+  },
+}
+
+local steps, index = scenes[os.getenv("FUSELENS_SCENE")], 1
+local timer = (vim.uv or vim.loop).new_timer()
+timer:start(500, 250, vim.schedule_wrap(function()
+  if index > #steps then
+    timer:stop()
+    ready()
+  elseif steps[index]() then
+    index = index + 1
+  end
+end))
+LUA
+
+printf '%s\n' 'set -g status off' 'set -g default-terminal tmux-256color' 'set -sg escape-time 0' >"$WORK/tmux.conf"
+mkdir -p "$OUT_DIR"
+echo "$("$NVIM" --version | head -1), ${COLS}x${ROWS}"
+
+take() { # take SCENE OUT.png
+  local scene=$1 out=$2 project=$WORK/$1/project home=$WORK/$1/home
+  mkdir -p "$project" "$home"
+  cp "$REPO/examples/example_net.py" "$project/"
+  printf '[project]\nname = "models"\n' >"$project/pyproject.toml"
+  rm -f "$WORK/ready"
+  tmux -S "$SOCKET" -f "$WORK/tmux.conf" new-session -d -x "$COLS" -y "$ROWS" -c "$project" \
+    env HOME="$home" XDG_CONFIG_HOME="$home/.config" XDG_CACHE_HOME="$home/.cache" \
+        XDG_DATA_HOME="$home/.local/share" XDG_STATE_HOME="$home/.local/state" \
+        FUSELENS_PLUGIN="$REPO/editors/nvim" FUSELENS_PYTHON="$PYTHON" FUSELENS_SCENE="$scene" \
+        FUSELENS_PROJECT="$project" FUSELENS_READY="$WORK/ready" \
+        "$NVIM" -i NONE -u "$WORK/init.lua" example_net.py
+  for _ in $(seq 600); do
+    [[ -e $WORK/ready ]] && break
+    # Two messages in a row (the validation's summary after its progress) leave Neovim at a
+    # hit-enter prompt, where the scene's timer does not run: answer it as a user would.
+    if tmux -S "$SOCKET" capture-pane -p | grep -q "Press ENTER or type command to continue"; then
+      tmux -S "$SOCKET" send-keys Enter
+    fi
+    sleep 0.5
+  done
+  [[ -e $WORK/ready ]] || { tmux -S "$SOCKET" capture-pane -p; echo "$scene: timed out" >&2; exit 1; }
+  sleep 1
+  tmux -S "$SOCKET" capture-pane -e -N -p >"$WORK/$scene.ansi"
+  tmux -S "$SOCKET" kill-server
+  local size
+  size=$(python3 "$HERE/terminal_html.py" "$WORK/$scene.ansi" "$WORK/$scene.html" "$COLS" "$ROWS")
+  "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking --no-first-run \
+    --hide-scrollbars --user-data-dir="$WORK/chromium" --screenshot="$out" --window-size="$size" \
+    "file://$WORK/$scene.html" 2>/dev/null
+  echo "wrote $out (${size/,/x})"
+}
+
+for scene in $SCENES; do
+  case $scene in
+    main) take main "$OUT_DIR/nvim.png" ;;
+    results) take results "$OUT_DIR/nvim-results.png" ;;
+    *) echo "unknown scene $scene (main, results)" >&2; exit 2 ;;
+  esac
+done
