@@ -39,8 +39,18 @@ done
 
 WORK=$(mktemp -d /tmp/fuselens-nvim-shots.XXXXXX)
 SOCKET=$WORK/tmux.sock
-cleanup() {
+# Quit Neovim (and with it the server) before its pane goes: killing the pane alone can leave
+# Neovim's embedded core, and the server under it, running.
+quit_neovim() {
+  tmux -S "$SOCKET" send-keys Escape ':qa!' Enter 2>/dev/null || return 0
+  for _ in $(seq 20); do
+    tmux -S "$SOCKET" has-session 2>/dev/null || break
+    sleep 0.25
+  done
   tmux -S "$SOCKET" kill-server 2>/dev/null || true
+}
+cleanup() {
+  quit_neovim
   if [[ ${KEEP:-} == 1 ]]; then echo "work folder: $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
@@ -169,7 +179,7 @@ take() { # take SCENE OUT.png
   [[ -e $WORK/ready ]] || { tmux -S "$SOCKET" capture-pane -p; echo "$scene: timed out" >&2; exit 1; }
   sleep 1
   tmux -S "$SOCKET" capture-pane -e -N -p >"$WORK/$scene.ansi"
-  tmux -S "$SOCKET" kill-server
+  quit_neovim
   local size
   size=$(python3 "$HERE/terminal_html.py" "$WORK/$scene.ansi" "$WORK/$scene.html" "$COLS" "$ROWS")
   "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking --no-first-run \
