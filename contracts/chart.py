@@ -61,7 +61,7 @@ def _times_figure(model: ModelValidation, where: str, earlier: EarlierModels) ->
         times = [_timing(_same(before, c)).fused_us for c in clusters]
         data.append({**_bar(f"fused, {label}", clusters, times), "opacity": EARLIER_OPACITY})
     layout = _layout(
-        f"{model.name}: CUDA-graph time per cluster {where}, eager vs {COMPILED} vs fused", "µs (lower is better)"
+        f"{model.name}: CUDA-graph time per cluster {where},<br>eager vs {COMPILED} vs fused", "µs (lower is better)"
     )
     ceiling = [_finite(_timing(c).pct_of_peak) for c in clusters]
     if any(p is not None for p in ceiling):
@@ -121,7 +121,9 @@ def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels)
     for label, before in _recent(earlier):
         values = [_drawable(_error(_same(before, c))) for c in clusters]
         data.append({**_bar(f"max |error|, {label}", clusters, values), "opacity": EARLIER_OPACITY})
-    layout = _layout(f"{model.name}: largest error per cluster {where}, against its tolerance", "max |error| vs eager")
+    layout = _layout(
+        f"{model.name}: largest error per cluster,<br>{where}, against its tolerance", "max |error| vs eager"
+    )
     layout["yaxis"]["type"] = "log"  # errors and tolerances span decades (1e-7 in fp32, 1e-2 in bf16)
     # A log axis cannot draw 0 (an exact match) or a check that never produced a number: say it in words.
     layout["annotations"] = [
@@ -176,13 +178,15 @@ def _bar(name: str, clusters: list[ClusterCheck], values: list[float | None]) ->
 
 
 def _layout(title: str, y_title: str) -> dict[str, Any]:
+    # Two lines from the left edge: centred on one line, the title ran off both sides of a panel
+    # half the window wide (plotly does not wrap titles itself).
     return {
-        "title": {"text": title},
+        "title": {"text": title, "x": 0, "xanchor": "left"},
         "barmode": "group",
         "xaxis": {"title": {"text": "cluster"}, "type": "category"},
         "yaxis": {"title": {"text": y_title}},
         "legend": {"orientation": "h", "y": -0.25},
-        "margin": {"t": 60, "r": 70},
+        "margin": {"t": 80, "r": 70},
     }
 
 

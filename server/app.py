@@ -54,6 +54,7 @@ from .inductor import InductorComparer
 from .runner import RemoteRunners, template_problem
 from .scheduler import Analysis, Scheduler
 from .trust import Trust, client_trust
+from .views import is_view
 from .watch import Watcher, affects
 from .workers import JobFailed, WorkerClient
 
@@ -418,8 +419,8 @@ class FuselensServer(LanguageServer):
     def schedule(self, uri: str) -> None:
         doc = self.document(uri)
         path = uri_to_path(uri)
-        if doc is None or path is None or not path.endswith(".py"):
-            return
+        if doc is None or path is None or not path.endswith(".py") or is_view(path):
+            return  # a kernel view is generated code the user reads, not a model
         if not self.trusted(path):
             self.untrusted(path)
             return

@@ -32,6 +32,12 @@ def views_folder(workspace: str, kind: str) -> str:
     return folder
 
 
+def is_view(path: str) -> bool:
+    """Whether `path` is one of the views (generated code the editor shows, never a model to analyze)."""
+    views = os.path.realpath(os.path.join(user_cache_folder(), "views"))
+    return os.path.commonpath([views, os.path.realpath(path)]) == views
+
+
 def write_view(folder: str, name: str, text: str) -> str:
     """The read-only file `name` in `folder` holding `text`; its path."""
     path = os.path.join(folder, os.path.basename(name))

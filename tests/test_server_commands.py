@@ -198,6 +198,16 @@ async def test_show_kernel_opens_that_kernel_read_only_outside_the_project(clien
     assert line.startswith("def cluster1(")
 
 
+async def test_an_opened_kernel_view_is_not_analyzed_as_a_model(client: Client, analyzed: str):
+    """The kernel the editor opens is generated code to read: it gets no analysis, no diagnostics
+    and no "0 clusters" status, while the user's files still do."""
+    result = await client.command("fuselens.showKernel", analyzed, "c1")
+    view = client.open(result["path"])
+    mine = client.open("another_model.py", example_text())
+    assert await client.diagnostics_of(mine)  # analyzed after the view was opened
+    assert client.published_for(view) == []
+
+
 async def test_show_kernels_for_the_model(client: Client, analyzed: str):
     result = await client.command("fuselens.showKernel", analyzed, "ExampleNet")
     assert result["kernels"] == ["cluster0", "cluster1", "cluster2"]
