@@ -27,6 +27,17 @@ function isPythonFile(doc: vscode.TextDocument): boolean {
   return doc.uri.scheme === "file" && doc.languageId === "python";
 }
 
+/** A file no one may write: the server's kernel views are (generated code to read), and it
+ * analyzes none of them, so marking one "analyzing" would spin forever. Mode bits, not access():
+ * root may write any file. */
+function isReadOnly(doc: vscode.TextDocument): boolean {
+  try {
+    return (fs.statSync(doc.uri.fsPath).mode & 0o222) === 0;
+  } catch {
+    return false;
+  }
+}
+
 export function clientOptions(
   output: vscode.OutputChannel,
   status: StatusModel,
@@ -35,7 +46,7 @@ export function clientOptions(
   // The server analyzes only trusted files and says nothing for the others, so an untrusted
   // document is never marked "analyzing" (it would spin forever).
   const sent = (doc: vscode.TextDocument) => {
-    if (isPythonFile(doc) && vscode.workspace.isTrusted) {
+    if (isPythonFile(doc) && vscode.workspace.isTrusted && !isReadOnly(doc)) {
       status.analyzing(doc.uri.toString());
     }
   };

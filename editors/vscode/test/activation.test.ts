@@ -194,6 +194,23 @@ describe("activation", () => {
     assert.strictEqual(item.tooltip, "invalid syntax (line 12)");
   });
 
+  it("does not mark a read-only file, such as a kernel view, as analyzing", async () => {
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-view-"));
+    const file = path.join(folder, "model_kernels.py");
+    fs.writeFileSync(file, "x = 1\n");
+    fs.chmodSync(file, 0o444); // as the server writes its views
+    const state = freshState();
+    const doc = { uri: FakeUri.file(file), languageId: "python" };
+    state.activeEditor = { document: doc };
+    await activate(state);
+    const [item] = state.statusItems;
+    clients[0].clientOptions.middleware.didOpen(doc, () => undefined);
+    assert.doesNotMatch(item.text, /analyzing/);
+    fs.chmodSync(file, 0o644);
+    clients[0].clientOptions.middleware.didOpen(doc, () => undefined);
+    assert.match(item.text, /analyzing/, "a file the user can edit still is");
+  });
+
   it("answers workspace/configuration with the server's keys only", async () => {
     const state = freshState();
     Object.assign(state.settings, { "fuselens.server.python": "/x", "fuselens.severity": "warning", "fuselens.show": ["clusters"] });
