@@ -8,6 +8,7 @@
 //   trusted:   problems, hover, kernel, no-gpu-prompt, results, syntax-error (in this order: each
 //              scene starts where the one before left the window)
 //   untrusted: untrusted
+//   gpu:       results-gpu (the results view of a run measured on a GPU: see seed_gpu_history.py)
 // A scene not asked for is still walked through when a later one needs it, but not saved.
 
 import { execFileSync, spawn } from "child_process";
@@ -38,7 +39,9 @@ const SCENES = {
   results: { file: "vscode-results.png", session: "trusted" },
   "syntax-error": { file: "vscode-syntax-error.png", session: "trusted" },
   untrusted: { file: "vscode-untrusted.png", session: "untrusted" },
+  "results-gpu": { file: "vscode-results-gpu.png", session: "gpu" },
 };
+const HERE = path.dirname(new URL(import.meta.url).pathname);
 const wanted = new Set(args.scenes ? args.scenes.split(/\s+/).filter(Boolean) : Object.keys(SCENES));
 for (const name of wanted) {
   if (!SCENES[name]) {
@@ -300,7 +303,31 @@ async function untrustedScenes(page, model) {
   await save(page, "untrusted");
 }
 
-const sessions = { trusted: trustedScenes, untrusted: untrustedScenes };
+async function gpuScenes(page, model) {
+  // This machine has no GPU: the run shown is the held-out suite's Llama case as measured on an
+  // H200 (benchmarks/results/held_out_h200.json), written into the case file's history by the
+  // server's own history code; the view is what "Show validation results" draws from it.
+  const results = path.join(HERE, "..", "..", "benchmarks", "results", "held_out_h200.json");
+  const seeded = execFileSync(args.python, [path.join(HERE, "seed_gpu_history.py"), path.dirname(model), "llama", results])
+    .toString().trim();
+  await answerTrust(page, true);
+  await openFile(page, seeded);
+  await page.keyboard.press("Control+B"); // the side bar away: the results view needs the width
+  await page.keyboard.press("Control+Shift+P");
+  await page.keyboard.type("fuselens: Show validation results", { delay: 10 });
+  await page.locator(".quick-input-list .monaco-list-row").filter({ hasText: "Show validation results" }).first()
+    .waitFor({ timeout: 10_000 });
+  await page.keyboard.press("Enter");
+  await page.locator(".tab").filter({ hasText: "fuselens results" }).first().waitFor({ timeout: 120_000 });
+  const view = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+  await view.locator("table.results").first().waitFor({ timeout: 60_000 });
+  await view.locator(".chart .legendtext").first().waitFor({ timeout: 60_000 });
+  await page.mouse.move(700, 300);
+  await page.waitForTimeout(2500);
+  await save(page, "results-gpu");
+}
+
+const sessions = { trusted: trustedScenes, untrusted: untrustedScenes, gpu: gpuScenes };
 for (const [name, run] of Object.entries(sessions)) {
   if ([...wanted].some((scene) => SCENES[scene].session === name)) {
     await session(name, run);
