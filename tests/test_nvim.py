@@ -145,6 +145,11 @@ def test_diagnostics_one_per_cluster(session):
     assert session["status"] == "fuselens: 3 clusters"
 
 
+def test_the_statusline_names_a_syntax_error(session):
+    _no_errors(session, "syntax error")
+    assert session["syntax_status"] == "fuselens: syntax error"
+
+
 def test_inlay_hints_where_neovim_has_them(session):
     _no_errors(session, "diagnostics")
     major, minor = (int(x) for x in session["nvim"].split(".")[:2])

@@ -430,5 +430,23 @@ step("quick fix", function()
   results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
 end)
 
+step("syntax error", function()
+  -- A second model with an unmatched bracket: the status names the problem, not "0 clusters".
+  local broken = vim.fn.fnamemodify(model, ":h") .. "/broken.py"
+  vim.fn.writefile({ "import torch.nn as nn", "", "class M(nn.Module):", "    def forward(self, x):",
+                     "        return (x * 2))" }, broken)
+  vim.cmd("edit " .. vim.fn.fnameescape(broken))
+  local buf = vim.api.nvim_get_current_buf()
+  wait(60000, "the syntax error", function()
+    for _, d in ipairs(vim.diagnostic.get(buf)) do
+      if d.source == "fuselens" and d.code == "syntax" then
+        return true
+      end
+    end
+    return false
+  end)
+  results.syntax_status = fuselens.status(buf)
+end)
+
 save()
 vim.cmd("qa!")

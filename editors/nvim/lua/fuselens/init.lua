@@ -43,6 +43,7 @@ M.config = vim.deepcopy(defaults)
 -- What the plugin has seen, for statuslines and tests: require("fuselens").state
 M.state = {
   clusters = {}, -- bufnr -> number of cluster diagnostics
+  problems = {}, -- bufnr -> what stopped its analysis, in a status's words ("syntax error"), or nil
   progress = {}, -- token -> { title, message, percentage, done }
   progress_log = {}, -- every work-done progress value received, in order
   last_result = {}, -- command name -> what the server answered last
@@ -161,6 +162,25 @@ local function client_commands()
   }
 end
 
+-- A diagnostic that stopped the analysis, by its code, as the status names it: "0 clusters" would
+-- say the file was analyzed.
+local PROBLEM_WORDS = {
+  syntax = "syntax error",
+  import = "import error",
+  construct = "model not built",
+  inputs = "no inputs",
+  trace = "forward failed",
+}
+
+local function problem_of(diagnostics)
+  for _, d in ipairs(diagnostics or {}) do
+    if d.source == "fuselens" and PROBLEM_WORDS[d.code] then
+      return PROBLEM_WORDS[d.code]
+    end
+  end
+  return nil
+end
+
 local function count_clusters(diagnostics)
   local n = 0
   for _, d in ipairs(diagnostics or {}) do
@@ -179,6 +199,7 @@ local function handlers()
       vim.lsp.handlers["textDocument/publishDiagnostics"](err, result, ctx, config)
       local bufnr = vim.uri_to_bufnr(result.uri)
       M.state.clusters[bufnr] = count_clusters(result.diagnostics)
+      M.state.problems[bufnr] = problem_of(result.diagnostics)
       status_changed()
       if M.config.codelens and vim.api.nvim_buf_is_loaded(bufnr) then
         vim.schedule(function()
@@ -391,7 +412,11 @@ function M.status(bufnr)
       return p.title .. pct
     end
   end
-  local n = M.state.clusters[bufnr or vim.api.nvim_get_current_buf()]
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  if M.state.problems[bufnr] then
+    return "fuselens: " .. M.state.problems[bufnr]
+  end
+  local n = M.state.clusters[bufnr]
   if n == nil then
     return ""
   end
