@@ -18,7 +18,7 @@
 #   FUSELENS_PYTHON  an interpreter with fuselens and torch (default: the repository's .venv)
 #   CHROMIUM         the browser (default: chromium)
 #   COLS, ROWS       the terminal size (default 172x54)
-#   SCENES           which to take (default: "main results")
+#   SCENES           which to take (default: all: "main results kernel syntax-error no-gpu untrusted")
 #   KEEP=1           keep the work folder (captured ANSI text, HTML, logs) and print its path
 set -euo pipefail
 
@@ -30,7 +30,7 @@ PYTHON=${FUSELENS_PYTHON:-$REPO/.venv/bin/python}
 CHROMIUM=${CHROMIUM:-chromium}
 COLS=${COLS:-172}
 ROWS=${ROWS:-54}
-SCENES=${SCENES:-main results}
+SCENES=${SCENES:-main results kernel syntax-error no-gpu untrusted}
 
 for tool in tmux "$CHROMIUM" python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (Debian: apt-get install -y tmux chromium)" >&2; exit 2; }
@@ -80,8 +80,10 @@ vim.diagnostic.config({ virtual_text = true, signs = true, underline = true })
 local fuselens = require("fuselens")
 fuselens.setup({
   python = os.getenv("FUSELENS_PYTHON"),
-  trusted_folders = { os.getenv("FUSELENS_PROJECT") },
-  interpret = true, -- no GPU here: validate in the Triton interpreter without asking
+  -- The untrusted scene trusts nothing; the others, the project.
+  trusted_folders = os.getenv("FUSELENS_TRUST") == "0" and {} or { os.getenv("FUSELENS_PROJECT") },
+  -- No GPU here: validate in the Triton interpreter without asking, but in the scene of the question.
+  interpret = os.getenv("FUSELENS_INTERPRET") ~= "0",
   settings = { compareInductor = false },
 })
 
@@ -106,7 +108,17 @@ local function float_open()
   return false
 end
 
+local function syntax_error_shown(bufnr)
+  for _, d in ipairs(vim.diagnostic.get(bufnr)) do
+    if d.source == "fuselens" and d.code == "syntax" then
+      return true
+    end
+  end
+  return false
+end
+
 local function ready()
+  vim.cmd("redrawstatus!")
   vim.cmd("redraw")
   vim.fn.writefile({}, os.getenv("FUSELENS_READY"))
 end
@@ -137,6 +149,34 @@ local scenes = {
       return true
     end,
   },
+  kernel = { -- "Show kernel" on cluster c1: its kernel and launcher, a read-only view
+    function() return analyzed(0) end,
+    function()
+      fuselens.show_kernel(0, "c1")
+      return true
+    end,
+    function() return vim.api.nvim_buf_get_name(0):find("_cluster1%.py$") ~= nil end,
+  },
+  ["syntax-error"] = { -- an unmatched bracket, saved: the diagnostic names the line
+    function() return analyzed(0) end,
+    function()
+      vim.api.nvim_buf_set_lines(0, 29, 30, false, { "        return F.softmax(x, dim=-1))" })
+      vim.cmd("write")
+      vim.api.nvim_win_set_cursor(0, { 30, 0 })
+      return true
+    end,
+    function() return syntax_error_shown(0) end,
+  },
+  -- These two end on a prompt or a message, which the shell waits for on the screen.
+  ["no-gpu"] = {
+    function() return analyzed(0) end,
+    function()
+      fuselens.validate(0)
+      return true
+    end,
+    function() return false end,
+  },
+  untrusted = { function() return false end },
 }
 
 local steps, index = scenes[os.getenv("FUSELENS_SCENE")], 1
@@ -155,8 +195,11 @@ printf '%s\n' 'set -g status off' 'set -g default-terminal tmux-256color' 'set -
 mkdir -p "$OUT_DIR"
 echo "$("$NVIM" --version | head -1), ${COLS}x${ROWS}"
 
-take() { # take SCENE OUT.png
-  local scene=$1 out=$2 project=$WORK/$1/project home=$WORK/$1/home
+take() { # take SCENE OUT.png [TEXT]: TEXT on the screen, when given, is what the scene waits for
+  local scene=$1 out=$2 text=${3:-} project=$WORK/$1/project home=$WORK/$1/home
+  local trust=1 interpret=1
+  [[ $scene == untrusted ]] && trust=0
+  [[ $scene == no-gpu ]] && interpret=0
   mkdir -p "$project" "$home"
   cp "$REPO/examples/example_net.py" "$project/"
   printf '[project]\nname = "models"\n' >"$project/pyproject.toml"
@@ -165,13 +208,18 @@ take() { # take SCENE OUT.png
     env HOME="$home" XDG_CONFIG_HOME="$home/.config" XDG_CACHE_HOME="$home/.cache" \
         XDG_DATA_HOME="$home/.local/share" XDG_STATE_HOME="$home/.local/state" \
         FUSELENS_PLUGIN="$REPO/editors/nvim" FUSELENS_PYTHON="$PYTHON" FUSELENS_SCENE="$scene" \
-        FUSELENS_PROJECT="$project" FUSELENS_READY="$WORK/ready" \
+        FUSELENS_PROJECT="$project" FUSELENS_READY="$WORK/ready" FUSELENS_TRUST="$trust" \
+        FUSELENS_INTERPRET="$interpret" \
         "$NVIM" -i NONE -u "$WORK/init.lua" example_net.py
   for _ in $(seq 600); do
     [[ -e $WORK/ready ]] && break
+    if [[ -n $text ]] && tmux -S "$SOCKET" capture-pane -p | grep -q "$text"; then
+      touch "$WORK/ready"
+      break
+    fi
     # Two messages in a row (the validation's summary after its progress) leave Neovim at a
     # hit-enter prompt, where the scene's timer does not run: answer it as a user would.
-    if tmux -S "$SOCKET" capture-pane -p | grep -q "Press ENTER or type command to continue"; then
+    if [[ -z $text ]] && tmux -S "$SOCKET" capture-pane -p | grep -q "Press ENTER or type command to continue"; then
       tmux -S "$SOCKET" send-keys Enter
     fi
     sleep 0.5
@@ -192,6 +240,10 @@ for scene in $SCENES; do
   case $scene in
     main) take main "$OUT_DIR/nvim.png" ;;
     results) take results "$OUT_DIR/nvim-results.png" ;;
-    *) echo "unknown scene $scene (main, results)" >&2; exit 2 ;;
+    kernel) take kernel "$OUT_DIR/nvim-kernel.png" ;;
+    syntax-error) take syntax-error "$OUT_DIR/nvim-syntax-error.png" ;;
+    no-gpu) take no-gpu "$OUT_DIR/nvim-no-gpu-prompt.png" "No CUDA GPU" ;;
+    untrusted) take untrusted "$OUT_DIR/nvim-untrusted.png" "trust" ;;
+    *) echo "unknown scene $scene (main, results, kernel, syntax-error, no-gpu, untrusted)" >&2; exit 2 ;;
   esac
 done
