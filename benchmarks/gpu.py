@@ -306,6 +306,18 @@ def _merge(paths: list[str], out: str) -> int:
     return 0
 
 
+def run_child(command: list[str]) -> tuple[int, dict | None]:
+    """Run a benchmark `command` writing into a fresh folder: its exit code, and the results.json it
+    wrote (None when it wrote none)."""
+    with tempfile.TemporaryDirectory(prefix="fuselens-bench-") as out:
+        code = subprocess.call([*command, "--out", out])
+        try:
+            with open(os.path.join(out, "results.json"), encoding="utf-8") as fh:
+                return code, json.load(fh)
+        except (OSError, ValueError):
+            return code, None
+
+
 def _each_in_its_own_process(args, examples: list[str]) -> int:
     """One child process per example, so each starts with an empty GPU: hundreds of CUDA-graph
     captures of GB-sized tensors fragment the caching allocator until a later example no longer
@@ -324,22 +336,10 @@ def _each_in_its_own_process(args, examples: list[str]) -> int:
                 print(f"time budget spent: skipping {example}", flush=True)
                 continue
             command.append(f"--budget-s={left}")
-        with tempfile.TemporaryDirectory(prefix="fuselens-bench-") as out:
-            code = subprocess.call([*command, "--out", out])
-            try:
-                with open(os.path.join(out, "results.json"), encoding="utf-8") as fh:
-                    part = json.load(fh)
-            except (OSError, ValueError):
-                part = {
-                    "rows": [
-                        {
-                            "example": example,
-                            "size": "",
-                            "dtype": "",
-                            "error": f"the benchmark process exited with {code} before writing results",
-                        }
-                    ]
-                }
+        code, part = run_child(command)
+        if part is None:
+            error = f"the benchmark process exited with {code} before writing results"
+            part = {"rows": [{"example": example, "size": "", "dtype": "", "error": error}]}
         merged.update({k: v for k, v in part.items() if k != "rows"})
         merged["rows"] += part["rows"]
         os.makedirs(args.out, exist_ok=True)

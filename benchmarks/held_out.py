@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from gpu import cluster_row  # noqa: E402  (beside this script: the tuning suite's rows)
+from gpu import cluster_row, run_child  # noqa: E402  (beside this script: the tuning suite's)
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
 
@@ -232,7 +231,8 @@ def _write(out: str, results: dict) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1, default=str)
-    table = markdown(results["rows"], results.get("device", "?"), provenance_line(results.get("provenance") or {}))
+    measured = results.get("provenance")  # none when no case ran (no CUDA device, every child failed)
+    table = markdown(results["rows"], results.get("device", "?"), provenance_line(measured) if measured else "")
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as fh:
         fh.write(table)
     print(table, flush=True)
@@ -249,13 +249,9 @@ def _each_in_its_own_process(args, cases: list[str]) -> int:
         command = [sys.executable, os.path.abspath(__file__), "--only", case_id]
         if args.peak_gbps:
             command.append(f"--peak-gbps={args.peak_gbps}")
-        with tempfile.TemporaryDirectory(prefix="fuselens-bench-") as out:
-            code = subprocess.call([*command, "--out", out])
-            try:
-                with open(os.path.join(out, "results.json"), encoding="utf-8") as fh:
-                    part = json.load(fh)
-            except (OSError, ValueError):
-                part = {"rows": [{"case": case_id, "error": f"the benchmark process exited with {code}"}]}
+        code, part = run_child(command)
+        if part is None:
+            part = {"rows": [{"case": case_id, "error": f"the benchmark process exited with {code}"}]}
         merged.update({k: v for k, v in part.items() if k != "rows"})
         merged["rows"] += part["rows"]
         _write(args.out, merged)  # after every case: a cut run keeps what it measured
