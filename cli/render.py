@@ -145,6 +145,9 @@ def _render_clusters(console: Console, model: Model) -> None:
         how = "applies as a library patch" if c.applies == "patch" else "does not apply"
         detail = c.apply_detail or c.mapping_detail
         console.print(f"  [dim]{_literal(c.id)} {how}: {_literal(detail)}{reached}[/]")
+    for c in model.clusters:
+        if not c.backward and c.kernel is not None:
+            console.print(f"  [dim]{_literal(c.id)} trains through its reference: {_literal(c.backward_detail)}[/]")
 
 
 _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
@@ -155,6 +158,7 @@ _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("saved", "right"),
     ("regime", "left"),
     ("applies", "left"),
+    ("backward", "left"),
     ("lines", "right"),
     ("×", "right"),
 )
@@ -171,7 +175,8 @@ def _cluster_table(clusters: list[Cluster], model_file: str) -> Table:
 
 def _cluster_row(c: Cluster, model_file: str) -> list[str]:
     """id, kind (`*` on a branch), the op chain (the first five of a long one), traffic, saving,
-    regime, how it applies (edit, patch, no) in its colour, lines, multiplicity."""
+    regime, how it applies (edit, patch, no) in its colour, whether its gradients are a kernel, lines,
+    multiplicity."""
     ops = c.op_chain if len(c.ops) <= 6 else " → ".join(o.target for o in c.ops[:5]) + f" … ({len(c.ops)} ops)"
     traffic = f"{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}"
     style = {"edit": "green", "patch": "cyan"}.get(c.applies, "yellow")
@@ -184,6 +189,7 @@ def _cluster_row(c: Cluster, model_file: str) -> list[str]:
         _saved(c),
         _literal(c.regime or "—"),
         f"[{style}]{_literal(c.applies)}[/]",
+        "[green]kernel[/]" if c.backward else "[dim]eager[/]",
         _literal(_where(c.file, c.lines, model_file)),
         str(c.multiplicity),
     ]

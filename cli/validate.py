@@ -13,7 +13,7 @@ from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.contracts.results_view import ResultsView, results_view, view_markdown
-from fuselens.contracts.validation import RESULT_COLUMNS, ValidationReport, timing_cells
+from fuselens.contracts.validation import RESULT_COLUMNS, BackwardCheck, ValidationReport, timing_cells
 from fuselens.server import history
 
 from . import results_page
@@ -65,6 +65,14 @@ def _err(value) -> str:
     return "—" if value is None else f"{value:.2e}"
 
 
+def _backward_cell(check: BackwardCheck | None) -> str:
+    """The gradients' check: its status and largest difference from eager, "—" without a backward kernel."""
+    if check is None:
+        return "—"
+    style = "green" if check.status == "verified" else "bold red"
+    return f"[{style}]{escape(check.status)}[/] {_err(check.max_abs)}"
+
+
 def render_validation(report: ValidationReport, console: Console) -> None:
     # Messages, names and devices are data, not markup: escaped, so that "[...]" in them prints as written.
     for problem in report.problems:
@@ -74,7 +82,17 @@ def render_validation(report: ValidationReport, console: Console) -> None:
         shapes = ", ".join(f"({', '.join(map(str, s))}) {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
         console.print(f"[bold]{escape(model.name)}[/] validated at {escape(shapes)} · {escape(where)}")
         table = Table(show_edge=True, header_style="bold")
-        for col in ("cluster", "kernel", "status", "instances", "max |err|", "max rel", "tolerance", "note"):
+        for col in (
+            "cluster",
+            "kernel",
+            "status",
+            "instances",
+            "max |err|",
+            "max rel",
+            "tolerance",
+            "backward",
+            "note",
+        ):
             table.add_column(col)
         timed = any(c.timing for c in model.clusters)
         if timed:
@@ -90,7 +108,8 @@ def render_validation(report: ValidationReport, console: Console) -> None:
                 _err(c.max_abs),
                 _err(c.max_rel),
                 f"{c.atol:g}/{c.rtol:g}" if c.atol is not None else "—",
-                escape(c.message),
+                _backward_cell(c.backward),
+                escape(c.message or (c.backward.message if c.backward else "")),
             ]
             if timed:
                 row += timing_cells(c.timing)

@@ -91,8 +91,9 @@ def emit(
     output_names: list[str],
     doc: str,
     comments: dict[str, str],
-    reference: str,
+    reference: str | None,
     number_names: list[str] | None = None,
+    trains: list[int] | None = None,
 ) -> Emitted:
     """The kernels and launcher of `plan` as the public function `name`, which takes `input_names`,
     then `number_names` (one for each of `plan.scalars`)."""
@@ -123,7 +124,9 @@ def emit(
             kernels += "\n\n" + _rows(plan, kernel_name + "_across", comments, divs, looped=False, across=True)
             strategy = "row-block/row-loop/across"
     numbers = number_names if number_names is not None else [slot.name for slot in plan.scalars]
-    text = launcher_text(plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference)
+    text = launcher_text(
+        plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference, trains
+    )
     return Emitted(kernels, text, strategy, helpers_used(kernels))
 
 

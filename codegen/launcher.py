@@ -26,16 +26,21 @@ def launcher_text(
     doc: str,
     flat: bool,
     divisors: list[str],
-    reference: str,
+    reference: str | None,
+    trains: list[int] | None = None,
 ) -> str:
     """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
     `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
     it passes (see `emit.Divisors`); `reference`: the cluster's ops as torch code
-    (`reference.reference_text`), which runs wherever the kernel cannot."""
+    (`reference.reference_text`), which runs wherever the kernel cannot; None for a kernel the
+    module calls only from its own code (a backward kernel): no reference, no public function.
+    `trains`: the inputs whose gradients the cluster's backward computes, when it has one."""
     lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors)
+    if reference is None:
+        return "\n".join([*lines, "", "", *_op_registration(plan, name)])
     lines += ["", "", *reference.splitlines()]
     lines += ["", "", *_op_registration(plan, name)]
-    lines += ["", "", *_public_function(plan, name, input_names, number_names, doc)]
+    lines += ["", "", *_public_function(plan, name, input_names, number_names, doc, trains)]
     return "\n".join(lines)
 
 
@@ -368,7 +373,7 @@ def _op_registration(plan: KernelPlan, name: str) -> list[str]:
 
 
 def _public_function(
-    plan: KernelPlan, name: str, input_names: list[str], number_names: list[str], doc: str
+    plan: KernelPlan, name: str, input_names: list[str], number_names: list[str], doc: str, trains: list[int] | None
 ) -> list[str]:
     """`<name>(inputs, numbers)`, the call the user's code makes: the kernel where it runs (CUDA tensors
     of the dtypes it was generated for, no gradients wanted, the numbers it has baked in; on meta
@@ -384,10 +389,15 @@ def _public_function(
     return [
         f"def {name}({', '.join(input_names + numbers)}):",
         _docstring(doc),
-        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}){fits}:",
+        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}{_trains(trains)}){fits}:",
         f"        return _{name}_op({', '.join(passed)})",
         f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]
+
+
+def _trains(trains: list[int] | None) -> str:
+    """`_kernel_runs`'s last argument: the inputs that may want gradients (the backward computes them)."""
+    return "" if trains is None else f", trains={tuple(trains)!r}"
 
 
 def _docstring(doc: str) -> str:

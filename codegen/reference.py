@@ -38,6 +38,18 @@ def reference_text(
     """`_<name>_reference(params, number_params)`: the cluster's members, replayed as the model called
     them, with the numbers of the model's state (`plan.scalars`) as the caller passes them."""
     number_params = number_params if number_params is not None else [slot.name for slot in plan.scalars]
+    body, names = forward_lines(graph, plan, params, number_params)
+    outputs = [names[o.node] for o in plan.outputs]
+    body.append(f"    return {', '.join(outputs)}")
+    doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
+    return "\n".join([f"def _{name}_reference({', '.join(params + number_params)}):", doc, *body])
+
+
+def forward_lines(
+    graph: Graph, plan: KernelPlan, params: list[str], number_params: list[str]
+) -> tuple[list[str], dict[int, str]]:
+    """The statements that compute the cluster's members from its inputs (`params`) and numbers, and
+    the name each member's value gets (`v<node>`; an input's is its parameter)."""
     names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)}
     numbers = {id(slot.value): _Param(p) for slot, p in zip(plan.scalars, number_params, strict=True)}
     body = []
@@ -47,10 +59,7 @@ def reference_text(
             continue
         names[member] = f"v{member}"
         body.append(f"    v{member} = {_call(node, names, graph, [slot.node for slot in plan.inputs], numbers)}")
-    outputs = [names[o.node] for o in plan.outputs]
-    body.append(f"    return {', '.join(outputs)}")
-    doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
-    return "\n".join([f"def _{name}_reference({', '.join(params + number_params)}):", doc, *body])
+    return body, names
 
 
 class _Param:

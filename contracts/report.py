@@ -178,6 +178,11 @@ class Cluster:
     apply_detail: str = ""
     patch: LibraryPatch | None = None  # set when it applies as "patch"
     numbers: list[Number] = field(default_factory=list)
+    # Training: the backward kernel's strategy when the cluster's gradients are one kernel ("" when
+    # not); `backward_detail` names the inputs it computes gradients of, or precisely why there is none
+    # (the cluster then trains through its reference, as the model wrote it).
+    backward: str = ""
+    backward_detail: str = ""
 
     @property
     def bytes_saved(self) -> int | None:

@@ -50,6 +50,20 @@ class ClusterCheck:
     rtol: float | None = None
     message: str = ""
     timing: Timing | None = None
+    # Training: the backward kernel's gradients against eager autograd on the same values, with the same
+    # seeded random upstream gradients ("" when the cluster has no backward kernel).
+    backward: BackwardCheck | None = None
+
+
+@dataclass
+class BackwardCheck:
+    status: str  # "verified" | "mismatch" | "nondeterministic" | "error"
+    inputs: list[str] = field(default_factory=list)  # the inputs whose gradients were compared
+    max_abs: float | None = None
+    max_rel: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    message: str = ""
 
 
 @dataclass

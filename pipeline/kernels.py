@@ -22,6 +22,7 @@ from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
 from fuselens.contracts.units import in_library, library_path
 
+from .backward import Backward, NoBackwardKernel, backward_for
 from .findings import Found
 
 
@@ -51,6 +52,7 @@ def generate_kernels(
                 reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
             else:
                 no_reference = ""
+            trained = _backward(cluster, instance, name, params, numbers) if not no_reference else None
             try:
                 emitted = emit(
                     instance.plan,
@@ -61,16 +63,35 @@ def generate_kernels(
                     _comments(instance, source, params),
                     reference,
                     numbers,
+                    trained.trains if trained else None,
                 )
             except Exception as exc:  # codegen must never lose the analysis
                 cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
                 cluster.apply_detail = cluster.lowering
                 continue
             text = emitted.kernels + "\n\n\n" + emitted.launcher
+            if trained:
+                text += "\n\n\n" + trained.text
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
             _attach_edit(report, cluster, instance, name, module_path, no_reference, source)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
+
+
+def _backward(cluster: R.Cluster, instance: Found, name: str, params: list[str], numbers: list[str]) -> Backward | None:
+    """The cluster's backward kernel, recorded on the cluster: its strategy and the inputs it takes
+    gradients of, or why its gradients are not one kernel."""
+    try:
+        trained = backward_for(instance.graph, instance.plan, name, params, numbers)
+    except NoBackwardKernel as exc:
+        cluster.backward_detail = str(exc)
+        return None
+    except Exception as exc:  # the forward kernel must never be lost to its backward
+        cluster.backward_detail = f"backward code generation failed: {type(exc).__name__}: {exc}"
+        return None
+    cluster.backward = trained.strategy
+    cluster.backward_detail = "gradients of " + ", ".join(params[k] for k in trained.grads_of)
+    return trained
 
 
 def _refusing_reference(name: str, params: list[str], why: str) -> str:

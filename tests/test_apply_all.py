@@ -9,7 +9,7 @@ read sizes at call time) the two agree:
   no further from a float32 run than twice eager's distance from it);
 - with TRITON_INTERPRET=0 on CPU, where every cluster runs its reference code: exactly;
 - in another dtype than the kernels were generated for (they run the reference): exactly;
-- under autograd: the outputs and every gradient (the reference runs);
+- under autograd: every gradient, the backward kernels running where the cluster has one;
 - under torch.compile on CPU: close to eager.
 
 And of all the clusters the examples have, at least 90% apply.
@@ -152,8 +152,8 @@ def applied(tmp_path_factory, monkeypatch_module):
         decide = kernels._kernel_runs
         out = Applied(case, getattr(original, case.cls), getattr(patched, case.cls), kernels, result.applied, decide)
 
-        def recorded(*args):
-            answer = decide(*args)
+        def recorded(*args, **kwargs):
+            answer = decide(*args, **kwargs)
             out.launched.append(answer)
             return answer
 
@@ -224,7 +224,9 @@ def test_another_dtype_than_the_kernels_runs_the_reference_exactly(applied, name
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
-def test_autograd_runs_the_reference_and_backward_matches(applied, name):
+def test_autograd_runs_the_backward_kernels_and_every_gradient_matches(applied, name):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
     ex = applied(name)
     a, b = (m.to(ex.case.dtype) for m in ex.models())
     xa = [x.requires_grad_() if x.is_floating_point() else x for x in ex.inputs()]
@@ -235,16 +237,33 @@ def test_autograd_runs_the_reference_and_backward_matches(applied, name):
     cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(2)).to(want.dtype)
     want.backward(cotangent)
     got.backward(cotangent)
-    assert torch.equal(got, want), _max_err(got, want)
-    for x, y in zip(xa, xb, strict=True):
-        if x.is_floating_point():
-            assert torch.equal(y.grad, x.grad), _max_err(y.grad, x.grad)
-    grads = dict(a.named_parameters())
-    for key, p in b.named_parameters():
-        assert (p.grad is None) == (grads[key].grad is None), key
-        if p.grad is not None:
-            assert torch.equal(p.grad, grads[key].grad), (key, _max_err(p.grad, grads[key].grad))
-    assert ex.launched and not any(ex.launched)
+    exact = _float64_gradients(a, xa, cotangent) if ex.case.dtype != torch.float32 else None
+    pairs = [
+        (y.grad, x.grad, f"input {k}") for k, (x, y) in enumerate(zip(xa, xb, strict=True)) if x.is_floating_point()
+    ]
+    grads = dict(b.named_parameters())
+    pairs += [(grads[key].grad, p.grad, key) for key, p in a.named_parameters() if p.grad is not None]
+    for k, (g, w, what) in enumerate(pairs):
+        assert g is not None, what
+        if exact is None:
+            assert torch.allclose(g, w, atol=1e-4 * w.abs().max().item(), rtol=1e-4), (what, _max_err(g, w))
+        else:  # bfloat16: both against a float64 run, norm-wise (a weight's gradient sums many rows)
+            truth = exact[k]
+            eager_err, fused_err = ((w.double() - truth).norm()), ((g.double() - truth).norm())
+            # The interpreter casts float32 to bfloat16 toward zero (torch and GPUs round to nearest):
+            # each kernel's stores are off by up to one ulp, all the same way, and chained backward
+            # kernels add up (3.7x eager's error at most on these examples, 1.3-2.9x kernel by kernel).
+            assert fused_err <= 4 * eager_err, (what, fused_err.item(), eager_err.item())
+    # Clusters with a backward kernel ran their kernels under autograd; the others their reference.
+    assert any(ex.launched) == any(n.endswith("_trains") for n in vars(ex.kernels))
+
+
+def _float64_gradients(model, inputs, cotangent):
+    """The gradients of the inputs, then of the parameters that have one, of a float64 copy of `model`."""
+    wide = copy.deepcopy(model).double()
+    xs = [x.detach().double().requires_grad_() if x.is_floating_point() else x for x in inputs]
+    wide(*xs).backward(cotangent.double())
+    return [x.grad for x in xs if x.is_floating_point()] + [p.grad for p in wide.parameters() if p.grad is not None]
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)

@@ -41,6 +41,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 
 
+@pytest.fixture
+def reads_across_at_any_size(monkeypatch):
+    """Kernel modules that take the across kernels for a permuted input of any size: the small
+    tensors these tests can afford would otherwise go to the plain tile kernels, which read them
+    as well from L2 on a GPU."""
+    import fuselens.validate.runner as runner
+
+    load = runner.load_kernel_module
+
+    def load_reading_across(*args, **kwargs):
+        module = load(*args, **kwargs)
+        module._ACROSS_MIN_BYTES = 0
+        return module
+
+    monkeypatch.setattr(runner, "load_kernel_module", load_reading_across)
+
+
 def case(name, source, inputs, expect, *, rejects=(), shapes=None, marks=()):
     """`inputs`: [(shape, dtype)]; `expect`: op lists (a multiset) that must each lie in one cluster;
     `rejects`: (op, reason) pairs the analysis must report; `shapes`: validate at exactly these."""
@@ -1507,7 +1524,7 @@ BATCH_NORM = [
     "source, inputs, expect, rejects, shapes",
     ELEMENTWISE + LAYOUT + REDUCTIONS + OTHER_SHAPES + DTYPES + BATCH_NORM,
 )
-def test_generated_kernels_match_eager(write_model, source, inputs, expect, rejects, shapes):
+def test_generated_kernels_match_eager(write_model, reads_across_at_any_size, source, inputs, expect, rejects, shapes):
     check(write_model(HEADER + textwrap.dedent(source).lstrip("\n")), inputs, expect, rejects, shapes)
 
 
@@ -1521,13 +1538,13 @@ ROPE = """
 
 
 def _kernel_module(write_model, source, inputs):
-    from fuselens.validate.runner import load_kernel_module
+    from fuselens.validate import runner
 
     path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
     report = analyze_file(path, AnalyzeOptions(input_shapes=[s for s, _ in inputs], dtypes=[d for _, d in inputs]))
     (model,) = report.models
     (cluster,) = model.clusters
-    module = load_kernel_module(report, os.path.join(os.path.dirname(path), "kernels_for_layout.py"))
+    module = runner.load_kernel_module(report, os.path.join(os.path.dirname(path), "kernels_for_layout.py"))
     return getattr(module, cluster.kernel.name)
 
 
@@ -1569,7 +1586,9 @@ LAYER_SCALE = """
     """
 
 
-def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outputs_layout(write_model):
+def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outputs_layout(
+    write_model, reads_across_at_any_size
+):
     """Channels-last values added to a channels-first residual (a ConvNeXt block): the kernel
     numbers its rows channel-fastest, so the channels-last input is read along its memory, and
     writes each row where the output keeps it.  Right whatever the layouts seen at call time."""
@@ -1583,6 +1602,12 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
         return x + (gamma * y).permute(0, 3, 1, 2)
 
     x, y = torch.randn(3, 20, 5, 9), torch.randn(3, 5, 9, 20)
+    # Small enough to stay in L2, the permuted input is read by the plain tile kernel ...
+    module._ACROSS_MIN_BYTES = 3 << 20
+    assert module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[3] == -1
+    torch.testing.assert_close(fused(x, gamma, y), want(x, y))
+    # ... and at any size it is read across.
+    module._ACROSS_MIN_BYTES = 0
     pitches, out_pitches, dense, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
     assert dense  # the output takes the contiguous residual's layout
     # The rows (batch, channel, height) of W: the across kernel runs down the channels, its other
@@ -1683,7 +1708,7 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     assert [0, 1] not in loads
 
 
-def test_the_across_row_kernel_reads_a_norms_permuted_input_down_its_rows(write_model):
+def test_the_across_row_kernel_reads_a_norms_permuted_input_down_its_rows(write_model, reads_across_at_any_size):
     """A LayerNorm over the channels of an NCHW tensor seen as NHWC: the across row kernel runs the
     width (where the input is contiguous) down its tiles' rows, so a warp reads the input in runs
     of memory; the block kernel's rows come from divisions and it reads one element a row.  Its

@@ -38,6 +38,7 @@ from fuselens.contracts.options import Progress, ValidateOptions
 from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
+from .gradients import check_gradients
 from .numerics import TF32, compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
@@ -185,6 +186,8 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         progress(f"{model.name}: {cluster.id} ({cluster.op_chain})", None)
         found = instances.get(cluster.id, [])
         check_ = _check_cluster(cluster, kernel, found, run.kernels, run.device)
+        if check_.status == "verified":
+            check_.backward = check_gradients(cluster, kernel, found, run.kernels, options.seed)
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
             check_.timing = _time_cluster(kernel, found[0], run.kernels, peak, run.options.other_compile_modes)

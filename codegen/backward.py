@@ -1,0 +1,537 @@
+"""A cluster's backward pass as torch code: the gradients of its inputs, given its outputs' gradients.
+
+`backward_text` writes `_<name>_backward_reference(inputs, grads)`: the cluster's forward
+recomputed (the reference's own statements), then each op's derivative applied last op first,
+in the same vocabulary the forward uses (`mul`, `sigmoid`, `sum(-1, keepdim=True)`, `cat`, slices).
+It is the code that runs where the backward kernel cannot (a CPU, no Triton), and, captured like a
+model's forward, the graph the backward kernel is planned from: one kernel that reads the inputs and
+the gradients once and writes each wanted input gradient once.
+
+Gradients that only broadcast (a weight of [C] multiplied into [N, C] rows, `cos` read by every head)
+leave the function unreduced, at the size the cluster used them; the caller sums them to the input's
+shape (`_fit`), because a sum down the rows is no row kernel's work.  Sums along a row (the
+gradient of an RMSNorm's per-row scale) stay inside.
+
+Derivatives follow torch's autograd formulas (tools/autograd/derivatives.yaml) for the ops the
+kernels lower; an op without one here raises `NoBackward`, and the cluster's gradients come from
+autograd through its reference instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fuselens.analysis.graph import Graph, Node, Ref
+from fuselens.analysis.ops import OpClass
+
+from .plan import KernelPlan
+from .reference import forward_lines
+
+
+class NoBackward(Exception):
+    """A cluster whose gradients this module cannot write (an op without a derivative here)."""
+
+
+@dataclass
+class BackwardText:
+    text: str  # `def _<name>_backward_reference(...)`
+    grads_of: list[int]  # the plan inputs (their positions) whose gradients it returns, in order
+    grad_params: list[str]  # its gradient parameters, one per cluster output
+    # Inputs that are views of another input (position -> the base's): their gradients are in the base's.
+    folded: dict[int, int] = field(default_factory=dict)
+
+
+def needs_grad(graph: Graph) -> set[int]:
+    """Nodes whose value can need a gradient in training: the model's parameters, its floating inputs
+    (a block's input is another block's output), and whatever is computed from them.  Buffers,
+    constants and factories (a RoPE table, a causal mask) do not."""
+    wanted: set[int] = set()
+    for node in graph:
+        if _takes_gradients(node) or (_computed(node) and any(i in wanted for i in node.inputs)):
+            wanted.add(node.id)
+    return wanted
+
+
+def backward_text(
+    graph: Graph, plan: KernelPlan, name: str, params: list[str], number_params: list[str], wanted: set[int]
+) -> BackwardText:
+    """`_<name>_backward_reference(params, number_params, grad0, ...)` for the inputs in `wanted`."""
+    body, names = forward_lines(graph, plan, params, number_params)
+    grads = [f"grad{k}" for k in range(len(plan.outputs))]
+    writer = _Writer(graph, plan, names)
+    for k, out in enumerate(plan.outputs):
+        writer.add(out.node, grads[k])
+    folded = _slices_of_inputs(graph, plan)
+    inputs = {s.node for s in plan.inputs}
+    for member in sorted(set(plan.members) | {plan.inputs[k].node for k in folded}, reverse=True):
+        node = graph[member]
+        if member in writer.adjoint and (member not in inputs or node.cls is OpClass.VIEW):
+            writer.at = node
+            _RULES.get(node.op, _no_rule)(writer, node)
+    returned, grads_of = [], []
+    for k, slot in enumerate(plan.inputs):
+        if k not in folded and slot.node in wanted and slot.node in writer.adjoint:
+            returned.append(writer.adjoint[slot.node])
+            grads_of.append(k)
+    if not returned:
+        raise NoBackward("no input of the cluster needs a gradient")
+    lines = [
+        f"def _{name}_backward_reference({', '.join(params + number_params + grads)}):",
+        f'    """The gradients of {", ".join(params[k] for k in grads_of)} from those of the outputs: the '
+        'forward recomputed, then each op\'s derivative."""',
+        *body,
+        *writer.lines,
+        f"    return {', '.join(returned)}" + ("," if len(returned) == 1 else ""),
+    ]
+    return BackwardText("\n".join(lines), grads_of, grads, {k: b for k, b in folded.items() if b in grads_of})
+
+
+def _slices_of_inputs(graph: Graph, plan: KernelPlan) -> dict[int, int]:
+    """Inputs of the cluster that are views of another of its inputs (q and the halves of q that
+    `rotate_half` reads): input position -> its base's.  Their gradients are folded into the base's
+    (autograd carries a view's gradient to its base anyway), so the kernel writes q's once."""
+    position = {s.node: k for k, s in enumerate(plan.inputs)}
+    folded = {}
+    for k, slot in enumerate(plan.inputs):
+        node = graph[slot.node]
+        if node.cls is OpClass.VIEW and node.inputs and node.inputs[0] in position:
+            folded[k] = position[node.inputs[0]]
+    return folded
+
+
+def _takes_gradients(node: Node) -> bool:
+    """A parameter, or a floating input of the model."""
+    return node.op == "param" or (node.op == "input" and node.meta is not None and _floating(node.meta.dtype))
+
+
+def _computed(node: Node) -> bool:
+    """A floating value computed by an op (not a buffer, constant or factory)."""
+    if node.op in ("buffer", "const", "factory", "input", "param"):
+        return False
+    return node.meta is None or _floating(node.meta.dtype)
+
+
+def gradients_text(
+    name: str,
+    params: list[str],
+    number_params: list[str],
+    text: BackwardText,
+    kernel: KernelPlan,
+    kernel_inputs: list[str],
+    returned: list[str],
+) -> str:
+    """`_<name>_gradients(params, numbers, grads)`: the backward kernel (`kernel`, taking the tensors
+    `kernel_inputs`) where it runs: the tensors and numbers it was generated for, no gradient of the
+    gradients wanted; else the backward reference."""
+    signature = params + number_params + text.grad_params
+    dtypes = tuple(slot.dtype for slot in kernel.inputs)
+    same = "".join(f" and {s.text} == {s.value!r}" for s in kernel.scalars if not s.runtime)
+    passed = kernel_inputs + [s.text for s in kernel.scalars if s.runtime]
+    call = f"_{name}_backward_op({', '.join(passed)})"
+    kernel_tensors = "(" + ", ".join(kernel_inputs) + ("," if len(kernel_inputs) == 1 else "") + ")"
+    lines = [
+        f"def _{name}_gradients({', '.join(signature)}):",
+        f'    """The gradients of {name}\'s inputs {", ".join(params[k] for k in text.grads_of)}: one kernel '
+        'where it runs, else the backward reference."""',
+        f"    if _kernel_runs({kernel_tensors}, {dtypes!r}){same}:",
+        f"        raws = {call}" if len(kernel.outputs) > 1 else f"        raws = ({call},)",
+        f"        return {', '.join(returned)},",
+        f"    return _{name}_backward_reference({', '.join(signature)})",
+    ]
+    return "\n".join(lines)
+
+
+def registration_text(name: str, tensors: int, text: BackwardText) -> str:
+    return (
+        f"# Training: the op's backward is _{name}_gradients, for the inputs it computes gradients of;\n"
+        "# an input that is a view of another (position: the other's) has its gradient in that one's.\n"
+        f"_{name}_trains = {tuple(text.grads_of)!r}\n"
+        f"_{name}_folded = {text.folded!r}\n"
+        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains)"
+    )
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+@dataclass
+class _Writer:
+    graph: Graph
+    plan: KernelPlan
+    names: dict[int, str]  # node -> its name in the recomputed forward
+    adjoint: dict[int, str] = field(default_factory=dict)  # node -> the variable holding its gradient
+    lines: list[str] = field(default_factory=list)
+    slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
+    at: Node | None = None  # the op whose derivative is being written: its contributions have its shape
+
+    def value(self, arg) -> str:
+        """An operand as the recomputed forward names it, or a number's literal."""
+        if isinstance(arg, Ref):
+            return self.names[arg.node]
+        if isinstance(arg, float) and not math.isfinite(arg):
+            raise NoBackward("a derivative through a non-finite constant")
+        return repr(float(arg) if isinstance(arg, float) else arg)
+
+    def dtype(self, arg) -> str:
+        """The dtype of an operand's value (a number's: float32, as a kernel computes it)."""
+        if isinstance(arg, Ref):
+            meta = self.graph[arg.node].meta
+            return meta.dtype if meta is not None else "float32"
+        return "float32"
+
+    def wide(self, text: str, dtype: str) -> str:
+        """`text` (of `dtype`) in float32, as torch's own backward formulas compute narrow dtypes."""
+        return text if dtype in ("float32", "float64") else f"{text}.float()"
+
+    def narrow(self, text: str, dtype: str, like: str, like_dtype: str) -> str:
+        """`text` (of `dtype`) in the dtype of `like`: no cast where they are the same (a cast to the
+        same dtype would be a view of the kernel's value, not a value of its own)."""
+        return (
+            text
+            if dtype == like_dtype or (dtype == "float32" and like_dtype == "float64")
+            else f"({text}).to({like}.dtype)"
+        )
+
+    def grad(self, node: Node) -> str:
+        return self.adjoint[node.id]
+
+    def let(self, text: str) -> str:
+        """A fresh variable holding `text`."""
+        name = f"d{len(self.lines)}"
+        self.lines.append(f"    {name} = {text}")
+        return name
+
+    def add(self, node_id: int, text: str) -> None:
+        """Accumulate `text` into `node_id`'s gradient."""
+        if node_id in self.adjoint:
+            self.lines.append(f"    g{node_id} = {self.adjoint[node_id]} + {text}")
+        else:
+            self.lines.append(f"    g{node_id} = {text}")
+        self.adjoint[node_id] = f"g{node_id}"
+
+    def to(self, arg, text: str, over_row: bool = True) -> None:
+        """A contribution `text` to operand `arg`'s gradient (a number has none).  Where the operand
+        is smaller than the contribution along row dims (a per-row scale), it is summed along them."""
+        if not isinstance(arg, Ref):
+            return
+        node = self.graph[arg.node]
+        if node.meta is None or not _floating(node.meta.dtype):
+            return
+        reduced = self._row_dims_reduced(node) if over_row else []
+        if reduced:
+            text = f"({text}).sum(dim={reduced}, keepdim=True)"
+        self.add(arg.node, text)
+
+    def _row_dims_reduced(self, operand: Node) -> list[int]:
+        """The trailing (row) dims along which `operand` (a member, not an input) is 1 where the op
+        using it is not: the dims its gradient must be summed over inside the kernel."""
+        if operand.id in {s.node for s in self.plan.inputs} or operand.meta is None:
+            return []
+        if self.at is None or self.at.meta is None:
+            return []
+        shape, used = operand.meta.shape, self.at.meta.shape
+        if len(shape) != len(used):
+            return []
+        return [d for d in range(self.plan.row_dims, len(used)) if shape[d] == 1 and used[d] != 1]
+
+
+def _shape(node: Node) -> tuple[int, ...]:
+    if node.meta is None:
+        raise NoBackward(f"`{node.op}` made a value with no recorded shape")
+    return node.meta.shape
+
+
+def _no_rule(w: _Writer, node: Node) -> None:
+    raise NoBackward(f"`{node.op}` has no derivative in fuselens yet")
+
+
+def _operands(node: Node) -> list:
+    return list(node.args)
+
+
+def _add(w: _Writer, node: Node) -> None:
+    a, b = _operands(node)[:2]
+    if node.params.get("alpha", 1) != 1:
+        raise NoBackward("`add` with alpha")
+    g = w.grad(node)
+    w.to(a, g)
+    w.to(b, g)
+
+
+def _sub(w: _Writer, node: Node) -> None:
+    a, b = _operands(node)[:2]
+    if node.params.get("alpha", 1) != 1:
+        raise NoBackward("`sub` with alpha")
+    g = w.grad(node)
+    w.to(a, g)
+    w.to(b, f"(-{g})")
+
+
+def _mul(w: _Writer, node: Node) -> None:
+    a, b = _operands(node)[:2]
+    g = w.grad(node)
+    w.to(a, f"{g} * {w.value(b)}")
+    w.to(b, f"{g} * {w.value(a)}")
+
+
+def _div(w: _Writer, node: Node) -> None:
+    a, b = _operands(node)[:2]
+    if node.params.get("rounding_mode"):
+        raise NoBackward("`div` with a rounding mode")
+    g = w.grad(node)
+    w.to(a, f"{g} / {w.value(b)}")
+    if isinstance(b, Ref):
+        w.to(b, f"(-{g}) * {w.names[node.id]} / {w.value(b)}")
+
+
+def _pow(w: _Writer, node: Node) -> None:
+    base, exponent = _operands(node)[:2]
+    if isinstance(exponent, Ref) or not isinstance(base, Ref):
+        raise NoBackward("`pow` with a tensor exponent")
+    g, x = w.grad(node), w.value(base)
+    if exponent == 2:
+        w.to(base, f"{g} * 2.0 * {x}")
+    elif exponent != 0:
+        w.to(base, f"{g} * {float(exponent)!r} * {x}.pow({float(exponent) - 1!r})")
+
+
+def _unary(derivative: str):
+    """A rule for y = f(x) whose derivative is `derivative`, written in x and y (the op's output)."""
+
+    def rule(w: _Writer, node: Node) -> None:
+        x = _operands(node)[0]
+        local = derivative.format(x=w.value(x), y=w.names[node.id])
+        w.to(x, f"{w.grad(node)} * ({local})")
+
+    return rule
+
+
+def _neg(w: _Writer, node: Node) -> None:
+    w.to(_operands(node)[0], f"(-{w.grad(node)})")
+
+
+def _pass_through(w: _Writer, node: Node) -> None:
+    """An op whose gradient is its output's: identities (eval-mode dropout, clone, contiguous)."""
+    w.to(_operands(node)[0], w.grad(node), over_row=False)
+
+
+def _cast(w: _Writer, node: Node) -> None:
+    x = _operands(node)[0]
+    w.to(x, w.narrow(w.grad(node), w.dtype(Ref(node.id)), w.value(x), w.dtype(x)), over_row=False)
+
+
+def _activation(w: _Writer, node: Node, local: str) -> None:
+    """The gradient through an activation whose derivative `local` is in float32 (as torch's own
+    silu and gelu backward compute it in every dtype), in the output's dtype."""
+    g, d = w.grad(node), w.dtype(Ref(node.id))
+    w.to(_operands(node)[0], w.narrow(f"{w.wide(g, d)} * ({local})", "float32", g, d))
+
+
+def _silu(w: _Writer, node: Node) -> None:
+    x = _operands(node)[0]
+    xf = w.let(w.wide(w.value(x), w.dtype(x)))
+    s = w.let(f"torch.sigmoid({xf})")
+    _activation(w, node, f"{s} * (1.0 + {xf} * (1.0 - {s}))")
+
+
+def _gelu(w: _Writer, node: Node) -> None:
+    x = w.let(w.wide(w.value(_operands(node)[0]), w.dtype(_operands(node)[0])))
+    if node.params.get("approximate", "none") == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        inner = w.let(f"{k!r} * ({x} + 0.044715 * {x} * {x} * {x})")
+        t = w.let(f"torch.tanh({inner})")
+        local = f"0.5 * (1.0 + {t}) + 0.5 * {x} * (1.0 - {t} * {t}) * {k!r} * (1.0 + 0.134145 * {x} * {x})"
+    else:
+        cdf = f"0.5 * (1.0 + torch.erf({x} * {1 / math.sqrt(2.0)!r}))"
+        local = f"{cdf} + {x} * torch.exp(-0.5 * {x} * {x}) * {1 / math.sqrt(2.0 * math.pi)!r}"
+    _activation(w, node, local)
+
+
+def _relu(w: _Writer, node: Node) -> None:
+    w.to(_operands(node)[0], f"torch.where({w.names[node.id]} > 0, {w.grad(node)}, 0.0)")
+
+
+def _where(w: _Writer, node: Node) -> None:
+    cond, a, b = _operands(node)[:3]
+    g = w.grad(node)
+    c = w.value(cond)
+    w.to(a, f"torch.where({c}, {g}, 0.0)")
+    w.to(b, f"torch.where({c}, 0.0, {g})")
+
+
+def _masked_fill(w: _Writer, node: Node) -> None:
+    x, mask = _operands(node)[:2]
+    w.to(x, f"{w.grad(node)}.masked_fill({w.value(mask)}, 0.0)")
+
+
+def _reduced(node: Node, g: str) -> str:
+    """`g`, a reduction's gradient, with the dims it removed put back (keepdim=False)."""
+    if node.params.get("keepdim", False):
+        return g
+    dims = sorted(node.params.get("dims", []))
+    return f"{g}[{', '.join('None' if d in dims else ':' for d in range(max(dims) + 1))}]"
+
+
+def _row_reduction(node: Node, w: _Writer) -> None:
+    """Refuses a reduction that is not over the cluster's row (its trailing dims)."""
+    dims = node.params.get("dims", [])
+    x = w.graph[_operands(node)[0].node]
+    if x.meta is None or sorted(dims) != list(range(len(x.meta.shape) - len(dims), len(x.meta.shape))):
+        raise NoBackward(f"`{node.op}` over other dims than the last")
+
+
+def _sum(w: _Writer, node: Node) -> None:
+    _row_reduction(node, w)
+    x = _operands(node)[0]
+    w.to(x, _reduced(node, w.grad(node)), over_row=False)
+
+
+def _mean(w: _Writer, node: Node) -> None:
+    _row_reduction(node, w)
+    x = _operands(node)[0]
+    n = 1
+    meta = w.graph[x.node].meta
+    assert meta is not None
+    for d in node.params["dims"]:
+        n *= meta.shape[d]
+    w.to(x, f"{_reduced(node, w.grad(node))} * {1.0 / n!r}", over_row=False)
+
+
+def _last_dims(node: Node) -> list[int]:
+    return node.params.get("dims", [-1])
+
+
+def _softmax(w: _Writer, node: Node) -> None:
+    _row_reduction(node, w)
+    y, g, dims = w.names[node.id], w.grad(node), _last_dims(node)
+    total = w.let(f"({g} * {y}).sum(dim={dims}, keepdim=True)")
+    w.to(_operands(node)[0], f"{y} * ({g} - {total})", over_row=False)
+
+
+def _log_softmax(w: _Writer, node: Node) -> None:
+    _row_reduction(node, w)
+    y, g, dims = w.names[node.id], w.grad(node), _last_dims(node)
+    total = w.let(f"{g}.sum(dim={dims}, keepdim=True)")
+    w.to(_operands(node)[0], f"{g} - torch.exp({y}) * {total}", over_row=False)
+
+
+def _norm(w: _Writer, node: Node, centered: bool) -> None:
+    """LayerNorm (`centered`) or RMSNorm over the row: y = xhat * weight (+ bias) with
+    xhat = (x - mean) * rstd, in float32 as torch computes it."""
+    _row_reduction(node, w)
+    x, weight = _operands(node)[:2]
+    dims, eps, g = node.params["dims"], float(node.params["eps"]), w.grad(node)
+    xv = w.value(x)
+    xf = w.let(w.wide(xv, w.dtype(x)))
+    if centered:
+        xc = w.let(f"{xf} - {xf}.mean(dim={dims}, keepdim=True)")
+        rstd = w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
+    else:
+        xc = xf
+        rstd = w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps!r})")
+    xhat = w.let(f"{xc} * {rstd}")
+    gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
+    gxhat = w.let(f"{gf} * {w.wide(w.value(weight), w.dtype(weight))}") if isinstance(weight, Ref) else gf
+    inner = f"{gxhat} - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
+    if centered:
+        inner = f"{gxhat} - {gxhat}.mean(dim={dims}, keepdim=True) - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
+    w.to(x, w.narrow(f"{rstd} * ({inner})", "float32", xv, w.dtype(x)), over_row=False)
+    if isinstance(weight, Ref):
+        w.to(weight, w.narrow(f"{gf} * {xhat}", "float32", w.value(weight), w.dtype(weight)), over_row=False)
+    if centered and len(_operands(node)) > 2 and isinstance(_operands(node)[2], Ref):
+        bias = _operands(node)[2]
+        w.to(bias, w.narrow(g, w.dtype(Ref(node.id)), w.value(bias), w.dtype(bias)), over_row=False)
+
+
+def _cat(w: _Writer, node: Node) -> None:
+    (parts,) = _operands(node)[:1]
+    dim, g = node.params["dim"], w.grad(node)
+    start = 0
+    for part in parts:
+        size = _shape(w.graph[part.node])[dim]
+        index = ", ".join([":"] * dim + [f"{start}:{start + size}"])
+        w.to(part, f"{g}[{index}]", over_row=False)
+        start += size
+
+
+def _view(w: _Writer, node: Node) -> None:
+    """A view of an input (a slice of q, cos unsqueezed): its gradient lands in the input's.  Slices
+    that tile one dim of the input are joined back with `cat`; other views keep the view's shape and
+    the caller fits it to the input."""
+    (x,) = _operands(node)[:1]
+    steps = node.params.get("steps", [])
+    of_input = x.node in {s.node for s in w.plan.inputs}
+    if of_input and all(s[0] in ("unsqueeze", "squeeze", "reshape", "expand") for s in steps):
+        w.to(x, w.grad(node), over_row=False)  # the caller reshapes or sums it to the input's shape
+        return
+    if len(steps) == 1 and steps[0][0] == "slice" and steps[0][3] == 1:
+        w.slices.setdefault(x.node, []).append((steps[0][1], steps[0][2], node))
+        _join_slices(w, x.node)
+        return
+    raise NoBackward(f"the gradient through a `{node.op}` view")
+
+
+def _join_slices(w: _Writer, base: int) -> None:
+    """Once the slices of `base` read in the cluster tile one of its dims, their gradients become
+    one contribution: their `cat` along that dim."""
+    pieces = sorted(w.slices[base], key=lambda p: p[1])
+    meta = w.graph[base].meta
+    assert meta is not None
+    dims = {p[0] for p in pieces}
+    if len(dims) != 1:
+        raise NoBackward("slices of one input along different dims")
+    (dim,) = dims
+    covered = 0
+    for _, start, view in pieces:
+        if start != covered or view.id not in w.adjoint:
+            return  # not yet a tiling: more slices are still to come (they are visited last op first)
+        covered += _shape(view)[dim]
+    if covered != meta.shape[dim]:
+        return
+    w.add(base, f"torch.cat(({', '.join(w.adjoint[v.id] for _, _, v in pieces)},), dim={dim})")
+
+
+def _embedding(w: _Writer, node: Node) -> None:
+    raise NoBackward(
+        "an embedding's gradient adds rows into the table at the looked-up ids, which no kernel here writes"
+    )
+
+
+_RULES = {
+    "add": _add,
+    "sub": _sub,
+    "mul": _mul,
+    "div": _div,
+    "pow": _pow,
+    "neg": _neg,
+    "exp": _unary("{y}"),
+    "log": _unary("1.0 / {x}"),
+    "sigmoid": _unary("{y} * (1.0 - {y})"),
+    "tanh": _unary("1.0 - {y} * {y}"),
+    "rsqrt": _unary("-0.5 * {y} * {y} * {y}"),
+    "sqrt": _unary("0.5 / {y}"),
+    "reciprocal": _unary("-{y} * {y}"),
+    "square": _unary("2.0 * {x}"),
+    "silu": _silu,
+    "gelu": _gelu,
+    "relu": _relu,
+    "where": _where,
+    "masked_fill": _masked_fill,
+    "cast": _cast,
+    "to_same": _pass_through,
+    "dropout": _pass_through,
+    "clone": _pass_through,
+    "contiguous": _pass_through,
+    "alias": _pass_through,
+    "sum": _sum,
+    "mean": _mean,
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "layer_norm": lambda w, node: _norm(w, node, centered=True),
+    "rms_norm": lambda w, node: _norm(w, node, centered=False),
+    "cat": _cat,
+    "embedding": _embedding,
+    **{op: _view for op in ("getitem", "slice", "narrow", "unsqueeze", "squeeze", "view", "reshape", "expand")},
+}

@@ -1,0 +1,130 @@
+"""The backward kernel of a cluster: its gradients as torch code, captured and planned like a forward.
+
+`codegen.backward` writes the cluster's gradients as torch code; here that code is run on meta
+tensors under the same capture that records a model's forward, and the graph it records is
+planned and emitted as one kernel by the same code generator.  What comes back is the text the
+kernel module adds for the cluster: the backward reference, the backward kernel and its launcher,
+and the autograd registration that ties them to the forward op.  When the gradients cannot be
+one kernel (an op without a derivative, a reduction down the rows), the cluster still trains:
+its forward falls back to the reference under autograd, and `reason` says why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from fuselens.analysis import capture
+from fuselens.analysis.graph import Graph, plain
+from fuselens.analysis.ops import OpClass
+from fuselens.codegen import backward as bw
+from fuselens.codegen.emit import emit
+from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster
+
+_HEADER = "import math\n\nimport torch\n\n\n"
+
+
+@dataclass
+class Backward:
+    text: str  # what the kernel module gains: reference, kernel, launcher, gradients, registration
+    grads_of: list[int]  # the cluster inputs whose gradients the kernel computes
+    trains: list[int]  # the inputs that may want gradients: those, and views of them
+    strategy: str
+
+
+class NoBackwardKernel(Exception):
+    """Why a cluster's gradients are not one kernel."""
+
+
+def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], number_params: list[str]) -> Backward:
+    """The backward of the cluster `name`, whose forward takes `params` then `number_params`."""
+    try:
+        text = bw.backward_text(graph, plan, name, params, number_params, bw.needs_grad(graph))
+    except bw.NoBackward as exc:
+        raise NoBackwardKernel(str(exc)) from exc
+    # Plain values: the backward kernel bakes them, and `_<name>_gradients` runs it only for them.
+    numbers = [plain(slot.value) for slot in plan.scalars]
+    captured, names = _capture(text, name, graph, plan, params, numbers)
+    members = {n.id for n in captured if n.cls.absorbable or n.cls.free}
+    opaque = [n.op for n in captured if n.cls is OpClass.OPAQUE and n.op != "output"]
+    if opaque:
+        raise NoBackwardKernel(f"the gradients need {', '.join(sorted(set(opaque)))}, which no kernel here computes")
+    try:
+        bplan = plan_cluster(captured, members)
+    except PlanError as exc:
+        raise NoBackwardKernel(f"the gradients are not one kernel: {exc.detail or exc.reason}") from exc
+    returned = _returned(captured, bplan, names)
+    kernel_inputs = [captured[slot.node].name for slot in bplan.inputs]
+    emitted = emit(bplan, f"{name}_backward", kernel_inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
+    gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned)
+    registration = bw.registration_text(name, len(params), text)
+    body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
+    return Backward(body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy)
+
+
+def _capture(
+    text: bw.BackwardText, name: str, graph: Graph, plan: KernelPlan, params: list[str], numbers: list
+) -> tuple[Graph, list[str]]:
+    """The graph the backward reference records on meta tensors shaped as the cluster's inputs and
+    outputs (the gradients), with the model's numbers as the trace had them."""
+    folder = tempfile.mkdtemp(prefix="fuselens-backward-")
+    path = os.path.join(folder, f"{name}_backward.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(_HEADER + text.text + "\n")
+    spec = importlib.util.spec_from_file_location(f"fuselens_backward_{name}_{id(text)}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    function = getattr(module, f"_{name}_backward_reference")
+    tensors = [_meta(slot.shape, _strides(graph, slot.node), slot.dtype) for slot in plan.inputs]
+    grads = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
+    names = params + text.grad_params
+
+    class _Gradients(torch.nn.Module):
+        def forward(self, *values):
+            return function(*values[: len(params)], *numbers, *values[len(params) :])
+
+    try:
+        traced = capture.trace(_Gradients(), tensors + grads, names, capture.UserCode(roots=(folder,)))
+    except capture.CaptureError as exc:
+        raise NoBackwardKernel(f"the gradients' code failed on the cluster's shapes: {exc}") from exc
+    finally:
+        sys.modules.pop(spec.name, None)
+    if not traced.complete:
+        raise NoBackwardKernel("the gradients' code reads a value")
+    for node in traced.graph:  # lines of a temporary file: the kernel's comments name the ops alone
+        node.source, node.stack = None, ()
+    return traced.graph, names
+
+
+def _strides(graph: Graph, node: int) -> tuple[int, ...] | None:
+    meta = graph[node].meta
+    return meta.stride if meta is not None else None
+
+
+def _meta(shape, strides, dtype: str) -> torch.Tensor:
+    t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device="meta")
+    return t if strides is None else t.as_strided(tuple(shape), tuple(strides))
+
+
+def _returned(graph: Graph, plan: KernelPlan, names: list[str]) -> list[str]:
+    """Each value the backward reference returns, as the gradients function names it: `raws[k]` for
+    the kernel's k-th output, or the name of an input it returns as it is (the gradient of an add is
+    the output's)."""
+    (output,) = [n for n in graph if n.op == "output"]
+    outs = [o.node for o in plan.outputs]
+    returned = []
+    for ref in output.refs:
+        if ref.node in outs:
+            returned.append(f"raws[{outs.index(ref.node)}]")
+        else:
+            root = graph[graph.view_root(ref.node)]
+            if root.op != "input" or root.id != ref.node:
+                raise NoBackwardKernel("a gradient is a view of an input")
+            returned.append(root.name)
+    return returned

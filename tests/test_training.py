@@ -1,0 +1,471 @@
+"""Training with the generated kernels: backward kernels, their gradients checked, and a patched model
+that trains like the original.
+
+Each case is a small model file whose cluster is one of the kinds the kernels cover.  `validate_file`
+(in the Triton interpreter) runs the cluster's forward kernel under autograd on the values a real trace
+recorded, backpropagates seeded random gradients through the backward kernel, and compares every
+input's and parameter's gradient with eager autograd's.  Shapes are small and ragged (odd widths, a
+transposed input, a broadcast weight) so masks, strides and the sums of broadcast gradients are
+exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from fuselens.contracts.config import InputSpec
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.pipeline.analyze import analyze_file
+from fuselens.pipeline.validate import validate_file
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+
+
+def case(name, source, inputs, ops, wrt):
+    """`inputs`: [(shape, dtype)]; `ops`: the cluster's op chain; `wrt`: the inputs (as the validation
+    names them) whose gradients the backward kernel computes."""
+    return pytest.param(source, inputs, ops, wrt, id=name)
+
+
+KINDS = [
+    case(
+        "elementwise-broadcast-weight-and-bias",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.rand(777) + 0.5)
+                self.b = nn.Parameter(torch.randn(777))
+
+            def forward(self, x, y):
+                return torch.tanh(x * self.w + self.b) * torch.sigmoid(y) - torch.exp(y * 0.1)
+        """,
+        [("5,777", "float32"), ("5,777", "float32")],
+        "mul → add → tanh",
+        ["x", "self.w", "self.b", "y"],
+    ),
+    case(
+        "swiglu",
+        """
+        class M(nn.Module):
+            def forward(self, gate, up):
+                return F.silu(gate) * up
+        """,
+        [("3,7,333", "float32"), ("3,7,333", "float32")],
+        "silu → mul",
+        ["gate", "up"],
+    ),
+    case(
+        "geglu-tanh",
+        """
+        class M(nn.Module):
+            def forward(self, gate, up):
+                return F.gelu(gate, approximate="tanh") * up
+        """,
+        [("9,500", "float32"), ("9,500", "float32")],
+        "gelu → mul",
+        ["gate", "up"],
+    ),
+    case(
+        "gelu-erf-with-relu-and-division",
+        """
+        class M(nn.Module):
+            def forward(self, x, y):
+                return F.gelu(x) / (torch.relu(y) + 1.5) + torch.rsqrt(y * y + 1.0)
+        """,
+        [("6,130", "float32"), ("6,130", "float32")],
+        "gelu → relu → add → div",
+        ["x", "y"],
+    ),
+    case(
+        "rope-rotate-half-transposed-q",
+        """
+        def rotate_half(x):
+            x1 = x[..., : x.shape[-1] // 2]
+            x2 = x[..., x.shape[-1] // 2 :]
+            return torch.cat((-x2, x1), dim=-1)
+
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("cos", torch.randn(5, 48))
+                self.register_buffer("sin", torch.randn(5, 48))
+
+            def forward(self, proj):
+                q = proj.transpose(1, 2)
+                return q * self.cos + rotate_half(q) * self.sin
+        """,
+        [("2,5,3,48", "float32")],
+        "mul → neg → cat → mul → add",
+        ["q"],
+    ),
+    case(
+        "scaled-softmax",
+        """
+        class M(nn.Module):
+            def forward(self, scores):
+                return F.softmax(scores / 3.0, dim=-1)
+        """,
+        [("2,3,7,777", "float32")],
+        "div → softmax",
+        ["scores"],
+    ),
+    case(
+        "log-softmax",
+        """
+        class M(nn.Module):
+            def forward(self, logits):
+                return F.log_softmax(logits * 1.0 + 0.5, dim=-1)
+        """,
+        [("11,1000", "float32")],
+        "mul → add → log_softmax",
+        ["logits"],
+    ),
+    case(
+        "rmsnorm-module",
+        """
+        class RMSNorm(nn.Module):
+            def __init__(self, dim, eps=1e-6):
+                super().__init__()
+                self.eps = eps
+                self.weight = nn.Parameter(torch.rand(dim) + 0.5)
+
+            def forward(self, x):
+                h = x.float()
+                h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+                return h.type_as(x) * self.weight
+
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = RMSNorm(1000)
+
+            def forward(self, x):
+                return self.norm(x)
+        """,
+        [("3,5,1000", "float32")],
+        "pow → mean → add → rsqrt → mul → mul",
+        ["h", "self.weight"],
+    ),
+    case(
+        "residual-layernorm-two-outputs",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(300)
+                with torch.no_grad():
+                    self.norm.weight.uniform_(0.5, 1.5)
+                    self.norm.bias.uniform_(-1, 1)
+
+            def forward(self, x, y):
+                h = x + y
+                return h, self.norm(h)
+        """,
+        [("4,9,300", "float32"), ("4,9,300", "float32")],
+        "add → layer_norm",
+        ["x", "y", "self.norm.weight", "self.norm.bias"],
+    ),
+]
+
+
+@pytest.mark.parametrize("source, inputs, ops, wrt", KINDS)
+def test_each_kind_of_cluster_trains_through_a_backward_kernel_that_matches_autograd(
+    write_model, source, inputs, ops, wrt
+):
+    path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
+    options = AnalyzeOptions(input_shapes=[s for s, _ in inputs], dtypes=[d for _, d in inputs])
+    report = analyze_file(path, options)
+    (model,) = [m for m in report.models if m.status == "analyzed"]
+    cluster = max(model.clusters, key=lambda c: len(c.ops))
+    chain = cluster.op_chain.split(" → ")
+    assert all(op in chain for op in ops.split(" → ")), cluster.op_chain
+    assert cluster.backward, cluster.backward_detail
+    specs = [InputSpec([int(n) for n in s.split(",")], d) for s, d in inputs]
+    result = validate_file(path, options, ValidateOptions(interpret=True, shapes=specs))
+    assert not result.problems, result.problems
+    (checked,) = [c for m in result.models for c in m.clusters if c.id == cluster.id]
+    assert checked.status == "verified", checked.message
+    assert checked.backward is not None
+    assert checked.backward.status == "verified", (checked.backward.message, checked.backward.max_abs)
+    assert checked.backward.inputs == wrt
+
+
+def _generated(write_model, source: str, inputs):
+    """The kernel module generated for the single cluster of `source`, imported, and that cluster."""
+    from fuselens.validate.runner import load_kernel_module
+
+    path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
+    report = analyze_file(path, AnalyzeOptions(input_shapes=[s for s, _ in inputs], dtypes=[d for _, d in inputs]))
+    (model,) = report.models
+    (cluster,) = model.clusters
+    module = load_kernel_module(report, os.path.join(os.path.dirname(path), "kernels_for_training.py"))
+    return module, cluster
+
+
+ROPE = """
+    class M(nn.Module):
+        def forward(self, q, cos, sin):
+            return q * cos + torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * sin
+    """
+
+
+def test_the_backward_check_catches_a_wrong_gradient(write_model, monkeypatch):
+    """A backward kernel whose gradients are off by 5% is reported as a mismatch, not verified."""
+    import fuselens.validate.runner as runner
+
+    load = runner.load_kernel_module
+
+    def load_wrong_backward(*args, **kwargs):
+        module = load(*args, **kwargs)
+        fit = module._fit
+        module._fit = lambda raw, t: fit(raw, t) * 1.05
+        return module
+
+    monkeypatch.setattr(runner, "load_kernel_module", load_wrong_backward)
+    path = write_model(HEADER + textwrap.dedent(ROPE).lstrip("\n"))
+    options = AnalyzeOptions(input_shapes=["2,3,5,16", "5,16", "5,16"], dtypes=["float32"] * 3)
+    result = validate_file(path, options, ValidateOptions(interpret=True))
+    ((checked,),) = [m.clusters for m in result.models]
+    assert checked.status == "verified"  # the forward is right
+    assert checked.backward is not None and checked.backward.status == "mismatch"
+    assert "exceeds" in checked.backward.message
+
+
+def test_the_backward_kernel_gives_the_gradients_autograd_asks_for(write_model):
+    """RoPE's tables are model inputs here, so the backward kernel computes their gradients and q's
+    (the halves of q it also takes are views of q: their gradients are in q's); whichever of them
+    autograd wants, the gradients are eager's."""
+    module, cluster = _generated(write_model, ROPE, [("2,3,5,16", "float32"), ("5,16", "float32"), ("5,16", "float32")])
+    assert cluster.backward, cluster.backward_detail
+    assert module._cluster0_trains == (0, 1, 4) and module._cluster0_folded == {2: 0, 3: 0}
+    gen = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(s, generator=gen) for s in ((2, 3, 5, 16), (5, 16), (5, 16))]
+    for needs in [(True, False, False), (True, True, True), (False, True, False)]:
+        got = _grads(_with_halves(module.cluster0), tensors, needs)
+        want = _grads(_with_halves(module._cluster0_reference), tensors, needs)
+        for g, w in zip(got, want, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                torch.testing.assert_close(g, w)
+
+
+def _with_halves(fn):
+    """`fn(q, cos, q[..., 8:], q[..., :8], sin)`, as the applied edit calls the RoPE cluster."""
+    return lambda q, cos, sin: fn(q, cos, q[..., 8:], q[..., :8], sin)
+
+
+def _grads(fn, tensors, needs):
+    leaves = [t.detach().clone().requires_grad_(n) for t, n in zip(tensors, needs, strict=True)]
+    out = fn(*leaves)
+    out.backward(torch.ones_like(out) * torch.arange(float(out.shape[-1])))
+    return [leaf.grad for leaf in leaves]
+
+
+BUFFER_ROPE = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cos", torch.randn(5, 16))
+            self.register_buffer("sin", torch.randn(5, 16))
+
+        def forward(self, q):
+            return q * self.cos + torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * self.sin
+    """
+
+
+def test_an_input_the_backward_does_not_cover_sends_the_cluster_to_its_reference(write_model, monkeypatch):
+    """Buffers need no gradient, so the backward kernel computes q's alone; a caller who makes the
+    table learnable gets the reference under autograd, with every gradient right."""
+    module, _ = _generated(write_model, BUFFER_ROPE, [("2,3,5,16", "float32")])
+    assert module._cluster0_trains == (0,) and module._cluster0_folded == {2: 0, 3: 0}
+    launched = []
+    decide = module._kernel_runs
+
+    def recorded(*args, **kwargs):
+        launched.append(decide(*args, **kwargs))
+        return launched[-1]
+
+    monkeypatch.setattr(module, "_kernel_runs", recorded)
+    gen = torch.Generator().manual_seed(1)
+    q, cos, sin = (torch.randn(s, generator=gen) for s in ((2, 3, 5, 16), (5, 16), (5, 16)))
+    fused, reference = _with_halves(module.cluster0), _with_halves(module._cluster0_reference)
+    got = _grads(fused, (q, cos, sin), (True, False, False))
+    assert launched == [True, True]  # the forward kernel, then the backward kernel
+    torch.testing.assert_close(got[0], _grads(reference, (q, cos, sin), (True, False, False))[0])
+    launched.clear()
+    got = _grads(fused, (q, cos, sin), (True, True, False))
+    assert launched == [False]
+    want = _grads(reference, (q, cos, sin), (True, True, False))
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_the_backward_reference_runs_where_no_kernel_can(write_model, monkeypatch):
+    """Without the interpreter (a CPU, no GPU) the forward and the backward are the reference code:
+    the same gradients as eager to the last bit for a cluster whose derivative is written as torch
+    computes it."""
+    module, _ = _generated(
+        write_model,
+        """
+        class M(nn.Module):
+            def forward(self, gate, up):
+                return F.silu(gate) * up
+        """,
+        [("4,64", "float32"), ("4,64", "float32")],
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    gen = torch.Generator().manual_seed(3)
+    gate, up, g = (torch.randn(4, 64, generator=gen) for _ in range(3))
+    got = module._cluster0_gradients(gate, up, g)
+    a, b = gate.clone().requires_grad_(), up.clone().requires_grad_()
+    want = torch.autograd.grad(module._cluster0_reference(a, b), (a, b), g)
+    torch.testing.assert_close(list(got), list(want), rtol=0, atol=1e-6)
+
+
+TRAINS = """
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return h.type_as(x) * self.weight
+
+
+    class Mlp(nn.Module):  # fuselens: input=(6, 96) float32
+        def __init__(self, dim=96, hidden=160):
+            super().__init__()
+            self.norm = RMSNorm(dim)
+            self.gate = nn.Linear(dim, hidden, bias=False)
+            self.up = nn.Linear(dim, hidden, bias=False)
+            self.down = nn.Linear(hidden, dim, bias=False)
+
+        def forward(self, x):
+            h = self.norm(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+    """
+
+
+def test_a_patched_model_trains_like_the_original(write_model):
+    """A few optimizer steps of the patched model (its RMSNorm, SwiGLU and residual kernels and their
+    backward kernels, in the interpreter) follow the original's loss curve and end at its weights."""
+    import importlib.util
+    import sys
+
+    from fuselens.pipeline.apply import apply_file
+
+    path = write_model(HEADER + textwrap.dedent(TRAINS).lstrip("\n"), "mlp.py")
+    with open(path) as fh:
+        original_source = fh.read()
+    result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert result.applied and not result.refused, (result.refused, result.skipped)
+
+    def load(name, text):
+        file = os.path.join(os.path.dirname(path), f"{name}.py")
+        with open(file, "w") as fh:
+            fh.write(text)
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(path))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(os.path.dirname(path))
+        return module
+
+    original = load("original_mlp", original_source).Mlp()
+    with open(path) as fh:
+        patched = load("patched_mlp", fh.read()).Mlp()
+    patched.load_state_dict(original.state_dict())
+    kernels = sys.modules["mlp_kernels"]
+    launched = []
+    decide = kernels._kernel_runs
+
+    def recorded(*args, **kwargs):
+        launched.append(decide(*args, **kwargs))
+        return launched[-1]
+
+    kernels._kernel_runs = recorded
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(6, 96, generator=gen), torch.randn(6, 96, generator=gen)) for _ in range(4)]
+    curves = []
+    for model in (original, patched):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for x, target in batches:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    torch.testing.assert_close(curves[1], curves[0], rtol=1e-4, atol=1e-5)
+    for (key, a), b in zip(original.state_dict().items(), patched.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=key)
+    assert launched and all(launched)  # every forward and backward call ran a kernel
+
+
+def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
+    """torch.compile of the patched model, forward and backward: the kernels' ops are in the compiled
+    graph (traced once, with their autograd formulas), and every gradient is eager's."""
+    import importlib.util
+    import sys
+
+    from fuselens.pipeline.apply import apply_file
+
+    path = write_model(HEADER + textwrap.dedent(TRAINS).lstrip("\n"), "compiled_mlp.py")
+    with open(path) as fh:
+        original_source = fh.read()
+    assert apply_file(path, AnalyzeOptions(), None, lambda r: True).applied
+    folder = os.path.dirname(path)
+    original_path = os.path.join(folder, "original_compiled_mlp.py")
+    with open(original_path, "w") as fh:
+        fh.write(original_source)
+    sys.path.insert(0, folder)
+    try:
+        modules = []
+        for name, file in (("original_compiled_mlp", original_path), ("patched_compiled_mlp", path)):
+            spec = importlib.util.spec_from_file_location(name, file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            modules.append(module)
+    finally:
+        sys.path.remove(folder)
+    kernels = sys.modules["compiled_mlp_kernels"]
+    traced = []
+    decide = kernels._kernel_runs
+
+    def recorded(*args, **kwargs):
+        traced.append(decide(*args, **kwargs))
+        return traced[-1]
+
+    kernels._kernel_runs = recorded
+    original, patched = modules[0].Mlp(), modules[1].Mlp()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = original(xa), torch.compile(patched)(xb)
+    cotangent = torch.randn(want.shape, generator=torch.Generator().manual_seed(5))
+    want.backward(cotangent)
+    got.backward(cotangent)
+    assert traced and all(traced)  # compile traced the kernel ops, not the reference
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
+    for (key, p), q in zip(original.named_parameters(), patched.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=key)

@@ -1,0 +1,106 @@
+"""Checking a cluster's backward kernel: its gradients against eager autograd on the same values.
+
+The cluster's recorded inputs (from a real trace of the model) are the test data.  The eager side
+replays the cluster's own calls (`replay.cluster_function`) under autograd; the fused side calls the
+kernel module's public function, whose op has the backward kernel as its autograd formula.  Both get
+the same upstream gradients, drawn from a seeded generator (never `out.sum()`, whose gradient of
+ones hides transposed or mis-broadcast results), and every gradient the backward computes is
+compared with per-dtype tolerances, NaNs and infinities where eager has them; where it is outside
+them, it passes only if its norm-wise error against the float64 gradient is at most twice eager's
+(plus one ulp).  The backward runs twice: the same inputs must give the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fuselens.analysis.graph import Ref, plain
+from fuselens.contracts.report import Cluster, Kernel
+from fuselens.contracts.validation import BackwardCheck
+
+from .numerics import compare, narrowest
+from .replay import cluster_function
+
+
+def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, seed: int) -> BackwardCheck | None:
+    """The backward check of `cluster` over its recorded `instances`; None when it has no backward kernel."""
+    trains = getattr(kernels, f"_{kernel.name}_trains", None)
+    folded = getattr(kernels, f"_{kernel.name}_folded", {})
+    if not cluster.backward or trains is None or not instances:
+        return None
+    public = getattr(kernels, kernel.name)
+    precision = narrowest(
+        [getattr(torch, op.dtype) for op in cluster.ops if op.dtype] + [getattr(torch, i.dtype) for i in cluster.inputs]
+    )
+    result = BackwardCheck("verified", [cluster.inputs[k].name or f"input{k}" for k in trains])
+    worst = None
+    for graph, plan, values in instances:
+        args = [values[s.node] for s in plan.inputs]
+        eager = cluster_function(graph, plan, values)
+        views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
+        try:
+            want = _gradients(eager, args, trains, seed, views)
+            got = _gradients(public, args, trains, seed, views)
+            again = _gradients(public, args, trains, seed, views)
+            exact = _gradients(eager, [_wide(a) for a in args], trains, seed, views)
+        except Exception as exc:  # a failing backward is a finding, not a crash
+            return BackwardCheck("error", result.inputs, message=f"{type(exc).__name__}: {exc}")
+        for g, w, x in zip(got, want, exact, strict=True):
+            cmp = compare(g, w, precision)
+            if not cmp.ok and _as_close_as_eager(g, w, x):
+                cmp.ok, cmp.message = True, ""
+            if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
+                worst = cmp
+        if not all(torch.equal(a, b) for a, b in zip(got, again, strict=True)):
+            result.status, result.message = "nondeterministic", "two backward runs on the same inputs differ"
+    if worst is None:
+        return BackwardCheck("error", result.inputs, message="no gradient to compare")
+    result.max_abs, result.max_rel, result.atol, result.rtol = worst.max_abs, worst.max_rel, worst.atol, worst.rtol
+    if not worst.ok:
+        result.status, result.message = "mismatch", worst.message
+    return result
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
+
+
+def _as_close_as_eager(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether the fused gradient is about as close to the float64 one as eager's is, norm-wise: at
+    most twice eager's relative error, plus one ulp of the dtype.  Where eager rounds each op to
+    bf16 and the kernel rounds once, or a weight's gradient sums many rounded rows, the two can differ
+    elementwise by more than eager's tolerance while being equally accurate."""
+    exact = exact.to(got.device, torch.float64)
+    scale = exact.norm().clamp_min(torch.finfo(torch.float64).tiny)
+    fused_error = ((got.double() - exact).norm() / scale).item()
+    eager_error = ((want.double() - exact).norm() / scale).item()
+    return fused_error <= 2 * eager_error + torch.finfo(got.dtype).eps
+
+
+def _view_of(graph, node_id: int):
+    """The recorded view call that made input `node_id` from its base: f(base) -> the view."""
+    func, args, kwargs, index = plain(graph[node_id].replay)
+
+    def view(base):
+        bound = [base if isinstance(a, Ref) else a for a in args]
+        out = func(*bound, **kwargs)
+        return out[index] if index is not None else out
+
+    return view
+
+
+def _gradients(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int, views: dict) -> list[torch.Tensor]:
+    """The gradients of `fn`'s outputs, weighted by seeded random upstream gradients, with respect to
+    the inputs `trains`; the inputs in `views` (position -> (base position, view)) are views of their
+    base's leaf, as they are in the model, so their gradients reach the base."""
+    leaves = [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
+    for k, (base, view) in views.items():
+        leaves[k] = view(leaves[base])
+    with torch.enable_grad():
+        out = fn(*leaves)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    upstream = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
+    wrt = [leaves[k] for k in trains]
+    grads = torch.autograd.grad(outs, wrt, upstream, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wrt, strict=True)]
