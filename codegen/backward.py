@@ -442,7 +442,8 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
         w.to(weight, w.narrow(f"{gf} * {xhat}", "float32", w.value(weight), w.dtype(weight)), over_row=False)
     if centered and len(_operands(node)) > 2 and isinstance(_operands(node)[2], Ref):
         bias = _operands(node)[2]
-        w.to(bias, w.narrow(g, w.dtype(Ref(node.id)), w.value(bias), w.dtype(bias)), over_row=False)
+        # Through float32 (a value the kernel computes, so it can sum it over the rows itself).
+        w.to(bias, w.narrow(gf, "float32", w.value(bias), w.dtype(bias)), over_row=False)
 
 
 def _cat(w: _Writer, node: Node) -> None:

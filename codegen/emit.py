@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
-from .plan import COORD, KernelPlan, Stmt, full_rank_loads, identity_inputs, permuted_outputs, row_layouts, row_views
+from .plan import (
+    COORD,
+    KernelPlan,
+    Stmt,
+    column_totals,
+    full_rank_loads,
+    identity_inputs,
+    permuted_outputs,
+    row_layouts,
+    row_views,
+)
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -488,7 +498,31 @@ def _rows(
     body = _loop_body(row) if looped else _block_body(row)
     scalars = ("fast_blocks", "F") if across else ()
     signature = _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), scalars)
+    if column_totals(plan) and not looped:
+        return signature + "\n" + "\n".join(_indented(_totalling_rows(plan, head, body)))
     return signature + "\n" + "\n".join(_indented(head + body))
+
+
+def _totalling_rows(plan: KernelPlan, head: list[str], body: list[str]) -> list[str]:
+    """A whole-row kernel with outputs summed over the rows: each program walks blocks of rows
+    (pid, pid + programs, ...), adds each block's columns into float32 accumulators, and writes its
+    partial sums once, as row `pid` of a [programs, C] buffer the launcher adds up.  One program a
+    block of rows would write a partial for every block: as much as the full-size product."""
+    totals = column_totals(plan)
+    first = head.index("rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
+    loop = [
+        "rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]" if k == first else line
+        for k, line in enumerate(head)
+        if not line.startswith("pid = ")
+    ]
+    return [
+        "pid = tl.program_id(0)",
+        *[f"total{k} = tl.zeros([1, BLOCK_C], dtype=tl.float32)" for k in totals],
+        "for blk in range(pid, tl.cdiv(R, BLOCK_R), tl.num_programs(0)):",
+        *["    " + line for part in loop + body for line in part.split("\n")],
+        "cols = tl.arange(0, BLOCK_C)[None, :]",
+        *[f"tl.store(out{k}_ptr + (pid * C + cols), total{k}, mask=cols < C)" for k in totals],
+    ]
 
 
 def _across_row_head(plan: KernelPlan, used: set[int], divs: Divisors) -> list[str]:
@@ -546,8 +580,16 @@ def _block_body(row: _RowKernel) -> list[str]:
     stores = _outputs_by_statement(row.plan)
     for s in row.every:
         body.append(_block_reduction(s, row.comments) if s.reduce else row.statement(s))
-        body += [_store(row.plan, k, s) for k in stores.get(s.name, [])]  # `every` holds each output
+        body += [_store_or_total(row.plan, k, s) for k in stores.get(s.name, [])]  # `every` holds each output
     return body
+
+
+def _store_or_total(plan: KernelPlan, k: int, value: Stmt) -> str:
+    """The store of output `k`, or for one summed over the rows its block's columns added in."""
+    if not plan.outputs[k].col_total:
+        return _store(plan, k, value)
+    v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
+    return f"total{k} += tl.sum(tl.where(mask, {v}, 0.0), axis=0)[None, :]"
 
 
 def _outputs_by_statement(plan: KernelPlan) -> dict[str, list[int]]:

@@ -14,7 +14,16 @@ from __future__ import annotations
 from fuselens.analysis.graph import DTYPE_BYTES
 
 from .lowering import literal
-from .plan import KernelPlan, OutputSlot, full_rank_loads, identity_inputs, permuted_outputs, row_layouts, row_views
+from .plan import (
+    KernelPlan,
+    OutputSlot,
+    column_totals,
+    full_rank_loads,
+    identity_inputs,
+    permuted_outputs,
+    row_layouts,
+    row_views,
+)
 
 
 def launcher_text(
@@ -152,6 +161,8 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
     device = f"{input_names[0]}.device" if input_names else "'cuda'"
     if out.dims is not None:  # a permutation of the domain: its own shape, contiguous
         return f"torch.empty({_tuple([f'd{d}' for d in out.dims])}, device={device}, dtype=torch.{out.dtype})"
+    if out.col_total:  # summed over the rows: the columns' dims, in float32 (the launch adds partials)
+        return f"torch.empty({_tuple([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
     if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
     else:
@@ -300,9 +311,11 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         tile += ["if not whole_row:", "    warps = 8"]
     launch = [
         "grid = ((R + block_r - 1) // block_r,)",
+        *_column_total_buffers(plan, input_names),
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
         f"kernel[grid]({call_args},",
         f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)",
+        *_column_totals_added(plan),
     ]
     layouts = row_layouts(plan)
     if not layouts:
@@ -321,6 +334,32 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         "else:",
         *["    " + line for line in launch],
     ]
+
+
+def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """For each output summed over the rows, what the kernel writes: the whole-row kernel's programs
+    (eight a multiprocessor, each walking blocks of rows) one float32 row of partial sums each; the
+    looped kernel every row's values."""
+    totals = column_totals(plan)
+    if not totals:
+        return []
+    device = f"{input_names[0]}.device"
+    return [
+        # Eight programs a multiprocessor (32 warps of 4) keep enough rows in flight; their partial
+        # sums are 8 x 132 float32 rows on an H200, not one for every row.
+        "if whole_row:",
+        "    grid = (min(grid[0], 8 * _sm_count()),)",
+        *[
+            f"out{k} = torch.empty((grid[0] if whole_row else R, C), device={device}, dtype=torch.float32)"
+            for k in totals
+        ],
+    ]
+
+
+def _column_totals_added(plan: KernelPlan) -> list[str]:
+    n, k_rows = len(plan.domain), plan.row_dims
+    shape = _tuple([f"d{i}" for i in range(k_rows, n)])
+    return [f"out{k} = out{k}.sum(0).reshape({shape})" for k in column_totals(plan)]
 
 
 def _layouts(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -> str:

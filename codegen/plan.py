@@ -114,6 +114,9 @@ class OutputSlot:
     # A permuted output (a ConvNeXt block's residual, added back in NCHW to a norm over NHWC): the
     # domain dim each of its dims runs along; the kernel stores it by its own strides.
     dims: tuple[int, ...] | None = None
+    # Summed over the rows (a norm's weight gradient, [C] from [N, C] rows): the whole-row kernel
+    # writes each program's partial column sums in float32, the launcher adds them up.
+    col_total: bool = False
 
 
 @dataclass
@@ -996,9 +999,14 @@ def row_layouts(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     every domain dim, one dim each (element for element too): the launcher looks at call time for
     one laid out along the last row dim, such as a LayerNorm over the channels of an NCHW tensor
     seen as NHWC, which the across row kernel reads down its tiles' rows."""
-    if plan.kind == "elementwise" or plan.groups or not plan.row_dims:
+    if plan.kind == "elementwise" or plan.groups or not plan.row_dims or column_totals(plan):
         return []
     return _loads_along_every_dim(plan, skip=set())
+
+
+def column_totals(plan: KernelPlan) -> list[int]:
+    """The outputs summed over the rows (`OutputSlot.col_total`)."""
+    return [k for k, o in enumerate(plan.outputs) if o.col_total]
 
 
 def _loads_along_every_dim(plan: KernelPlan, skip: set[int]) -> list[tuple[int, tuple[int, ...]]]:

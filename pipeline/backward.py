@@ -59,6 +59,7 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     except PlanError as exc:
         raise NoBackwardKernel(f"the gradients are not one kernel: {exc.detail or exc.reason}") from exc
     returned = _returned(captured, bplan, names)
+    _total_over_rows(bplan, plan, returned, text.grads_of)
     kernel_inputs = [captured[slot.node].name for slot in bplan.inputs]
     emitted = emit(bplan, f"{name}_backward", kernel_inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
     gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned)
@@ -110,6 +111,25 @@ def _strides(graph: Graph, node: int) -> tuple[int, ...] | None:
 def _meta(shape, strides, dtype: str) -> torch.Tensor:
     t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device="meta")
     return t if strides is None else t.as_strided(tuple(shape), tuple(strides))
+
+
+def _total_over_rows(backward: KernelPlan, forward: KernelPlan, returned: list[str], grads_of: list[int]) -> None:
+    """Mark the backward row kernel's outputs that are gradients of inputs one row wide (a norm's
+    weight, [C] read by every row): the kernel sums them over the rows instead of writing each row's."""
+    if backward.kind == "elementwise" or backward.groups or not backward.row_dims:
+        return
+    columns = 1
+    for size in backward.domain[backward.row_dims :]:
+        columns *= size
+    for value, k in zip(returned, grads_of, strict=True):
+        if not value.startswith("raws["):
+            continue
+        out = backward.outputs[int(value[5:-1])]
+        size = 1
+        for d in forward.inputs[k].shape:
+            size *= d
+        if size == columns and tuple(out.shape) == tuple(backward.domain) and not out.row_only:
+            out.col_total = True
 
 
 def _returned(graph: Graph, plan: KernelPlan, names: list[str]) -> list[str]:

@@ -159,6 +159,25 @@ KINDS = [
         ["h", "self.weight"],
     ),
     case(
+        # Rows wider than a whole-row kernel holds: the looped kernel, its weight gradient summed
+        # by the launcher.
+        "layernorm-rows-wider-than-a-block",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(8200)
+                with torch.no_grad():
+                    self.norm.weight.uniform_(0.5, 1.5)
+
+            def forward(self, x):
+                return self.norm(x * 2.0)
+        """,
+        [("3,8200", "float32")],
+        "mul → layer_norm",
+        ["x", "self.norm.weight", "self.norm.bias"],
+    ),
+    case(
         "residual-layernorm-two-outputs",
         """
         class M(nn.Module):
