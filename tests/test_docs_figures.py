@@ -70,3 +70,23 @@ def test_the_held_out_summary_counts_the_rows_of_its_table():
     )
     assert stated, "the README's sentence on the held-out suite"
     assert [int(x) for x in stated.groups()] == [near, total, at_par]
+
+
+def test_the_readme_training_figures_are_the_training_table_s():
+    rows = {
+        r["case"]: ratio(r["applied vs better compile"]) for r in table_after(read("docs/benchmarks.md"), "## Training")
+    }
+    readme = " ".join(read("README.md").split())
+    sentence = readme.split("Training, one step", 1)[1].split("(`python benchmarks/training.py`)", 1)[0]
+    stated = {
+        "RMSNorm": r"RMSNorm (\d+\.\d+)×",
+        "softmax (attention scores)": r"attention softmax (\d+\.\d+)×",
+        "SwiGLU": r"SwiGLU (\d+\.\d+)×",
+        "RoPE": r"RoPE (\d+\.\d+)×",
+        "LayerNorm + residual": r"LayerNorm of a residual sum (\d+\.\d+)×",
+        "residual + RMSNorm": r"residual add \+ RMSNorm (\d+\.\d+)×",
+    }
+    for case, pattern in stated.items():
+        found = re.search(pattern, sentence)
+        assert found, case
+        assert float(found[1]) == rows[case], case

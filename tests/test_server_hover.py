@@ -34,8 +34,9 @@ async def test_hover_on_every_line_of_a_cluster(client: Client, analyzed: str, i
         assert f"**{want['bytes']}**" in text
         assert "dram-bound" in text  # the regime
         assert f"maps **exactly** to lines {first}–{last}" in text
+        assert "**training**: a backward kernel computes the gradients of " in text
         # Compact: no kernel source, but a link that opens it (the server's own command, this cluster).
-        assert "@triton.jit" not in text and len([t for t in text.splitlines() if t.strip()]) <= 8, text
+        assert "@triton.jit" not in text and len([t for t in text.splitlines() if t.strip()]) <= 9, text
         (link,) = re.findall(r"\[Open the kernel\]\(command:fuselens\.showKernel\?([^)]*)\)", text)
         assert json.loads(urllib.parse.unquote(link)) == [analyzed, f"c{index}"]
 

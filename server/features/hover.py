@@ -34,8 +34,8 @@ def _shape(shape) -> str:
 
 
 def describe(model: Model, c: Cluster, uri: str = "") -> str:
-    """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, what
-    torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
+    """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, whether
+    its backward is a kernel, what torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
     the ops next to it were left out)."""
     saved = ""
     if c.bytes_unfused and c.bytes_fused is not None:
@@ -60,6 +60,8 @@ def describe(model: Model, c: Cluster, uri: str = "") -> str:
     outs = ", ".join(f"{_shape(o.shape)} {o.dtype}" for o in c.outputs)
     parts.append(f"reads {ins}; writes {outs}")
     parts.append(_applies_line(c))
+    if c.kernel is not None:
+        parts.append(_training_line(c))
     patterns = [p for p in model.patterns if c.id in p.clusters]
     if patterns:
         parts.append(
@@ -97,6 +99,13 @@ def _applies_line(c: Cluster) -> str:
     if c.applies == "patch":
         return f"applies as a **library patch**: {c.apply_detail}"
     return f"maps as **{c.mapping}**: {c.apply_detail or c.mapping_detail}"
+
+
+def _training_line(c: Cluster) -> str:
+    """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs."""
+    if c.backward:
+        return f"**training**: a backward kernel computes the {c.backward_detail}"
+    return f"**training**: the backward runs the cluster's own ops ({c.backward_detail})"
 
 
 def _command_link(command: str, *arguments: str) -> str:
