@@ -148,6 +148,22 @@ def _render_clusters(console: Console, model: Model) -> None:
     for c in model.clusters:
         if not c.backward and c.kernel is not None:
             console.print(f"  [dim]{_literal(c.id)} trains through its reference: {_literal(c.backward_detail)}[/]")
+    _render_training(console, model)
+
+
+def _render_training(console: Console, model: Model) -> None:
+    """How many clusters train through a backward kernel, and what their forwards keep for the
+    backward against what eager autograd keeps for the same ops."""
+    trained = [c for c in model.clusters if c.backward]
+    if not trained:
+        return
+    line = f"  training: {len(trained)} of {len(model.clusters)} cluster(s) have a backward kernel"
+    measured = [c for c in trained if c.saved_bytes_fused is not None and c.saved_bytes_eager is not None]
+    if measured:
+        fused = sum((c.saved_bytes_fused or 0) * c.multiplicity for c in measured)
+        eager = sum((c.saved_bytes_eager or 0) * c.multiplicity for c in measured)
+        line += f"; their forwards keep {bytes_label(fused)} for the backward (eager autograd: {bytes_label(eager)})"
+    console.print(line)
 
 
 _CLUSTER_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (

@@ -20,6 +20,7 @@ autograd through its reference instead.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from fuselens.analysis.graph import Graph, Node, Ref
@@ -40,6 +41,7 @@ class BackwardText:
     grad_params: list[str]  # its gradient parameters, one per cluster output
     # Inputs that are views of another input (position -> the base's): their gradients are in the base's.
     folded: dict[int, int] = field(default_factory=dict)
+    keeps: list[int] = field(default_factory=list)  # the inputs (positions) the gradients read
 
 
 def needs_grad(graph: Graph) -> set[int]:
@@ -76,15 +78,40 @@ def backward_text(
             grads_of.append(k)
     if not returned:
         raise NoBackward("no input of the cluster needs a gradient")
+    statements = _live([*body, *writer.lines], returned)
+    read = _names_in(statements + returned)
+    keeps = [k for k, p in enumerate(params) if p in read]
     lines = [
         f"def _{name}_backward_reference({', '.join(params + number_params + grads)}):",
         f'    """The gradients of {", ".join(params[k] for k in grads_of)} from those of the outputs: the '
-        'forward recomputed, then each op\'s derivative."""',
-        *body,
-        *writer.lines,
+        'forward recomputed where they need it, then each op\'s derivative."""',
+        *statements,
         f"    return {', '.join(returned)}" + ("," if len(returned) == 1 else ""),
     ]
-    return BackwardText("\n".join(lines), grads_of, grads, {k: b for k, b in folded.items() if b in grads_of})
+    folded_in = {k: b for k, b in folded.items() if b in grads_of}
+    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _names_in(texts: list[str]) -> set[str]:
+    return {m for t in texts for m in _NAME.findall(t)}
+
+
+def _live(statements: list[str], returned: list[str]) -> list[str]:
+    """The statements (`    name = expression`) that the returned values need, in order: the
+    forward's values no derivative reads are not recomputed (RoPE's gradient never reads q * cos),
+    and the inputs only they read need not be kept for the backward."""
+    live = _names_in(returned)
+    kept = []
+    for line in reversed(statements):
+        target, expression = line.strip().split(" = ", 1)
+        if target in live:
+            kept.append(line)
+            live.discard(target)
+            live |= _names_in([expression])
+    return kept[::-1]
 
 
 def _slices_of_inputs(graph: Graph, plan: KernelPlan) -> dict[int, int]:
@@ -145,10 +172,11 @@ def gradients_text(
 def registration_text(name: str, tensors: int, text: BackwardText) -> str:
     return (
         f"# Training: the op's backward is _{name}_gradients, for the inputs it computes gradients of;\n"
-        "# an input that is a view of another (position: the other's) has its gradient in that one's.\n"
+        "# an input that is a view of another (position: the other's) has its gradient in that one's;\n"
+        "# the forward keeps for the backward only the inputs it reads.\n"
         f"_{name}_trains = {tuple(text.grads_of)!r}\n"
         f"_{name}_folded = {text.folded!r}\n"
-        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains)"
+        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains, {tuple(text.keeps)!r})"
     )
 
 
@@ -186,13 +214,13 @@ class _Writer:
         return text if dtype in ("float32", "float64") else f"{text}.float()"
 
     def narrow(self, text: str, dtype: str, like: str, like_dtype: str) -> str:
-        """`text` (of `dtype`) in the dtype of `like`: no cast where they are the same (a cast to the
-        same dtype would be a view of the kernel's value, not a value of its own)."""
-        return (
-            text
-            if dtype == like_dtype or (dtype == "float32" and like_dtype == "float64")
-            else f"({text}).to({like}.dtype)"
-        )
+        """`text` (of `dtype`) in `like`'s dtype, `like_dtype`: no cast where they are the same (a cast
+        to the same dtype would be a view of the kernel's value, not a value of its own).  The dtype is
+        written out, not read from `like`, so the backward keeps no value alive only for its dtype:
+        the op runs, and so its backward, only for the dtypes the kernel was generated for."""
+        del like
+        same = dtype == like_dtype or (dtype == "float32" and like_dtype == "float64")
+        return text if same else f"({text}).to(torch.{like_dtype})"
 
     def grad(self, node: Node) -> str:
         return self.adjoint[node.id]

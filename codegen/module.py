@@ -305,13 +305,15 @@ def _kernel_runs(tensors, dtypes, trains=()):
     return devices in ({"cuda"}, {"meta"}) or (interpreted and devices == {"cpu"})
 
 
-def _register_backward(name, gradients, tensors, grads_of):
-    """`gradients(inputs, numbers, grads)` as the backward of the op `name`, which saves its `tensors`
-    inputs (not its intermediates: the backward recomputes them from the inputs)."""
+def _register_backward(name, gradients, tensors, grads_of, keeps):
+    """`gradients(inputs, numbers, grads)` as the backward of the op `name`, whose first `tensors`
+    inputs are tensors.  The forward keeps the inputs `keeps` (those the gradients read; never an
+    intermediate: the backward recomputes what it needs) and passes None for the others."""
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:tensors])
+        ctx.save_for_backward(*(inputs[k] for k in keeps))
         ctx.numbers = inputs[tensors:]
+        ctx.inputs = [(t.shape, t.dtype) for t in inputs[:tensors]]
         outputs = output if isinstance(output, tuple) else (output,)
         ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
 
@@ -320,28 +322,30 @@ def _register_backward(name, gradients, tensors, grads_of):
             g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
             for g, (shape, dtype, device) in zip(grads, ctx.outputs)
         ]
-        inputs = ctx.saved_tensors
+        inputs = [None] * tensors
+        for k, t in zip(keeps, ctx.saved_tensors):
+            inputs[k] = t
         raws = gradients(*inputs, *ctx.numbers, *grads)
         result = [None] * (tensors + len(ctx.numbers))
         for k, raw in zip(grads_of, raws):
             if ctx.needs_input_grad[k]:
-                result[k] = _fit(raw, inputs[k])
+                result[k] = _fit(raw, *ctx.inputs[k])
         return tuple(result)
 
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _fit(raw, t):
-    """A gradient as its input is: a broadcast input's summed over the dims it was broadcast along, a
-    view's reshaped back, in the input's dtype."""
-    if raw.shape != t.shape:
-        if raw.numel() == t.numel():
-            raw = raw.reshape(t.shape)
-        elif torch.broadcast_shapes(raw.shape, t.shape) == t.shape:
-            raw = raw.expand(t.shape)
+def _fit(raw, shape, dtype):
+    """A gradient as its input (of `shape` and `dtype`) is: a broadcast input's summed over the dims
+    it was broadcast along, a view's reshaped back, in the input's dtype."""
+    if raw.shape != shape:
+        if raw.numel() == shape.numel():
+            raw = raw.reshape(shape)
+        elif torch.broadcast_shapes(raw.shape, shape) == shape:
+            raw = raw.expand(shape)
         else:
-            raw = raw.sum_to_size(t.shape)
-    return raw if raw.dtype == t.dtype else raw.to(t.dtype)
+            raw = raw.sum_to_size(shape)
+    return raw if raw.dtype == dtype else raw.to(dtype)
 '''
 
 

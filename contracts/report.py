@@ -183,6 +183,12 @@ class Cluster:
     # (the cluster then trains through its reference, as the model wrote it).
     backward: str = ""
     backward_detail: str = ""
+    # The backward's DRAM traffic, its ops one kernel each and as the backward kernel; and what the
+    # forward keeps for the backward: eager autograd's saved tensors, and the kernel op's (its inputs).
+    backward_bytes_unfused: int | None = None
+    backward_bytes_fused: int | None = None
+    saved_bytes_eager: int | None = None
+    saved_bytes_fused: int | None = None
 
     @property
     def bytes_saved(self) -> int | None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from fuselens.analysis import capture
-from fuselens.analysis.graph import Graph, plain
+from fuselens.analysis.cost import cluster_bytes
+from fuselens.analysis.graph import DTYPE_BYTES, Graph, plain
 from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
@@ -35,6 +36,9 @@ class Backward:
     grads_of: list[int]  # the cluster inputs whose gradients the kernel computes
     trains: list[int]  # the inputs that may want gradients: those, and views of them
     strategy: str
+    bytes_unfused: int  # the backward's ops, one kernel each
+    bytes_fused: int  # the backward kernel's
+    saved_fused: int  # what the kernel op keeps for the backward: the inputs its gradients read
 
 
 class NoBackwardKernel(Exception):
@@ -65,7 +69,60 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned)
     registration = bw.registration_text(name, len(params), text)
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
-    return Backward(body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy)
+    unfused, fused = _traffic(captured, bplan)
+    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
+    return Backward(
+        body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
+    )
+
+
+def saved_by_autograd(reference: str, name: str, plan: KernelPlan, trains: list[int]) -> int | None:
+    """What eager autograd keeps for the backward of the cluster's reference (`reference`, the text
+    of `_<name>_reference`), run on meta tensors with the inputs `trains` wanting gradients: the
+    bytes of the distinct tensors its ops save, views counted as their base."""
+    namespace: dict = {"torch": torch, "math": __import__("math")}
+    try:
+        exec(compile(reference, f"<{name} reference>", "exec"), namespace)  # our generated text, not a file's
+    except SyntaxError:
+        return None
+    function = namespace[f"_{name}_reference"]
+    inputs = [
+        torch.empty(slot.shape, dtype=getattr(torch, slot.dtype), device="meta").requires_grad_(k in trains)
+        for k, slot in enumerate(plan.inputs)
+    ]
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        saved[id(base)] = base.numel() * base.element_size()
+        return t
+
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            function(*inputs, *[plain(slot.value) for slot in plan.scalars])
+    except Exception:  # a reference that does not run on meta tensors: no figure, not a failure
+        return None
+    return sum(saved.values())
+
+
+def _traffic(graph: Graph, plan: KernelPlan) -> tuple[int, int]:
+    """(the backward's ops one kernel each, the backward kernel) in bytes; an output summed over the
+    rows is written as its partial sums, a few float32 rows, not full-size."""
+    totals = [o for o in plan.outputs if o.col_total]
+    unfused, fused = cluster_bytes(
+        graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in plan.outputs if not o.col_total]
+    )
+    columns = 1
+    for size in plan.domain[plan.row_dims :]:
+        columns *= size
+    return unfused, fused + 4 * columns * len(totals)
+
+
+def _bytes(shape, dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * DTYPE_BYTES.get(dtype, 4)
 
 
 def _capture(

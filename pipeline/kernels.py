@@ -22,7 +22,7 @@ from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
 from fuselens.contracts.units import in_library, library_path
 
-from .backward import Backward, NoBackwardKernel, backward_for
+from .backward import Backward, NoBackwardKernel, backward_for, saved_by_autograd
 from .findings import Found
 
 
@@ -52,7 +52,7 @@ def generate_kernels(
                 reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
             else:
                 no_reference = ""
-            trained = _backward(cluster, instance, name, params, numbers) if not no_reference else None
+            trained = _backward(cluster, instance, name, params, numbers, reference) if not no_reference else None
             try:
                 emitted = emit(
                     instance.plan,
@@ -78,9 +78,12 @@ def generate_kernels(
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
 
 
-def _backward(cluster: R.Cluster, instance: Found, name: str, params: list[str], numbers: list[str]) -> Backward | None:
-    """The cluster's backward kernel, recorded on the cluster: its strategy and the inputs it takes
-    gradients of, or why its gradients are not one kernel."""
+def _backward(
+    cluster: R.Cluster, instance: Found, name: str, params: list[str], numbers: list[str], reference: str
+) -> Backward | None:
+    """The cluster's backward kernel, recorded on the cluster: its strategy, the inputs it takes
+    gradients of, its traffic and what the forward keeps for it against eager autograd; or why its
+    gradients are not one kernel."""
     try:
         trained = backward_for(instance.graph, instance.plan, name, params, numbers)
     except NoBackwardKernel as exc:
@@ -91,6 +94,9 @@ def _backward(cluster: R.Cluster, instance: Found, name: str, params: list[str],
         return None
     cluster.backward = trained.strategy
     cluster.backward_detail = "gradients of " + ", ".join(params[k] for k in trained.grads_of)
+    cluster.backward_bytes_unfused, cluster.backward_bytes_fused = trained.bytes_unfused, trained.bytes_fused
+    cluster.saved_bytes_fused = trained.saved_fused
+    cluster.saved_bytes_eager = saved_by_autograd(reference, name, instance.plan, trained.trains)
     return trained
 
 

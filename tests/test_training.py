@@ -249,7 +249,7 @@ def test_the_backward_check_catches_a_wrong_gradient(write_model, monkeypatch):
     def load_wrong_backward(*args, **kwargs):
         module = load(*args, **kwargs)
         fit = module._fit
-        module._fit = lambda raw, t: fit(raw, t) * 1.05
+        module._fit = lambda *args: fit(*args) * 1.05
         return module
 
     monkeypatch.setattr(runner, "load_kernel_module", load_wrong_backward)
@@ -488,3 +488,29 @@ def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
     torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-5)
     for (key, p), q in zip(original.named_parameters(), patched.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_the_forward_keeps_only_what_the_backward_reads(write_model):
+    """RoPE's gradient is RoPE's transpose: it reads the tables, never q, so the kernel op keeps the
+    tables alone, as eager autograd does.  An RMSNorm's keeps its input and weight, where eager keeps
+    the float copy, the per-row scale and the normalised rows too."""
+    rope = analyze_file(
+        write_model(HEADER + textwrap.dedent(BUFFER_ROPE).lstrip("\n"), "rope.py"),
+        AnalyzeOptions(input_shapes=["2,3,5,16"], dtypes=["float32"]),
+    )
+    ((cluster,),) = [m.clusters for m in rope.models]
+    tables = 2 * 5 * 16 * 4
+    assert cluster.saved_bytes_fused == tables and cluster.saved_bytes_eager == tables
+    assert cluster.backward_bytes_fused < cluster.backward_bytes_unfused
+    norm = analyze_file(
+        write_model(HEADER + textwrap.dedent(_kind("rmsnorm-module")).lstrip("\n"), "norm.py"),
+        AnalyzeOptions(input_shapes=["3,5,1000"], dtypes=["bfloat16"]),
+    )
+    ((cluster,),) = [m.clusters for m in norm.models if m.status == "analyzed"]
+    assert cluster.saved_bytes_fused == 3 * 5 * 1000 * 2 + 1000 * 4
+    assert cluster.saved_bytes_eager > 2 * cluster.saved_bytes_fused
+
+
+def _kind(name: str) -> str:
+    """The model source of the case `name` in KINDS."""
+    return next(p.values[0] for p in KINDS if p.id == name)

@@ -104,7 +104,13 @@ def _applies_line(c: Cluster) -> str:
 def _training_line(c: Cluster) -> str:
     """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs."""
     if c.backward:
-        return f"**training**: a backward kernel computes the {c.backward_detail}"
+        line = f"**training**: a backward kernel computes the {c.backward_detail}"
+        if c.saved_bytes_fused is not None and c.saved_bytes_eager is not None:
+            line += (
+                f"; the forward keeps {bytes_label(c.saved_bytes_fused)} for it "
+                f"(eager autograd: {bytes_label(c.saved_bytes_eager)})"
+            )
+        return line
     return f"**training**: the backward runs the cluster's own ops ({c.backward_detail})"
 
 
