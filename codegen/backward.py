@@ -522,6 +522,44 @@ def _join_slices(w: _Writer, base: int) -> None:
     w.add(base, f"torch.cat(({', '.join(w.adjoint[v.id] for _, _, v in pieces)},), dim={dim})")
 
 
+def _bounded(w: _Writer, node: Node) -> None:
+    """clamp / hardtanh: the gradient passes where the input is inside the bounds (at them too, as
+    torch's own formula has it), and is zero outside."""
+    x = _operands(node)[0]
+    lo = node.params.get("min", node.params.get("min_val"))
+    hi = node.params.get("max", node.params.get("max_val"))
+    inside = " & ".join(
+        [f"({w.value(x)} >= {float(lo)!r})" for _ in [0] if lo is not None]
+        + [f"({w.value(x)} <= {float(hi)!r})" for _ in [0] if hi is not None]
+    )
+    w.to(x, f"torch.where({inside}, {w.grad(node)}, 0.0)" if inside else w.grad(node))
+
+
+def _leaky_relu(w: _Writer, node: Node) -> None:
+    x, slope = _operands(node)[0], float(node.params.get("negative_slope", 0.01))
+    g = w.grad(node)
+    w.to(x, f"torch.where({w.value(x)} > 0, {g}, {g} * {slope!r})")
+
+
+def _abs(w: _Writer, node: Node) -> None:
+    x = _operands(node)[0]
+    g, v = w.grad(node), w.value(x)
+    w.to(x, f"torch.where({v} > 0, {g}, torch.where({v} < 0, -{g}, 0.0))")
+
+
+def _permute(w: _Writer, node: Node) -> None:
+    """A permuted view: its gradient is the output's, permuted back.  Of a value the cluster computes
+    (ConvNeXt's `(gamma * y).permute(0, 3, 1, 2)`), not of an input, whose gradient must be a value the
+    kernel writes, not a view of one."""
+    (x,) = _operands(node)[:1]
+    steps = node.params.get("steps", [])
+    if x.node in {s.node for s in w.plan.inputs} or len(steps) != 1 or steps[0][0] != "permute":
+        raise NoBackward(f"the gradient through a `{node.op}` view of an input")
+    order = list(steps[0][1])
+    inverse = [order.index(d) for d in range(len(order))]
+    w.to(x, f"{w.grad(node)}.permute({inverse})", over_row=False)
+
+
 def _embedding(w: _Writer, node: Node) -> None:
     raise NoBackward(
         "an embedding's gradient adds rows into the table at the looked-up ids, which no kernel here writes"
@@ -543,6 +581,15 @@ _RULES = {
     "sqrt": _unary("0.5 / {y}"),
     "reciprocal": _unary("-{y} * {y}"),
     "square": _unary("2.0 * {x}"),
+    "erf": _unary(f"{2 / math.sqrt(math.pi)!r} * torch.exp(-{{x}} * {{x}})"),
+    "log1p": _unary("1.0 / (1.0 + {x})"),
+    "expm1": _unary("{y} + 1.0"),
+    "sin": _unary("torch.cos({x})"),
+    "cos": _unary("-torch.sin({x})"),
+    "abs": _abs,
+    "clamp": _bounded,
+    "hardtanh": _bounded,
+    "leaky_relu": _leaky_relu,
     "silu": _silu,
     "gelu": _gelu,
     "relu": _relu,
@@ -563,4 +610,5 @@ _RULES = {
     "cat": _cat,
     "embedding": _embedding,
     **{op: _view for op in ("getitem", "slice", "narrow", "unsqueeze", "squeeze", "view", "reshape", "expand")},
+    **{op: _permute for op in ("permute", "transpose", "t", "movedim")},
 }

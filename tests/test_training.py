@@ -54,6 +54,35 @@ KINDS = [
         ["x", "self.w", "self.b", "y"],
     ),
     case(
+        "bounded-periodic-and-log-activations",
+        """
+        class M(nn.Module):
+            def forward(self, x, y):
+                a = torch.clamp(x, -0.5, 0.7) + F.hardtanh(y) + F.leaky_relu(x, 0.2)
+                b = torch.erf(x) * torch.log1p(y.abs()) + torch.expm1(x * 0.1) + torch.sin(y) * torch.cos(x)
+                return a * (b + F.relu6(y))
+        """,
+        [("4,33", "float32"), ("4,33", "float32")],
+        "clamp → hardtanh → add → leaky_relu",
+        ["x", "y"],
+    ),
+    case(
+        # A ConvNeXt block's layer scale: channels-last values scaled, permuted back, added.
+        "layer-scale-permuted-back",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gamma = nn.Parameter(torch.rand(20) + 0.5)
+
+            def forward(self, x, y):
+                return x + (self.gamma * y).permute(0, 3, 1, 2)
+        """,
+        [("2,20,5,9", "float32"), ("2,5,9,20", "float32")],
+        "mul → add",
+        ["x", "self.gamma", "y"],
+    ),
+    case(
         "swiglu",
         """
         class M(nn.Module):
