@@ -409,39 +409,41 @@ TRAINS = """
     """
 
 
-def test_a_patched_model_trains_like_the_original(write_model):
-    """A few optimizer steps of the patched model (its RMSNorm, SwiGLU and residual kernels and their
-    backward kernels, in the interpreter) follow the original's loss curve and end at its weights."""
+def _applied_mlp(write_model, name: str):
+    """(the original Mlp, the Mlp of the file after `fuselens apply`, with the original's weights, and
+    the list that records each `_kernel_runs` answer of the kernel module, call by call)."""
     import importlib.util
     import sys
 
     from fuselens.pipeline.apply import apply_file
 
-    path = write_model(HEADER + textwrap.dedent(TRAINS).lstrip("\n"), "mlp.py")
+    path = write_model(HEADER + textwrap.dedent(TRAINS).lstrip("\n"), f"{name}.py")
     with open(path) as fh:
         original_source = fh.read()
     result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
     assert result.applied and not result.refused, (result.refused, result.skipped)
+    with open(path) as fh:
+        patched_source = fh.read()
+    folder = os.path.dirname(path)
 
-    def load(name, text):
-        file = os.path.join(os.path.dirname(path), f"{name}.py")
+    def load(module_name, text):
+        file = os.path.join(folder, f"{module_name}.py")
         with open(file, "w") as fh:
             fh.write(text)
-        spec = importlib.util.spec_from_file_location(name, file)
+        spec = importlib.util.spec_from_file_location(module_name, file)
         module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, os.path.dirname(path))
+        sys.path.insert(0, folder)  # the patched file imports its kernels from beside it
         try:
             spec.loader.exec_module(module)
         finally:
-            sys.path.remove(os.path.dirname(path))
+            sys.path.remove(folder)
         return module
 
-    original = load("original_mlp", original_source).Mlp()
-    with open(path) as fh:
-        patched = load("patched_mlp", fh.read()).Mlp()
+    original = load(f"original_{name}", original_source).Mlp()
+    patched = load(f"patched_{name}", patched_source).Mlp()
     patched.load_state_dict(original.state_dict())
-    kernels = sys.modules["mlp_kernels"]
-    launched = []
+    kernels = sys.modules[f"{name}_kernels"]
+    launched: list[bool] = []
     decide = kernels._kernel_runs
 
     def recorded(*args, **kwargs):
@@ -449,6 +451,13 @@ def test_a_patched_model_trains_like_the_original(write_model):
         return launched[-1]
 
     kernels._kernel_runs = recorded
+    return original, patched, launched
+
+
+def test_a_patched_model_trains_like_the_original(write_model):
+    """A few optimizer steps of the patched model (its RMSNorm, SwiGLU and residual kernels and their
+    backward kernels, in the interpreter) follow the original's loss curve and end at its weights."""
+    original, patched, launched = _applied_mlp(write_model, "mlp")
     gen = torch.Generator().manual_seed(0)
     batches = [(torch.randn(6, 96, generator=gen), torch.randn(6, 96, generator=gen)) for _ in range(4)]
     curves = []
@@ -471,40 +480,7 @@ def test_a_patched_model_trains_like_the_original(write_model):
 def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
     """torch.compile of the patched model, forward and backward: the kernels' ops are in the compiled
     graph (traced once, with their autograd formulas), and every gradient is eager's."""
-    import importlib.util
-    import sys
-
-    from fuselens.pipeline.apply import apply_file
-
-    path = write_model(HEADER + textwrap.dedent(TRAINS).lstrip("\n"), "compiled_mlp.py")
-    with open(path) as fh:
-        original_source = fh.read()
-    assert apply_file(path, AnalyzeOptions(), None, lambda r: True).applied
-    folder = os.path.dirname(path)
-    original_path = os.path.join(folder, "original_compiled_mlp.py")
-    with open(original_path, "w") as fh:
-        fh.write(original_source)
-    sys.path.insert(0, folder)
-    try:
-        modules = []
-        for name, file in (("original_compiled_mlp", original_path), ("patched_compiled_mlp", path)):
-            spec = importlib.util.spec_from_file_location(name, file)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            modules.append(module)
-    finally:
-        sys.path.remove(folder)
-    kernels = sys.modules["compiled_mlp_kernels"]
-    traced = []
-    decide = kernels._kernel_runs
-
-    def recorded(*args, **kwargs):
-        traced.append(decide(*args, **kwargs))
-        return traced[-1]
-
-    kernels._kernel_runs = recorded
-    original, patched = modules[0].Mlp(), modules[1].Mlp()
-    patched.load_state_dict(original.state_dict())
+    original, patched, traced = _applied_mlp(write_model, "compiled_mlp")
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(4))
     torch._dynamo.reset()
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
