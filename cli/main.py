@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--explain-rejections", action="store_true", help="list ops left unfused and why")
     analyze.add_argument("--show-kernels", action="store_true", help="print each generated kernel")
     analyze.add_argument(
+        "--train",
+        action="store_true",
+        help="analyze the models in training mode (model.train()): dropout and batch-statistics BatchNorm stay unfused",
+    )
+    analyze.add_argument(
         "--vs-inductor",
         action="store_true",
         help="also compile with torch.compile and compare its fusions with ours (slower)",
@@ -103,6 +108,7 @@ def _options(args: argparse.Namespace) -> AnalyzeOptions:
         device=args.device,
         peak_gbps=args.peak_gbps,
         out_dir=args.out_dir,
+        train=getattr(args, "train", False),
     )
 
 

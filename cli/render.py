@@ -116,6 +116,11 @@ def _render_totals(console: Console, report: Report, model: Model) -> None:
         f"{bytes_label(avoidable)} of {bytes_label(cluster_traffic)} cluster traffic avoidable "
         f"({bytes_label(model.totals.bytes_total)} moved by the whole forward) · {_literal(device)}"
     )
+    if model.training:
+        console.print(
+            "  training mode: dropout draws a random mask and BatchNorm normalises with the batch's "
+            "statistics, so neither is fused"
+        )
 
 
 def _render_graph_breaks(console: Console, model: Model) -> None:

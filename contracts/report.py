@@ -271,6 +271,7 @@ class Model:
     inputs: list[TensorInfo] = field(default_factory=list)
     inputs_source: str = ""  # where the example inputs came from
     param_dtype: str | None = None  # the dtype the weights were cast to, when one was asked for
+    training: bool = False  # analyzed in training mode (`model.train()`), not eval mode
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     clusters: list[Cluster] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)

@@ -254,6 +254,9 @@ def _trace_paths(
     """Build the model and trace it: the main path, then each data-dependent branch the other way."""
     user_code = file.analyzed.user_code
     built = loader.build_source(source, config.init, user_code, config.param_dtype)
+    if file.options.train:
+        built.model.train()
+        model.training = True
     if config.param_dtype:
         model.param_dtype = config.param_dtype
     if built.note:

@@ -519,3 +519,29 @@ def test_the_forward_keeps_only_what_the_backward_reads(write_model):
 def _kind(name: str) -> str:
     """The model source of the case `name` in KINDS."""
     return next(p.values[0] for p in KINDS if p.id == name)
+
+
+DROPOUT = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.1)
+            self.norm = nn.LayerNorm(256)
+
+        def forward(self, x):
+            h = self.drop(F.gelu(x * 2.0))
+            return self.norm(h + x)
+    """
+
+
+def test_training_mode_leaves_dropout_out_of_the_clusters(write_model):
+    """In eval mode dropout is the identity and one kernel runs across it; analyzed as the model
+    trains, dropout draws a random mask, and the clusters stop at it on both sides."""
+    path = write_model(HEADER + textwrap.dedent(DROPOUT).lstrip("\n"))
+    shapes = dict(input_shapes=["64,256"], dtypes=["float32"])
+    (evaluated,) = analyze_file(path, AnalyzeOptions(**shapes)).models
+    (trained,) = analyze_file(path, AnalyzeOptions(train=True, **shapes)).models
+    assert not evaluated.training and trained.training
+    assert [c.op_chain for c in evaluated.clusters] == ["mul → gelu → add → layer_norm"]
+    assert [c.op_chain for c in trained.clusters] == ["mul → gelu", "add → layer_norm"]
+    assert all(c.backward for c in trained.clusters)
