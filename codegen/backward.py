@@ -42,6 +42,8 @@ class BackwardText:
     # Inputs that are views of another input (position -> the base's): their gradients are in the base's.
     folded: dict[int, int] = field(default_factory=dict)
     keeps: list[int] = field(default_factory=list)  # the inputs (positions) the gradients read
+    result_params: list[str] = field(default_factory=list)  # its parameters for the cluster's outputs
+    keeps_results: list[int] = field(default_factory=list)  # the outputs (positions) the gradients read
 
 
 def needs_grad(graph: Graph) -> set[int]:
@@ -58,9 +60,16 @@ def needs_grad(graph: Graph) -> set[int]:
 def backward_text(
     graph: Graph, plan: KernelPlan, name: str, params: list[str], number_params: list[str], wanted: set[int]
 ) -> BackwardText:
-    """`_<name>_backward_reference(params, number_params, grad0, ...)` for the inputs in `wanted`."""
-    body, names = forward_lines(graph, plan, params, number_params)
-    grads = [f"grad{k}" for k in range(len(plan.outputs))]
+    """`_<name>_backward_reference(params, number_params, result0, ..., grad0, ...)` for the inputs in
+    `wanted`.  The cluster's outputs are parameters too: where a derivative reads one (a residual sum
+    that a norm then reads), the backward reads it from memory instead of recomputing it from
+    inputs, which then need not be kept."""
+    results = _fresh([f"result{k}" for k in range(len(plan.outputs))], params + number_params)
+    given = {
+        out.node: results[k] for k, out in enumerate(plan.outputs) if out.node not in {s.node for s in plan.inputs}
+    }
+    body, names = forward_lines(graph, plan, params, number_params, given)
+    grads = _fresh([f"grad{k}" for k in range(len(plan.outputs))], params + number_params)
     writer = _Writer(graph, plan, names)
     for k, out in enumerate(plan.outputs):
         writer.add(out.node, grads[k])
@@ -81,15 +90,26 @@ def backward_text(
     statements = _live([*body, *writer.lines], returned)
     read = _names_in(statements + returned)
     keeps = [k for k, p in enumerate(params) if p in read]
+    keeps_results = [k for k, r in enumerate(results) if r in read]
     lines = [
-        f"def _{name}_backward_reference({', '.join(params + number_params + grads)}):",
+        f"def _{name}_backward_reference({', '.join(params + number_params + results + grads)}):",
         f'    """The gradients of {", ".join(params[k] for k in grads_of)} from those of the outputs: the '
         'forward recomputed where they need it, then each op\'s derivative."""',
         *statements,
         f"    return {', '.join(returned)}" + ("," if len(returned) == 1 else ""),
     ]
     folded_in = {k: b for k, b in folded.items() if b in grads_of}
-    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps)
+    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results)
+
+
+def _fresh(names: list[str], taken: list[str]) -> list[str]:
+    """`names`, each with underscores added until it is none of `taken` (the cluster's parameters)."""
+    out = []
+    for n in names:
+        while n in taken:
+            n = f"_{n}"
+        out.append(n)
+    return out
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
@@ -151,7 +171,7 @@ def gradients_text(
     """`_<name>_gradients(params, numbers, grads)`: the backward kernel (`kernel`, taking the tensors
     `kernel_inputs`) where it runs: the tensors and numbers it was generated for, no gradient of the
     gradients wanted; else the backward reference."""
-    signature = params + number_params + text.grad_params
+    signature = params + number_params + text.result_params + text.grad_params
     dtypes = tuple(slot.dtype for slot in kernel.inputs)
     same = "".join(f" and {s.text} == {s.value!r}" for s in kernel.scalars if not s.runtime)
     passed = kernel_inputs + [s.text for s in kernel.scalars if s.runtime]
@@ -173,10 +193,11 @@ def registration_text(name: str, tensors: int, text: BackwardText) -> str:
     return (
         f"# Training: the op's backward is _{name}_gradients, for the inputs it computes gradients of;\n"
         "# an input that is a view of another (position: the other's) has its gradient in that one's;\n"
-        "# the forward keeps for the backward only the inputs it reads.\n"
+        "# the forward keeps for the backward only the inputs and outputs it reads.\n"
         f"_{name}_trains = {tuple(text.grads_of)!r}\n"
         f"_{name}_folded = {text.folded!r}\n"
-        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains, {tuple(text.keeps)!r})"
+        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains, {tuple(text.keeps)!r}, "
+        f"{tuple(text.keeps_results)!r})"
     )
 
 

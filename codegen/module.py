@@ -305,16 +305,17 @@ def _kernel_runs(tensors, dtypes, trains=()):
     return devices in ({"cuda"}, {"meta"}) or (interpreted and devices == {"cpu"})
 
 
-def _register_backward(name, gradients, tensors, grads_of, keeps):
-    """`gradients(inputs, numbers, grads)` as the backward of the op `name`, whose first `tensors`
-    inputs are tensors.  The forward keeps the inputs `keeps` (those the gradients read; never an
-    intermediate: the backward recomputes what it needs) and passes None for the others."""
+def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results):
+    """`gradients(inputs, numbers, outputs, grads)` as the backward of the op `name`, whose first
+    `tensors` inputs are tensors.  The forward keeps the inputs `keeps` and the outputs
+    `keeps_results` (those the gradients read; never an intermediate: the backward recomputes what
+    it needs) and passes None for the others."""
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*(inputs[k] for k in keeps))
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*(inputs[k] for k in keeps), *(outputs[k] for k in keeps_results))
         ctx.numbers = inputs[tensors:]
         ctx.inputs = [(t.shape, t.dtype) for t in inputs[:tensors]]
-        outputs = output if isinstance(output, tuple) else (output,)
         ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
 
     def backward(ctx, *grads):
@@ -322,10 +323,13 @@ def _register_backward(name, gradients, tensors, grads_of, keeps):
             g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
             for g, (shape, dtype, device) in zip(grads, ctx.outputs)
         ]
-        inputs = [None] * tensors
-        for k, t in zip(keeps, ctx.saved_tensors):
+        inputs, results = [None] * tensors, [None] * len(ctx.outputs)
+        saved = list(ctx.saved_tensors)
+        for k, t in zip(keeps, saved[: len(keeps)]):
             inputs[k] = t
-        raws = gradients(*inputs, *ctx.numbers, *grads)
+        for k, t in zip(keeps_results, saved[len(keeps) :]):
+            results[k] = t
+        raws = gradients(*inputs, *ctx.numbers, *results, *grads)
         result = [None] * (tensors + len(ctx.numbers))
         for k, raw in zip(grads_of, raws):
             if ctx.needs_input_grad[k]:

@@ -46,11 +46,12 @@ def reference_text(
 
 
 def forward_lines(
-    graph: Graph, plan: KernelPlan, params: list[str], number_params: list[str]
+    graph: Graph, plan: KernelPlan, params: list[str], number_params: list[str], given: dict[int, str] | None = None
 ) -> tuple[list[str], dict[int, str]]:
     """The statements that compute the cluster's members from its inputs (`params`) and numbers, and
-    the name each member's value gets (`v<node>`; an input's is its parameter)."""
-    names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)}
+    the name each member's value gets (`v<node>`; an input's is its parameter).  Members in `given`
+    (node -> name) are not computed: the caller has their values under those names."""
+    names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)} | (given or {})
     numbers = {id(slot.value): _Param(p) for slot, p in zip(plan.scalars, number_params, strict=True)}
     body = []
     for member in sorted(plan.members):

@@ -38,7 +38,7 @@ class Backward:
     strategy: str
     bytes_unfused: int  # the backward's ops, one kernel each
     bytes_fused: int  # the backward kernel's
-    saved_fused: int  # what the kernel op keeps for the backward: the inputs its gradients read
+    saved_fused: int  # what the kernel op keeps for the backward: the inputs and outputs its gradients read
 
 
 class NoBackwardKernel(Exception):
@@ -70,7 +70,9 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     registration = bw.registration_text(name, len(params), text)
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
     unfused, fused = _traffic(captured, bplan)
-    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
+    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
+        _bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results
+    )
     return Backward(
         body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
     )
@@ -140,15 +142,16 @@ def _capture(
     spec.loader.exec_module(module)
     function = getattr(module, f"_{name}_backward_reference")
     tensors = [_meta(slot.shape, _strides(graph, slot.node), slot.dtype) for slot in plan.inputs]
+    results = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
     grads = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
-    names = params + text.grad_params
+    names = params + text.result_params + text.grad_params
 
     class _Gradients(torch.nn.Module):
         def forward(self, *values):
             return function(*values[: len(params)], *numbers, *values[len(params) :])
 
     try:
-        traced = capture.trace(_Gradients(), tensors + grads, names, capture.UserCode(roots=(folder,)))
+        traced = capture.trace(_Gradients(), tensors + results + grads, names, capture.UserCode(roots=(folder,)))
     except capture.CaptureError as exc:
         raise NoBackwardKernel(f"the gradients' code failed on the cluster's shapes: {exc}") from exc
     finally:

@@ -376,7 +376,7 @@ def test_the_backward_reference_runs_where_no_kernel_can(write_model, monkeypatc
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     gen = torch.Generator().manual_seed(3)
     gate, up, g = (torch.randn(4, 64, generator=gen) for _ in range(3))
-    got = module._cluster0_gradients(gate, up, g)
+    got = module._cluster0_gradients(gate, up, module._cluster0_reference(gate, up), g)
     a, b = gate.clone().requires_grad_(), up.clone().requires_grad_()
     want = torch.autograd.grad(module._cluster0_reference(a, b), (a, b), g)
     torch.testing.assert_close(list(got), list(want), rtol=0, atol=1e-6)
@@ -498,7 +498,8 @@ def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
 def test_the_forward_keeps_only_what_the_backward_reads(write_model):
     """RoPE's gradient is RoPE's transpose: it reads the tables, never q, so the kernel op keeps the
     tables alone, as eager autograd does.  An RMSNorm's keeps its input and weight, where eager keeps
-    the float copy, the per-row scale and the normalised rows too."""
+    the float copy, the per-row scale and the normalised rows too; a residual + LayerNorm's, the sum
+    it returns and the weight."""
     rope = analyze_file(
         write_model(HEADER + textwrap.dedent(BUFFER_ROPE).lstrip("\n"), "rope.py"),
         AnalyzeOptions(input_shapes=["2,3,5,16"], dtypes=["float32"]),
@@ -514,6 +515,13 @@ def test_the_forward_keeps_only_what_the_backward_reads(write_model):
     ((cluster,),) = [m.clusters for m in norm.models if m.status == "analyzed"]
     assert cluster.saved_bytes_fused == 3 * 5 * 1000 * 2 + 1000 * 4
     assert cluster.saved_bytes_eager > 2 * cluster.saved_bytes_fused
+    # A residual sum the cluster also returns: the backward reads the sum, not the two inputs again.
+    residual = analyze_file(
+        write_model(HEADER + textwrap.dedent(_kind("residual-layernorm-two-outputs")).lstrip("\n"), "residual.py"),
+        AnalyzeOptions(input_shapes=["4,9,300", "4,9,300"], dtypes=["float32", "float32"]),
+    )
+    ((cluster,),) = [m.clusters for m in residual.models if m.status == "analyzed"]
+    assert cluster.saved_bytes_fused == 4 * 9 * 300 * 4 + 300 * 4  # the sum, and the norm's weight
 
 
 def _kind(name: str) -> str:
