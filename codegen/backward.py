@@ -1,20 +1,21 @@
 """A cluster's backward pass as torch code: the gradients of its inputs, given its outputs' gradients.
 
-`backward_text` writes `_<name>_backward_reference(inputs, grads)`: the cluster's forward
-recomputed (the reference's own statements), then each op's derivative applied last op first,
-in the same vocabulary the forward uses (`mul`, `sigmoid`, `sum(-1, keepdim=True)`, `cat`, slices).
-It is the code that runs where the backward kernel cannot (a CPU, no Triton), and, captured like a
-model's forward, the graph the backward kernel is planned from: one kernel that reads the inputs and
-the gradients once and writes each wanted input gradient once.
+`backward_text` writes `_<name>_backward_reference(inputs, numbers, outputs, grads)`: what the
+derivatives need of the cluster's forward, recomputed with the reference's own statements (or read
+from its outputs, where one is an intermediate the derivatives need), then each op's derivative
+applied last op first, in the same vocabulary the forward uses (`mul`, `sigmoid`,
+`sum(-1, keepdim=True)`, `cat`, slices).  It is the code that runs where the backward kernel cannot
+(a CPU, no Triton), and, captured like a model's forward, the graph the backward kernel is planned
+from: one kernel that reads what it needs once and writes each wanted input gradient once.
 
 Gradients that only broadcast (a weight of [C] multiplied into [N, C] rows, `cos` read by every head)
-leave the function unreduced, at the size the cluster used them; the caller sums them to the input's
-shape (`_fit`), because a sum down the rows is no row kernel's work.  Sums along a row (the
-gradient of an RMSNorm's per-row scale) stay inside.
+leave the function unreduced, at the size the cluster used them: the backward row kernel sums a
+row-wide one over the rows itself (`OutputSlot.col_total`), and the caller sums any other to the
+input's shape (`_fit`).  Sums along a row (the gradient of an RMSNorm's per-row scale) stay inside.
 
 Derivatives follow torch's autograd formulas (tools/autograd/derivatives.yaml) for the ops the
-kernels lower; an op without one here raises `NoBackward`, and the cluster's gradients come from
-autograd through its reference instead.
+kernels lower; an op without one here raises `NoBackward`, and the cluster trains through its
+reference under autograd instead.
 """
 
 from __future__ import annotations
