@@ -96,7 +96,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
             table.add_column(col)
         timed = any(c.timing for c in model.clusters)
         if timed:
-            for col in RESULT_COLUMNS[4:]:  # the results table's timing columns, the compile mode named
+            for col in RESULT_COLUMNS[5:]:  # the results table's timing columns, the compile mode named
                 table.add_column(col, justify="right")
         for c in model.clusters:
             style = {"verified": "green", "not-reached": "yellow"}.get(c.status, "bold red")

@@ -128,6 +128,7 @@ RESULT_COLUMNS = (
     "ops",
     "status",
     "max abs err",
+    "backward",
     "eager µs",
     f"torch.compile ({COMPILE_MODE}) µs",
     "fused µs",
@@ -141,9 +142,24 @@ RESULT_COLUMNS = (
 def result_rows(model: ModelValidation) -> list[tuple[str, ...]]:
     """The results table's rows for `model`, one per cluster ("—" where nothing was measured)."""
     return [
-        (c.id, c.ops, c.status, "—" if c.max_abs is None else f"{c.max_abs:.1e}", *timing_cells(c.timing))
+        (
+            c.id,
+            c.ops,
+            c.status,
+            "—" if c.max_abs is None else f"{c.max_abs:.1e}",
+            backward_cell(c.backward),
+            *timing_cells(c.timing),
+        )
         for c in model.clusters
     ]
+
+
+def backward_cell(check: BackwardCheck | None) -> str:
+    """The backward kernel's gradient check: its status and largest difference from eager, "—" for a
+    cluster without a backward kernel."""
+    if check is None:
+        return "—"
+    return check.status if check.max_abs is None else f"{check.status} {check.max_abs:.1e}"
 
 
 def timing_cells(t: Timing | None) -> tuple[str, ...]:

@@ -15,7 +15,16 @@ from fuselens.contracts.chart import results_figure
 from fuselens.contracts.folders import user_cache_folder
 from fuselens.contracts.history import HISTORY_LIMIT, ValidationRun, unrecorded
 from fuselens.contracts.results_view import results_view, view_markdown
-from fuselens.contracts.validation import ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
+from fuselens.contracts.validation import (
+    RESULT_COLUMNS,
+    BackwardCheck,
+    ClusterCheck,
+    ModelCheck,
+    ModelValidation,
+    Timing,
+    ValidationReport,
+    result_rows,
+)
 from fuselens.server import git, history
 
 T0 = datetime(2025, 1, 31, 12, 3, 4, tzinfo=UTC)
@@ -289,7 +298,9 @@ def test_the_view_has_the_table_the_chart_and_the_earlier_runs(model_file):
     assert "torch.compile (default) µs" in view.columns
     (model,) = view.models
     assert model.heading == "Net at 4096×1024 float32, on NVIDIA H200"
-    assert model.rows[0][:3] == ["c0", "mul → relu → add", "verified"] and model.rows[0][6] == "10.0"
+    assert model.rows[0][:3] == ["c0", "mul → relu → add", "verified"]
+    assert model.rows[0][view.columns.index("fused µs")] == "10.0"
+    assert model.rows[0][view.columns.index("backward")] == "—"  # no backward kernel was checked
     assert model.whole_model == "whole model with c0, c1 applied: matches"
     assert names(model.chart)[3] == "fused, 2025-01-31 12:03 UTC"
     assert model.history.columns == ["run", "device", "torch", "revision", "c0", "c1", "whole model"]
@@ -327,3 +338,16 @@ def test_the_history_table_names_each_runs_headline_number():
         "error",
         "mismatch",
     ]
+
+
+def test_the_table_gives_each_backward_kernel_s_gradient_check():
+    """A cluster whose backward kernel was checked shows the check and its largest difference from
+    eager autograd; one without a backward kernel shows a dash."""
+    trained = ClusterCheck("c0", "cluster0", "verified", ops="silu → mul", max_abs=0.0)
+    trained.backward = BackwardCheck("verified", ["gate", "up"], max_abs=0.03125)
+    wrong = ClusterCheck("c1", "cluster1", "verified", ops="mul → add", max_abs=0.0)
+    wrong.backward = BackwardCheck("mismatch", ["x"], max_abs=0.5, message="max |error| 0.5 exceeds ...")
+    plain = ClusterCheck("c2", "cluster2", "verified", ops="embedding → add", max_abs=0.0)
+    model = ModelValidation("Net", [[8, 64]], ["float32"], [trained, wrong, plain])
+    column = RESULT_COLUMNS.index("backward")
+    assert [row[column] for row in result_rows(model)] == ["verified 3.1e-02", "mismatch 5.0e-01", "—"]
