@@ -212,9 +212,10 @@ def test_the_results_view_shows_the_validation_table(session):
     assert view["filetype"] == "markdown" and not view["modifiable"]  # a scratch view, not a file to edit
     lines = view["lines"]
     assert lines[0].startswith("### ExampleNet at ") and "Triton interpreter" in lines[0]
-    assert "| cluster | ops | status | max abs err | eager µs | torch.compile (default) µs |" in lines[2]
+    assert "| cluster | ops | status | max abs err | backward | eager µs | torch.compile (default) µs |" in lines[2]
     rows = [line for line in lines if re.match(r"\| c\d+ \|", line)]
     assert [row.split(" | ")[2] for row in rows] == ["verified"] * 3, rows
+    assert all(row.split(" | ")[4].startswith("verified ") for row in rows), rows  # each backward kernel too
     assert rows[0].startswith("| c0 | mul → relu → add | verified | ")
 
 
