@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
+from written import write_results  # noqa: E402
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 # Two ways people write a language model's loss: per token, spelled out, and torch's own, as a mean
@@ -185,10 +185,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
                 text = markdown(rows, device, versions)  # after each size: a long run keeps what it measured
                 measured = {"device": device, "provenance": measured_with, "applied": applied_clusters, "rows": rows}
-                with open(os.path.join(args.out, "cross_entropy.json"), "w", encoding="utf-8") as fh:
-                    json.dump(measured, fh, indent=1)
-                with open(os.path.join(args.out, "cross_entropy.md"), "w", encoding="utf-8") as fh:
-                    fh.write(text)
+                write_results(args.out, "cross_entropy", measured, text)
     print(markdown(rows, device, versions))
     return 0
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
+from written import write_results  # noqa: E402
 
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 RMSNORM = """
@@ -297,10 +297,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             text = markdown(rows, device, versions)  # after each size: a cut run keeps what it measured
             measured = {"device": device, "provenance": measured_with, "applied": applied, "rows": rows}
-            with open(os.path.join(args.out, "training.json"), "w", encoding="utf-8") as fh:
-                json.dump(measured, fh, indent=1)
-            with open(os.path.join(args.out, "training.md"), "w", encoding="utf-8") as fh:
-                fh.write(text)
+            write_results(args.out, "training", measured, text)
     print(markdown(rows, device, versions))
     return 0
 
