@@ -12,6 +12,7 @@ its forward falls back to the reference under autograd, and `reason` says why.
 from __future__ import annotations
 
 import importlib.util
+import linecache
 import os
 import sys
 import tempfile
@@ -132,11 +133,23 @@ def _capture(
 ) -> tuple[Graph, list[str]]:
     """The graph the backward reference records on meta tensors shaped as the cluster's inputs and
     outputs (the gradients), with the model's numbers as the trace had them."""
-    folder = tempfile.mkdtemp(prefix="fuselens-backward-")
-    path = os.path.join(folder, f"{name}_backward.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_HEADER + text.text + "\n")
-    spec = importlib.util.spec_from_file_location(f"fuselens_backward_{name}_{id(text)}", path)
+    # The capture maps ops to lines of real files, so the code goes to one, removed once traced.
+    with tempfile.TemporaryDirectory(prefix="fuselens-backward-") as folder:
+        path = os.path.join(folder, f"{name}_backward.py")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(_HEADER + text.text + "\n")
+        try:
+            names = params + text.result_params + text.grad_params
+            return _traced(path, folder, name, graph, plan, names, len(params), numbers)
+        finally:
+            linecache.checkcache(path)
+
+
+def _traced(
+    path: str, folder: str, name: str, graph: Graph, plan: KernelPlan, names: list[str], params: int, numbers: list
+) -> tuple[Graph, list[str]]:
+    """`_capture` once the code is in `path`: the first `params` names are the cluster's inputs."""
+    spec = importlib.util.spec_from_file_location(f"fuselens_backward_{name}_{id(path)}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -144,11 +157,10 @@ def _capture(
     tensors = [_meta(slot.shape, _strides(graph, slot.node), slot.dtype) for slot in plan.inputs]
     results = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
     grads = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
-    names = params + text.result_params + text.grad_params
 
     class _Gradients(torch.nn.Module):
         def forward(self, *values):
-            return function(*values[: len(params)], *numbers, *values[len(params) :])
+            return function(*values[:params], *numbers, *values[params:])
 
     try:
         traced = capture.trace(_Gradients(), tensors + results + grads, names, capture.UserCode(roots=(folder,)))

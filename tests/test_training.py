@@ -553,3 +553,15 @@ def test_training_mode_leaves_dropout_out_of_the_clusters(write_model):
     assert [c.op_chain for c in evaluated.clusters] == ["mul → gelu → add → layer_norm"]
     assert [c.op_chain for c in trained.clusters] == ["mul → gelu", "add → layer_norm"]
     assert all(c.backward for c in trained.clusters)
+
+
+def test_generating_backward_kernels_leaves_no_files_behind(write_model, tmp_path, monkeypatch):
+    """The gradients' code is traced from a file of its own; every analysis of a training cluster
+    would otherwise leave one more folder in the machine's temporary directory."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    path = write_model(HEADER + textwrap.dedent(_kind("rmsnorm-module")).lstrip("\n"), "norm.py")
+    report = analyze_file(path, AnalyzeOptions(input_shapes=["3,5,1000"], dtypes=["float32"]))
+    assert any(c.backward for m in report.models for c in m.clusters)
+    assert list(scratch.iterdir()) == []
