@@ -845,6 +845,9 @@ def trace(
     recorder = Recorder(
         user_code, sources, module_paths, stop_at=trace.__code__, decisions=decisions, real=real, retain=retain
     )
+    modules = list(model.named_modules(remove_duplicate=False))
+    recorder.graph.module_types = {name: f"{type(m).__module__}.{type(m).__qualname__}" for name, m in modules}
+    recorder.graph.passthrough = frozenset(name for name, m in modules if _returns_its_input(m))
     for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)
 
@@ -886,6 +889,13 @@ def trace(
         post.remove()
     values = recorder.values if retain else None
     return Trace(recorder.graph, complete, recorder.branches_taken, values, recorder.stopped, recorder.branch_breaks)
+
+
+def _returns_its_input(module: torch.nn.Module) -> bool:
+    """A module whose call is its input in training as in eval."""
+    if type(module) is torch.nn.Identity:
+        return True
+    return isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p == 0
 
 
 def user_frame(exc: BaseException, user_code: UserCode) -> Frame | None:

@@ -211,6 +211,10 @@ def _flatten(values: Any) -> Iterator[Any]:
 class Graph:
     nodes: list[Node] = field(default_factory=list)
     breaks: list[Any] = field(default_factory=list)  # report.GraphBreak, in trace order
+    # Each module's class ("torch.nn.modules.dropout.Dropout"), by module path, under every name it has.
+    module_types: dict[str, str] = field(default_factory=dict)
+    # The paths of those that return their input in any mode: `nn.Identity`, a dropout of rate 0.
+    passthrough: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._users: dict[int, list[int]] | None = None

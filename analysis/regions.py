@@ -105,6 +105,8 @@ class _Spans:
         self.of: dict[int, Span] = {}
         self.cluster: dict[Span, list[int]] = {}
         self.foreign: dict[Span, list[int]] = {}
+        # The module path of the frame's `self`.
+        self.owner = next((f.owner for n in graph for f in n.stack if f.invocation == invocation), "")
         for node in graph:
             frame = next((f for f in node.stack if f.invocation == invocation), None)
             if frame is None or (node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const", "input")):
@@ -190,17 +192,70 @@ def _leaves(
             child = child.value
         elif not isinstance(child, ast.expr):
             continue  # operators, contexts
-        if child in cluster:
-            leaves += _leaves(child, cluster, spans, ast_of, graph)
-        elif any(ast_of.inside(child, _span(k) or (0, 0, 0, 0)) for k in cluster):
-            # Syntax around cluster ops that runs no op: a tuple, a method looked up (`h.pow(2).mean`).
-            if not isinstance(child, (ast.Tuple, ast.List, ast.Starred, ast.Slice, ast.Attribute)):
-                where = f"`{ast.unparse(child)}` (line {getattr(child, 'lineno', 0)})"
-                raise NoRegion(f"{where} wraps the cluster's ops in code outside it")
-            leaves += _leaves(child, cluster, spans, ast_of, graph)
-        else:
-            leaves.append(child)
+        leaves += _part_leaves(child, cluster, spans, ast_of, graph)
     return leaves
+
+
+def _part_leaves(
+    part: ast.expr, cluster: dict[ast.AST, int], spans: _Spans, ast_of: _AstIndex, graph: Graph
+) -> list[ast.AST]:
+    if part in cluster:
+        return _leaves(part, cluster, spans, ast_of, graph)
+    module = _module_called_without_ops(part, spans, graph)
+    if module is not None and module not in graph.passthrough:
+        where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
+        kind = graph.module_types[module].rsplit(".", 1)[-1]
+        raise NoRegion(f"{where} ran no op here, but its `{kind}` may in training: the kernel's call would skip it")
+    if _dropout_called_without_ops(part, spans):
+        where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
+        raise NoRegion(f"{where} ran no op here, but drops in training: the kernel's call would skip it")
+    if not any(ast_of.inside(part, _span(k) or (0, 0, 0, 0)) for k in cluster):
+        return [part]
+    if module is not None:  # `self.drop_path(...)` where it is an nn.Identity: the value itself
+        assert isinstance(part, ast.Call)
+        return _part_leaves(part.args[0], cluster, spans, ast_of, graph)
+    # Syntax around cluster ops that runs no op: a tuple, a method looked up (`h.pow(2).mean`).
+    if not isinstance(part, (ast.Tuple, ast.List, ast.Starred, ast.Slice, ast.Attribute)):
+        where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
+        raise NoRegion(f"{where} wraps the cluster's ops in code outside it")
+    return _leaves(part, cluster, spans, ast_of, graph)
+
+
+def _module_called_without_ops(part: ast.expr, spans: _Spans, graph: Graph) -> str | None:
+    """The path of the module `part` calls on one value (`self.drop_path(x)`), when that call ran no
+    op: an `nn.Identity` returns its input in any mode, but a dropout (or a `DropPath`) that
+    returned its input in eval mode drops in training."""
+    if not (isinstance(part, ast.Call) and len(part.args) == 1 and not part.keywords):
+        return None
+    if _span(part) in spans.cluster or _span(part) in spans.foreign:
+        return None  # it ran ops
+    path = _self_path(part.func)
+    if not path:
+        return None
+    path = f"{spans.owner}.{path}" if spans.owner else path
+    return path if path in graph.module_types else None
+
+
+def _dropout_called_without_ops(part: ast.expr, spans: _Spans) -> bool:
+    """`F.dropout(h, 0.1, self.training)` in eval mode: it returned its input."""
+    if not isinstance(part, ast.Call) or _span(part) in spans.cluster or _span(part) in spans.foreign:
+        return False
+    name = part.func.attr if isinstance(part.func, ast.Attribute) else getattr(part.func, "id", "")
+    return "dropout" in name
+
+
+def _self_path(expr: ast.expr) -> str | None:
+    """`drop_path` for `self.drop_path`, `blocks.0.drop` for `self.blocks[0].drop`; None when the
+    expression is not an attribute path from `self`."""
+    if isinstance(expr, ast.Name):
+        return "" if expr.id == "self" else None
+    if isinstance(expr, ast.Attribute):
+        base = _self_path(expr.value)
+        return None if base is None else (f"{base}.{expr.attr}" if base else expr.attr)
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, int):
+        base = _self_path(expr.value)
+        return None if not base else f"{base}.{expr.slice.value}"
+    return None
 
 
 # ---- arguments -------------------------------------------------------------------------------

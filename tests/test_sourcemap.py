@@ -113,3 +113,59 @@ def test_lines_that_compute_something_else_in_another_call_are_not_replaced(writ
     model = only_model(analyze(write_model(broken)))
     gelu = next(c for c in model.clusters if "gelu" in c.op_chain)
     assert gelu.edit is None and "where they compute something else" in gelu.apply_detail, gelu.apply_detail
+
+
+LAYER_SCALE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+
+class DropPath(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.rand(x.shape[0], 1, device=x.device) >= self.p
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):  # fuselens: input=(8, 64)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.gamma = nn.Parameter(torch.ones(64))
+        self.drop_path = DROP
+
+    def forward(self, x):
+        y = self.fc(x)
+        return x + self.drop_path(self.gamma * F.gelu(y))
+"""
+
+
+def test_an_identity_module_inside_the_cluster_is_replaced_with_it(write_model, analyze):
+    """`nn.Identity` (what libraries put where stochastic depth is off) and a dropout of rate 0
+    return their input in training too: the kernel's call stands for them."""
+    for drop in ("nn.Identity()", "nn.Dropout(0.0)"):
+        model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
+        (c,) = model.clusters
+        assert c.op_chain == "gelu → mul → add" and c.applies == "edit", (drop, c.apply_detail)
+        assert c.edit.text.strip() == f"return {c.kernel.name}(x, self.gamma, y)"
+
+
+def test_a_module_that_drops_only_in_training_keeps_the_cluster_from_applying(write_model, analyze):
+    """In eval mode a dropout of rate 0.1 (or a DropPath) returns its input and runs no op; a kernel
+    call standing for the expression would train without it, so no edit is offered, and the reason
+    names the module."""
+    for drop, kind in (("nn.Dropout(0.1)", "Dropout"), ("DropPath(0.1)", "DropPath")):
+        model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
+        (c,) = model.clusters
+        assert c.applies == "no" and c.edit is None
+        assert f"`self.drop_path(self.gamma * F.gelu(y))` (line 25) ran no op here, but its `{kind}`" in c.apply_detail
+        assert "in training" in c.apply_detail
+    functional = LAYER_SCALE.replace("DROP", "nn.Identity()").replace(
+        "self.drop_path(self.gamma * F.gelu(y))", "F.dropout(self.gamma * F.gelu(y), 0.1, self.training)"
+    )
+    (c,) = only_model(analyze(write_model(functional))).clusters
+    assert c.applies == "no" and "(line 25) ran no op here, but drops in training" in c.apply_detail
