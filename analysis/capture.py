@@ -221,6 +221,11 @@ class Recorder(TorchFunctionMode):
         self._frame_refs: list[Any] = []
         self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
         self._scalars = ScalarSources(user_code.model_code, self._invocation, self._module_path, self._made_at)
+        # Profiling: a context each call runs inside (a profiler range named after it), and the nodes
+        # each call recorded, by the call's number.
+        self.around_call: Callable[[int], contextlib.AbstractContextManager] | None = None
+        self.call_nodes: dict[int, range] = {}
+        self._calls = 0
 
     # ---- inputs -------------------------------------------------------------------
     def add_input(self, tensor: torch.Tensor, name: str) -> int:
@@ -247,15 +252,18 @@ class Recorder(TorchFunctionMode):
         called_args, called_kwargs = args, kwargs
         args, kwargs = self._tagged(func, name, args, kwargs)
         template = self._template((args, kwargs))  # the call as made: validation and the reference replay it
-        out = self._call(func, called_args, called_kwargs)
+        number, first = self._calls, len(self.graph.nodes)
+        self._calls += 1
+        with self.around_call(number) if self.around_call else contextlib.nullcontext():
+            out = self._call(func, called_args, called_kwargs)
+            if name in _CASTS and isinstance(out, torch.Tensor) and args and out is args[0]:
+                # A cast to the dtype the tensor has returns the tensor itself.  A new alias stands for
+                # the result, so what reads the cast's result reads the cast (`x.to(input_dtype)` stays
+                # in the graph, and a kernel's reference casts too in a model of another dtype), while
+                # what reads the tensor elsewhere does not.
+                out = out.view(out.shape)
         if not tensors_in(out) and name not in ("__setitem__",):
             return out
-        if name in _CASTS and isinstance(out, torch.Tensor) and args and out is args[0]:
-            # A cast to the dtype the tensor has returns the tensor itself.  A new alias stands for the
-            # result, so what reads the cast's result reads the cast (`x.to(input_dtype)` stays in the
-            # graph, and a kernel's reference casts too in a model of another dtype), while what reads
-            # the tensor elsewhere does not.
-            out = out.view(out.shape)
         first_new = len(self.graph.nodes)
         try:
             self._record(func, name, args, kwargs, out)
@@ -265,6 +273,7 @@ class Recorder(TorchFunctionMode):
             raise
         except Exception as exc:  # a normalisation gap must never fail the user's trace
             self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
+        self.call_nodes[number] = range(first, len(self.graph.nodes))
         return out
 
     def _tagged(self, func, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -822,6 +831,7 @@ class Trace:
     values: dict[int, torch.Tensor] | None = None  # node id -> value, when traced on real tensors
     stopped: GraphBreak | None = None  # where a meta trace ended, when it did not reach the output
     branch_breaks: list[GraphBreak] = field(default_factory=list)  # the break at each branch of `branches`
+    call_nodes: dict[int, range] = field(default_factory=dict)  # the nodes each torch call recorded
 
 
 def trace(
@@ -832,6 +842,7 @@ def trace(
     decisions: Sequence[bool] = (),
     real: bool = False,
     keep_values: bool | None = None,
+    around_call: Callable[[int], contextlib.AbstractContextManager] | None = None,
 ) -> Trace:
     """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`),
     keeping every value (`keep_values`, by default when real: validation checks kernels on them)."""
@@ -848,6 +859,7 @@ def trace(
     modules = list(model.named_modules(remove_duplicate=False))
     recorder.graph.module_types = {name: f"{type(m).__module__}.{type(m).__qualname__}" for name, m in modules}
     recorder.graph.passthrough = frozenset(name for name, m in modules if _returns_its_input(m))
+    recorder.around_call = around_call
     for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)
 
@@ -888,7 +900,15 @@ def trace(
         pre.remove()
         post.remove()
     values = recorder.values if retain else None
-    return Trace(recorder.graph, complete, recorder.branches_taken, values, recorder.stopped, recorder.branch_breaks)
+    return Trace(
+        recorder.graph,
+        complete,
+        recorder.branches_taken,
+        values,
+        recorder.stopped,
+        recorder.branch_breaks,
+        recorder.call_nodes,
+    )
 
 
 def _returns_its_input(module: torch.nn.Module) -> bool:

@@ -4,6 +4,7 @@
                           [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
     fuselens apply FILE ... [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
+    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--json OUT]
     fuselens serve [--stdio]
 
 torch is imported only by the commands that run models, so `serve` starts fast.
@@ -93,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-benchmark", action="store_true", help="on a GPU, check numerics only (by default kernels are also timed)"
     )
 
+    profile = sub.add_parser("profile", help="measure where the forward's time goes, by line and by cluster")
+    _analysis_arguments(profile)
+    profile.add_argument("--iterations", type=int, default=10, help="forwards to profile (default 10)")
+    profile.add_argument("--warmup", type=int, default=3, help="forwards run first, not profiled (default 3)")
+    profile.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
+    profile.add_argument("--json", metavar="OUT", help="write the report, with its profile section, to OUT")
+    profile.add_argument("--top", type=int, default=12, help="lines to list (default 12)")
+
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
     serve.add_argument("--log-file", help="also write the server log here")
@@ -136,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         from fuselens.cli.validate import run_validate
 
         return run_validate(args, _options(args))
+    if args.command == "profile":
+        from fuselens.cli.profile import run_profile
+
+        return run_profile(args, _options(args))
     return 2
 
 

@@ -50,3 +50,11 @@ class ValidateOptions:
     # torch.compile modes timed beside mode "default" (the results table's baseline), such as
     # "max-autotune-no-cudagraphs": each compiles every cluster again, so a benchmark asks, not the editor.
     other_compile_modes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProfileOptions:
+    iterations: int = 10  # forwards profiled
+    warmup: int = 3  # forwards run first and not profiled (allocator, cuDNN and Triton caches)
+    device: str = ""  # "cuda" or "cpu"; "": CUDA where there is one
+    seed: int = 0

@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
+from .profile import Profile
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -305,6 +306,7 @@ class Report:
     device: DeviceInfo | None = None
     torch_version: str = ""
     tool_version: str = ""
+    profile: Profile | None = None  # measured by `fuselens profile`; None from an analysis alone
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

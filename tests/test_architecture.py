@@ -14,7 +14,8 @@ ALLOWED = {
     "cli": {"server", "pipeline", "codegen", "contracts"},
     "server": {"worker.protocol", "codegen", "contracts"},  # the protocol only, and never torch (test_server_process)
     "worker": {"pipeline", "contracts"},
-    "pipeline": {"validate", "codegen", "analysis", "contracts"},
+    "pipeline": {"profiling", "validate", "codegen", "analysis", "contracts"},
+    "profiling": {"codegen", "analysis", "contracts"},
     "validate": {"codegen", "analysis", "contracts"},
     "codegen": {"analysis", "contracts"},
     "analysis": {"contracts"},

@@ -30,6 +30,7 @@ import torch
 from fuselens.analysis import capture, loader, weights
 from fuselens.analysis.detect import detect
 from fuselens.analysis.graph import Graph
+from fuselens.analysis.instances import signature_of_cluster, signature_of_ops
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster
@@ -152,16 +153,6 @@ def load_kernel_module(report: Report, module_path: str):
     return module
 
 
-def _signature_of_plan(graph, plan) -> tuple:
-    return tuple(
-        (graph[i].op, os.path.abspath(graph[i].file) if graph[i].file else "", graph[i].line) for i in plan.compute
-    )
-
-
-def _signature_of_cluster(cluster: Cluster) -> tuple:
-    return tuple((op.target, os.path.abspath(op.file) if op.file else "", op.line) for op in cluster.ops)
-
-
 def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     model, options = run.model, run.options
     shapes = _shapes(run)
@@ -225,7 +216,10 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
             return None
         det = detect(t.graph, check)
         plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
-        return (tuple(_signature_of_plan(t.graph, p) for p in plans), max((_numel(p.domain) for p in plans), default=0))
+        return (
+            tuple(signature_of_ops(t.graph, p.compute) for p in plans),
+            max((_numel(p.domain) for p in plans), default=0),
+        )
 
     return scaled_specs(specs, signatures)
 
@@ -283,11 +277,11 @@ def _instances(
         if cluster.path not in traces:
             decisions = report.paths[cluster.path] if cluster.path < len(report.paths) else []
             traces[cluster.path] = _detected(model, inputs, names, user_code, decisions)
-        detected, wanted = traces[cluster.path], _signature_of_cluster(cluster)
+        detected, wanted = traces[cluster.path], signature_of_cluster(cluster)
         found[cluster.id] = [
             detected[p]
             for p in cluster.positions
-            if p < len(detected) and _signature_of_plan(detected[p][0], detected[p][1]) == wanted
+            if p < len(detected) and signature_of_ops(detected[p][0], detected[p][1].compute) == wanted
         ]
     return found
 

@@ -1,0 +1,106 @@
+"""`fuselens profile`: where a forward's measured time goes, by line and by cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
+from fuselens.contracts.profile import ModelProfile, Profile
+from fuselens.contracts.report import Report
+
+
+def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
+    from fuselens.pipeline.profile import profile_file
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    options = ProfileOptions(iterations=args.iterations, warmup=args.warmup, device=args.on or "")
+
+    def progress(message: str, fraction=None) -> None:
+        console.print(f"[dim]… {escape(message)}[/]", highlight=False)
+
+    report = profile_file(args.file, analyze_options, options, progress)
+    if args.json:
+        from fuselens.contracts.schema import validate_report
+
+        data = report.to_dict()
+        validate_report(data)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    render_profile(report, console, args.top)
+    return 1 if report.problems or not report.profile or any(m.problem for m in report.profile.models) else 0
+
+
+def render_profile(report: Report, console: Console, top: int = 12) -> None:
+    for problem in report.problems:
+        console.print(f"[red]{escape(problem.file or report.file)}:{problem.line}: {escape(problem.message)}[/]")
+    profile = report.profile
+    if profile is None:
+        return
+    for model in profile.models:
+        _render_model(console, report, profile, model, top)
+
+
+def _render_model(console: Console, report: Report, profile: Profile, model: ModelProfile, top: int) -> None:
+    console.print(f"[bold]{escape(model.name)}[/]  {escape(_how(profile))}", highlight=False)
+    if model.problem:
+        console.print(f"  [red]{escape(model.problem)}[/]")
+        return
+    attributed = model.attributed_us / model.forward_us if model.forward_us else 0.0
+    wall = f" · {_ms(model.wall_us)} wall, timed alone" if model.wall_us is not None else ""
+    console.print(
+        f"  {_ms(model.forward_us)} per forward{wall} · {attributed:.1%} attributed to the model's code, "
+        f"{_ms(model.unattributed_us)} not",
+        highlight=False,
+    )
+    lines = Table(title="lines by time", title_justify="left", header_style="bold")
+    for column, justify in (("line", "left"), ("time", "right"), ("%", "right"), ("calls", "right"),
+                            ("ops", "left"), ("clusters", "left")):  # fmt: skip
+        lines.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for line in model.lines[:top]:
+        where = f"{_place(line.file, report.file)}:{line.line}"
+        if line.entry_line is not None:
+            where += f" (from line {line.entry_line})"
+        lines.add_row(
+            where, _ms(line.us), f"{line.share:.1%}", str(line.calls), ", ".join(line.ops[:4]), ", ".join(line.clusters)
+        )
+    console.print(lines)
+    if model.clusters:
+        clusters = Table(title="clusters by measured time", title_justify="left", header_style="bold")
+        for column in ("cluster", "time", "%", "calls", "fused, predicted", "forward if fused", "rank by bytes"):
+            clusters.add_column(column, justify="left" if column == "cluster" else "right")
+        for c in model.clusters:
+            clusters.add_row(
+                c.id, _ms(c.us), f"{c.share:.1%}", str(c.calls), _ms(c.predicted_fused_us),
+                f"{c.amdahl_speedup:.3f}×", str(c.rank_by_bytes),
+            )  # fmt: skip
+        console.print(clusters)
+    if model.opaque:
+        parts = [f"{o.kind} {_ms(o.us)} ({o.share:.1%})" for o in model.opaque]
+        console.print("  outside clusters: " + " · ".join(parts), highlight=False)
+
+
+def _how(profile: Profile) -> str:
+    what = "GPU kernel time" if profile.mode == "cuda" else "CPU time of each op"
+    return f"{what} on {profile.device}, mean of {profile.iterations} forwards after {profile.warmup} warm-up"
+
+
+def _ms(us: float | None) -> str:
+    if us is None:
+        return "—"
+    return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+def _place(file: str, home: str) -> str:
+    if os.path.abspath(file) == os.path.abspath(home):
+        return os.path.basename(file)
+    marker = f"{os.sep}site-packages{os.sep}"
+    return file.split(marker, 1)[1] if marker in file else os.path.basename(file)

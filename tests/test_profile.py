@@ -1,0 +1,163 @@
+"""`fuselens profile`: measured time attributed to lines, clusters and opaque ops.
+
+On a CPU the profile measures each op's own CPU time, through the same attribution the GPU's kernel
+times go through: every torch call of the model runs in a profiler range of its own, and each op
+counts once, in the innermost range around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
+from fuselens.contracts.profile import PROFILE_VERSION
+from fuselens.pipeline.profile import profile_file
+
+from conftest import example
+
+pytest.importorskip("torch")
+
+FAST = ProfileOptions(iterations=2, warmup=1, device="cpu")
+
+
+def _llama():
+    report = profile_file(
+        example("llama_block.py"),
+        AnalyzeOptions(input_shapes=["2,32,1024"], dtypes=["float32"], param_dtype="float32"),
+        FAST,
+    )
+    (model,) = report.profile.models
+    return report, model
+
+
+def _line_of(path: str, snippet: str) -> int:
+    with open(path, encoding="utf-8") as fh:
+        return next(i for i, text in enumerate(fh, 1) if snippet in text)
+
+
+def _analyzed(report):
+    return next(m for m in report.models if m.status == "analyzed")
+
+
+def test_every_microsecond_is_attributed_once_and_the_model_code_gets_almost_all():
+    _, model = _llama()
+    assert model.problem == "" and model.forward_us > 0
+    assert model.attributed_us + model.unattributed_us == pytest.approx(model.forward_us, rel=1e-6)
+    assert model.attributed_us >= 0.95 * model.forward_us
+    # Lines are exclusive: together they are the attributed time, and so are clusters plus opaque ops.
+    assert sum(line.us for line in model.lines) == pytest.approx(model.attributed_us, rel=1e-3)
+    inside = sum(c.us for c in model.clusters) + sum(o.us for o in model.opaque)
+    assert inside == pytest.approx(model.attributed_us, rel=1e-3)
+    assert [line.us for line in model.lines] == sorted((line.us for line in model.lines), reverse=True)
+
+
+def test_lines_name_their_ops_and_clusters_and_gemms_stay_opaque():
+    report, model = _llama()
+    with open(example("llama_block.py"), encoding="utf-8") as fh:
+        source = fh.read().splitlines()
+    by_line = {line.line: line for line in model.lines if line.file == report.file}
+
+    def at(snippet: str):
+        return by_line[next(i for i, text in enumerate(source, 1) if snippet in text)]
+
+    # RMSNorm's body runs for both norms: its lines hold both norm clusters.
+    norm = at("h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)")
+    norms = {c.id for c in _analyzed(report).clusters if any(op.line == norm.line for op in c.ops)}
+    assert set(norm.clusters) >= norms and len(norms) == 2
+    assert at("gate = self.w_gate(h)").ops == ["linear"] and at("gate = self.w_gate(h)").clusters == []
+    assert "GEMM" in {o.kind for o in model.opaque}
+    gemm = next(o for o in model.opaque if o.kind == "GEMM")
+    assert "linear" in gemm.ops and "matmul" in gemm.ops
+    # Every cluster of the report ran, and its measured time leads to an Amdahl bound above 1.
+    assert {c.id for c in model.clusters} == {c.id for c in _analyzed(report).clusters}
+    for c in model.clusters:
+        assert c.us > 0 and c.calls > 0 and c.predicted_fused_us < c.us and c.amdahl_speedup > 1.0
+    assert sorted(c.rank_by_time for c in model.clusters) == list(range(1, len(model.clusters) + 1))
+    assert sorted(c.rank_by_bytes for c in model.clusters) == list(range(1, len(model.clusters) + 1))
+
+
+REPEATED = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return x + F.gelu(self.proj(x)) * 0.5
+
+
+class Net(nn.Module):  # fuselens: input=(64, 256)
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer() for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+"""
+
+
+def test_a_line_of_repeated_layers_sums_their_calls_under_one_cluster(write_model):
+    path = write_model(REPEATED)
+    report = profile_file(path, AnalyzeOptions(), FAST)
+    (model,) = report.profile.models
+    (cluster,) = _analyzed(report).clusters
+    assert cluster.multiplicity == 3
+    body = next(line for line in model.lines if line.line == _line_of(path, "return x + F.gelu"))
+    assert body.calls == 3 * 4  # linear, gelu, mul, add in each of three layers
+    assert body.clusters == [cluster.id]
+    (timed,) = model.clusters
+    assert timed.id == cluster.id and timed.calls == 3 * 3  # gelu, mul, add: the cluster's ops
+
+
+LIBRARY = """
+import torch
+import torch.nn as nn
+from transformers import LlamaConfig, LlamaModel
+
+
+class Wrapper(nn.Module):  # fuselens: input=(1, 16) int64
+    def __init__(self):
+        super().__init__()
+        config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        self.model = LlamaModel(config)
+
+    def forward(self, ids):
+        return self.model(input_ids=ids).last_hidden_state
+"""
+
+
+def test_a_library_model_is_attributed_to_the_library_lines_and_the_users_line_that_reached_them(write_model):
+    pytest.importorskip("transformers")
+    path = write_model(LIBRARY)
+    report = profile_file(path, AnalyzeOptions(), FAST)
+    (model,) = report.profile.models
+    assert model.problem == "" and model.attributed_us >= 0.95 * model.forward_us
+    library = [line for line in model.lines if line.library]
+    assert library and all("transformers" in line.file for line in library)
+    assert {line.entry_line for line in library} == {_line_of(path, "return self.model(input_ids=ids)")}
+    assert any(line.clusters for line in library)
+
+
+def test_the_cli_prints_the_ranking_and_writes_a_versioned_profile_section(tmp_path):
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, "-m", "fuselens.cli.main", "profile", example("example_net.py"), "--on", "cpu",
+           "--iterations", "2", "--warmup", "1", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ | {"COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert "lines by time" in done.stdout and "clusters by measured time" in done.stdout
+    assert "attributed to the model's code" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["profile"]["version"] == PROFILE_VERSION and data["profile"]["mode"] == "cpu"
+    (model,) = data["profile"]["models"]
+    assert model["lines"] and model["forward_us"] > 0
