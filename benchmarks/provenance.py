@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SOURCE_FOLDERS = ("analysis", "codegen", "contracts", "pipeline", "validate", "worker", "cli")
+_SOURCE_FOLDERS = ("analysis", "codegen", "contracts", "pipeline", "profiling", "validate", "worker", "cli")
 
 
 def provenance() -> dict[str, str | None]:

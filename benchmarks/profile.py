@@ -1,0 +1,162 @@
+"""`fuselens profile` on a GPU: where the forward's time goes, and how the ranking by measured time
+compares with the ranking by bytes saved.
+
+    python benchmarks/profile.py [--only llama-block] [--out DIR]
+
+Cases: the Llama block example at its DRAM size, and a transformers Llama written as a user writes it
+(the held-out suite's), both in bf16.  For the Llama block, the file is also profiled after
+`fuselens apply` of every cluster, and each cluster's predicted fused time is set beside the time its
+kernel took.  Writes profile.json and profile.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from held_out import CASES as HELD_OUT  # noqa: E402
+from provenance import line as provenance_line  # noqa: E402
+from provenance import provenance  # noqa: E402
+from written import write_results  # noqa: E402
+
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _llama_block(folder: str) -> tuple[str, dict]:
+    path = os.path.join(folder, "llama_block.py")
+    shutil.copy(os.path.join(EXAMPLES, "llama_block.py"), path)
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), os.path.join(folder, "pyproject.toml"))
+    return path, {}
+
+
+def _transformers_llama(folder: str) -> tuple[str, dict]:
+    from fuselens.contracts.config import model_settings
+
+    case = HELD_OUT["llama"]
+    path = os.path.join(folder, "llama.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(textwrap.dedent(case.source).lstrip("\n"))
+    config = {"inputs": [{"shape": list(s), "dtype": d} for s, d in case.inputs], "param_dtype": "bfloat16"}
+    return path, {"model": model_settings(config, "the benchmark")}
+
+
+CASES = {"llama-block": _llama_block, "transformers-llama": _transformers_llama}
+
+
+def run_case(name: str, iterations: int, warmup: int) -> dict:
+    from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
+    from fuselens.contracts.plain import to_plain
+    from fuselens.pipeline.apply import apply_file
+    from fuselens.pipeline.profile import profile_file
+
+    folder = tempfile.mkdtemp(prefix="fuselens-profile-")
+    path, models = CASES[name](folder)
+    options = ProfileOptions(iterations=iterations, warmup=warmup, device="cuda")
+    report = profile_file(path, AnalyzeOptions(models=models), options)
+    result = {"case": name, "report": report.to_dict()}
+    if name == "llama-block":
+        apply_file(path, AnalyzeOptions(models=models), None, lambda _: True)
+        patched = profile_file(path, AnalyzeOptions(models=models), options)
+        result["patched"] = to_plain(patched.profile)
+    return result
+
+
+def _ms(us: float | None) -> str:
+    return "—" if us is None else f"{us / 1000:.3f}"
+
+
+def markdown(results: list[dict], measured_with: str) -> str:
+    out = [f"Measured with {measured_with}.", ""]
+    for result in results:
+        profile = result["report"]["profile"]
+        for model in profile["models"]:
+            out += _model_section(result["case"], profile, model, result["report"])
+            if "patched" in result:
+                out += _patched_section(model, result["patched"]["models"][0])
+    return "\n".join(out) + "\n"
+
+
+def _model_section(case: str, profile: dict, model: dict, report: dict) -> list[str]:
+    if model["problem"]:
+        return [f"### {case}", "", model["problem"], ""]
+    share = model["attributed_us"] / model["forward_us"] if model["forward_us"] else 0
+    out = [
+        f"### {case} ({model['name']}), {profile['device']}",
+        "",
+        f"GPU kernel time {_ms(model['forward_us'])} ms per forward (wall, timed alone: {_ms(model['wall_us'])} ms); "
+        f"{share:.1%} attributed to the model's code.",
+        "",
+        "| line | ms | % | calls | ops | clusters |",
+        "|---|---|---|---|---|---|",
+    ]
+    for line in model["lines"][:10]:
+        where = f"{os.path.basename(line['file'])}:{line['line']}"
+        out.append(
+            f"| {where} | {_ms(line['us'])} | {line['share']:.1%} | {line['calls']} | {', '.join(line['ops'][:3])} | "
+            f"{', '.join(line['clusters'])} |"
+        )
+    out += [
+        "",
+        "| cluster | ms | % | rank by time | rank by bytes saved | forward if fused |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in model["clusters"]:
+        out.append(
+            f"| {c['id']} | {_ms(c['us'])} | {c['share']:.1%} | {c['rank_by_time']} | {c['rank_by_bytes']} | "
+            f"{c['amdahl_speedup']:.3f}× |"
+        )
+    opaque = " · ".join(f"{o['kind']} {_ms(o['us'])} ms ({o['share']:.1%})" for o in model["opaque"])
+    return [*out, "", f"Outside clusters: {opaque}.", ""]
+
+
+def _patched_section(model: dict, patched: dict) -> list[str]:
+    """Each cluster's kernel in the patched file: the time the lines of its kernel call took."""
+    kernel_us: dict[str, float] = {}
+    for line in patched["lines"]:
+        called = re.match(r"_?cluster(\d+)", line["function"])  # the kernel's call, or its reference
+        if line["file"].endswith("_kernels.py") and called:
+            key = "c" + called.group(1)
+            kernel_us[key] = kernel_us.get(key, 0.0) + line["us"]
+    out = [
+        f"After `fuselens apply`: {_ms(patched['forward_us'])} ms per forward (was {_ms(model['forward_us'])}).",
+        "",
+        "| cluster | unfused ms | predicted fused ms | measured fused ms |",
+        "|---|---|---|---|",
+    ]
+    for c in model["clusters"]:
+        out.append(f"| {c['id']} | {_ms(c['us'])} | {_ms(c['predicted_fused_us'])} | {_ms(kernel_us.get(c['id']))} |")
+    return [*out, ""]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--only", action="append", choices=list(CASES))
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks/profile.py measures GPU kernel time: it needs a CUDA device", file=sys.stderr)
+        return 2
+    info = provenance()
+    results = []
+    for name in args.only or list(CASES):
+        results.append(run_case(name, args.iterations, args.warmup))
+        table = markdown(results, provenance_line(info))
+        write_results(args.out, "profile", {"provenance": info, "results": results}, table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
