@@ -188,7 +188,7 @@ def step(model, inputs, upstream, forward_only=False):
     return torch.autograd.grad(outs, wrt, upstream)
 
 
-def run_case(name: str, tokens: int, classes) -> dict:
+def run_case(name: str, tokens: int, classes, autotune: bool = True) -> dict:
     import torch
 
     from fuselens.validate.gpu import graph_replay, medians_in_turn
@@ -208,12 +208,11 @@ def run_case(name: str, tokens: int, classes) -> dict:
     generator = torch.Generator(device="cuda").manual_seed(1)
     upstream = [torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=generator) for o in outs]
     del outs
-    models = {
-        "eager": a,
-        "compile_default": torch.compile(a, dynamic=False),
-        "compile_max_autotune_no_cudagraphs": torch.compile(a, mode="max-autotune-no-cudagraphs", dynamic=False),
-        "applied": b,
-    }
+    models = {"eager": a, "compile_default": torch.compile(a, dynamic=False), "applied": b}
+    if autotune:  # minutes of autotuning for a whole block's forward and backward
+        models["compile_max_autotune_no_cudagraphs"] = torch.compile(
+            a, mode="max-autotune-no-cudagraphs", dynamic=False
+        )
     fns = {n: functools.partial(step, m, inputs, upstream) for n, m in models.items()}
     want = fns["eager"]()
     got = fns["applied"]()
@@ -250,12 +249,12 @@ def markdown(rows: list[dict], device: str, versions: str) -> str:
     ]
     for r in rows:
         g = {n: r["graph_us"].get(n, float("nan")) for n in IMPLEMENTATIONS}
-        better = min(g["compile_default"], g["compile_max_autotune_no_cudagraphs"])
+        better = min(v for v in (g["compile_default"], g["compile_max_autotune_no_cudagraphs"]) if v == v)  # not NaN
         held = " / ".join(f"{r['held_bytes'][n] / 2**20:.0f}" for n in ("eager", "compile_default", "applied"))
         peak = " / ".join(f"{r['peak_bytes'][n] / 2**20:.0f}" for n in ("eager", "compile_default", "applied"))
         lines.append(
             f"| {r['case']} | {r['tokens']} | "
-            + " | ".join(f"{g[n]:.1f}" for n in IMPLEMENTATIONS)
+            + " | ".join(f"{g[n]:.1f}" if g[n] == g[n] else "—" for n in IMPLEMENTATIONS)
             + f" | {g['eager'] / g['applied']:.2f}× | {better / g['applied']:.2f}× | {held} | {peak} | "
             f"{r['max_abs_grad_diff']:.2g} ({r['grad_scale']:.2g}) |"
         )
@@ -268,6 +267,10 @@ def main() -> int:
     parser.add_argument("--only", choices=list(CASES), action="append", help="default: all")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds")
+    parser.add_argument(
+        "--no-autotune", action="append", default=[], metavar="CASE",
+        help="time CASE against compile mode default only (its max-autotune column stays empty)",
+    )  # fmt: skip
     args = parser.parse_args()
     import time
 
@@ -289,7 +292,7 @@ def main() -> int:
                 continue
             print(f"… {name}: {tokens} tokens", file=sys.stderr, flush=True)
             try:
-                rows.append(run_case(name, tokens, (original, patched)))
+                rows.append(run_case(name, tokens, (original, patched), name not in args.no_autotune))
             except Exception as exc:  # a case that fails is a finding, not a lost run
                 print(f"  {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue

@@ -1,7 +1,7 @@
 """`fuselens profile` on a GPU: where the forward's time goes, and how the ranking by measured time
 compares with the ranking by bytes saved.
 
-    python benchmarks/profile.py [--only llama-block] [--out DIR]
+    python benchmarks/line_profile.py [--only llama-block] [--out DIR]
 
 Cases: the Llama block example at its DRAM size, and a transformers Llama written as a user writes it
 (the held-out suite's), both in bf16.  For the Llama block, the file is also profiled after
@@ -77,6 +77,10 @@ def markdown(results: list[dict], measured_with: str) -> str:
     out = [f"Measured with {measured_with}.", ""]
     for result in results:
         profile = result["report"]["profile"]
+        problems = [p["message"] for p in result["report"]["problems"]]
+        problems += [f"{m['name']}: {m['status']}" for m in result["report"]["models"] if m["status"] == "error"]
+        if problems:
+            out += [f"### {result['case']}", "", *problems, ""]
         for model in profile["models"]:
             out += _model_section(result["case"], profile, model, result["report"])
             if "patched" in result:
@@ -146,7 +150,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("benchmarks/profile.py measures GPU kernel time: it needs a CUDA device", file=sys.stderr)
+        print("benchmarks/line_profile.py measures GPU kernel time: it needs a CUDA device", file=sys.stderr)
         return 2
     info = provenance()
     results = []
