@@ -37,6 +37,7 @@ from pygls.protocol.language_server import lsp_method
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
 from fuselens.contracts.config import ConfigError, read_tool_table
+from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report
 from fuselens.contracts.version import TOOL_VERSION
 from fuselens.worker.protocol import AnalyzeJob, Limits
@@ -255,6 +256,8 @@ class FuselensServer(LanguageServer):
         self.remote = RemoteRunners()
         self.configured = asyncio.Event()  # set once `initialized` has read the settings
         self.no_gpu_choice: str | None = None  # what the user chose, once, for validations without a GPU
+        # The last profile of each file, with the digest of the text it measured: shown while it lines up.
+        self.profiles: dict[str, tuple[str, Profile]] = {}
         self.protocol: FuselensProtocol
 
     def command(self, command_name: str) -> Callable[[Any], Any]:
@@ -491,6 +494,11 @@ class FuselensServer(LanguageServer):
             return None  # typed since: its lines no longer line up with the document's
         return analysis
 
+    def profile_for(self, path: str, analysis: Analysis) -> Profile | None:
+        """The last profile of `path`, when it measured the text `analysis` is of."""
+        kept = self.profiles.get(path)
+        return kept[1] if kept is not None and kept[0] == analysis.report.source_sha256 else None
+
     def file_changed(self, path: str) -> None:
         """A file changed on disk: re-analyze the open documents that depend on it."""
         try:
@@ -647,7 +655,8 @@ def on_hover(ls: FuselensServer, params: lsp.HoverParams) -> lsp.Hover | None:
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None:
         return None
-    return hover(analysis.report, path, params.position.line + 1, params.text_document.uri)
+    profile = ls.profile_for(path, analysis)
+    return hover(analysis.report, path, params.position.line + 1, params.text_document.uri, profile)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_INLAY_HINT, lsp.InlayHintOptions(resolve_provider=False))
@@ -656,9 +665,8 @@ def on_inlay_hint(ls: FuselensServer, params: lsp.InlayHintParams) -> list[lsp.I
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None or not ls.settings.inlay_hints:
         return []
-    return inlay_hints(
-        analysis.report, path, analysis.text.splitlines(), params.range.start.line + 1, params.range.end.line + 1
-    )
+    first, last = params.range.start.line + 1, params.range.end.line + 1
+    return inlay_hints(analysis.report, path, analysis.text.splitlines(), first, last, ls.profile_for(path, analysis))
 
 
 @server.feature(lsp.TEXT_DOCUMENT_CODE_LENS, lsp.CodeLensOptions(resolve_provider=False))
@@ -667,7 +675,8 @@ def on_code_lens(ls: FuselensServer, params: lsp.CodeLensParams) -> list[lsp.Cod
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None or not ls.settings.code_lens:
         return []
-    return code_lenses(analysis.report, path, params.text_document.uri, analysis.text.splitlines())
+    lines = analysis.text.splitlines()
+    return code_lenses(analysis.report, path, params.text_document.uri, lines, ls.profile_for(path, analysis))
 
 
 @server.feature(

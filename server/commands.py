@@ -1,4 +1,5 @@
-"""Workspace commands: analyze now, validate kernels (with progress), show and write kernels.
+"""Workspace commands: analyze now, validate kernels (with progress), profile the forward, show and
+write kernels.
 
 Validation runs in the worker, like analysis.  On a machine without CUDA it says so and
 offers the Triton interpreter instead (numerics only); a configured remote runner (a
@@ -18,14 +19,18 @@ from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcInvalidParams
 
 from fuselens.codegen import files
-from fuselens.contracts.options import ValidateOptions
+from fuselens.contracts.options import ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
+from fuselens.contracts.profile import Profile
+from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import results_view, view_markdown
 from fuselens.contracts.validation import ValidationReport
-from fuselens.worker.protocol import Limits, ValidateJob
+from fuselens.worker.protocol import Limits, ProfileJob, ValidateJob
 
 from . import history, views
 from .features.actions import WRITE_MODULE
+from .features.lenses import PROFILE
+from .features.measured import time_label, where_measured
 from .features.text import path_to_uri, uri_to_path
 from .runner import RemoteFailed
 from .workers import JobFailed
@@ -89,6 +94,11 @@ def register_commands(server: FuselensServer) -> None:
     async def validate_all(ls, *args):
         uri, model, options = _args(args, [("uri", str, True), ("model", str, False), ("options", dict, False)])
         return await _validate(ls, uri, None, model, options or {})
+
+    @server.command(PROFILE)
+    async def profile(ls, *args):
+        uri, model = _args(args, [("uri", str, True), ("model", str, False)])
+        return await _profile(ls, uri, model)
 
     @server.command(VALIDATION_RESULTS)
     async def validation_results(ls, *args):
@@ -162,6 +172,59 @@ async def _validate(
     ls.log_line(f"validation of {name}: {_summary(result)}")
     ls.tell(_toast(result), lsp.MessageType.Info if result.ok else lsp.MessageType.Warning)
     return {**result.to_dict(), **_results(ls, path, result)}
+
+
+async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str, Any]:
+    """Run the file's forwards under the profiler in the worker (on CUDA where the worker has it, else
+    on the CPU) and keep the profile for the hover, the inlay hints and the lenses."""
+    path = _document_path(ls, uri)
+    if not ls.trusted(path):
+        return {"error": "untrusted", "message": ls.untrusted(path)}
+    analysis = _analysis_for(ls, uri)
+    options = ls.settings.analyze_options(analysis.text)
+    if model is not None:
+        options.model_class = model
+    name = os.path.basename(path)
+    ls.log_line(f"profiling {model or 'the models'} of {name}")
+    w = ls.settings.worker
+    progress = await _Progress.start(ls, f"fuselens: profiling {model or name}")
+    try:
+        async with ls.scheduler.admission.turn():
+            report: Report = await ls.get_worker().run(
+                ProfileJob(path, options, ProfileOptions()),
+                Limits(w.validate_timeout_seconds, w.memory_mb),
+                on_progress=lambda message, fraction: progress.report(message, fraction),
+            )
+    except JobFailed as exc:
+        ls.log_line(f"profile of {name} did not run: {exc}")
+        ls.tell(f"fuselens: profile did not run: {exc}", lsp.MessageType.Warning)
+        return {"error": exc.kind, "message": str(exc)}
+    finally:
+        progress.end()
+    if report.problems or report.profile is None:
+        message = report.problems[0].message if report.problems else "nothing was profiled"
+        ls.tell(f"fuselens: profile did not run: {message}", lsp.MessageType.Warning)
+        return {"error": "problem", "message": message}
+    ls.profiles[path] = (report.source_sha256, report.profile)
+    ls.refresh_views()
+    summary = _profile_summary(report.profile)
+    ls.log_line(f"profile of {name}: {summary}")
+    ls.tell(f"fuselens: {summary}", lsp.MessageType.Info)
+    return {"profile": to_plain(report.profile)}
+
+
+def _profile_summary(profile: Profile) -> str:
+    parts = []
+    for m in profile.models:
+        if m.problem:
+            parts.append(f"{m.name}: {m.problem}")
+            continue
+        share = m.attributed_us / m.forward_us if m.forward_us else 0.0
+        text = f"{m.name} {time_label(m.forward_us)} per forward, {share:.0%} attributed"
+        if m.clusters:
+            text += f"; {m.clusters[0].id} takes {m.clusters[0].share:.0%}"
+        parts.append(text)
+    return "; ".join(parts) + f" ({where_measured(profile)})"
 
 
 def _results(ls: FuselensServer, path: str, result: ValidationReport) -> dict[str, Any]:

@@ -20,16 +20,18 @@ async def test_lenses_on_the_model_class_line(client: Client):
         "3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable",
         "Validate all",
         "Show kernels",
+        "Profile",
     ]
     line = example_text().split("\n")[MODEL_LINE - 1]
     for lens in lenses:
         assert lens.range == lsp.Range(lsp.Position(MODEL_LINE - 1, 0), lsp.Position(MODEL_LINE - 1, len(line)))
-    summary, validate, show = (lens.command for lens in lenses)
+    summary, validate, show, profile = (lens.command for lens in lenses)
     assert (validate.command, list(validate.arguments)) == ("fuselens.validateAll", [uri, "ExampleNet"])
     assert (show.command, list(show.arguments)) == ("fuselens.showKernel", [uri, "ExampleNet"])
+    assert (profile.command, list(profile.arguments)) == ("fuselens.profile", [uri, "ExampleNet"])
     assert summary.command == "fuselens.showKernel"
     # The lens commands are the server's own.
-    assert {c.command for c in (summary, validate, show)} <= set(
+    assert {c.command for c in (summary, validate, show, profile)} <= set(
         client.init_result.capabilities.execute_command_provider.commands
     )
     result = await client.command(show.command, *show.arguments)
@@ -51,11 +53,13 @@ async def test_one_set_of_lenses_per_model(client: Client):
         (MODEL_LINE - 1, "3 fusable clusters · 512 MB of 768 MB avoidable · 3 applicable"),
         (MODEL_LINE - 1, "Validate all"),
         (MODEL_LINE - 1, "Show kernels"),
+        (MODEL_LINE - 1, "Profile"),
         (other, "3 fusable clusters · 128 MB of 192 MB avoidable · 3 applicable"),
         (other, "Validate all"),
         (other, "Show kernels"),
+        (other, "Profile"),
     ]
-    assert [list(lens.command.arguments)[1] for lens in lenses] == ["ExampleNet"] * 3 + ["OtherNet"] * 3
+    assert [list(lens.command.arguments)[1] for lens in lenses] == ["ExampleNet"] * 4 + ["OtherNet"] * 4
 
 
 async def test_a_model_without_inputs_has_no_lens_but_a_hint(client: Client):
@@ -77,6 +81,7 @@ async def test_a_model_with_nothing_to_fuse_says_so(client: Client):
     )
     uri = client.open("lens_nothing_to_fuse.py", text)
     await client.diagnostics_of(uri, 1)
-    (lens,) = await client.code_lenses(uri)  # nothing to validate or show
+    lens, profile = await client.code_lenses(uri)  # nothing to validate or show, but time to measure
+    assert profile.command.title == "Profile"
     assert lens.command.title.startswith("no fusable clusters · forward() moves "), lens.command.title
     assert lens.range.start.line == 3

@@ -11,7 +11,7 @@ from typing import Any
 from fuselens.contracts.options import Progress
 from fuselens.contracts.plain import to_plain
 
-from .protocol import AnalyzeJob, CompareJob, Job, PingJob, Pong, ValidateJob
+from .protocol import AnalyzeJob, CompareJob, Job, PingJob, Pong, ProfileJob, ValidateJob
 
 
 def run_job(job: Job, progress: Progress) -> dict[str, Any]:
@@ -27,6 +27,10 @@ def run_job(job: Job, progress: Progress) -> dict[str, Any]:
         from fuselens.pipeline.compare import compare_file
 
         return dict(to_plain(compare_file(job.path, job.options, progress)))
+    if isinstance(job, ProfileJob):
+        from fuselens.pipeline.profile import profile_file
+
+        return profile_file(job.path, job.options, job.profile, progress).to_dict()
     if isinstance(job, PingJob):
         return dict(to_plain(Pong()))
     raise TypeError(f"not a job: {job!r}")

@@ -9,7 +9,7 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
     host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
-A job is what to run (`AnalyzeJob`, `ValidateJob`, `CompareJob`, `PingJob`); the result of a
+A job is what to run (`AnalyzeJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `PingJob`); the result of a
 finished job is the plain form of its `result_type()`.  Every line is at most
 `MAX_MESSAGE_BYTES` long, either way: a longer one is dropped whole, never half-read.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fuselens.contracts.inductor import ComparisonResult
-from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import ContractError, from_plain, to_plain
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
@@ -60,6 +60,16 @@ class CompareJob:
 
 
 @dataclass
+class ProfileJob:
+    """Run the models' forwards under the profiler: the result is the report with its profile."""
+
+    path: str
+    options: AnalyzeOptions
+    profile: ProfileOptions
+    kind: Literal["profile"] = "profile"
+
+
+@dataclass
 class Pong:
     pong: bool = True
 
@@ -69,9 +79,15 @@ class PingJob:
     kind: Literal["ping"] = "ping"
 
 
-Job = AnalyzeJob | ValidateJob | CompareJob | PingJob
+Job = AnalyzeJob | ValidateJob | CompareJob | ProfileJob | PingJob
 
-_RESULTS: dict[str, type] = {"analyze": Report, "validate": ValidationReport, "compare": ComparisonResult, "ping": Pong}
+_RESULTS: dict[str, type] = {
+    "analyze": Report,
+    "validate": ValidationReport,
+    "compare": ComparisonResult,
+    "profile": Report,
+    "ping": Pong,
+}
 
 
 def result_type(job: Job) -> type:

@@ -10,9 +10,11 @@ import urllib.parse
 from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
+from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Cluster, Model, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
 
+from .measured import cluster_time, measured_lines, time_label, where_measured
 from .text import same_file, shown_at
 
 
@@ -33,7 +35,7 @@ def _shape(shape) -> str:
     return "×".join(map(str, shape)) if shape else "scalar"
 
 
-def describe(model: Model, c: Cluster, uri: str = "") -> str:
+def describe(model: Model, c: Cluster, uri: str = "", profile: Profile | None = None) -> str:
     """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, whether
     its backward is a kernel, what torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
     the ops next to it were left out)."""
@@ -51,6 +53,9 @@ def describe(model: Model, c: Cluster, uri: str = "") -> str:
             f"{bytes_label(c.total_bytes_fused)} in all"
         )
     parts = [f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}", cost]
+    measured = cluster_time(profile, model.name, c.id) if profile is not None else None
+    if profile is not None and measured is not None:
+        parts.append(_measured_line(profile, measured))
     if c.branch:
         parts.append(f"_{c.branch}_")
     if in_library(c.file):
@@ -119,11 +124,30 @@ def _command_link(command: str, *arguments: str) -> str:
     return f"command:{command}?{urllib.parse.quote(json.dumps(list(arguments)))}"
 
 
-def hover(report: Report, path: str, line: int, uri: str = "") -> lsp.Hover | None:
+def _measured_line(profile: Profile, c) -> str:
+    """A cluster's measured time, and what fusing it would give by the cost model."""
+    return (
+        f"**measured**: {time_label(c.us)} per forward ({c.share:.1%}; {where_measured(profile)}), "
+        f"{c.calls} ops; fused, about {time_label(c.predicted_fused_us)}: the forward "
+        f"{c.amdahl_speedup:.2f}× faster · rank {c.rank_by_time} by time, {c.rank_by_bytes} by bytes saved"
+    )
+
+
+def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile | None = None) -> lsp.Hover | None:
     hits = clusters_at(report, path, line)
-    if not hits:
+    parts = [describe(m, c, uri, profile) for m, c in hits]
+    measure = measured_lines(profile, path).get(line) if profile is not None else None
+    if profile is not None and measure is not None:
+        ran = ", ".join(f"`{op}`" for op in measure.ops[:5])
+        via = " in the library code it calls" if measure.through_library else ""
+        parts.insert(
+            0,
+            f"⏱ **line {line}: {time_label(measure.us)} per forward** ({measure.share:.1%}{via}; "
+            f"{where_measured(profile)}): {ran}",
+        )
+    if not parts:
         return None
-    text = "\n\n---\n\n".join(describe(m, c, uri) for m, c in hits)
+    text = "\n\n---\n\n".join(parts)
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
 
 

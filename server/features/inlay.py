@@ -1,25 +1,48 @@
-"""Inlay hints: the traffic a cluster saves, at the end of the last line it shows on."""
+"""Inlay hints: the traffic a cluster saves, at the end of the last line it shows on; with a profile,
+each line's measured share of the forward."""
 
 from __future__ import annotations
 
 from lsprotocol import types as lsp
 
+from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Cluster, Report
 from fuselens.contracts.units import bytes_label
 
+from .measured import LineMeasure, measured_lines, time_label
 from .text import end_of_line, shown_at
 
+# Lines whose measured share of the forward is below this get no hint: the editor stays readable.
+MIN_SHARE = 0.01
 
-def inlay_hints(report: Report, path: str, lines: list[str], first: int, last: int) -> list[lsp.InlayHint]:
+
+def inlay_hints(
+    report: Report, path: str, lines: list[str], first: int, last: int, profile: Profile | None = None
+) -> list[lsp.InlayHint]:
     """Hints for clusters whose shown lines end within first..last (1-based, inclusive): one per line,
-    summing the clusters that end there (a line reaching a library's layers reaches several)."""
+    summing the clusters that end there (a line reaching a library's layers reaches several); and,
+    with a profile, one for each line there that took at least 1% of the forward."""
     by_line: dict[int, list[Cluster]] = {}
     for model, c in report.clusters():
         shown = shown_at(c.file, c.lines, c.reached_from, model, path)
         if shown is None or not first <= shown[1] <= last or c.bytes_saved is None:
             continue
         by_line.setdefault(shown[1], []).append(c)
-    return [_hint(lines, line, clusters) for line, clusters in sorted(by_line.items())]
+    hints = [_hint(lines, line, clusters) for line, clusters in sorted(by_line.items())]
+    if profile is not None:
+        timed = measured_lines(profile, path)
+        hints += [
+            _time_hint(lines, line, m)
+            for line, m in sorted(timed.items())
+            if first <= line <= last and m.share >= MIN_SHARE
+        ]
+    return sorted(hints, key=lambda h: (h.position.line, h.position.character))
+
+
+def _time_hint(lines: list[str], line: int, measure: LineMeasure) -> lsp.InlayHint:
+    label = f"⏱ {time_label(measure.us)} {measure.share:.0%}"
+    tooltip = f"measured: {time_label(measure.us)} per forward ({measure.share:.1%}): {', '.join(measure.ops[:5])}"
+    return lsp.InlayHint(position=end_of_line(lines, line), label=label, padding_left=True, tooltip=tooltip)
 
 
 def _hint(lines: list[str], line: int, clusters: list[Cluster]) -> lsp.InlayHint:

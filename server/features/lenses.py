@@ -1,16 +1,23 @@
-"""Code lenses: a summary over each analyzed model class, with its commands."""
+"""Code lenses: a summary over each analyzed model class, with its commands; with a profile, what
+the forward measured."""
 
 from __future__ import annotations
 
 from lsprotocol import types as lsp
 
+from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report, Totals
 from fuselens.contracts.units import bytes_label
 
+from .measured import model_profile, time_label
 from .text import lines_range, same_file
 
+PROFILE = "fuselens.profile"
 
-def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[lsp.CodeLens]:
+
+def code_lenses(
+    report: Report, path: str, uri: str, lines: list[str], profile: Profile | None = None
+) -> list[lsp.CodeLens]:
     lenses = []
     for model in report.models:
         if not same_file(model.file, path) or model.status != "analyzed":
@@ -47,6 +54,17 @@ def code_lenses(report: Report, path: str, uri: str, lines: list[str]) -> list[l
                     ),
                 )
             )
+        measured = model_profile(profile, model.name) if profile is not None else None
+        title = "Profile"
+        if measured is not None:
+            top = measured.clusters[0] if measured.clusters else None
+            title = f"⏱ {time_label(measured.forward_us)} per forward"
+            if top is not None:
+                title += f" · {top.id} {top.share:.0%}"
+            title += " · Profile again"
+        lenses.append(
+            lsp.CodeLens(range=rng, command=lsp.Command(title=title, command=PROFILE, arguments=[uri, model.name]))
+        )
     return lenses
 
 
