@@ -86,6 +86,30 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
     if model.opaque:
         parts = [f"{o.kind} {_ms(o.us)} ({o.share:.1%})" for o in model.opaque]
         console.print("  outside clusters: " + " · ".join(parts), highlight=False)
+    if model.applied:
+        _render_applied(console, model)
+
+
+def _render_applied(console: Console, model: ModelProfile) -> None:
+    """The applied kernels against the code before apply, measured in the same run."""
+    before = _ms(model.before_us)
+    console.print(f"  before apply: {before} per forward; now {_ms(model.forward_us)}", highlight=False)
+    table = Table(title="applied kernels: predicted against measured", title_justify="left", header_style="bold")
+    for column in ("kernel", "cluster", "kind", "before", "predicted fused", "measured", "error"):
+        table.add_column(column, justify="left" if column in ("kernel", "cluster", "kind") else "right")
+    for a in model.applied:
+        measured = _ms(a.measured_us) + (" (reference)" if a.reference else "")
+        error = "—" if a.reference else f"{a.error:+.0%}"
+        table.add_row(a.kernel, a.cluster, a.kind, _ms(a.unfused_us), _ms(a.predicted_fused_us), measured, error)
+    console.print(table)
+    if model.cost_model_error:
+        errors = " · ".join(f"{kind} {error:+.0%}" for kind, error in model.cost_model_error.items())
+        console.print(f"  cost model's mean error by kind (predicted / measured − 1): {errors}", highlight=False)
+    if model.fell_back:
+        console.print(
+            f"  {', '.join(model.fell_back)} ran their reference here (no CUDA): their times are not the kernels'",
+            highlight=False,
+        )
 
 
 def _how(profile: Profile) -> str:

@@ -59,6 +59,21 @@ class OpaqueTime:
 
 
 @dataclass
+class AppliedTime:
+    """A kernel `fuselens apply` put in the file: its cluster's measured time in the code before the
+    edit, the time the cost model predicted for it fused, and the time the kernel measures now."""
+
+    kernel: str  # "cluster3"
+    cluster: str  # the cluster's id in the code before apply
+    kind: str  # the cluster's kind ("softmax", "elementwise")
+    unfused_us: float
+    predicted_fused_us: float
+    measured_us: float
+    error: float  # predicted / measured - 1: above 0, the cost model expected it slower than it is
+    reference: bool = False  # the kernel did not run here (no CUDA, say): `measured_us` is its reference's
+
+
+@dataclass
 class ModelProfile:
     name: str
     forward_us: float  # measured time per forward: the sum of every kernel (CPU: op) in it
@@ -70,6 +85,15 @@ class ModelProfile:
     opaque: list[OpaqueTime] = field(default_factory=list)  # longest first
     unfused_us: float = 0.0  # ops outside every cluster and not opaque (elementwise ops left alone)
     problem: str = ""  # why the model could not be profiled ("" when it was)
+    # The fuselens kernels the code calls (an applied file), by name: µs per forward, their reference's
+    # where it ran instead.  Their calls' time is on the lines that call them.
+    kernels: dict[str, float] = field(default_factory=dict)
+    fell_back: list[str] = field(default_factory=list)  # those of `kernels` whose reference ran instead
+    # For an applied file, the code before apply measured in the same run: its forward, each applied
+    # kernel against its prediction, and the cost model's mean error by cluster kind.
+    before_us: float | None = None
+    applied: list[AppliedTime] = field(default_factory=list)
+    cost_model_error: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

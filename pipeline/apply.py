@@ -8,6 +8,7 @@ fuselens did not write is never overwritten, and no write follows a symbolic lin
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from collections.abc import Callable
@@ -36,8 +37,7 @@ def apply_file(
     """Analyze `path`, show `confirm` the diff, then write the kernel module and the edits."""
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
-    analyze_options.source_text = source
-    report = analyze_file(path, analyze_options)
+    report = analyze_file(path, dataclasses.replace(analyze_options, source_text=source))  # the text written over
     result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
     if report.problems:
         result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)

@@ -3,18 +3,26 @@ attribute the measured time to its lines, its clusters and its opaque ops.
 
 The models profiled are the ones the analysis built, with the configuration it resolved, given
 real seeded weights and random inputs of the analysed shapes on the chosen device.
+
+A file `fuselens apply` edited is also profiled as it was before the edit (the code its kernel
+module keeps), in the same run: each applied kernel's measured time is set beside the time the cost
+model predicted for it from its cluster's measured time before, and the model's error is given per
+cluster kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from statistics import mean
 
 import torch
 
 from fuselens.analysis import capture, loader
+from fuselens.codegen import edits, files
 from fuselens.contracts.config import InputSpec
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, Progress, no_progress
-from fuselens.contracts.profile import ModelProfile, Profile
+from fuselens.contracts.profile import AppliedTime, ModelProfile, Profile
 from fuselens.contracts.report import Model, Report
 from fuselens.profiling.attribute import attribute
 from fuselens.profiling.measure import measure
@@ -38,16 +46,28 @@ def profile_file(
         warmup=options.warmup,
         versions={"torch": torch.__version__} | ({"cuda": str(torch.version.cuda)} if cuda else {}),
     )
+    kernel_module = edits.kernel_module_path(path, analyze_options.out_dir)
     models = [m for m in analyzed.report.models if m.status == "analyzed" and m.name in analyzed.sources]
     for index, model in enumerate(models):
         progress(f"profiling {model.name}", index / max(len(models), 1))
-        profile.models.append(_profile_model(analyzed, model, device, options))
+        profile.models.append(_profile_model(analyzed, model, device, options, kernel_module))
+    before = _code_before_apply(path, analyzed.text, kernel_module)
+    if before is not None:
+        progress("profiling the code before apply", None)
+        earlier = analyze(path, dataclasses.replace(analyze_options, source_text=before))
+        originals = {m.name: m for m in earlier.report.models if m.status == "analyzed" and m.name in earlier.sources}
+        for after in profile.models:
+            original = originals.get(after.name)
+            if original is not None and not after.problem:
+                _compare_with(after, _profile_model(earlier, original, device, options, kernel_module), original)
     progress("done", 1.0)
     analyzed.report.profile = profile
     return analyzed.report
 
 
-def _profile_model(analyzed: AnalyzedFile, model: Model, device: str, options: ProfileOptions) -> ModelProfile:
+def _profile_model(
+    analyzed: AnalyzedFile, model: Model, device: str, options: ProfileOptions, kernel_module: str
+) -> ModelProfile:
     config = analyzed.configs[model.name]
     subject = Subject(analyzed.sources[model.name], config.init, config.param_dtype)
     specs = [InputSpec(list(i.shape or []), i.dtype) for i in model.inputs]
@@ -59,4 +79,43 @@ def _profile_model(analyzed: AnalyzedFile, model: Model, device: str, options: P
         measured = measure(real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup)
     except (capture.CaptureError, RuntimeError) as exc:
         return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=f"the forward could not be profiled: {exc}")
-    return attribute(model, measured, os.path.abspath(analyzed.report.file))
+    return attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)
+
+
+def _code_before_apply(path: str, text: str, kernel_module: str) -> str | None:
+    """`text` with every applied kernel's call replaced by the code it replaced (None: nothing applied)."""
+    try:
+        module_text = files.check_kernel_module(kernel_module)
+    except files.Refused:
+        return None  # a module fuselens did not write: it keeps no code of this file
+    if module_text is None:
+        return None
+    plan = edits.restore_edits(text, path, kernel_module, module_text, None)
+    return edits.apply_line_edits(text, plan.edits) if plan.edits else None
+
+
+def _compare_with(after: ModelProfile, before: ModelProfile, model: Model) -> None:
+    """Each kernel `after` calls, against its cluster in `before` (the code before apply, `model` its
+    report): measured now, and predicted then."""
+    after.before_us = before.forward_us
+    for kernel, us in after.kernels.items():
+        cluster = next((c for c in model.clusters if c.kernel is not None and c.kernel.name == kernel), None)
+        timed = next((t for t in before.clusters if cluster is not None and t.id == cluster.id), None)
+        if cluster is None or timed is None or us <= 0:
+            continue
+        after.applied.append(
+            AppliedTime(
+                kernel=kernel,
+                cluster=cluster.id,
+                kind=cluster.kind,
+                unfused_us=timed.us,
+                predicted_fused_us=timed.predicted_fused_us,
+                measured_us=us,
+                error=round(timed.predicted_fused_us / us - 1, 4),
+                reference=kernel in after.fell_back,
+            )
+        )
+    kinds = sorted({a.kind for a in after.applied if not a.reference})
+    after.cost_model_error = {
+        kind: round(mean(a.error for a in after.applied if a.kind == kind and not a.reference), 4) for kind in kinds
+    }

@@ -14,6 +14,7 @@ opaque ops plus unattributed time, each add up to the forward.
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -41,9 +42,13 @@ class _Line:
     entry_line: int | None = None
 
 
-def attribute(model: Model, measured: Measured, home: str) -> ModelProfile:
-    """The profile of `model` (its report) from `measured`; `home` is the profiled file."""
+def attribute(model: Model, measured: Measured, home: str, kernel_module: str = "") -> ModelProfile:
+    """The profile of `model` (its report) from `measured`; `home` is the profiled file, and
+    `kernel_module` the fuselens kernel module beside it: a call made there is a kernel's, and its
+    time goes to the line that called the kernel."""
     graph = measured.graph
+    kernels: dict[str, float] = defaultdict(float)
+    fell_back: set[str] = set()
     cluster_of = _clusters_by_node(model, graph)
     forward = sum(measured.call_us.values()) + measured.unattributed_us
     lines: dict[tuple[str, int], _Line] = {}
@@ -57,17 +62,22 @@ def attribute(model: Model, measured: Measured, home: str) -> ModelProfile:
             unattributed += us
             continue
         cluster = next((cluster_of[i] for i in measured.call_nodes[number] if i in cluster_of), None)
-        line = lines.setdefault((node.source.file, node.source.line), _Line(node.source))
+        frame, kernel, reference = _caller_of_kernel(node, kernel_module)
+        line = lines.setdefault((frame.file, frame.line), _Line(frame))
         line.us += us
         line.calls += 1
-        line.ops[node.op] += us
+        line.ops[kernel or node.op] += us
+        if kernel:
+            kernels[kernel] += us
+            if reference:
+                fell_back.add(kernel)
         if cluster is not None:
             line.clusters.add(cluster)
             cluster_us[cluster] += us
             cluster_calls[cluster] += 1
         else:
             opaque[_kind(node)][node.op] += us
-        if node.source.library and node.entry is not None and _same_file(node.entry.file, home):
+        if frame.library and node.entry is not None and _same_file(node.entry.file, home):
             line.entry_line = node.entry.line
     attributed = forward - unattributed
     return ModelProfile(
@@ -80,7 +90,28 @@ def attribute(model: Model, measured: Measured, home: str) -> ModelProfile:
         clusters=_cluster_times(model, cluster_us, cluster_calls, forward),
         opaque=_opaque_times(opaque, forward),
         unfused_us=round(sum(opaque.get("unfused op", {}).values()), 3),
+        kernels={k: round(v, 3) for k, v in sorted(kernels.items())},
+        fell_back=sorted(fell_back),
     )
+
+
+def _caller_of_kernel(node: Node, kernel_module: str) -> tuple[Frame, str, bool]:
+    """The frame whose line a call's time goes to, the fuselens kernel it ran in ("" for none), and
+    whether it ran in the kernel's reference: a call in the kernel module (the kernel's op, or its
+    reference's ops) counts on the line that called the kernel."""
+    assert node.source is not None
+    if not kernel_module or not _same_file(node.source.file, kernel_module):
+        return node.source, "", False
+    inside = [f.function.rsplit(".", 1)[-1] for f in node.stack if _same_file(f.file, kernel_module)]
+    outside = next((f for f in node.stack if not _same_file(f.file, kernel_module)), node.source)
+    called = next((m for name in inside if (m := _KERNEL.fullmatch(name))), None)
+    if called is None:
+        return outside, "", False
+    return outside, f"cluster{called.group(1)}", any(name.endswith("_reference") for name in inside)
+
+
+# A kernel's call, or its reference's (where the kernel does not run).
+_KERNEL = re.compile(r"_?cluster(\d+)(?:_reference)?")
 
 
 def _clusters_by_node(model: Model, graph: Graph) -> dict[int, str]:

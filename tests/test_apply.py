@@ -296,3 +296,15 @@ def test_a_replaced_statements_comment_stays_at_its_indentation(write_model):
         lines = fh.read().splitlines()
     comment = lines.index("        # back to (N, C, H, W)")  # the statement's own indentation
     assert lines[comment + 1] == "        return cluster0(x, self.gamma, y)"
+
+
+def test_an_apply_leaves_the_options_it_was_given_as_they_were(tmp_path):
+    """The same options analyze the file again after the edit: they must not carry the text apply
+    read before writing over it (the analysis would be of the code that is gone)."""
+    path = tmp_path / "model.py"
+    path.write_text(MIXED.lstrip())
+    options = AnalyzeOptions()
+    assert apply_file(str(path), options, None, lambda r: True).applied == ["c1"]
+    assert options.source_text is None
+    (model,) = [m for m in analyze_file(str(path), options).models if m.status == "analyzed"]
+    assert [c.id for c in model.clusters if c.applies != "no"] == []  # c1 is a kernel call now

@@ -161,3 +161,31 @@ def test_the_cli_prints_the_ranking_and_writes_a_versioned_profile_section(tmp_p
     assert data["profile"]["version"] == PROFILE_VERSION and data["profile"]["mode"] == "cpu"
     (model,) = data["profile"]["models"]
     assert model["lines"] and model["forward_us"] > 0
+
+
+def test_an_applied_file_is_profiled_beside_the_code_before_apply(tmp_path):
+    """After `fuselens apply`, each kernel's time counts on the line that calls it, and the code the
+    kernel module keeps is profiled in the same run: every applied kernel is set beside its cluster's
+    time before and the time the cost model predicted.  On a CPU the kernels run their reference,
+    and the profile says so instead of grading the cost model on it."""
+    import shutil
+
+    from fuselens.pipeline.apply import apply_file
+
+    path = str(tmp_path / "example_net.py")
+    shutil.copy(example("example_net.py"), path)
+    options = AnalyzeOptions(input_shapes=["256,1024"], dtypes=["float32"])
+    apply_file(path, options, None, lambda _: True)
+    report = profile_file(path, options, FAST)
+    (model,) = report.profile.models
+    assert model.before_us is not None and model.before_us > 0
+    assert [(a.kernel, a.cluster) for a in model.applied] == [
+        ("cluster0", "c0"),
+        ("cluster1", "c1"),
+        ("cluster2", "c2"),
+    ]
+    for a in model.applied:
+        assert a.reference and a.unfused_us > 0 and 0 < a.predicted_fused_us < a.unfused_us and a.measured_us > 0
+    assert model.fell_back == ["cluster0", "cluster1", "cluster2"] and model.cost_model_error == {}
+    call = next(line for line in model.lines if line.line == _line_of(path, "= cluster0("))
+    assert call.file == path and call.ops == ["cluster0"] and call.us == pytest.approx(model.kernels["cluster0"])
