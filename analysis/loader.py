@@ -55,8 +55,11 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
     if directory not in sys.path:
         sys.path.insert(0, directory)
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]
-    name = f"fuselens_user_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    for stale in [m for m in sys.modules if m == name]:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = f"fuselens_user_{stem}_{digest}"
+    # The file's fuselens kernel module is imported afresh too: one imported earlier may be another
+    # folder's of the same name, or this one's before `apply` rewrote it.
+    for stale in [m for m in sys.modules if m in (name, f"{stem}_kernels")]:
         del sys.modules[stale]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -129,11 +129,15 @@ def _clusters_by_node(model: Model, graph: Graph) -> dict[int, str]:
 
 
 def _node_of_call(graph: Graph, nodes: range | None) -> Node | None:
-    """The node standing for a call: the last it recorded that is not a parameter or constant."""
+    """The node standing for a call: the last it recorded that is not a parameter, a buffer or an
+    input first seen by it (a tensor the call made, `torch.arange(n)`, is its own)."""
     if not nodes:
         return None
-    made = [graph[i] for i in nodes if graph[i].cls is not OpClass.SOURCE]
+    made = [graph[i] for i in nodes if not (graph[i].cls is OpClass.SOURCE and graph[i].op in _FOUND)]
     return made[-1] if made else None
+
+
+_FOUND = frozenset({"param", "buffer", "input"})
 
 
 def _kind(node: Node) -> str:
