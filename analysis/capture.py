@@ -832,6 +832,7 @@ class Trace:
     stopped: GraphBreak | None = None  # where a meta trace ended, when it did not reach the output
     branch_breaks: list[GraphBreak] = field(default_factory=list)  # the break at each branch of `branches`
     call_nodes: dict[int, range] = field(default_factory=dict)  # the nodes each torch call recorded
+    output: Any = None  # what the forward returned, when traced with autograd on (`grad`)
 
 
 def trace(
@@ -843,6 +844,7 @@ def trace(
     real: bool = False,
     keep_values: bool | None = None,
     around_call: Callable[[int], contextlib.AbstractContextManager] | None = None,
+    grad: bool = False,
 ) -> Trace:
     """Run `model(*inputs)` and record the graph: on meta tensors, or on real ones (`real=True`),
     keeping every value (`keep_values`, by default when real: validation checks kernels on them)."""
@@ -879,7 +881,8 @@ def trace(
     complete = True
     try:
         device = contextlib.nullcontext() if real else torch.device("meta")
-        with without_dynamo_import(), as_torch_compile_traces(), torch.no_grad(), device, recorder:
+        autograd = torch.enable_grad() if grad else torch.no_grad()  # (grad: a profiled training step)
+        with without_dynamo_import(), as_torch_compile_traces(), autograd, device, recorder:
             try:
                 out = model(*inputs)
             except _StopTrace:
@@ -908,6 +911,7 @@ def trace(
         recorder.stopped,
         recorder.branch_breaks,
         recorder.call_nodes,
+        out if grad else None,
     )
 
 

@@ -4,7 +4,7 @@
                           [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
     fuselens apply FILE ... [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
-    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--json OUT]
+    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--json OUT]
     fuselens serve [--stdio]
 
 torch is imported only by the commands that run models, so `serve` starts fast.
@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--iterations", type=int, default=10, help="forwards to profile (default 10)")
     profile.add_argument("--warmup", type=int, default=3, help="forwards run first, not profiled (default 3)")
     profile.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
+    profile.add_argument(
+        "--train",
+        action="store_true",
+        help="profile a training step: the forward in training mode, then the backward of its outputs",
+    )
     profile.add_argument("--json", metavar="OUT", help="write the report, with its profile section, to OUT")
     profile.add_argument("--top", type=int, default=12, help="lines to list (default 12)")
 

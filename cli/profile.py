@@ -21,7 +21,7 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    options = ProfileOptions(iterations=args.iterations, warmup=args.warmup, device=args.on or "")
+    options = ProfileOptions(iterations=args.iterations, warmup=args.warmup, device=args.on or "", train=args.train)
 
     def progress(message: str, fraction=None) -> None:
         console.print(f"[dim]… {escape(message)}[/]", highlight=False)
@@ -56,32 +56,33 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
         return
     attributed = model.attributed_us / model.forward_us if model.forward_us else 0.0
     wall = f" · {_ms(model.wall_us)} wall, timed alone" if model.wall_us is not None else ""
+    training = profile.step != "forward"
+    backward = f" ({_ms(model.backward_us)} of it in the backward)" if training else ""
     console.print(
-        f"  {_ms(model.forward_us)} per forward{wall} · {attributed:.1%} attributed to the model's code, "
-        f"{_ms(model.unattributed_us)} not",
+        f"  {_ms(model.forward_us)} per {profile.step}{backward}{wall} · {attributed:.1%} attributed to the "
+        f"model's code, {_ms(model.unattributed_us)} not",
         highlight=False,
     )
     lines = Table(title="lines by time", title_justify="left", header_style="bold")
-    for column, justify in (("line", "left"), ("time", "right"), ("%", "right"), ("calls", "right"),
-                            ("ops", "left"), ("clusters", "left")):  # fmt: skip
-        lines.add_column(column, justify=justify)  # type: ignore[arg-type]
+    columns = ["line", "time", *(["backward"] if training else []), "%", "calls", "ops", "clusters"]
+    for column in columns:
+        lines.add_column(column, justify="left" if column in ("line", "ops", "clusters") else "right")
     for line in model.lines[:top]:
         where = f"{_place(line.file, report.file)}:{line.line}"
         if line.entry_line is not None:
             where += f" (from line {line.entry_line})"
-        lines.add_row(
-            where, _ms(line.us), f"{line.share:.1%}", str(line.calls), ", ".join(line.ops[:4]), ", ".join(line.clusters)
-        )
+        cells = [where, _ms(line.us), *([_ms(line.backward_us)] if training else []), f"{line.share:.1%}"]
+        lines.add_row(*cells, str(line.calls), ", ".join(line.ops[:4]), ", ".join(line.clusters))
     console.print(lines)
     if model.clusters:
         clusters = Table(title="clusters by measured time", title_justify="left", header_style="bold")
-        for column in ("cluster", "time", "%", "calls", "fused, predicted", "forward if fused", "rank by bytes"):
+        columns = ["cluster", "time", *(["backward"] if training else []), "%", "calls", "fused, predicted",
+                   f"{profile.step} if fused", "rank by bytes"]  # fmt: skip
+        for column in columns:
             clusters.add_column(column, justify="left" if column == "cluster" else "right")
         for c in model.clusters:
-            clusters.add_row(
-                c.id, _ms(c.us), f"{c.share:.1%}", str(c.calls), _ms(c.predicted_fused_us),
-                f"{c.amdahl_speedup:.3f}×", str(c.rank_by_bytes),
-            )  # fmt: skip
+            cells = [c.id, _ms(c.us), *([_ms(c.backward_us)] if training else []), f"{c.share:.1%}", str(c.calls)]
+            clusters.add_row(*cells, _ms(c.predicted_fused_us), f"{c.amdahl_speedup:.3f}×", str(c.rank_by_bytes))
         console.print(clusters)
     if model.opaque:
         parts = [f"{o.kind} {_ms(o.us)} ({o.share:.1%})" for o in model.opaque]
@@ -114,7 +115,8 @@ def _render_applied(console: Console, model: ModelProfile) -> None:
 
 def _how(profile: Profile) -> str:
     what = "GPU kernel time" if profile.mode == "cuda" else "CPU time of each op"
-    return f"{what} on {profile.device}, mean of {profile.iterations} forwards after {profile.warmup} warm-up"
+    steps = "forwards" if profile.step == "forward" else "training steps"
+    return f"{what} on {profile.device}, mean of {profile.iterations} {steps} after {profile.warmup} warm-up"
 
 
 def _ms(us: float | None) -> str:

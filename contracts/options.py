@@ -58,3 +58,4 @@ class ProfileOptions:
     warmup: int = 3  # forwards run first and not profiled (allocator, cuDNN and Triton caches)
     device: str = ""  # "cuda" or "cpu"; "": CUDA where there is one
     seed: int = 0
+    train: bool = False  # profile a training step: the forward, then the backward of its outputs

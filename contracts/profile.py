@@ -26,9 +26,10 @@ class LineTime:
     file: str
     line: int
     function: str  # qualified name, "LlamaBlock.forward"
-    us: float  # per forward
+    us: float  # per forward (per training step: forward and backward)
     share: float  # of the forward's measured time, 0..1
     calls: int  # torch calls it made per forward
+    backward_us: float = 0.0  # the part of `us` in the backward of those calls (a training step)
     ops: list[str] = field(default_factory=list)  # what ran there, longest first ("linear", "mul")
     clusters: list[str] = field(default_factory=list)  # the clusters with ops on the line
     library: bool = False  # a line of an installed library (transformers), not the user's
@@ -44,10 +45,11 @@ class ClusterTime:
     us: float
     share: float
     calls: int  # torch calls its ops made per forward
-    predicted_fused_us: float  # its time scaled by fused / unfused bytes
+    predicted_fused_us: float  # its time scaled by fused / unfused bytes (a backward by its own bytes)
     amdahl_speedup: float  # the forward's speedup if only this cluster were fused as predicted
     rank_by_time: int  # 1: the cluster that takes longest
     rank_by_bytes: int  # 1: the cluster that saves the most bytes by the cost model
+    backward_us: float = 0.0  # the part of `us` in its backward (a training step)
 
 
 @dataclass
@@ -76,9 +78,10 @@ class AppliedTime:
 @dataclass
 class ModelProfile:
     name: str
-    forward_us: float  # measured time per forward: the sum of every kernel (CPU: op) in it
+    forward_us: float  # measured time per forward (or training step): the sum of every kernel (CPU: op)
     attributed_us: float  # the part attributed to a call of the model's code
     unattributed_us: float  # the rest, shown as such
+    backward_us: float = 0.0  # the part of `forward_us` in the backward (a training step)
     wall_us: float | None = None  # one forward timed alone, without the profiler (CUDA events)
     lines: list[LineTime] = field(default_factory=list)  # longest first
     clusters: list[ClusterTime] = field(default_factory=list)  # by rank_by_time
@@ -102,6 +105,7 @@ class Profile:
     device: str  # "NVIDIA H200", "cpu"
     iterations: int  # forwards profiled, after `warmup` forwards that were not
     warmup: int
+    step: str = "forward"  # "forward", or "training step": the forward, then the backward of its outputs
     versions: dict[str, str] = field(default_factory=dict)  # torch, and the driver on CUDA
     models: list[ModelProfile] = field(default_factory=list)
     version: int = PROFILE_VERSION

@@ -44,6 +44,7 @@ def profile_file(
         device=torch.cuda.get_device_name() if cuda else "cpu",
         iterations=options.iterations,
         warmup=options.warmup,
+        step="training step" if options.train else "forward",
         versions={"torch": torch.__version__} | ({"cuda": str(torch.version.cuda)} if cuda else {}),
     )
     kernel_module = edits.kernel_module_path(path, analyze_options.out_dir)
@@ -74,9 +75,13 @@ def _profile_model(
     names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
     try:
         real = subject.real(options.seed, analyzed.user_code).to(device)
+        if options.train:
+            real.train()
         inputs = loader.random_inputs(specs, device, options.seed)
         decisions = model.paths[0] if model.paths else []
-        measured = measure(real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup)
+        measured = measure(
+            real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup, options.train
+        )
     except (capture.CaptureError, RuntimeError) as exc:
         return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=f"the forward could not be profiled: {exc}")
     return attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)

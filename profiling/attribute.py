@@ -36,6 +36,7 @@ _ATTENTION = frozenset({"scaled_dot_product_attention", "multi_head_attention_fo
 class _Line:
     frame: Frame
     us: float = 0.0
+    backward_us: float = 0.0
     calls: int = 0
     ops: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     clusters: set[str] = field(default_factory=set)
@@ -53,6 +54,7 @@ def attribute(model: Model, measured: Measured, home: str, kernel_module: str = 
     forward = sum(measured.call_us.values()) + measured.unattributed_us
     lines: dict[tuple[str, int], _Line] = {}
     cluster_us: dict[str, float] = defaultdict(float)
+    cluster_backward: dict[str, float] = defaultdict(float)
     cluster_calls: dict[str, int] = defaultdict(int)
     opaque: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     unattributed = measured.unattributed_us
@@ -64,7 +66,9 @@ def attribute(model: Model, measured: Measured, home: str, kernel_module: str = 
         cluster = next((cluster_of[i] for i in measured.call_nodes[number] if i in cluster_of), None)
         frame, kernel, reference = _caller_of_kernel(node, kernel_module)
         line = lines.setdefault((frame.file, frame.line), _Line(frame))
+        backward = measured.backward_us.get(number, 0.0)
         line.us += us
+        line.backward_us += backward
         line.calls += 1
         line.ops[kernel or node.op] += us
         if kernel:
@@ -74,6 +78,7 @@ def attribute(model: Model, measured: Measured, home: str, kernel_module: str = 
         if cluster is not None:
             line.clusters.add(cluster)
             cluster_us[cluster] += us
+            cluster_backward[cluster] += backward
             cluster_calls[cluster] += 1
         else:
             opaque[_kind(node)][node.op] += us
@@ -85,9 +90,10 @@ def attribute(model: Model, measured: Measured, home: str, kernel_module: str = 
         forward_us=round(forward, 3),
         attributed_us=round(attributed, 3),
         unattributed_us=round(unattributed, 3),
+        backward_us=round(sum(measured.backward_us.values()), 3),
         wall_us=round(measured.wall_us, 3) if measured.wall_us is not None else None,
         lines=_line_times(lines, forward),
-        clusters=_cluster_times(model, cluster_us, cluster_calls, forward),
+        clusters=_cluster_times(model, cluster_us, cluster_backward, cluster_calls, forward),
         opaque=_opaque_times(opaque, forward),
         unfused_us=round(sum(opaque.get("unfused op", {}).values()), 3),
         kernels={k: round(v, 3) for k, v in sorted(kernels.items())},
@@ -172,13 +178,16 @@ def _line_times(lines: dict[tuple[str, int], _Line], forward: float) -> list[Lin
             clusters=sorted(line.clusters),
             library=line.frame.library,
             entry_line=line.entry_line,
+            backward_us=round(line.backward_us, 3),
         )
         for line in lines.values()
     ]
     return sorted(out, key=lambda t: -t.us)
 
 
-def _cluster_times(model: Model, us: dict[str, float], calls: dict[str, int], forward: float) -> list[ClusterTime]:
+def _cluster_times(
+    model: Model, us: dict[str, float], backward: dict[str, float], calls: dict[str, int], forward: float
+) -> list[ClusterTime]:
     by_bytes = sorted(
         (c for c in model.clusters if c.id in us),
         key=lambda c: -((c.total_bytes_unfused or 0) - (c.total_bytes_fused or 0)),
@@ -186,9 +195,12 @@ def _cluster_times(model: Model, us: dict[str, float], calls: dict[str, int], fo
     bytes_rank = {c.id: k for k, c in enumerate(by_bytes, 1)}
     out = []
     for rank, cluster in enumerate(sorted(by_bytes, key=lambda c: -us[c.id]), 1):
-        measured = us[cluster.id]
-        fraction = (cluster.bytes_fused or 0) / cluster.bytes_unfused if cluster.bytes_unfused else 1.0
-        predicted = measured * fraction
+        measured, behind = us[cluster.id], backward[cluster.id]
+        predicted = (measured - behind) * _fraction(cluster.bytes_fused, cluster.bytes_unfused)
+        if cluster.backward:  # a backward kernel: its traffic against the backward's ops one kernel each
+            predicted += behind * _fraction(cluster.backward_bytes_fused, cluster.backward_bytes_unfused)
+        else:
+            predicted += behind  # the backward runs the cluster's own ops, as now
         rest = forward - (measured - predicted)
         out.append(
             ClusterTime(
@@ -200,9 +212,14 @@ def _cluster_times(model: Model, us: dict[str, float], calls: dict[str, int], fo
                 amdahl_speedup=round(forward / rest, 4) if rest > 0 else 1.0,
                 rank_by_time=rank,
                 rank_by_bytes=bytes_rank[cluster.id],
+                backward_us=round(behind, 3),
             )
         )
     return out
+
+
+def _fraction(fused: int | None, unfused: int | None) -> float:
+    return (fused or 0) / unfused if unfused else 1.0
 
 
 def _opaque_times(opaque: dict[str, dict[str, float]], forward: float) -> list[OpaqueTime]:

@@ -189,3 +189,25 @@ def test_an_applied_file_is_profiled_beside_the_code_before_apply(tmp_path):
     assert model.fell_back == ["cluster0", "cluster1", "cluster2"] and model.cost_model_error == {}
     call = next(line for line in model.lines if line.line == _line_of(path, "= cluster0("))
     assert call.file == path and call.ops == ["cluster0"] and call.us == pytest.approx(model.kernels["cluster0"])
+
+
+def test_a_training_step_gives_each_backward_op_to_the_forward_call_that_made_it():
+    """The backward runs in autograd's engine, outside the calls' ranges; each of its ops is counted
+    for the forward call whose op made its autograd node."""
+    report = profile_file(
+        example("llama_block.py"),
+        AnalyzeOptions(input_shapes=["2,32,1024"], dtypes=["float32"], param_dtype="float32", train=True),
+        ProfileOptions(iterations=2, warmup=1, device="cpu", train=True),
+    )
+    assert report.profile.step == "training step"
+    (model,) = report.profile.models
+    assert 0 < model.backward_us < model.forward_us
+    assert model.attributed_us >= 0.95 * model.forward_us
+    assert sum(line.backward_us for line in model.lines) == pytest.approx(model.backward_us, rel=1e-3)
+    # Every cluster's ops have gradients to compute: the norms' weights, q and k through RoPE and
+    # the softmax, SwiGLU's gate and up projections.
+    assert {c.id for c in model.clusters} == {c.id for c in _analyzed(report).clusters}
+    for c in model.clusters:
+        assert 0 < c.backward_us < c.us, c
+    gate = next(line for line in model.lines if line.ops == ["linear"])
+    assert gate.backward_us > 0  # a GEMM's backward: two more GEMMs
