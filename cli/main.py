@@ -4,7 +4,7 @@
                           [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
     fuselens apply FILE ... [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
-    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--json OUT]
+    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--json OUT] [--html OUT]
     fuselens serve [--stdio]
 
 torch is imported only by the commands that run models, so `serve` starts fast.
@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="profile a training step: the forward in training mode, then the backward of its outputs",
     )
     profile.add_argument("--json", metavar="OUT", help="write the report, with its profile section, to OUT")
+    profile.add_argument("--markdown", metavar="OUT", help="write the lines by time, per model, as markdown to OUT")
+    profile.add_argument(
+        "--html",
+        metavar="OUT",
+        help="write the profile (tables and chart) as a self-contained HTML page (needs plotly)",
+    )
     profile.add_argument("--top", type=int, default=12, help="lines to list (default 12)")
 
     serve = sub.add_parser("serve", help="run the language server")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,10 +13,18 @@ from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
 from fuselens.contracts.profile import ModelProfile, Profile
+from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.report import Report
+from fuselens.contracts.results_view import view_markdown
+
+from . import results_page
 
 
 def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
+    missing = results_page.plotly_missing() if args.html else ""
+    if missing:  # said before the models run, not after
+        print(missing, file=sys.stderr)
+        return 2
     from fuselens.pipeline.profile import profile_file
 
     console = Console()
@@ -35,6 +44,13 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2)
             fh.write("\n")
+    if report.profile is not None and (args.markdown or args.html):
+        view = profile_view(report.file, report.profile)
+        if args.markdown:
+            with open(args.markdown, "w", encoding="utf-8") as fh:
+                fh.write(view_markdown(view))
+        if args.html:
+            results_page.write_page(args.html, view)
     render_profile(report, console, args.top)
     return 1 if report.problems or not report.profile or any(m.problem for m in report.profile.models) else 0
 

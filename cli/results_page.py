@@ -42,7 +42,7 @@ def page(view: ResultsView) -> str:
     """The whole page; plotly's JavaScript is inlined once, with the first chart."""
     import plotly.io as pio
 
-    title = f"fuselens validation of {view.file}"
+    title = f"fuselens {view.kind} of {view.file}"
     body = [f"<h1>{_text(title)}</h1>", f"<p class='note'>{_text(view.summary)}</p>"]
     for index, model in enumerate(view.models):
         body.append(f"<h2>{_text(model.heading)}</h2>")

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .profile import ModelProfile
 from .validation import COMPILE_MODE, ClusterCheck, ModelValidation, Timing
 
 Figure = dict[str, Any]
@@ -211,3 +212,34 @@ def _timing(check: ClusterCheck | None) -> Timing:
 def _finite(value: float | None) -> float | None:
     """A number JSON and plotly can carry (no inf, no NaN), else a gap."""
     return value if value is not None and math.isfinite(value) else None
+
+
+# ---- a profile: where the measured time goes -----------------------------------------------------
+
+
+def profile_figure(model: ModelProfile, step: str, where: str) -> Figure:
+    """A profiled model's measured time: one bar per cluster (beside the time the cost model predicts
+    for it fused) and per kind of op outside the clusters, then what no call issued; ms per `step`."""
+    clusters = model.clusters
+    names = [c.id for c in clusters] + [o.kind for o in model.opaque]
+    measured: list[float] = [c.us / 1000 for c in clusters] + [o.us / 1000 for o in model.opaque]
+    shares = [f"{c.share:.1%}" for c in clusters] + [f"{o.share:.1%}" for o in model.opaque]
+    hover = [
+        f"{c.id}: {c.calls} ops, rank {c.rank_by_time} by time, {c.rank_by_bytes} by bytes saved" for c in clusters
+    ]
+    hover += [f"{o.kind}: {', '.join(o.ops[:4])}" for o in model.opaque]
+    if model.unattributed_us > 0:
+        names.append("unattributed")
+        measured.append(model.unattributed_us / 1000)
+        shares.append(f"{model.unattributed_us / model.forward_us:.1%}" if model.forward_us else "")
+        hover.append("kernels no call of the model issued")
+    data = [
+        {"type": "bar", "name": "measured", "x": names, "y": measured, "text": shares, "textposition": "outside",
+         "hovertext": hover},
+        {"type": "bar", "name": "fused, predicted", "x": [c.id for c in clusters],
+         "y": [c.predicted_fused_us / 1000 for c in clusters],
+         "hovertext": [f"the {step} {c.amdahl_speedup:.2f}× faster with {c.id} fused" for c in clusters]},
+    ]  # fmt: skip
+    layout = _layout(f"{model.name}: measured time per {step} {where},<br>by cluster and by op outside them", "ms")
+    layout["xaxis"] = {"title": {"text": "cluster, or op outside the clusters"}, "type": "category"}
+    return {"data": data, "layout": layout}

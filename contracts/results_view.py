@@ -60,6 +60,7 @@ class ResultsView:
     models: list[ModelResults]
     problems: list[str]
     earlier_runs: int  # how many runs of the file before this one the view compares with
+    kind: str = "validation"  # what the view is of: "validation", or "profile" (`profile_view.py`)
 
 
 def results_view(run: ValidationRun, earlier: Sequence[ValidationRun] = ()) -> ResultsView:

@@ -22,6 +22,7 @@ from fuselens.codegen import files
 from fuselens.contracts.options import ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
 from fuselens.contracts.profile import Profile
+from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import results_view, view_markdown
 from fuselens.contracts.validation import ValidationReport
@@ -210,7 +211,12 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
     summary = _profile_summary(report.profile)
     ls.log_line(f"profile of {name}: {summary}")
     ls.tell(f"fuselens: {summary}", lsp.MessageType.Info)
-    return {"profile": to_plain(report.profile)}
+    view = profile_view(path, report.profile)
+    return {
+        "profile": to_plain(report.profile),
+        "results_view": to_plain(view),
+        "results_markdown": view_markdown(view),
+    }
 
 
 def _profile_summary(profile: Profile) -> str:

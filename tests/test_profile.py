@@ -211,3 +211,23 @@ def test_a_training_step_gives_each_backward_op_to_the_forward_call_that_made_it
         assert 0 < c.backward_us < c.us, c
     gate = next(line for line in model.lines if line.ops == ["linear"])
     assert gate.backward_us > 0  # a GEMM's backward: two more GEMMs
+
+
+def test_the_profile_is_a_results_view_with_its_lines_and_a_chart_of_clusters_and_opaque_ops():
+    """The panel, markdown and page a validation shows in show a profile too: its lines by time as
+    the table, and a bar per cluster (beside its predicted fused time) and per kind of op outside."""
+    from fuselens.contracts.profile_view import profile_view, time_text
+    from fuselens.contracts.results_view import view_markdown
+
+    report, model = _llama()
+    view = profile_view(report.file, report.profile)
+    assert view.kind == "profile" and view.columns[:3] == ["line", "time", "% of the forward"]
+    (shown,) = view.models
+    assert [row[0] for row in shown.rows] == [f"llama_block.py:{line.line}" for line in model.lines[: len(shown.rows)]]
+    measured, predicted = shown.chart["data"]
+    assert measured["x"] == [c.id for c in model.clusters] + [o.kind for o in model.opaque]
+    assert measured["y"][0] == pytest.approx(model.clusters[0].us / 1000)
+    assert predicted["x"] == [c.id for c in model.clusters]
+    assert shown.whole_model.startswith(f"{time_text(model.forward_us)} per forward, ")
+    text = view_markdown(view)
+    assert text.startswith("### LlamaBlock: where the time of a forward goes") and "| line | time |" in text

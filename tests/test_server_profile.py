@@ -28,6 +28,8 @@ async def test_the_profile_lens_measures_the_forward_and_every_view_shows_it(cli
     (model,) = result["profile"]["models"]
     assert result["profile"]["mode"] == "cpu" and model["name"] == "ExampleNet" and not model["problem"]
     assert model["attributed_us"] >= 0.95 * model["forward_us"]
+    assert result["results_view"]["kind"] == "profile" and result["results_view"]["models"][0]["chart"]["data"]
+    assert result["results_markdown"].startswith("### ExampleNet: where the time of a forward goes")
     assert {c["id"] for c in model["clusters"]} == {"c0", "c1", "c2"}
     assert any("per forward" in m.message for m in client.messages_matching("fuselens: ExampleNet"))
     # The lens now says what the forward took, and which cluster took most of it.

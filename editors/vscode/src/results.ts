@@ -35,6 +35,7 @@ export interface ResultsView {
   models: ModelResults[];
   problems: string[];
   earlier_runs: number;
+  kind?: string;
 }
 
 export const RESULTS_VIEW_TYPE = "fuselens.results";
