@@ -35,7 +35,7 @@ async def test_the_profile_lens_measures_the_forward_and_every_view_shows_it(cli
     # The lens now says what the forward took, and which cluster took most of it.
     top = model["clusters"][0]
     (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.profile"]
-    assert lens.command.title.startswith("⏱ ") and f"{top['id']} " in lens.command.title
+    assert lens.command.title.startswith("◔ ") and f"{top['id']} " in lens.command.title
     # A cluster's hover gives its measured time and share, and its Amdahl bound.
     first, _ = CLUSTERS[0]["lines"]
     text = (await client.hover(uri, first)).contents.value
@@ -45,9 +45,9 @@ async def test_the_profile_lens_measures_the_forward_and_every_view_shows_it(cli
     # A line with no cluster (a Linear) has a hover now: its measured time, its op.
     linear = next(line for line in model["lines"] if line["ops"] == ["linear"])
     text = (await client.hover(uri, linear["line"])).contents.value
-    assert text.startswith(f"⏱ **line {linear['line']}:") and "`linear`" in text
+    assert text.startswith(f"◔ **line {linear['line']}:") and "`linear`" in text
     # Inlay hints: the share of each line that took at least 1% of the forward.
-    timed = [h for h in await client.inlay_hints(uri) if str(h.label).startswith("⏱")]
+    timed = [h for h in await client.inlay_hints(uri) if str(h.label).startswith("◔")]
     assert {h.position.line + 1 for h in timed} == {line["line"] for line in model["lines"] if line["share"] >= 0.01}
 
 
@@ -58,4 +58,4 @@ async def test_an_edit_hides_a_profile_of_the_text_before_it(client: Client):
     await client.diagnostics_of(uri, version)
     lenses = await client.code_lenses(uri)
     assert [lens.command.title for lens in lenses if lens.command.command == "fuselens.profile"] == ["Profile"]
-    assert not [h for h in await client.inlay_hints(uri) if str(h.label).startswith("⏱")]
+    assert not [h for h in await client.inlay_hints(uri) if str(h.label).startswith("◔")]

@@ -9,6 +9,7 @@
 //              scene starts where the one before left the window)
 //   untrusted: untrusted
 //   gpu:       results-gpu (the results view of a run measured on a GPU: see seed_gpu_history.py)
+//   profile:   profile (the Profile lens's results view), profile-hover (a line's measured time)
 // A scene not asked for is still walked through when a later one needs it, but not saved.
 
 import { execFileSync, spawn } from "child_process";
@@ -40,6 +41,8 @@ const SCENES = {
   "syntax-error": { file: "vscode-syntax-error.png", session: "trusted" },
   untrusted: { file: "vscode-untrusted.png", session: "untrusted" },
   "results-gpu": { file: "vscode-results-gpu.png", session: "gpu" },
+  profile: { file: "vscode-profile.png", session: "profile" },
+  "profile-hover": { file: "vscode-profile-hover.png", session: "profile" },
 };
 const HERE = path.dirname(new URL(import.meta.url).pathname);
 const wanted = new Set(args.scenes ? args.scenes.split(/\s+/).filter(Boolean) : Object.keys(SCENES));
@@ -327,7 +330,41 @@ async function gpuScenes(page, model) {
   await save(page, "results-gpu");
 }
 
-const sessions = { trusted: trustedScenes, untrusted: untrustedScenes, gpu: gpuScenes };
+async function profileScenes(page, model) {
+  // The Profile lens runs the forward under the profiler in the worker (here, on the CPU: each op's
+  // CPU time); its results view opens beside the editor, and the hover gives the measured time.
+  await answerTrust(page, true);
+  await openFile(page, model);
+  await lens(page, "Profile").waitFor({ timeout: 240_000 });
+  await page.keyboard.press("Control+B"); // the side bar away: the results view needs the width
+  await lens(page, "Profile").click();
+  await page.locator(".tab").filter({ hasText: "fuselens results" }).first().waitFor({ timeout: 300_000 });
+  const view = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+  await view.locator("table.results").first().waitFor({ timeout: 60_000 });
+  await view.locator(".chart .legendtext").first().waitFor({ timeout: 60_000 });
+  await page.mouse.move(700, 300);
+  await page.waitForTimeout(2500);
+  await save(page, "profile");
+  await clearNotifications(page);
+  await closeTab(page, "fuselens results");
+  await page.locator(".tab").filter({ hasText: path.basename(model) }).first().click();
+  await lens(page, "per forward").waitFor({ timeout: 60_000 }); // the lens now says what the forward took
+  const token = page.locator(".editor-group-container .view-line span span").filter({ hasText: "F.relu" }).first();
+  const box = await token.boundingBox();
+  await page.mouse.move(box.x + box.width - 30, box.y + box.height / 2);
+  await page.mouse.move(box.x + box.width - 12, box.y + box.height / 2, { steps: 5 });
+  const hover = page.locator(".monaco-hover").filter({ hasText: "measured" }).first();
+  if (!(await appears(hover, 10_000))) {
+    await token.click();
+    await page.keyboard.press("Control+K");
+    await page.keyboard.press("Control+I");
+  }
+  await hover.waitFor({ timeout: 30_000 });
+  await page.waitForTimeout(800);
+  await save(page, "profile-hover");
+}
+
+const sessions = { trusted: trustedScenes, untrusted: untrustedScenes, gpu: gpuScenes, profile: profileScenes };
 for (const [name, run] of Object.entries(sessions)) {
   if ([...wanted].some((scene) => SCENES[scene].session === name)) {
     await session(name, run);

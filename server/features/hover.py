@@ -142,7 +142,7 @@ def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile 
         via = " in the library code it calls" if measure.through_library else ""
         parts.insert(
             0,
-            f"⏱ **line {line}: {time_label(measure.us)} per forward** ({measure.share:.1%}{via}; "
+            f"◔ **line {line}: {time_label(measure.us)} per forward** ({measure.share:.1%}{via}; "
             f"{where_measured(profile)}): {ran}",
         )
     if not parts:

@@ -40,7 +40,7 @@ def inlay_hints(
 
 
 def _time_hint(lines: list[str], line: int, measure: LineMeasure) -> lsp.InlayHint:
-    label = f"⏱ {time_label(measure.us)} {measure.share:.0%}"
+    label = f"◔ {time_label(measure.us)} {measure.share:.0%}"
     tooltip = f"measured: {time_label(measure.us)} per forward ({measure.share:.1%}): {', '.join(measure.ops[:5])}"
     return lsp.InlayHint(position=end_of_line(lines, line), label=label, padding_left=True, tooltip=tooltip)
 

@@ -58,7 +58,7 @@ def code_lenses(
         title = "Profile"
         if measured is not None:
             top = measured.clusters[0] if measured.clusters else None
-            title = f"⏱ {time_label(measured.forward_us)} per forward"
+            title = f"◔ {time_label(measured.forward_us)} per forward"
             if top is not None:
                 title += f" · {top.id} {top.share:.0%}"
             title += " · Profile again"
