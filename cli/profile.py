@@ -52,7 +52,8 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
         if args.html:
             results_page.write_page(args.html, view)
     render_profile(report, console, args.top)
-    return 1 if report.problems or not report.profile or any(m.problem for m in report.profile.models) else 0
+    failed = not report.profile or report.profile.problems or any(m.problem for m in report.profile.models)
+    return 1 if report.problems or failed else 0
 
 
 def render_profile(report: Report, console: Console, top: int = 12) -> None:
@@ -61,6 +62,8 @@ def render_profile(report: Report, console: Console, top: int = 12) -> None:
     profile = report.profile
     if profile is None:
         return
+    for missing in profile.problems:
+        console.print(f"[red]{escape(missing)}[/]: run with --on cpu for each op's CPU time here")
     for model in profile.models:
         _render_model(console, report, profile, model, top)
 

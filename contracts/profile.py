@@ -108,4 +108,5 @@ class Profile:
     step: str = "forward"  # "forward", or "training step": the forward, then the backward of its outputs
     versions: dict[str, str] = field(default_factory=dict)  # torch, and the driver on CUDA
     models: list[ModelProfile] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why nothing was profiled (no CUDA where it was asked for)
     version: int = PROFILE_VERSION

@@ -24,6 +24,7 @@ from fuselens.contracts.config import InputSpec
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, Progress, no_progress
 from fuselens.contracts.profile import AppliedTime, ModelProfile, Profile
 from fuselens.contracts.report import Model, Report
+from fuselens.contracts.validation import NO_CUDA
 from fuselens.profiling.attribute import attribute
 from fuselens.profiling.measure import measure
 from fuselens.validate.runner import Subject
@@ -35,10 +36,14 @@ def profile_file(
     path: str, analyze_options: AnalyzeOptions, options: ProfileOptions, progress: Progress = no_progress
 ) -> Report:
     """The analysis report of `path`, with its `profile` section measured."""
-    progress("analyzing", 0.0)
-    analyzed = analyze(path, analyze_options)
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device == "cuda"
+    if cuda and not torch.cuda.is_available():  # said at once: the caller may take it elsewhere
+        report = Report(os.path.abspath(path), "")
+        report.profile = Profile("cuda", "", options.iterations, options.warmup, problems=[NO_CUDA])
+        return report
+    progress("analyzing", 0.0)
+    analyzed = analyze(path, analyze_options)
     profile = Profile(
         mode=device,
         device=torch.cuda.get_device_name() if cuda else "cpu",

@@ -188,22 +188,35 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
     name = os.path.basename(path)
     ls.log_line(f"profiling {model or 'the models'} of {name}")
     w = ls.settings.worker
+    remote = ls.settings.remote_profiler
+    # With a remote profiler, the worker profiles only on a GPU of its own: a CPU profile here is
+    # not what the user set one up for.
+    profile_options = ProfileOptions(device="cuda" if remote else "")
     progress = await _Progress.start(ls, f"fuselens: profiling {model or name}")
     try:
         async with ls.scheduler.admission.turn():
             report: Report = await ls.get_worker().run(
-                ProfileJob(path, options, ProfileOptions()),
+                ProfileJob(path, options, profile_options),
                 Limits(w.validate_timeout_seconds, w.memory_mb),
                 on_progress=lambda message, fraction: progress.report(message, fraction),
             )
-    except JobFailed as exc:
+        if remote and report.profile is not None and report.profile.problems:
+            ls.log_line(f"no CUDA GPU here: profiling {name} with the remote profiler")
+            report = await ls.remote.profile(remote, path, w.validate_timeout_seconds, progress.report)
+    except (JobFailed, RemoteFailed) as exc:
         ls.log_line(f"profile of {name} did not run: {exc}")
         ls.tell(f"fuselens: profile did not run: {exc}", lsp.MessageType.Warning)
         return {"error": exc.kind, "message": str(exc)}
     finally:
         progress.end()
-    if report.problems or report.profile is None:
-        message = report.problems[0].message if report.problems else "nothing was profiled"
+    if report.problems or report.profile is None or report.profile.problems:
+        message = (
+            report.problems[0].message
+            if report.problems
+            else report.profile.problems[0]
+            if report.profile is not None and report.profile.problems
+            else "nothing was profiled"
+        )
         ls.tell(f"fuselens: profile did not run: {message}", lsp.MessageType.Warning)
         return {"error": "problem", "message": message}
     ls.profiles[path] = (report.source_sha256, report.profile)

@@ -1,6 +1,8 @@
-"""The remote runner: validation on a GPU elsewhere, through a command line the user configures.
+"""The remote runner: validation (or a profile) on a GPU elsewhere, through a command line the user
+configures.
 
-`remoteRunner` is a template such as "ssh gpu fuselens validate {file} --json {json}": `{file}`
+`remoteRunner` is a template such as "ssh gpu fuselens validate {file} --json {json}" (and
+`remoteProfiler` one such as "ssh gpu fuselens profile {file} --json {json}"): `{file}`
 becomes the model's path and `{json}` a file for the runner's result (without `{json}`, its
 standard output must be the result).  The template is checked before anything runs, split
 into words as a shell would split it, and each word filled in; the words are then executed
@@ -27,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 
 from fuselens.contracts.plain import ContractError, from_plain
+from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
 
 from .workers import scrubbed_environment
@@ -99,11 +102,24 @@ class RemoteRunners:
     ) -> ValidationReport:
         """Run the runner for `path` and read its validation report; RemoteFailed if it cannot be run,
         runs past `seconds`, or gives no report."""
+        result = await self._run(template, path, seconds, report, ValidationReport, "validation")
+        assert isinstance(result, ValidationReport)
+        return result
+
+    async def profile(self, template: str, path: str, seconds: float, report: Callable[[str], None]) -> Report:
+        """Run the profiler for `path` and read its report (with its profile section), as `validate` does."""
+        result = await self._run(template, path, seconds, report, Report, "profile")
+        assert isinstance(result, Report)
+        return result
+
+    async def _run(
+        self, template: str, path: str, seconds: float, report: Callable[[str], None], result_type: type, kind: str
+    ) -> object:
         problem = template_problem(template)
         if problem is not None:
             raise RemoteFailed(problem, "settings")
         with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:
-            result_path = os.path.join(tmp, "validation.json")
+            result_path = os.path.join(tmp, f"{kind}.json")
             argv = command_line(template, path, result_path)
             proc = await self._start(argv)
             try:
@@ -112,7 +128,8 @@ class RemoteRunners:
                 self._kill(proc)
                 self.running.discard(proc)
                 await proc.wait()
-            return _result(result_path if "{json}" in template else None, output, code)
+            what = "a validation report" if kind == "validation" else "a report with a profile"
+            return _result(result_path if "{json}" in template else None, output, code, result_type, what)
 
     async def _start(self, argv: list[str]) -> asyncio.subprocess.Process:
         try:
@@ -172,7 +189,7 @@ async def _relay(proc: asyncio.subprocess.Process, output: _Tail, report: Callab
             reported = now
 
 
-def _result(result_path: str | None, output: bytes, code: int) -> ValidationReport:
+def _result(result_path: str | None, output: bytes, code: int, result_type: type, what: str) -> object:
     try:
         if result_path is not None and os.path.exists(result_path):
             with open(result_path, "rb") as fh:
@@ -181,11 +198,9 @@ def _result(result_path: str | None, output: bytes, code: int) -> ValidationRepo
                 raise ValueError("too large")
         else:
             data = output
-        return from_plain(ValidationReport, json.loads(data), "the remote runner's result")
+        return from_plain(result_type, json.loads(data), "the remote runner's result")
     except (ValueError, RecursionError, ContractError):
-        raise RemoteFailed(
-            f"the remote runner exited {code} without a validation report: {_last_lines(output)}"
-        ) from None
+        raise RemoteFailed(f"the remote runner exited {code} without {what}: {_last_lines(output)}") from None
 
 
 def _last_lines(output: bytes, count: int = 5) -> str:

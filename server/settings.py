@@ -59,6 +59,7 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
+    remote_profiler: str | None = None  # e.g. "ssh gpu fuselens profile {file} --json {json}"
 
     def analyze_options(self, text: str | None = None) -> AnalyzeOptions:
         """What the worker analyzes with: these settings, and the editor's `text` of the file."""
@@ -72,6 +73,7 @@ _ALIASES = {  # accept the camelCase spellings editors use
     "patternSeverity": "pattern_severity",
     "compareInductor": "compare_inductor",
     "remoteRunner": "remote_runner",
+    "remoteProfiler": "remote_profiler",
     "timeoutSeconds": "timeout_seconds",
     "memoryMb": "memory_mb",
     "validateTimeoutSeconds": "validate_timeout_seconds",
@@ -138,10 +140,10 @@ def _apply(s: Settings, key: str, value: Any) -> None:
             raise TypeError("must be an object")
         for raw, v in value.items():
             _apply_worker(s.worker, _key(raw), v, raw)
-    elif key == "remote_runner":
+    elif key in ("remote_runner", "remote_profiler"):
         if value is not None and (not isinstance(value, str) or "{file}" not in value):
             raise ValueError("must be a command line containing {file}")
-        s.remote_runner = value
+        setattr(s, key, value)
 
 
 def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:

@@ -59,3 +59,30 @@ async def test_an_edit_hides_a_profile_of_the_text_before_it(client: Client):
     lenses = await client.code_lenses(uri)
     assert [lens.command.title for lens in lenses if lens.command.command == "fuselens.profile"] == ["Profile"]
     assert not [h for h in await client.inlay_hints(uri) if str(h.label).startswith("◔")]
+
+
+async def test_without_a_gpu_the_remote_profiler_profiles_and_its_profile_is_shown(client: Client):
+    """With `remoteProfiler` set, the worker profiles only on a GPU of its own; here there is none,
+    so the command line runs (here, `fuselens profile` itself, on this CPU) and its report is shown
+    as the worker's would be."""
+    import shlex
+    import sys
+
+    from robust_helpers import raw_notify
+
+    uri = client.open("profile_remote.py", SMALL)
+    await client.diagnostics_of(uri, 1)
+    runner = (
+        f"{shlex.quote(sys.executable)} -m fuselens.cli.main profile {{file}} --on cpu --iterations 2 --warmup 1 "
+        "--json {json}"
+    )
+    seen = len(client.published)
+    raw_notify(client, "workspace/didChangeConfiguration", {"settings": {"fuselens": {"remoteProfiler": runner}}})
+    await client.diagnostics_of(uri, client.versions[uri], after=seen)
+    result = await client.command("fuselens.profile", uri, "ExampleNet")
+    assert "profile" in result, result
+    assert result["profile"]["iterations"] == 2 and result["profile"]["mode"] == "cpu", result
+    assert any("with the remote profiler" in m.message for m in client.log_messages)
+    (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.profile"]
+    assert lens.command.title.startswith("◔ ")
+    raw_notify(client, "workspace/didChangeConfiguration", {"settings": {"fuselens": {"remoteProfiler": None}}})

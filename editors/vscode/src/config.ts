@@ -23,6 +23,7 @@ export const SERVER_KEYS = [
   "models",
   "worker",
   "remoteRunner",
+  "remoteProfiler",
 ] as const;
 
 /** Settings that decide which process is started: changing them restarts the server. */

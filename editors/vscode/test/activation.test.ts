@@ -237,14 +237,14 @@ describe("manifest", () => {
   it("supports untrusted workspaces in limited mode and restricts the settings that pick executables", () => {
     const untrusted = manifest.capabilities.untrustedWorkspaces;
     assert.strictEqual(untrusted.supported, "limited");
-    for (const key of ["fuselens.server.path", "fuselens.server.python", "fuselens.worker", "fuselens.remoteRunner"]) {
+    for (const key of ["fuselens.server.path", "fuselens.server.python", "fuselens.worker", "fuselens.remoteRunner", "fuselens.remoteProfiler"]) {
       assert.ok(untrusted.restrictedConfigurations.includes(key), key);
     }
   });
 
   it("contributes a setting for each server setting", () => {
     const properties = Object.keys(manifest.contributes.configuration.properties);
-    for (const key of ["device", "peakGbps", "severity", "show", "inlayHints", "codeLens", "models", "worker", "remoteRunner"]) {
+    for (const key of ["device", "peakGbps", "severity", "show", "inlayHints", "codeLens", "models", "worker", "remoteRunner", "remoteProfiler"]) {
       assert.ok(properties.includes(`fuselens.${key}`), key);
     }
   });

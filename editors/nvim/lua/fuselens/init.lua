@@ -26,7 +26,7 @@ local defaults = {
   root_markers = { "pyproject.toml", ".git" },
   trusted_folders = {},
   -- Server settings, as in VS Code: device, peakGbps, severity, show, inlayHints, codeLens,
-  -- models, worker = { python, timeoutSeconds, validateTimeoutSeconds, memoryMb }, remoteRunner.
+  -- models, worker = { python, timeoutSeconds, validateTimeoutSeconds, memoryMb }, remoteRunner, remoteProfiler.
   settings = {},
   -- Validation options: nil lets the server ask on a machine without CUDA; true always
   -- checks numerics in the Triton interpreter; false never does.
