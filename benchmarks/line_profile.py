@@ -12,8 +12,8 @@ kernel took.  Writes profile.json and profile.md to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -64,8 +64,12 @@ def run_case(name: str, iterations: int, warmup: int) -> dict:
     result = {"case": name, "report": report.to_dict()}
     if name == "llama-block":
         apply_file(path, AnalyzeOptions(models=models), None, lambda _: True)
+        # The applied file, profiled beside the code before apply: each kernel against its prediction.
         patched = profile_file(path, AnalyzeOptions(models=models), options)
         result["patched"] = to_plain(patched.profile)
+        training = dataclasses.replace(options, train=True)
+        trained = profile_file(path, AnalyzeOptions(models=models, train=True), training)
+        result["patched_training"] = to_plain(trained.profile)
     return result
 
 
@@ -84,7 +88,9 @@ def markdown(results: list[dict], measured_with: str) -> str:
         for model in profile["models"]:
             out += _model_section(result["case"], profile, model, result["report"])
             if "patched" in result:
-                out += _patched_section(model, result["patched"]["models"][0])
+                out += _patched_section(result["patched"]["models"][0])
+            if "patched_training" in result:
+                out += _patched_section(result["patched_training"]["models"][0], "training step")
     return "\n".join(out) + "\n"
 
 
@@ -121,23 +127,23 @@ def _model_section(case: str, profile: dict, model: dict, report: dict) -> list[
     return [*out, "", f"Outside clusters: {opaque}.", ""]
 
 
-def _patched_section(model: dict, patched: dict) -> list[str]:
-    """Each cluster's kernel in the patched file: the time the lines of its kernel call took."""
-    kernel_us: dict[str, float] = {}
-    for line in patched["lines"]:
-        called = re.match(r"_?cluster(\d+)", line["function"])  # the kernel's call, or its reference
-        if line["file"].endswith("_kernels.py") and called:
-            key = "c" + called.group(1)
-            kernel_us[key] = kernel_us.get(key, 0.0) + line["us"]
+def _patched_section(patched: dict, step: str = "forward") -> list[str]:
+    """Each applied kernel: its cluster's time before apply (measured in the same run), the cost
+    model's prediction, and what the kernel measures; the model's error by cluster kind."""
     out = [
-        f"After `fuselens apply`: {_ms(patched['forward_us'])} ms per forward (was {_ms(model['forward_us'])}).",
+        f"After `fuselens apply`, per {step}: {_ms(patched['forward_us'])} ms of kernel time; before apply, in "
+        f"the same run: {_ms(patched['before_us'])} ms.",
         "",
-        "| cluster | unfused ms | predicted fused ms | measured fused ms |",
-        "|---|---|---|---|",
+        "| kernel | cluster | kind | before ms | predicted fused ms | measured ms | predicted / measured − 1 |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for c in model["clusters"]:
-        out.append(f"| {c['id']} | {_ms(c['us'])} | {_ms(c['predicted_fused_us'])} | {_ms(kernel_us.get(c['id']))} |")
-    return [*out, ""]
+    for a in patched["applied"]:
+        out.append(
+            f"| {a['kernel']} | {a['cluster']} | {a['kind']} | {_ms(a['unfused_us'])} | {_ms(a['predicted_fused_us'])} | "
+            f"{_ms(a['measured_us'])}{' (reference)' if a['reference'] else ''} | {a['error']:+.0%} |"
+        )
+    errors = ", ".join(f"{kind} {error:+.0%}" for kind, error in patched["cost_model_error"].items())
+    return [*out, "", f"The cost model's mean error by kind: {errors or '—'}.", ""]
 
 
 def main() -> int:
