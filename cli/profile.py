@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from rich.console import Console
@@ -13,7 +12,7 @@ from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
 from fuselens.contracts.profile import ModelProfile, Profile
-from fuselens.contracts.profile_view import profile_view
+from fuselens.contracts.profile_view import profile_view, shown_path
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import view_markdown
 
@@ -87,7 +86,7 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
     for column in columns:
         lines.add_column(column, justify="left" if column in ("line", "ops", "clusters") else "right")
     for line in model.lines[:top]:
-        where = f"{_place(line.file, report.file)}:{line.line}"
+        where = f"{shown_path(line.file, report.file)}:{line.line}"
         if line.entry_line is not None:
             where += f" (from line {line.entry_line})"
         cells = [where, _ms(line.us), *([_ms(line.backward_us)] if training else []), f"{line.share:.1%}"]
@@ -142,10 +141,3 @@ def _ms(us: float | None) -> str:
     if us is None:
         return "—"
     return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.1f} µs"
-
-
-def _place(file: str, home: str) -> str:
-    if os.path.abspath(file) == os.path.abspath(home):
-        return os.path.basename(file)
-    marker = f"{os.sep}site-packages{os.sep}"
-    return file.split(marker, 1)[1] if marker in file else os.path.basename(file)

@@ -54,7 +54,7 @@ def profile_view(file: str, profile: Profile) -> ResultsView:
 def _rows(model: ModelProfile, file: str, training: bool) -> list[list[str]]:
     rows = []
     for line in model.lines[:TOP_LINES]:
-        where = f"{_shown(line.file, file)}:{line.line}" + (
+        where = f"{shown_path(line.file, file)}:{line.line}" + (
             f" (from line {line.entry_line})" if line.entry_line is not None else ""
         )
         backward = [time_text(line.backward_us)] if training else []
@@ -81,7 +81,8 @@ def time_text(us: float) -> str:
     return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def _shown(path: str, home: str) -> str:
+def shown_path(path: str, home: str) -> str:
+    """A line's file as a table names it: the profiled file by name, a library's from its package down."""
     if os.path.abspath(path) == os.path.abspath(home):
         return os.path.basename(path)
     marker = f"{os.sep}site-packages{os.sep}"
