@@ -163,7 +163,7 @@ def test_the_cli_prints_the_ranking_and_writes_a_versioned_profile_section(tmp_p
     assert model["lines"] and model["forward_us"] > 0
 
 
-def test_an_applied_file_is_profiled_beside_the_code_before_apply(tmp_path):
+def test_an_applied_file_is_profiled_beside_the_code_before_apply(tmp_path, monkeypatch):
     """After `fuselens apply`, each kernel's time counts on the line that calls it, and the code the
     kernel module keeps is profiled in the same run: every applied kernel is set beside its cluster's
     time before and the time the cost model predicted.  On a CPU the kernels run their reference,
@@ -172,6 +172,7 @@ def test_an_applied_file_is_profiled_beside_the_code_before_apply(tmp_path):
 
     from fuselens.pipeline.apply import apply_file
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a plain CPU: the kernels run their reference
     path = str(tmp_path / "example_net.py")
     shutil.copy(example("example_net.py"), path)
     options = AnalyzeOptions(input_shapes=["256,1024"], dtypes=["float32"])

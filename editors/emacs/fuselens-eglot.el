@@ -47,7 +47,8 @@ project can.  A project not listed is left to the server's user-level file
 
 (defcustom fuselens-eglot-settings nil
   "Server settings, a plist.
-Keys: :device :peakGbps :severity :show :models :worker :remoteRunner :remoteProfiler."
+Keys: :device :peakGbps :severity :show :models :worker :remoteRunner
+:remoteProfiler."
   :type 'plist)
 
 (defcustom fuselens-eglot-interpret nil
