@@ -12,7 +12,7 @@ from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions
 from fuselens.contracts.profile import ModelProfile, Profile
-from fuselens.contracts.profile_view import profile_view, shown_path
+from fuselens.contracts.profile_view import profile_view, shown_path, time_text
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import view_markdown
 
@@ -138,6 +138,4 @@ def _how(profile: Profile) -> str:
 
 
 def _ms(us: float | None) -> str:
-    if us is None:
-        return "—"
-    return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.1f} µs"
+    return "—" if us is None else time_text(us)
