@@ -110,6 +110,16 @@ class UserCode:
 _TAKES_NUMBERS = frozenset({OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY})
 _NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm"})
 
+# Convolutions, by name, with the number of their spatial dims.
+_CONVS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
+
+
+def _conv_bias(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The bias tensor a convolution is called with (`torch.conv2d(input, weight, bias, ...)`)."""
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return bias if isinstance(bias, torch.Tensor) else None
+
+
 # Methods that cast a tensor; called with the dtype it has, they return it as it is.
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"})
 _TOOLCHAIN = ("torch", "triton", "numpy", "fuselens", "typing_extensions", "_pytest", "pytest")
@@ -247,6 +257,8 @@ class Recorder(TorchFunctionMode):
             return self._value_read(func, name, args, kwargs)
         if name in DYNAMIC_SHAPES or (name == "where" and len(args) + len(kwargs) == 1):
             self._dynamic_shape(name)
+        if name in _CONVS and _conv_bias(args, kwargs) is not None:
+            return self._conv_then_bias(func, types, name, args, kwargs)
         # Numbers read from the model's state (`self.eps`) carry where they come from: a kernel takes them
         # from its caller.  The call itself runs on the plain values.
         called_args, called_kwargs = args, kwargs
@@ -275,6 +287,20 @@ class Recorder(TorchFunctionMode):
             self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
         self.call_nodes[number] = range(first, len(self.graph.nodes))
         return out
+
+    def _conv_then_bias(self, func, types, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+        """A convolution with a bias, recorded as the convolution without it and then the add of the
+        bias over the channels: on a GPU, torch adds cuDNN's bias in a kernel of its own, so that add
+        is memory traffic the kernel after the convolution can take in."""
+        bias = _conv_bias(args, kwargs)
+        if len(args) > 2:
+            args = (*args[:2], None, *args[3:])
+        else:
+            kwargs = {**kwargs, "bias": None}
+        out = self.__torch_function__(func, types, args, kwargs)
+        spatial = (slice(None),) + (None,) * _CONVS[name]
+        channels = self.__torch_function__(torch.Tensor.__getitem__, types, (bias, spatial))
+        return self.__torch_function__(torch.Tensor.add, types, (out, channels))
 
     def _tagged(self, func, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         alias = ALIASES.get(name, name)

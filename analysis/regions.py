@@ -23,6 +23,7 @@ intermediate that the code never names, or the code is not where the trace says 
 from __future__ import annotations
 
 import ast
+import copy
 import linecache
 import os
 from collections.abc import Sequence
@@ -35,6 +36,10 @@ Span = tuple[int, int, int, int]  # (line, col, end line, end col): 1-based line
 
 # Ops whose call never needs to stay outside a kernel's call: they move no data.
 _FREE = frozenset({"dropout", "to_same", "detach", "contiguous", "alias"})
+
+# Convolutions, whose bias add a cluster can take in; and the modules whose call is only theirs.
+_CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d"})
+_CONV_MODULES = frozenset(f"torch.nn.modules.conv.Conv{k}d" for k in (1, 2, 3))
 
 
 class NoRegion(Exception):
@@ -61,6 +66,16 @@ class Region:
         if not self.outputs:
             return self.call(name)
         return f"{', '.join(self.outputs)} = {self.call(name)}"
+
+    def stands_in_for(self, lines: list[str]) -> str | None:
+        """The source text of the one expression the call replaces in place on the region's last line,
+        when the rest of the rewrite only drops statements (`F.silu(self.norm1(x))` in
+        `h = self.conv1(F.silu(self.norm1(x)))`): another cluster's rewrite of that line can then
+        carry this call where it carries that text."""
+        on_last = [(span, text) for span, text in self._edits if text and span[2] == self.last]
+        if len(on_last) != 1 or on_last[0][1] != "{call}" or on_last[0][0][0] != self.last:
+            return None
+        return _text(lines, on_last[0][0])
 
     def rewrite(self, name: str, lines: list[str]) -> str:
         """Lines `first`..`last` (1-based, of `lines`) rewritten to call the kernel `name`."""
@@ -89,10 +104,27 @@ def find_region(
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
     roots = _roots(spans, ast_of, graph, compute)
-    arguments = [_argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
-    arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     block, statements = _statements(function, roots)
-    return _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file)
+    unbiased = _unbiased_statements(roots, statements, block, spans, outputs)
+    named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
+    arguments = [named.get(v) or _argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
+    rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}
+    return _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file, rewritten)
+
+
+def _unbiased_statements(
+    roots: list[_Root], statements: list[int], block: list[ast.stmt], spans: _Spans, outputs: list[int]
+) -> dict[int, str]:
+    """Roots that are a convolution's whole call bound to a name (`h = self.conv1(h)`) whose bias
+    add the cluster takes: that statement stays, calling the convolution without its bias, and the
+    kernel's call reads the name (root index -> the name)."""
+    kept = {}
+    for k, (root, i) in enumerate(zip(roots, statements, strict=True)):
+        name = _target_of(root, block[i])
+        if _span(root.node) in spans.unbiased and name and root.value not in outputs:
+            kept[k] = name
+    return kept
 
 
 # ---- spans at the common frame ---------------------------------------------------------------
@@ -116,15 +148,25 @@ class _Spans:
             self.of[node.id] = frame.span
             side = self.cluster if node.id in members else self.foreign
             side.setdefault(frame.span, []).append(node.id)
+        # A convolution's call whose bias add is the cluster's (`self.conv1(h)` feeding a norm): the
+        # call stays, as the convolution without its bias, passed to the kernel's call.
+        self.unbiased: dict[Span, int] = {}
         for span in self.cluster:
             others = [i for i in self.foreign.get(span, []) if not _free(graph[i])]
-            if others:
+            if len(others) == 1 and _bias_left_to(graph, others[0], members):
+                self.unbiased[span] = others[0]
+            elif others:
                 op = graph[others[0]]
                 raise NoRegion(f"the call on line {span[0]} also runs `{op.op}`, which is not part of the cluster")
 
 
 def _free(node: Node) -> bool:
     return node.cls is OpClass.IDENTITY and node.op in _FREE
+
+
+def _bias_left_to(graph: Graph, node_id: int, members: set[int]) -> bool:
+    """A convolution (recorded without its bias) whose result only the cluster reads: its bias add."""
+    return graph[node_id].op in _CONVOLUTIONS and set(graph.users(node_id)) <= members
 
 
 class _AstIndex:
@@ -186,6 +228,8 @@ def _leaves(
     node: ast.AST, cluster: dict[ast.AST, int], spans: _Spans, ast_of: _AstIndex, graph: Graph
 ) -> list[ast.AST]:
     """The parts of a root that are not cluster ops: names, constants, and subexpressions of other ops."""
+    if _span(node) in spans.unbiased:
+        return [node]  # the convolution's call, passed on without its bias
     leaves: list[ast.AST] = []
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.keyword):
@@ -269,6 +313,8 @@ def _argument(
     ops read it (an earlier op may have read it under a name rebound since)."""
     node = graph[value]
     span = spans.of.get(value)
+    if span is not None and spans.unbiased.get(span) == value:
+        return _without_bias(span, roots, spans, graph, lines)
     if span is not None:
         for root in roots:
             for leaf in root.leaves:
@@ -283,6 +329,32 @@ def _argument(
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
+
+
+def _without_bias(span: Span, roots: list[_Root], spans: _Spans, graph: Graph, lines: list[str]) -> str:
+    """The convolution's call at `span` rewritten to leave out its bias, which the kernel adds:
+    `self.conv1(h)` becomes `self.conv1._conv_forward(h, self.conv1.weight, None)` (what an
+    `nn.Conv2d` runs, padding mode included), `F.conv2d(h, w, b, padding=1)` passes `None` for `b`."""
+    call = next(n for r in roots for n in ast.walk(r.node) if isinstance(n, ast.Call) and _span(n) == span)
+    where = f"`{ast.unparse(call)}` (line {call.lineno})"
+    path = _self_path(call.func)
+    if path:
+        module = f"{spans.owner}.{path}" if spans.owner else path
+        if graph.module_types.get(module) not in _CONV_MODULES or len(call.args) != 1 or call.keywords:
+            kind = graph.module_types.get(module, "module").rsplit(".", 1)[-1]
+            raise NoRegion(f"{where} adds its bias in the cluster, but a `{kind}`'s call cannot be made without it")
+        conv, arg = _text(lines, _span(call.func) or span), _text(lines, _span(call.args[0]) or span)
+        return f"{conv}._conv_forward({arg}, {conv}.weight, None)"
+    unbiased = copy.deepcopy(call)
+    if len(unbiased.args) > 2:
+        unbiased.args[2] = ast.Constant(None)
+    else:
+        for keyword in unbiased.keywords:
+            if keyword.arg == "bias":
+                keyword.value = ast.Constant(None)
+    if ast.dump(unbiased) == ast.dump(call):
+        raise NoRegion(f"{where} adds its bias in the cluster, but its bias argument is not spelled out")
+    return ast.unparse(unbiased)
 
 
 def _number_argument(text: str, at: dict[int, str], invocation: int, function: ast.AST) -> str:
@@ -379,6 +451,7 @@ class _Rewrite:
     statements: list[int]  # the block index of each root's statement
     call_at: int
     gone: dict[int, str] = field(default_factory=dict)
+    unbiased: set[int] = field(default_factory=set)  # statements that stay, calling a convolution without its bias
     bound_late: dict[str, int] = field(default_factory=dict)  # an output name the call binds → where it was bound
     edits: list[tuple[Span, str]] = field(default_factory=list)
 
@@ -397,13 +470,24 @@ def _rewrite(
     function: ast.AST,
     lines: list[str],
     file: str,
+    unbiased: dict[int, str],
 ) -> Region:
+    """`unbiased`: the roots whose statement stays, rewritten (root index -> the text of the root)."""
     placed = {root.value: (root, i) for root, i in zip(roots, statements, strict=True)}
     for value in outputs:
         if value not in placed:
             raise NoRegion(f"a value the cluster computes inside line {graph[value].line or 0} is used elsewhere too")
     plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs))
-    for root, i in zip(roots, statements, strict=True):
+    for k, text in unbiased.items():
+        root, i = roots[k], statements[k]
+        plan.edits.append((_span(root.node) or (0, 0, 0, 0), text.replace("{", "{{").replace("}", "}}")))
+        plan.unbiased.add(i)
+        name = _target_of(root, block[i])
+        if _read_later(block, i, name, [_span(r.node) for r in roots], function):
+            raise NoRegion(f"`{name}` is assigned on line {block[i].lineno} and used outside the cluster")
+    for k, (root, i) in enumerate(zip(roots, statements, strict=True)):
+        if k in unbiased:
+            continue
         if root.value not in outputs:
             name = _target_of(root, block[i])
             if not name:
@@ -489,6 +573,8 @@ def _check_reads_at_call(plan: _Rewrite) -> None:
         if isinstance(statement, ast.Return):
             raise NoRegion(f"a return statement (line {statement.lineno}) sits between the cluster's ops")
     for root, i in zip(plan.roots, plan.statements, strict=True):
+        if i in plan.unbiased:
+            continue  # it runs where it stands
         reads = {n.id for leaf in root.leaves for n in ast.walk(leaf) if isinstance(n, ast.Name)}
         reads -= _internal_names(plan, i, reads)
         between = plan.kept(i + 1, plan.call_at) if i < plan.call_at else plan.kept(plan.call_at, i)

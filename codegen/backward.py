@@ -45,6 +45,9 @@ class BackwardText:
     keeps: list[int] = field(default_factory=list)  # the inputs (positions) the gradients read
     result_params: list[str] = field(default_factory=list)  # its parameters for the cluster's outputs
     keeps_results: list[int] = field(default_factory=list)  # the outputs (positions) the gradients read
+    # Inputs read through unsqueezes (a convolution's bias as `bias[:, None, None]`): position -> the
+    # dim of the domain their first dim runs along, where their broadcast gradient is summed to them.
+    leads: dict[int, int] = field(default_factory=dict)
 
 
 def needs_grad(graph: Graph) -> set[int]:
@@ -100,7 +103,8 @@ def backward_text(
         f"    return {', '.join(returned)}" + ("," if len(returned) == 1 else ""),
     ]
     folded_in = {k: b for k, b in folded.items() if b in grads_of}
-    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results)
+    leads = {k: writer.leads[slot.node] for k, slot in enumerate(plan.inputs) if slot.node in writer.leads}
+    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results, leads)
 
 
 def _fresh(names: list[str], taken: list[str]) -> list[str]:
@@ -198,7 +202,7 @@ def registration_text(name: str, tensors: int, text: BackwardText) -> str:
         f"_{name}_trains = {tuple(text.grads_of)!r}\n"
         f"_{name}_folded = {text.folded!r}\n"
         f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains, {tuple(text.keeps)!r}, "
-        f"{tuple(text.keeps_results)!r})"
+        f"{tuple(text.keeps_results)!r}{f', {text.leads!r}' if text.leads else ''})"
     )
 
 
@@ -214,6 +218,7 @@ class _Writer:
     adjoint: dict[int, str] = field(default_factory=dict)  # node -> the variable holding its gradient
     lines: list[str] = field(default_factory=list)
     slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
+    leads: dict[int, int] = field(default_factory=dict)  # input -> where it runs along the domain (`BackwardText`)
     at: Node | None = None  # the op whose derivative is being written: its contributions have its shape
 
     def value(self, arg) -> str:
@@ -516,6 +521,11 @@ def _view(w: _Writer, node: Node) -> None:
     of_input = x.node in {s.node for s in w.plan.inputs}
     if of_input and all(s[0] in ("unsqueeze", "squeeze", "reshape", "expand") for s in steps):
         w.to(x, w.grad(node), over_row=False)  # the caller reshapes or sums it to the input's shape
+        if all(s[0] == "unsqueeze" for s in steps):
+            first = 0  # where the input's first dim ends up in the view
+            for _, dim in steps:
+                first += dim <= first
+            w.leads[x.node] = len(w.plan.domain) - len(_shape(node)) + first
         return
     if len(steps) == 1 and steps[0][0] == "slice" and steps[0][3] == 1:
         w.slices.setdefault(x.node, []).append((steps[0][1], steps[0][2], node))

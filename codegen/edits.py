@@ -133,8 +133,14 @@ def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = N
             chosen.append(cluster)
     if not chosen:
         return []
-    edits = [LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen if c.edit is not None]
+    # An edit that includes another chosen cluster's (their code shares lines) writes both calls.
+    nested = {i for c in chosen if c.edit is not None for i in c.edit.includes}
+    by_id = {c.id: c for _, c in report.clusters()}
+    edits = [LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen if c.edit and c.id not in nested]
     names = [c.kernel.name for c in chosen if c.kernel and c.edit is not None]
+    names += [
+        k.name for c in chosen if c.edit for i in c.edit.includes if (k := by_id[i].kernel) and k.name not in names
+    ]
     if any(c.patch is not None for c in chosen):
         names.append(INSTALL)
     module_path = next(c.kernel.path for c in chosen if c.kernel)
@@ -190,16 +196,23 @@ def restore_edits(
     lines = source.splitlines(keepends=True)
     result = Restore([], [], [])
     for name in wanted:
+        if name in result.restored:
+            continue  # restored with lines another kernel's call shares
         if name not in kept or name not in imported:
             result.refused.append(f"{name}: the file does not call it from {module}")
             continue
-        call, original = kept[name]
-        at = _only_place(lines, call.splitlines(keepends=True))
-        if at is None:
+        # Its own lines, or those of a kernel whose edit carried its call (their code shares lines).
+        carriers = [name] + [k for k in kept if k != name and re.search(rf"\b{name}\(", kept[k][0])]
+        found = [(k, at) for k in carriers if (at := _only_place(lines, kept[k][0].splitlines(keepends=True)))]
+        if not found:
+            call = kept[name][0]
             result.refused.append(f"{name}: its call is no longer as apply wrote it (`{call.strip()}`)")
             continue
+        carrier, at = found[0]
+        call, original = kept[carrier]
         result.edits.append(LineEdit(at, at + len(call.splitlines()) - 1, original))
-        result.restored.append(name)
+        calls = [k for k in imported if re.search(rf"\b{k}\(", call)]
+        result.restored += [k for k in calls if k not in result.restored]
     gone = set(result.restored)
     if names is None and INSTALL in imported:
         gone.add(INSTALL)

@@ -25,6 +25,7 @@ from .plan import (
     COORD,
     KernelPlan,
     Stmt,
+    channels_last_groups,
     column_totals,
     full_rank_loads,
     identity_inputs,
@@ -182,7 +183,7 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
     divide = divs if axis == "r" else PlainDivision
     if plan.groups:
         if axis == "r":
-            if 0 in used:
+            if 0 in used or channels_last_groups(plan):
                 out.append(f"c0 = {divide.div('rows', 'G')}")
             if 1 in used:
                 out.append(f"g = {divide.mod('rows', 'G')}")
@@ -190,6 +191,17 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
         # Columns run over (channel-in-group, *spatial); the channel is g * (C / G) + that.
         spatial = list(range(2, n))
         hw = " * ".join(f"d{i}" for i in spatial) or "1"
+        if channels_last_groups(plan):
+            # Or, under CL, (spatial, channel-in-group), as a channels-last input lies; `flat`: the
+            # offset of an element of the outputs (and of the inputs, under CONTIG), channels-last or
+            # not.  CG (the group's channels) is a constant, so Triton sees runs of CG channels in
+            # memory and moves each as one vector (bf16 GroupNorm + SiLU over a channels-last
+            # [32, 256, 64, 64] on an H200: 159 µs, against 239 with CG a run-time divisor).
+            nchw = [f"c1 = g * CG + {divide.div('cols', hw)}", f"hw = {divide.mod('cols', hw)}"]
+            nhwc = ["c1 = g * CG + cols % CG", "hw = cols // CG"]
+            out.append("\n".join(["if CL:", *["    " + t for t in nhwc], "else:", *["    " + t for t in nchw]]))
+            out.append(f"flat = c0 * (d1 * {hw}) + hw * d1 + c1 if CL else rows * C + cols")
+            return out + _delinearize("hw", spatial, [i for i in used if i >= 2], divide)
         if 1 in used:
             out.append(f"c1 = g * (d1 // G) + {divide.div('cols', hw)}")
         wanted = [i for i in used if i >= 2]
@@ -276,7 +288,8 @@ def _stmt_line(
         strided = f"{s.name} = tl.load({s.expr}{masked}){convert}{tail}"
         col = _flat_column(plan, s) if s.load_input in contiguous or s.load_input in views else None
         if col is not None:
-            flat = f"{s.name} = tl.load(in{s.load_input}_ptr + (rows * C + {col}){masked}){convert}{tail}"
+            offset = "flat" if channels_last_groups(plan) and col == "cols" else f"(rows * C + {col})"
+            flat = f"{s.name} = tl.load(in{s.load_input}_ptr + {offset}{masked}){convert}{tail}"
             return f"if CONTIG:\n    {flat}\nelse:\n    {strided}"
         return strided
     return f"{s.name} = {s.expr}{tail}"
@@ -307,7 +320,8 @@ def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
     v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
     if out.dims is not None:  # a permutation of the domain, addressed by its own strides
         return f"tl.store(out{k}_ptr + ({_permuted_offset(k, out.dims)}), {v}{cast}, mask=mask)"
-    return f"tl.store(out{k}_ptr + ({rows} * C + cols), {v}{cast}, mask=mask)"
+    offset = "flat" if channels_last_groups(plan) else f"({rows} * C + cols)"
+    return f"tl.store(out{k}_ptr + {offset}, {v}{cast}, mask=mask)"
 
 
 def _permuted_offset(k: int, dims: tuple[int, ...]) -> str:
@@ -497,7 +511,10 @@ def _rows(
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
     scalars = ("fast_blocks", "F") if across else ()
-    signature = _signature(plan, kernel_name, divs, ("CONTIG: tl.constexpr",), scalars)
+    flags: tuple[str, ...] = ("CONTIG: tl.constexpr",)
+    if channels_last_groups(plan):
+        flags += ("CL: tl.constexpr", "CG: tl.constexpr")
+    signature = _signature(plan, kernel_name, divs, flags, scalars)
     if column_totals(plan) and not looped:
         return signature + "\n" + "\n".join(_indented(_totalling_rows(plan, head, body)))
     return signature + "\n" + "\n".join(_indented(head + body))
@@ -732,7 +749,8 @@ def _output_pass(row: _RowKernel) -> list[str]:
     if not full:
         return []
     operands = _closure(row.plan, [o.stmt for _, o in full], _varies_along_columns)
-    stores = [_loop_store(k, row.by_name[o.stmt], dims=o.dims) for k, o in full]
+    nhwc = channels_last_groups(row.plan)
+    stores = [_loop_store(k, row.by_name[o.stmt], dims=o.dims, channels_last=nhwc) for k, o in full]
     return _column_loop(row.col_coords, [row.output_pass_statement(s) for s in operands] + stores)
 
 
@@ -749,16 +767,20 @@ def _column_loop(
     return [header, *_indented(block)]
 
 
-def _loop_store(k: int, value: Stmt, row: bool = False, dims: tuple[int, ...] | None = None) -> str:
+def _loop_store(
+    k: int, value: Stmt, row: bool = False, dims: tuple[int, ...] | None = None, channels_last: bool = False
+) -> str:
     """A store of the loop kernel, where a row value is a scalar and a column block 1-D; `dims`: a
-    permuted output's domain dim for each of its dims, addressed by its own strides."""
+    permuted output's domain dim for each of its dims, addressed by its own strides; `channels_last`:
+    a group norm's output, channels-last under CL."""
     cast = f".to(out{k}_ptr.dtype.element_ty)"
     if row:
         return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
     v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
     if dims is not None:
         return f"tl.store(out{k}_ptr + ({_permuted_offset(k, dims)}), {v}{cast}, mask=mask)"
-    return f"tl.store(out{k}_ptr + (rows * C + cols), {v}{cast}, mask=mask)"
+    offset = "flat" if channels_last else "(rows * C + cols)"
+    return f"tl.store(out{k}_ptr + {offset}, {v}{cast}, mask=mask)"
 
 
 def _folds(later: Stmt, r: Stmt) -> bool:

@@ -17,6 +17,7 @@ from .lowering import literal
 from .plan import (
     KernelPlan,
     OutputSlot,
+    channels_last_groups,
     column_totals,
     full_rank_loads,
     identity_inputs,
@@ -63,6 +64,7 @@ def _launch_function(
     body = _shape_guards(plan, name, input_names)
     body += _domain_sizes(plan, input_names)
     body += _memory_order(plan, input_names)
+    body += _group_layout(plan, input_names)
     body += _output_allocations(plan, input_names)
     body += _rows_and_columns(plan)
     body += _return_early(plan, input_names)
@@ -149,6 +151,21 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     return [f"pitches, dense = _row_pitches({leads}, {domain})"]
 
 
+def _group_layout(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """A group norm's kernels (`plan.channels_last_groups`) walk each group as its input lies (`cl`:
+    channels-last) and write their outputs that way.  (Written channels-last from a channels-first
+    input for a convolution to read, which cuDNN convolves in 209 µs instead of 328, bf16 3x3 over
+    [32, 256, 64, 64] on an H200, the GroupNorm + SiLU took 529 µs instead of 61: its stores of one
+    channel-run a pixel land 512 bytes apart.)"""
+    if not channels_last_groups(plan):
+        return []
+    direct = [input_names[k] for k in identity_inputs(plan)]
+    if not direct:
+        return ["cl = False"]
+    x = direct[0]
+    return [f"cl = {x}.dim() == 4 and {x}.is_contiguous(memory_format=torch.channels_last) and not {x}.is_contiguous()"]
+
+
 def _output_allocations(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """`out<k> = ...`: each output, full-size or one value per row (a reduction's result)."""
     return [f"out{k} = {_output_allocation(plan, input_names, out)}" for k, out in enumerate(plan.outputs)]
@@ -168,6 +185,11 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
     else:
         dims = [f"d{i}" for i in range(n)]
     fresh = f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype})"
+    if channels_last_groups(plan) and not out.row_only:
+        nhwc = (
+            f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype}, memory_format=torch.channels_last)"
+        )
+        return f"{nhwc} if cl else {fresh}"
     direct = [input_names[k] for k in identity_inputs(plan)]
     if plan.kind == "elementwise" and direct:
         return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if dense else {fresh}"
@@ -302,6 +324,11 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
     inputs read along every dim, the `_across` kernel when one runs along the last row dim."""
     direct = [input_names[k] for k in identity_inputs(plan)]
     contiguous = " and ".join(f"{x}.is_contiguous()" for x in direct) or "True"
+    layout = ""
+    if channels_last_groups(plan):  # the inputs laid out as the group is walked
+        laid_out = " and ".join(f"{x}.is_contiguous(memory_format=torch.channels_last)" for x in direct) or "True"
+        contiguous = f"({laid_out}) if cl else ({contiguous})"
+        layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
     tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item})"]
     if plan.groups:
@@ -314,7 +341,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         *_column_total_buffers(plan, input_names),
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
         f"kernel[grid]({call_args},",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}, num_warps=warps)",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}{layout}, num_warps=warps)",
         *_column_totals_added(plan),
     ]
     layouts = row_layouts(plan)

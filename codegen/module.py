@@ -305,11 +305,13 @@ def _kernel_runs(tensors, dtypes, trains=()):
     return devices in ({"cuda"}, {"meta"}) or (interpreted and devices == {"cpu"})
 
 
-def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results):
+def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results, leads=None):
     """`gradients(inputs, numbers, outputs, grads)` as the backward of the op `name`, whose first
     `tensors` inputs are tensors.  The forward keeps the inputs `keeps` and the outputs
     `keeps_results` (those the gradients read; never an intermediate: the backward recomputes what
-    it needs) and passes None for the others."""
+    it needs) and passes None for the others.  `leads`: for an input the kernel reads unsqueezed
+    (a bias over the channels), the dim of its gradient its first dim runs along."""
+    leads = leads or {}
 
     def setup_context(ctx, inputs, output):
         outputs = output if isinstance(output, tuple) else (output,)
@@ -333,15 +335,18 @@ def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results)
         result = [None] * (tensors + len(ctx.numbers))
         for k, raw in zip(grads_of, raws):
             if ctx.needs_input_grad[k]:
-                result[k] = _fit(raw, *ctx.inputs[k])
+                result[k] = _fit(raw, *ctx.inputs[k], leads.get(k))
         return tuple(result)
 
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _fit(raw, shape, dtype):
+def _fit(raw, shape, dtype, lead=None):
     """A gradient as its input (of `shape` and `dtype`) is: a broadcast input's summed over the dims
-    it was broadcast along, a view's reshaped back, in the input's dtype."""
+    it was broadcast along (from dim `lead` of the gradient on, for one read unsqueezed), a view's
+    reshaped back, in the input's dtype."""
+    if lead is not None and raw.dim() > len(shape):
+        raw = raw.sum_to_size((1,) * lead + tuple(shape) + (1,) * (raw.dim() - lead - len(shape))).reshape(shape)
     if raw.shape != shape:
         if raw.numel() == shape.numel():
             raw = raw.reshape(shape)

@@ -991,7 +991,10 @@ def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     n = len(plan.domain)
     if plan.kind != "elementwise" or n < 2 or plan.row_dims != n - 1:
         return []
-    return _loads_along_every_dim(plan, skip=set(identity_inputs(plan)))
+    # Full-size inputs read element for element may be laid out apart too (a convolution's
+    # channels-last result added to a channels-first residual): all but the first are candidates.
+    direct = identity_inputs(plan)
+    return _loads_along_every_dim(plan, skip=set(direct if n < 3 else direct[:1]))
 
 
 def row_layouts(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
@@ -1002,6 +1005,14 @@ def row_layouts(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     if plan.kind == "elementwise" or plan.groups or not plan.row_dims or column_totals(plan):
         return []
     return _loads_along_every_dim(plan, skip=set())
+
+
+def channels_last_groups(plan: KernelPlan) -> bool:
+    """A group norm over [N, C, H, W], whose kernels also take a channels-last input (CL, which the
+    launcher sets when its input is laid out so, as a channels-last convolution's result is): each
+    group's columns then run channel fastest, as that layout stores them, and the outputs are
+    channels-last too, as the input was."""
+    return bool(plan.groups) and len(plan.domain) == 4
 
 
 def column_totals(plan: KernelPlan) -> list[int]:

@@ -115,6 +115,13 @@ class Edit:
     import_line: str  # the import statement the edit needs
     call: str  # the new call, for display: "x = cluster0(x)"
     original: str = ""  # the lines as they were, which restoring the cluster puts back
+    # When the call stands in place of one expression on a line that stays: that expression's text and
+    # the call (another cluster's edit of the same line can carry it).
+    replaces: str = ""
+    expression: str = ""
+    # Clusters whose calls this edit writes too: their code shares its lines (a convolution's bias add
+    # joined the kernel after it, and its argument is an earlier cluster's).
+    includes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -76,6 +76,63 @@ def generate_kernels(
             _attach_edit(report, cluster, instance, name, module_path, no_reference, source)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
+    _nest_shared_lines(report, module_path)
+
+
+def _nest_shared_lines(report: R.Report, module_path: str) -> None:
+    """Edits of two clusters that change the same line: the later carries the earlier's call where
+    its text has the expression that call replaces (`h = self.conv1(F.silu(self.norm1(x)))`, whose
+    convolution's bias add joined the next cluster), and applies it with its own; any other overlap
+    leaves the later one unapplied, with why."""
+    edited = [c for _, c in report.clusters() if c.edit is not None and c.applies == "edit"]
+    for k, later in enumerate(edited):
+        for earlier in edited[:k]:
+            if earlier.edit is None or later.edit is None or not _overlap(earlier.edit, later.edit):
+                continue
+            if not _carries(later.edit, earlier.edit):
+                later.edit, later.applies = None, "no"
+                later.apply_detail = f"its code shares line {later.lines[0]} with {earlier.id}'s"
+                break
+            _nest(later, earlier, report.file, module_path)
+
+
+def _overlap(a: R.Edit, b: R.Edit) -> bool:
+    return not (a.end_line < b.start_line or b.end_line < a.start_line)
+
+
+def _carries(outer: R.Edit, inner: R.Edit) -> bool:
+    """`outer` starts on the line where `inner`'s call stands in place of an expression that
+    `outer`'s text has once."""
+    if not inner.replaces or outer.start_line != inner.end_line or outer.text.count(inner.replaces) != 1:
+        return False
+    last_written = (inner.text.splitlines(keepends=True) or [""])[-1]
+    last_read = (inner.original.splitlines(keepends=True) or [""])[-1]
+    return last_read.count(inner.replaces) == 1 and last_written == last_read.replace(inner.replaces, inner.expression)
+
+
+def _nest(later: R.Cluster, earlier: R.Cluster, file: str, module_path: str) -> None:
+    """`later`'s edit rewritten to carry `earlier`'s: from `earlier`'s first line, its call in place."""
+    outer, inner = later.edit, earlier.edit
+    assert outer is not None and inner is not None and later.kernel and earlier.kernel
+    keep = "".join(inner.text.splitlines(keepends=True)[:-1])
+    before = "".join(inner.original.splitlines(keepends=True)[:-1])
+    outer.text = keep + outer.text.replace(inner.replaces, inner.expression)
+    outer.original = before + outer.original
+    outer.start_line = inner.start_line
+    outer.call = outer.call.replace(inner.replaces, inner.expression)
+    if outer.expression:
+        outer.expression = outer.expression.replace(inner.replaces, inner.expression)
+    outer.includes += [earlier.id, *inner.includes]
+    names = [later.kernel.name, earlier.kernel.name, *_names_in(inner.import_line, module_path)]
+    outer.import_line = edits_mod.import_statement(file, module_path, list(dict.fromkeys(names)))
+    lines = f"lines {outer.start_line}–{outer.end_line} become"
+    later.apply_detail = f"{lines} `{outer.call}` (with {', '.join(outer.includes)}, whose code shares them)"
+
+
+def _names_in(import_line: str, module_path: str) -> list[str]:
+    module = os.path.splitext(os.path.basename(module_path))[0]
+    found = [n for n in ast.walk(ast.parse(import_line)) if isinstance(n, ast.ImportFrom)]
+    return [a.name for n in found[:1] if (n.module or "").split(".")[-1] == module for a in n.names]
 
 
 def _backward(
@@ -142,7 +199,17 @@ def _attach_source_edit(
     text = region.rewrite(name, source.lines)
     import_line = edits_mod.import_statement(report.file, module_path, [name])
     original = "".join(line + "\n" for line in source.lines[region.first - 1 : region.last])
-    cluster.edit = R.Edit(region.first, region.last, text, import_line, region.statement(name), original)
+    replaces = region.stands_in_for(source.lines) or ""
+    cluster.edit = R.Edit(
+        region.first,
+        region.last,
+        text,
+        import_line,
+        region.statement(name),
+        original,
+        replaces,
+        region.call(name) if replaces else "",
+    )
     cluster.applies = "edit"
     cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
 

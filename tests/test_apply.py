@@ -180,6 +180,58 @@ def test_restore_puts_back_the_lines_apply_replaced(tmp_path):
     assert (tmp_path / "llama_block.py").read_text() == original  # every line as it was, the import gone
 
 
+def test_a_convolutions_bias_joins_the_kernel_after_it_and_restores_with_it(tmp_path):
+    """`h = self.conv1(F.silu(self.norm1(x)))`: the bias add joins the next cluster, the convolution
+    runs without it, and the GroupNorm cluster inside its argument is carried by that edit; restoring
+    the innermost kernel puts back every line they share."""
+    shutil.copy(os.path.join(EXAMPLES, "diffusion_block.py"), tmp_path / "diffusion_block.py")
+    original = (tmp_path / "diffusion_block.py").read_text()
+    done = apply_file(str(tmp_path / "diffusion_block.py"), AnalyzeOptions(), None, lambda r: True)
+    assert done.applied == ["c0", "c1", "c2"], done.skipped
+    body = [line.strip() for line in (tmp_path / "diffusion_block.py").read_text().splitlines()]
+    start = body.index("def forward(self, x, emb):") + 1
+    norm = "self.norm{k}.weight, self.norm{k}.bias, self.norm{k}.eps, self.norm{k}.num_groups"
+    assert body[start : start + 3] == [
+        f"h = self.conv1._conv_forward(cluster0(x, {norm.format(k=1)}), self.conv1.weight, None)",
+        "h = self.conv2._conv_forward(self.dropout(cluster1(h, self.conv1.bias, "
+        f"self.emb_proj(F.silu(emb))[:, :, None, None], {norm.format(k=2)})), self.conv2.weight, None)",
+        "return cluster2(self.skip._conv_forward(x, self.skip.weight, None), self.skip.bias, h, self.conv2.bias)",
+    ]
+    back = _cli("restore", "--yes", "--kernel", "cluster0", "diffusion_block.py", cwd=tmp_path)
+    assert back.returncode == 0 and "restored cluster0, cluster1, cluster2" in back.stdout, back.stdout + back.stderr
+    assert (tmp_path / "diffusion_block.py").read_text() == original
+
+
+def test_a_convolution_subclass_keeps_its_bias_and_says_why(write_model):
+    """A module whose call may do more than the convolution cannot be called without its bias."""
+    path = write_model(
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class Conv(nn.Conv2d):
+            pass
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = Conv(8, 8, 3, padding=1)
+
+            def forward(self, x):
+                h = self.conv(x)
+                return F.silu(h) * 2.0
+
+            @classmethod
+            def example_inputs(cls):
+                import torch
+                return (torch.randn(2, 8, 16, 16),)
+        """
+    )
+    (cluster,) = [c for m in analyze_file(path, AnalyzeOptions()).models for c in m.clusters]
+    assert cluster.applies == "no"
+    assert "`self.conv(x)` (line 13) adds its bias in the cluster, but a `Conv`'s call cannot" in cluster.apply_detail
+
+
 def test_restore_refuses_a_call_the_user_changed(tmp_path):
     path = tmp_path / "example_net.py"
     shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)

@@ -1065,6 +1065,54 @@ REDUCTIONS = [
         [["group_norm", "silu"]],
     ),
     case(
+        "group-norm-silu-into-a-convolution-whose-bias-joins-the-next-kernel",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(4, 8)
+                self.conv = nn.Conv2d(8, 8, 3, padding=1)
+                nn.init.normal_(self.norm.weight)
+                nn.init.normal_(self.conv.bias)
+
+            def forward(self, x):
+                h = self.conv(F.silu(self.norm(x)))
+                return h * 0.5
+        """,
+        [("2,8,5,7", "float32")],
+        [["group_norm", "silu"], ["add", "mul"]],
+    ),
+    case(
+        "group-norm-of-a-channels-last-view",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(4, 8)
+                nn.init.normal_(self.norm.weight)
+
+            def forward(self, x):
+                return F.silu(self.norm(x.permute(0, 3, 1, 2))) + 1.0
+        """,
+        [("2,5,7,8", "float32")],
+        [["group_norm", "silu", "add"]],
+    ),
+    case(
+        "group-norm-of-a-channels-last-view-in-column-blocks",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(4, 8)
+                nn.init.normal_(self.norm.weight)
+
+            def forward(self, x):
+                return F.silu(self.norm(x.permute(0, 3, 1, 2)))
+        """,
+        [("2,40,130,8", "float32")],  # 10400-wide groups: the looped kernel
+        [["group_norm", "silu"]],
+    ),
+    case(
         "residual-layer-norm-multi-output",
         """
         class M(nn.Module):

@@ -133,11 +133,13 @@ def test_branchy_model_reports_the_break_and_clusters_from_both_pieces(reports):
 
 
 def test_conv_block_fuses_groupnorm_with_silu_and_the_broadcast_add(reports):
+    """Each convolution's bias add joins the kernel after it (torch adds cuDNN's bias on its own)."""
     model = only_model(reports["conv_block.py"])
-    assert chains(model) == ["group_norm → silu", "add → group_norm → silu", "add → mul"]
+    assert chains(model) == ["group_norm → silu", "add → add → group_norm → silu", "add → add → mul"]
     assert all(c.mapping == "exact" for c in model.clusters)
     add = model.clusters[1]
-    assert "e[:, :, None, None]" in [i.name for i in add.inputs]
+    assert [i.name for i in add.inputs][:3] == ["h", "self.conv1.bias", "e[:, :, None, None]"]
+    assert add.edit is not None and "h = self.conv1._conv_forward(h, self.conv1.weight, None)\n" in add.edit.text
 
 
 def test_shipped_schema_matches_the_report_dataclasses():
