@@ -32,6 +32,7 @@ from .plan import (
     permuted_outputs,
     row_layouts,
     row_views,
+    split_groups,
 )
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
@@ -131,6 +132,9 @@ def emit(
         kernels = _rows(plan, kernel_name + "_block", comments, divs, looped=False)
         kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, looped=True)
         strategy = "row-block/row-loop"
+        if split_groups(plan):
+            kernels += "\n\n" + _split_groups(plan, kernel_name, comments, divs)
+            strategy += "/group-split"
         if row_layouts(plan):
             kernels += "\n\n" + _rows(plan, kernel_name + "_across", comments, divs, looped=False, across=True)
             strategy = "row-block/row-loop/across"
@@ -806,3 +810,126 @@ def _note(s: Stmt, comments: dict[str, str]) -> str:
     """`s`'s trailing comment: the source it comes from, or the planner's own note."""
     note = comments.get(s.name) or s.comment
     return f"  # {note}" if note else ""
+
+
+# ---- the split group kernels (_stats, _combine, _apply) ----------------------------------------
+#
+# A group norm walked one group a program reads a channels-last tensor 16 bytes a pixel (bf16, 8
+# channels a group) and 512 bytes apart.  These kernels take a block of pixels with every channel,
+# as a [BLOCK_P, GP, CGP] tile (pixels, groups, channels of a group): `_stats` writes each block's
+# sum and centered sum of squares per group, `_combine` adds a sample's blocks up (Chan's parallel
+# variance), and `_apply` recomputes the tile's values and normalises them.  Each tile is whole
+# pixel rows of memory in either layout, and Triton moves it between the layout it is read in and
+# the one it is written in.
+
+
+def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors) -> str:
+    every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
+    first, second = [s for s in every if s.reduce]
+    before = every[: every.index(first)]
+    full = [k for k, o in enumerate(plan.outputs)]
+    strides = tuple(f"out{k}_s{j}" for k in full for j in (0, 1, 3))
+    flags = ("BLOCK_P: tl.constexpr", "GP: tl.constexpr", "CG: tl.constexpr", "CGP: tl.constexpr")
+    stats = [*_split_tile(), *_split_lines(plan, before, comments)]
+    stats += [
+        f"u = tl.where(mask, {first.expr}, 0.0)",
+        "count = tl.zeros([GP], tl.float32) + (tl.minimum(HW - pb * BLOCK_P, BLOCK_P) * CG).to(tl.float32)",
+        "total = tl.sum(tl.sum(u, axis=2), axis=0)",
+        "centered = tl.where(mask, u - (total / tl.maximum(count, 1.0))[None, :, None], 0.0)",
+        "squares = tl.sum(tl.sum(centered * centered, axis=2), axis=0)",
+        "g1 = tl.arange(0, GP)",
+        "at = (c0 * PB + pb) * GP + g1",
+        "tl.store(ws_ptr + at, total, mask=g1 < G)",
+        "tl.store(ws_ptr + PLANE + at, squares, mask=g1 < G)",
+        "tl.store(ws_ptr + 2 * PLANE + at, count, mask=g1 < G)",
+    ]
+    apply = [*_split_tile(), *_split_lines(plan, before, comments)]
+    apply += [
+        "g3 = tl.arange(0, GP)[None, :, None]",
+        f"{first.name} = tl.load(stats_ptr + c0 * GP + g3, mask=g3 < G, other=0.0)",
+        f"{second.name} = tl.load(stats_ptr + N * GP + c0 * GP + g3, mask=g3 < G, other=0.0)",
+    ]
+    stores = _outputs_by_statement(plan)
+    for s in every[every.index(first) + 1 :]:
+        if s is not second:
+            apply.append(_split_statement(plan, s, comments))
+        for k in stores.get(s.name, []):
+            v = s.name if s.axes >= {"r", "c"} else f"tl.zeros([BLOCK_P, GP, CGP], tl.float32) + {s.name}"
+            offset = f"c0 * out{k}_s0 + c1 * out{k}_s1 + hw * out{k}_s3"
+            apply.append(f"tl.store(out{k}_ptr + ({offset}), {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
+    stats_signature = _signature(plan, kernel_name + "_stats", divs, flags, ("ws_ptr", "HW", "PB", "PLANE"))
+    apply_signature = _signature(plan, kernel_name + "_apply", divs, flags, ("stats_ptr", "HW", "PB", "N", *strides))
+    return "\n\n".join(
+        [
+            stats_signature + "\n" + "\n".join(_indented(stats)),
+            _split_combine(kernel_name + "_combine"),
+            apply_signature + "\n" + "\n".join(_indented(apply)),
+        ]
+    )
+
+
+def _split_tile() -> list[str]:
+    """A program's tile: sample c0, pixels `hw` of block `pb`, every group `g` and its channels."""
+    return [
+        "pid = tl.program_id(0)",
+        "c0 = pid // PB",
+        "pb = pid % PB",
+        "hw = pb * BLOCK_P + tl.arange(0, BLOCK_P)[:, None, None]",
+        "g = tl.arange(0, GP)[None, :, None]",
+        "cg = tl.arange(0, CGP)[None, None, :]",
+        "if INDEX_64:",
+        "    c0 = c0.to(tl.int64)",
+        "    hw = hw.to(tl.int64)",
+        "rows = c0 * G + g",
+        "rmask = (g < G) & (hw < HW)",
+        "cmask = cg < CG",
+        "mask = rmask & cmask",
+        "c1 = g * CG + cg",
+        "c2 = hw // d3",
+        "c3 = hw % d3",
+    ]
+
+
+_SPATIAL = re.compile(r"c2 \* (in\d+)_s2 \+ c3 \* \1_s3")
+
+
+def _split_lines(plan: KernelPlan, stmts: list[Stmt], comments: dict[str, str]) -> list[str]:
+    return [_split_statement(plan, s, comments) for s in stmts]
+
+
+def _split_statement(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str:
+    """`s` over the split tile.  A load's spatial dims are one (the launcher checks every input's
+    are dense), so the pixel index addresses them and Triton sees the runs of pixels in memory."""
+    return _SPATIAL.sub(r"hw * \1_s3", _stmt_line(plan, s, comments))
+
+
+def _split_combine(name: str) -> str:
+    """One program a sample: its blocks' sums and centered squares, added up per group (Chan's
+    parallel variance), written as the group's sum and centered sum of squares."""
+    lines = [
+        "n = tl.program_id(0)",
+        "g1 = tl.arange(0, GP)[None, :]",
+        "total = tl.zeros([GP], tl.float32)",
+        "count = tl.zeros([GP], tl.float32)",
+        "for b0 in range(0, PB, BLOCK_B):",
+        "    b = b0 + tl.arange(0, BLOCK_B)[:, None]",
+        "    m = (b < PB) & (g1 < G)",
+        "    at = (n * PB + b) * GP + g1",
+        "    total += tl.sum(tl.load(ws_ptr + at, mask=m, other=0.0), axis=0)",
+        "    count += tl.sum(tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0), axis=0)",
+        "mean = total / tl.maximum(count, 1.0)",
+        "squares = tl.zeros([GP], tl.float32)",
+        "for b0 in range(0, PB, BLOCK_B):",
+        "    b = b0 + tl.arange(0, BLOCK_B)[:, None]",
+        "    m = (b < PB) & (g1 < G)",
+        "    at = (n * PB + b) * GP + g1",
+        "    s = tl.load(ws_ptr + at, mask=m, other=0.0)",
+        "    k = tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0)",
+        "    d = tl.where(k > 0, s / tl.maximum(k, 1.0) - mean[None, :], 0.0)",
+        "    squares += tl.sum(tl.load(ws_ptr + PLANE + at, mask=m, other=0.0) + k * d * d, axis=0)",
+        "g = tl.arange(0, GP)",
+        "tl.store(stats_ptr + n * GP + g, total, mask=g < G)",
+        "tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)",
+    ]
+    signature = f"@triton.jit\ndef {name}(ws_ptr, stats_ptr, PB, PLANE, N, G, GP: tl.constexpr, BLOCK_B: tl.constexpr):"
+    return signature + "\n" + "\n".join(_indented(lines))

@@ -24,6 +24,7 @@ from .plan import (
     permuted_outputs,
     row_layouts,
     row_views,
+    split_groups,
 )
 
 
@@ -153,17 +154,33 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
 
 def _group_layout(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """A group norm's kernels (`plan.channels_last_groups`) walk each group as its input lies (`cl`:
-    channels-last) and write their outputs that way.  (Written channels-last from a channels-first
-    input for a convolution to read, which cuDNN convolves in 209 µs instead of 328, bf16 3x3 over
-    [32, 256, 64, 64] on an H200, the GroupNorm + SiLU took 529 µs instead of 61: its stores of one
-    channel-run a pixel land 512 bytes apart.)"""
+    channels-last).  Where a GroupNorm's statistics can be gathered in pieces (`plan.split_groups`),
+    the split kernels run instead (`split`) for a channels-last input, or for a channels-first one
+    that only convolutions read (cuDNN convolves channels-last fastest: bf16 3x3 over
+    [32, 256, 64, 64] on an H200, 215 µs against 334), when every input's pixels are one dim in
+    memory.  `out_cl`: the outputs are channels-last.  (Written channels-last from a channels-first
+    input one group a program, the GroupNorm + SiLU took 529 µs instead of 65: each pixel's 8
+    channels of a group land 512 bytes from the next pixel's.)"""
     if not channels_last_groups(plan):
         return []
     direct = [input_names[k] for k in identity_inputs(plan)]
     if not direct:
-        return ["cl = False"]
+        return ["cl = split = out_cl = False"]
     x = direct[0]
-    return [f"cl = {x}.dim() == 4 and {x}.is_contiguous(memory_format=torch.channels_last) and not {x}.is_contiguous()"]
+    lines = [
+        f"cl = {x}.dim() == 4 and {x}.is_contiguous(memory_format=torch.channels_last) and not {x}.is_contiguous()"
+    ]
+    if not split_groups(plan):
+        return [*lines, "split = False", "out_cl = cl"]
+    to_convolution = any(o.to_convolution for o in plan.outputs)
+    spatial = [input_names[k] for k, slot in enumerate(plan.inputs) if {2, 3} <= set(slot.strides_used)]
+    dense = " and ".join(f"{t}.stride(2) == {t}.shape[3] * {t}.stride(3)" for t in spatial) or "True"
+    wanted = f"(cl or {x}.dim() == 4)" if to_convolution else "cl"
+    return [
+        *lines,
+        f"split = {wanted} and {dense} and _next_pow2({plan.groups}) * _next_pow2(d1 // {plan.groups}) <= 8192",
+        "out_cl = cl or split",
+    ]
 
 
 def _output_allocations(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -189,7 +206,7 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         nhwc = (
             f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype}, memory_format=torch.channels_last)"
         )
-        return f"{nhwc} if cl else {fresh}"
+        return f"{nhwc} if out_cl else {fresh}"
     direct = [input_names[k] for k in identity_inputs(plan)]
     if plan.kind == "elementwise" and direct:
         return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if dense else {fresh}"
@@ -344,6 +361,12 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}{layout}, num_warps=warps)",
         *_column_totals_added(plan),
     ]
+    if split_groups(plan):
+        return [
+            *_split_launch(plan, kernel_name, input_names, call_args),
+            "else:",
+            *["    " + t for t in tile + launch],
+        ]
     layouts = row_layouts(plan)
     if not layouts:
         return tile + launch
@@ -360,6 +383,27 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=False, num_warps=warps)",
         "else:",
         *["    " + line for line in launch],
+    ]
+
+
+def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+    """The split group kernels' launches (`emit._split_groups`): a block of pixels with every channel
+    a program, 8192 elements a tile."""
+    device = f"{input_names[0]}.device"
+    strides = ", ".join(f"out{k}.stride({j})" for k in range(len(plan.outputs)) for j in (0, 1, 3))
+    sizes = "BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP"
+    return [
+        "if split:  # pixels with every channel a program: either layout at streaming speed",
+        "    GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
+        "    block_p = max(1, _SPLIT_TILE // (GP * CGP))",
+        "    PB = (HW + block_p - 1) // block_p",
+        f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
+        f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
+        f"    {kernel_name}_stats[(d0 * PB,)]({call_args}, ws, HW, PB, d0 * PB * GP,",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=_SPLIT_WARPS)",
+        f"    {kernel_name}_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))",
+        f"    {kernel_name}_apply[(d0 * PB,)]({call_args}, stats, HW, PB, d0, {strides},",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=_SPLIT_WARPS)",
     ]
 
 

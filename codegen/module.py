@@ -111,6 +111,9 @@ def _row_pitches(leads, sizes, row_major=False):
 # RoPE's 0.5 MB transposed frequencies 4.6 against 9.1; a 4.6 MB one 12.5 plain, 6.7 across.
 _ACROSS_MIN_BYTES = 3 << 20
 
+# The split group kernels' tile (elements) and warps a program.
+_SPLIT_TILE, _SPLIT_WARPS = 8192, 8
+
 
 def _row_order(leads, sizes, others, row_major=False):
     """(pitches, out_pitches, dense, fast) for an elementwise kernel that also reads full-size

@@ -117,6 +117,9 @@ class OutputSlot:
     # Summed over the rows (a norm's weight gradient, [C] from [N, C] rows): the whole-row kernel
     # writes each program's partial column sums in float32, the launcher adds them up.
     col_total: bool = False
+    # Read only by 2-D convolutions (a GroupNorm + SiLU before a conv): written channels-last, the
+    # layout cuDNN convolves fastest, by the kernels that can (`split_groups`).
+    to_convolution: bool = False
 
 
 @dataclass
@@ -287,7 +290,9 @@ class _Planner:
                 raise PlanError("no-lowering", str(exc)) from None
             total = self._row_total(node) if shape != tuple(meta.shape) else None
             dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
-            out_slots.append(OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims))
+            out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims)
+            out_slot.to_convolution = self._read_by_convolutions_only(o)
+            out_slots.append(out_slot)
         self._baked_numbers()
         return KernelPlan(
             kind,
@@ -363,6 +368,11 @@ class _Planner:
             if not steps or any(step[0] != "permute" for step in steps) or not self._read_by_gemms_only(u):
                 return False
         return bool(readers)
+
+    def _read_by_convolutions_only(self, node_id: int) -> bool:
+        """Whether every reader outside the cluster is a 2-D convolution, reading it as its input."""
+        readers = [self.g[u] for u in self.g.users(node_id) if u not in self.members]
+        return bool(readers) and all(u.op == "conv2d" and u.inputs[:1] == [node_id] for u in readers)
 
     def _escaping(self) -> list[int]:
         g = self.g
@@ -1013,6 +1023,23 @@ def channels_last_groups(plan: KernelPlan) -> bool:
     group's columns then run channel fastest, as that layout stores them, and the outputs are
     channels-last too, as the input was."""
     return bool(plan.groups) and len(plan.domain) == 4
+
+
+def split_groups(plan: KernelPlan) -> bool:
+    """A group norm (`channels_last_groups`) whose statistics can be gathered in pieces: its two
+    reductions are a sum and the centered sum of squares around that sum's mean (a GroupNorm's mean
+    and variance), and every output is full-size.  Its kernels can then take a block of pixels and
+    every channel at once (`emit._split_groups`), which reads and writes both layouts at streaming
+    speed."""
+    if not channels_last_groups(plan) or any(o.row_only or o.col_total or o.dims for o in plan.outputs):
+        return False
+    reductions = [s for s in plan.stmts if s.reduce]
+    return (
+        len(reductions) == 2
+        and reductions[0].how == "sum"
+        and reductions[1].how == "sum"
+        and reductions[1].centered == (reductions[0].expr, reductions[0].name)
+    )
 
 
 def column_totals(plan: KernelPlan) -> list[int]:

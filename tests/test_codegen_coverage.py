@@ -1109,7 +1109,22 @@ REDUCTIONS = [
             def forward(self, x):
                 return F.silu(self.norm(x.permute(0, 3, 1, 2)))
         """,
-        [("2,40,130,8", "float32")],  # 10400-wide groups: the looped kernel
+        [("2,40,130,8", "float32")],  # 10400-wide groups
+        [["group_norm", "silu"]],
+    ),
+    case(
+        "group-norm-of-a-channels-last-view-too-wide-to-split",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(32, 16384)
+                nn.init.normal_(self.norm.weight)
+
+            def forward(self, x):
+                return F.silu(self.norm(x.permute(0, 3, 1, 2)))
+        """,
+        [("1,2,3,16384", "float32")],  # 32 groups of 512 channels: one group a program, walked channels-last
         [["group_norm", "silu"]],
     ),
     case(
