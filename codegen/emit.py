@@ -827,8 +827,7 @@ def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], 
     every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     first, second = [s for s in every if s.reduce]
     before = every[: every.index(first)]
-    full = [k for k, o in enumerate(plan.outputs)]
-    strides = tuple(f"out{k}_s{j}" for k in full for j in (0, 1, 3))
+    strides = tuple(f"out{k}_s{j}" for k in range(len(plan.outputs)) for j in (0, 1, 3))
     flags = ("BLOCK_P: tl.constexpr", "GP: tl.constexpr", "CG: tl.constexpr", "CGP: tl.constexpr")
     stats = [*_split_tile(), *_split_lines(plan, before, comments)]
     stats += [
