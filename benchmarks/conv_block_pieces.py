@@ -1,7 +1,8 @@
 """Where the applied conv block's time goes: each convolution in each layout, with and without its
 bias, and each of the block's kernels on channels-first and channels-last inputs, timed one by one.
 
-    python benchmarks/conv_block_pieces.py
+    python benchmarks/conv_block_pieces.py            # every piece
+    python benchmarks/conv_block_pieces.py --sweep    # the split group kernels' tile and warps
 
 The conv block (`examples/conv_block.py`) is applied at its DRAM-size shapes (bf16, [32, 256, 64, 64]),
 then every piece is captured in a CUDA graph and the replays are sampled in turn.  Needs CUDA.
@@ -65,12 +66,41 @@ def main() -> int:
         "channels-first to channels-last copy": lambda: x.contiguous(memory_format=torch.channels_last),
         "the applied block": lambda: block(x, t),
     }
+    print(f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}; bf16 {x_shape}")
+    if "--sweep" in sys.argv:
+        return _sweep(kernels, pieces)
     with torch.no_grad():
         times = medians_in_turn({name: graph_replay(fn) for name, fn in pieces.items()}, 15)
-    print(f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}; bf16 {x_shape}")
     for name, us in times.items():
         print(f"{name:60s} {us:8.1f} µs")
     return 0
+
+
+def _sweep(kernels, pieces) -> int:
+    """Time the group-norm clusters under each split tile and warp count.  The launchers read the
+    kernel module's `_SPLIT_TILE` and `_SPLIT_WARPS_*` when called, so each graph captures its own."""
+    import torch
+
+    from fuselens.validate.gpu import graph_replay, medians_in_turn
+
+    names = [n for n in pieces if n.startswith("cluster0") or n.startswith("cluster1")]
+    configs = [(tile, warps) for tile in (2048, 4096, 8192, 16384, 32768) for warps in (2, 4, 8, 16)]
+    graphs = {}
+    with torch.no_grad():
+        for tile, warps in configs:
+            kernels._SPLIT_TILE, kernels._SPLIT_WARPS_LAST, kernels._SPLIT_WARPS_FIRST = tile, warps, warps
+            for name in names:
+                graphs[_config_key(tile, warps, name)] = graph_replay(pieces[name])
+        times = medians_in_turn(graphs, 15)
+    print(f"{'tile':>6s} {'warps':>5s} " + " ".join(f"{n[:22]:>22s}" for n in names))
+    for tile, warps in configs:
+        row = " ".join(f"{times[_config_key(tile, warps, n)]:22.1f}" for n in names)
+        print(f"{tile:6d} {warps:5d} {row}")
+    return 0
+
+
+def _config_key(tile: int, warps: int, name: str) -> str:
+    return f"{tile} elements, {warps} warps: {name}"
 
 
 if __name__ == "__main__":

@@ -388,7 +388,8 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
 
 def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
     """The split group kernels' launches (`emit._split_groups`): a block of pixels with every channel
-    a program, 8192 elements a tile."""
+    a program, `_SPLIT_TILE` elements a tile, fewer warps for a channels-first input (whose pixels
+    are the tile's contiguous runs)."""
     device = f"{input_names[0]}.device"
     strides = ", ".join(f"out{k}.stride({j})" for k in range(len(plan.outputs)) for j in (0, 1, 3))
     sizes = "BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP"
@@ -396,14 +397,15 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ca
         "if split:  # pixels with every channel a program: either layout at streaming speed",
         "    GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
         "    block_p = max(1, _SPLIT_TILE // (GP * CGP))",
+        "    warps = _SPLIT_WARPS_LAST if cl else _SPLIT_WARPS_FIRST",
         "    PB = (HW + block_p - 1) // block_p",
         f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
         f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
         f"    {kernel_name}_stats[(d0 * PB,)]({call_args}, ws, HW, PB, d0 * PB * GP,",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=_SPLIT_WARPS)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=warps)",
         f"    {kernel_name}_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))",
         f"    {kernel_name}_apply[(d0 * PB,)]({call_args}, stats, HW, PB, d0, {strides},",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=_SPLIT_WARPS)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=warps)",
     ]
 
 
