@@ -398,18 +398,40 @@ def kinds_session(tmp_path_factory):
         ["helper", "q = q * cos + rotate_half(q) * sin", "^Fuse line", "q = cluster1("],
         ["outputs", "x = x + self.wo(attn)", "^Fuse lines", "x, h = cluster4("],
     ]
-    return _kinds(tmp_path_factory, "llama_block.py", 6, fixes, restore=True)
+    restore = {
+        "one": ["probs = cluster3(", "^Restore the original code of cluster3$", "scores = torch.matmul"],
+        "all": "q = cluster1(",
+    }
+    return _kinds(tmp_path_factory, "llama_block.py", 6, fixes, restore)
 
 
 @pytest.fixture(scope="module")
 def gemma_session(tmp_path_factory):
     """The Gemma-style block, whose norm rebinds `hidden_states` around a submodule's call."""
     fixes = [["rebinding", "hidden_states = residual + self.attn_out", "^Fuse lines", "fused_1 = cluster0("]]
-    return _kinds(tmp_path_factory, "gemma_norm.py", 2, fixes, restore=False)
+    return _kinds(tmp_path_factory, "gemma_norm.py", 2, fixes, None)
 
 
-def _kinds(tmp_path_factory, name: str, clusters: int, fixes: list, restore: bool) -> dict:
-    """A session on the example `name` (with the examples' pyproject.toml) that applies `fixes`."""
+@pytest.fixture(scope="module")
+def diffusion_session(tmp_path_factory):
+    """The diffusion ResBlock: GroupNorm -> SiLU -> conv on one line, each convolution's bias added in
+    the kernel after it; every cluster fixed, then one restored and then all."""
+    fixes = [
+        ["one line", "h = self.conv1(F.silu(self.norm1(x)))", "^Fuse line", "cluster0("],
+        ["a convolution's bias", "h = h + self.emb_proj(F.silu(emb))", "^Fuse lines", "cluster1("],
+        ["the residual", "return self.skip(x) + h", "^Fuse line", "return cluster2("],
+    ]
+    # cluster2's edit carries cluster1's (the second convolution's call, its bias passed on), which
+    # carries cluster0's: restoring cluster2 restores the three lines; "every cluster" has nothing left.
+    restore = {
+        "one": ["return cluster2(", "^Restore the original code of cluster2 %(and of", "return self.skip(x) + h"]
+    }
+    return _kinds(tmp_path_factory, "diffusion_block.py", 3, fixes, restore)
+
+
+def _kinds(tmp_path_factory, name: str, clusters: int, fixes: list, restore: dict | None) -> dict:
+    """A session on the example `name` (with the examples' pyproject.toml) that applies `fixes`, then
+    (`restore`) restores one cluster and every cluster."""
     files = {
         name: pathlib.Path(example(name)).read_text(encoding="utf-8"),
         "pyproject.toml": '[project]\nname = "ws"\n\n'
@@ -422,7 +444,7 @@ def _kinds(tmp_path_factory, name: str, clusters: int, fixes: list, restore: boo
         files=files,
         FUSELENS_CLUSTERS=str(clusters),
         FUSELENS_FIXES=json.dumps(fixes),
-        FUSELENS_RESTORE="1" if restore else "0",
+        FUSELENS_RESTORE=json.dumps(restore) if restore else "",
     )
 
 
@@ -493,3 +515,20 @@ def test_quick_fix_of_a_norm_that_rebinds_its_input(gemma_session):
         "        hidden_states = fused_1",
     ]
     assert "        residual = hidden_states" in gemma_session["fixes"]["rebinding"]["buffer"]  # the sum, as before
+
+
+def test_quick_fixes_on_a_line_of_three_calls_and_their_restore(diffusion_session):
+    _no_errors(diffusion_session, "diagnostics", "fix one line", "fix a convolution's bias", "fix the residual")
+    fixed = diffusion_session["fixes"]
+    removed, added = _changed(diffusion_session["original"], fixed["one line"]["buffer"])
+    assert removed == ["        h = self.conv1(F.silu(self.norm1(x)))"]
+    assert added == [line for line in added if "cluster0(x, self.norm1.weight" in line] and len(added) == 1
+    after = fixed["the residual"]["buffer"]
+    assert "self.conv1._conv_forward(cluster0(" in after, after  # the convolution, its bias in cluster1
+    assert "cluster1(h, self.conv1.bias" in after, after
+    assert "return cluster2(self.skip._conv_forward(x, self.skip.weight, None), self.skip.bias" in after, after
+    _no_errors(diffusion_session, "restore one")
+    titles = diffusion_session["restore_titles"]
+    assert "Restore the original code of cluster2 (and of cluster0, cluster1, whose code shares its lines)" in titles
+    assert diffusion_session["restored_one"] == diffusion_session["original"]
+    assert diffusion_session["model_on_disk"] == diffusion_session["original"]

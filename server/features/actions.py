@@ -183,12 +183,21 @@ def restore_actions(
         one = edits_mod.restore_edits(text, path, module_path, module_text, [name])
         call = one.edits[0] if one.edits else None
         if call is not None and call.start <= last and call.end >= first:
-            actions.append(_restore_action(f"Restore the original code of {name}", uri, version, one.edits))
+            actions.append(_restore_action(_restore_title(name, one.restored), uri, version, one.edits))
     title = f"Restore the original code of every fused cluster in {os.path.basename(path)}"
     if edits_mod.INSTALL in everything.restored:
         title += " (and run the library's own code)"
     actions.append(_restore_action(title, uri, version, everything.edits))
     return actions
+
+
+def _restore_title(name: str, restored: list[str]) -> str:
+    """Name every kernel the action restores: restoring one whose code shares lines with others'
+    (a convolution's call passed to the next kernel without its bias) restores those lines whole."""
+    others = [k for k in restored if k != name]
+    if not others:
+        return f"Restore the original code of {name}"
+    return f"Restore the original code of {name} (and of {', '.join(others)}, whose code shares its lines)"
 
 
 def _restore_action(title: str, uri: str, version: int, edits: list[edits_mod.LineEdit]) -> lsp.CodeAction:

@@ -5,8 +5,8 @@
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
 --                               cluster in the library's code, then the analysis after saving
 --   $FUSELENS_MODE = "kinds": the quick fixes $FUSELENS_FIXES lists, one after the other, each
---                             after the analysis of the previous one; with $FUSELENS_RESTORE=1,
---                             the restore of one cluster (cluster3) and of every cluster
+--                             after the analysis of the previous one; then, where $FUSELENS_RESTORE
+--                             names them, the restore of one cluster and of every cluster
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()
@@ -260,32 +260,38 @@ if os.getenv("FUSELENS_MODE") == "kinds" then
   for _, f in ipairs(vim.fn.json_decode(os.getenv("FUSELENS_FIXES"))) do
     fix(f[1], f[2], f[3], f[4])
   end
-  if os.getenv("FUSELENS_RESTORE") ~= "1" then
+  -- { one = { a line of code, the action's title pattern, what the restore writes back },
+  --   all = a line of code }
+  local restore = os.getenv("FUSELENS_RESTORE") ~= "" and vim.fn.json_decode(os.getenv("FUSELENS_RESTORE")) or nil
+  if restore == nil then
     save()
     vim.cmd("qa!")
     return
   end
   step("restore one", function()
     local before = #publications
-    vim.api.nvim_win_set_cursor(0, { line_of("probs = cluster3("), 8 })
-    code_action("^Restore the original code of cluster3$")
+    local code, pattern, expected = restore.one[1], restore.one[2], restore.one[3]
+    vim.api.nvim_win_set_cursor(0, { line_of(code), 8 })
+    code_action(pattern)
     wait(15000, "the restored lines", function()
-      return text():find("scores = torch.matmul", 1, true) ~= nil
+      return text():find(expected, 1, true) ~= nil
     end)
     results.restore_titles = results.action_titles
     results.restored_one = text()
     analyzed_again(before)
   end)
-  step("restore all", function()
-    vim.api.nvim_win_set_cursor(0, { line_of("q = cluster1("), 8 })
-    code_action("^Restore the original code of every fused cluster")
-    wait(15000, "every cluster restored", function()
-      return text():find("cluster", 1, true) == nil
+  if restore.all ~= nil then
+    step("restore all", function()
+      vim.api.nvim_win_set_cursor(0, { line_of(restore.all), 8 })
+      code_action("^Restore the original code of every fused cluster")
+      wait(15000, "every cluster restored", function()
+        return text():find("cluster", 1, true) == nil
+      end)
+      results.restored_all = text()
     end)
-    results.restored_all = text()
-    vim.cmd("silent! write")
-    results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
-  end)
+  end
+  vim.cmd("silent! write")
+  results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
   save()
   vim.cmd("qa!")
   return
