@@ -188,7 +188,27 @@ def step(model, inputs, upstream, forward_only=False):
     return torch.autograd.grad(outs, wrt, upstream)
 
 
-def run_case(name: str, tokens: int, classes, autotune: bool = True) -> dict:
+def print_kernel_times(fns: dict, steps: int = 10) -> None:
+    """Each model's GPU kernels in one step (µs a step, from the profiler over `steps` steps): where
+    a step's time goes, kernel by kernel."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        events.sort(key=lambda e: -e.self_device_time_total)
+        print(f"  {name}: kernels a step")
+        for e in events[:8]:
+            print(f"    {e.self_device_time_total / steps:8.1f} µs  x{e.count // steps}  {e.key[:110]}")
+
+
+def run_case(name: str, tokens: int, classes, autotune: bool = True, kernels: bool = False) -> dict:
     import torch
 
     from fuselens.validate.gpu import graph_replay, medians_in_turn
@@ -227,6 +247,8 @@ def run_case(name: str, tokens: int, classes, autotune: bool = True) -> dict:
         except (RuntimeError, torch.OutOfMemoryError) as exc:
             print(f"  {n}: not captured ({type(exc).__name__}: {str(exc)[:120]})", file=sys.stderr)
     times = medians_in_turn(graphs, 15)
+    if kernels:
+        print_kernel_times(fns)
     return {
         "case": name,
         "tokens": tokens,
@@ -271,6 +293,7 @@ def main() -> int:
         "--no-autotune", action="append", default=[], metavar="CASE",
         help="time CASE against compile mode default only (its max-autotune column stays empty)",
     )  # fmt: skip
+    parser.add_argument("--kernels", action="store_true", help="also print each model's kernel times a step")
     args = parser.parse_args()
     import time
 
@@ -292,7 +315,7 @@ def main() -> int:
                 continue
             print(f"… {name}: {tokens} tokens", file=sys.stderr, flush=True)
             try:
-                rows.append(run_case(name, tokens, (original, patched), name not in args.no_autotune))
+                rows.append(run_case(name, tokens, (original, patched), name not in args.no_autotune, args.kernels))
             except Exception as exc:  # a case that fails is a finding, not a lost run
                 print(f"  {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue

@@ -212,6 +212,19 @@ def _row_major(sizes):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _total_tile(rows, block_r, warps, full_inputs):
+    """(BLOCK_R, num_warps) for a row kernel that also sums columns over the rows.  With three or
+    more full-size inputs a row: four times the rows a tile and the warps to match (at most 16), so
+    that fewer programs keep as many rows in flight and leave fewer rows of partial sums.  Measured
+    on an H200, bf16 backward steps at 8192 x 4096 (tile growth 1 / 2 / 4): LayerNorm of a residual
+    sum 190.6 / 215.0 / 167.3 µs, residual + RMSNorm 165.4 / 185.6 / 158.6, RMSNorm (two inputs)
+    111.3 / 115.7 / 119.6."""
+    grow = 1
+    while full_inputs >= 3 and grow < 4 and warps * grow * 2 <= 16 and block_r * grow * 2 <= rows:
+        grow *= 2
+    return block_r * grow, warps * grow
+
+
 def _row_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise

@@ -73,9 +73,10 @@ def test_the_held_out_summary_counts_the_rows_of_its_table():
 
 
 def test_the_readme_training_figures_are_the_training_table_s():
-    rows = {
-        r["case"]: ratio(r["applied vs better compile"]) for r in table_after(read("docs/benchmarks.md"), "## Training")
-    }
+    doc = read("docs/benchmarks.md")
+    # The training table, with the norms as the later run with bigger backward tiles measured them.
+    rows = {r["case"]: ratio(r["applied vs better compile"]) for r in table_after(doc, "## Training")}
+    rows |= {r["case"]: ratio(r["applied vs better compile"]) for r in table_after(doc, "**The norms again")}
     readme = " ".join(read("README.md").split())
     sentence = readme.split("Training, one step", 1)[1].split("(`python benchmarks/training.py`)", 1)[0]
     stated = {

@@ -68,7 +68,10 @@ def run_nvim(tmp_path, mode: str, trusted: bool, files: dict[str, str] | None = 
             "-u",
             os.path.join(HERE, "nvim", "init.lua"),
             "-c",
-            f"luafile {os.path.join(HERE, 'nvim', 'test_script.lua')}",
+            # A script that does not load or raises outside its steps quits with the error, rather
+            # than leaving headless Neovim waiting for the timeout.
+            f"lua local ok, err = pcall(dofile, {json.dumps(os.path.join(HERE, 'nvim', 'test_script.lua'))})"
+            " if not ok then io.stderr:write(tostring(err) .. '\\n') vim.cmd('cquit 3') end",
         ],
         env=env,
         cwd=tmp_path,
