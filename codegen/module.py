@@ -211,7 +211,6 @@ def _row_major(sizes):
     return pitches[::-1]
 
 
-@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _total_tile(rows, block_r, warps, full_inputs):
     """(BLOCK_R, num_warps) for a row kernel that also sums columns over the rows.  With three or
     more full-size inputs a row: four times the rows a tile and the warps to match (at most 16), so
@@ -225,6 +224,7 @@ def _total_tile(rows, block_r, warps, full_inputs):
     return block_r * grow, warps * grow
 
 
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
 def _row_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise
