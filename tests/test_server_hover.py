@@ -45,6 +45,11 @@ async def test_hover_shows_the_bytes_moved(client: Client, analyzed: str):
     text = (await client.hover(analyzed, 19)).contents.value
     assert "**384 MB → 128 MB** (−67%) DRAM traffic" in text
     assert "reads `x` 16384×1024 float32; writes 16384×1024 float32" in text
+    # The training line gives the backward's traffic apart from the forward's: less when fused.
+    (unfused, fused) = re.findall(
+        r"a backward kernel computes .* \(\*\*([\d.]+) MB → ([\d.]+) MB\*\* of DRAM traffic\)", text
+    )[0]
+    assert float(fused) < float(unfused), text
 
 
 @pytest.mark.parametrize("line", [1, 11, 14, 17, 21, 22, 26, 27])

@@ -110,6 +110,9 @@ def _training_line(c: Cluster) -> str:
     """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs."""
     if c.backward:
         line = f"**training**: a backward kernel computes the {c.backward_detail}"
+        if c.backward_bytes_unfused is not None and c.backward_bytes_fused is not None:
+            moved = f"{bytes_label(c.backward_bytes_unfused)} → {bytes_label(c.backward_bytes_fused)}"
+            line += f" (**{moved}** of DRAM traffic)"
         if c.saved_bytes_fused is not None and c.saved_bytes_eager is not None:
             line += (
                 f"; the forward keeps {bytes_label(c.saved_bytes_fused)} for it "
