@@ -78,6 +78,8 @@ def op_bytes(graph: Graph, node: Node) -> int:
         return 0
     if node.op in ("gather", "embedding"):  # reads its indices and what they pick (an element, a row)
         return value_bytes(graph[node.inputs[1]]) + 2 * value_bytes(node)
+    if node.op == "one_hot":  # reads its indices, writes the one-hots
+        return value_bytes(graph[node.inputs[0]]) + value_bytes(node)
     if node.op == "cross_entropy":  # eager: log_softmax writes the log-probabilities, nll_loss picks from them
         logits, targets = (value_bytes(graph[i]) for i in node.inputs[:2])
         return 2 * logits + targets + value_bytes(node)

@@ -149,6 +149,8 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         return _normalise_cross_entropy(func, args, kwargs, out_t)
     if canon == "embedding":
         return _normalise_embedding(func, args, kwargs, out_t)
+    if canon == "one_hot":
+        return _normalise_one_hot(func, args, kwargs, out_t)
     if cls is OpClass.REDUCTION:
         return _normalise_reduction(canon, func, args, kwargs, out_t)
     if cls is OpClass.VIEW or canon == "mT":
@@ -235,6 +237,16 @@ def _normalise_embedding(func, args, kwargs, out_t):
     if bound.get("max_norm") is not None or weight.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
         return None
     return "embedding", OpClass.LOOKUP, [weight, ids], {}
+
+
+def _normalise_one_hot(func, args, kwargs, out_t):
+    """`F.one_hot(index, num_classes)`: 1 where the element's last coordinate is its index, a lookup
+    of the index alone.  Without `num_classes` the width is the largest index, a value: opaque."""
+    bound = bind(func, args, kwargs, ["tensor", "num_classes"])
+    index, classes = bound.get("tensor"), bound.get("num_classes", -1)
+    if not isinstance(index, torch.Tensor) or out_t is None or not isinstance(classes, int) or classes <= 0:
+        return None
+    return "one_hot", OpClass.LOOKUP, [index], {"classes": classes}
 
 
 _CROSS_ENTROPY = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing"]

@@ -145,7 +145,7 @@ CHANNEL = frozenset({"batch_norm"})
 
 # Elementwise over the result, each element one of a table's rows read at an index: `embedding(ids, W)`
 # is W[ids[...], :] (out[..., d] = W[ids[...], d]).
-LOOKUP = frozenset({"embedding"})
+LOOKUP = frozenset({"embedding", "one_hot"})
 
 REDUCTION = frozenset(
     {

@@ -13,8 +13,9 @@ once at a small shape (the kernels read every size at call time), then timed at 
 One step is the forward and `torch.autograd.grad` of its output, with a fixed random upstream
 gradient, with respect to the inputs and the parameters (no `.grad` accumulation in the timing).
 "held" is what the forward leaves allocated for the backward (its output included); "peak" what one
-step allocates at its peak, both beyond the inputs (`torch.cuda.memory_allocated`).  The last case
-is one training step of the whole Llama block example.  The kernels were not tuned on this suite.
+step allocates at its peak, both beyond the inputs (`torch.cuda.memory_allocated`).  The loss case
+is over a 128256-word vocabulary; the last case is one training step of the whole Llama block
+example.  The kernels were not tuned on this suite.
 Writes training.json and training.md to --out.
 """
 
@@ -61,7 +62,9 @@ def _example(name: str) -> str:
         return fh.read()
 
 
-# name -> (source, the class to time, its inputs at `tokens` tokens: [(shape, needs grad)])
+# name -> (source, the class to time, its inputs at `tokens` tokens: [(shape, kind)]), where kind is
+# True / False for a bf16 tensor that wants a gradient or not, or a number of classes for int64
+# targets below it (a tenth of them -100, the ignore_index people pad with, for a loss that has one).
 CASES = {
     "RMSNorm": (
         RMSNORM + "\n\nclass Model(RMSNorm):\n    pass\n",
@@ -129,6 +132,24 @@ class Model(nn.Module):
 """,
         lambda t: [((t // 2048, 8, 2048, 2048), True)],
     ),
+    # A language model's loss over a Llama-3 vocabulary, as people write it: the gradient of the
+    # bf16 logits, which the float32 log-probabilities eager keeps for the backward never need.
+    "cross-entropy (vocabulary 128256)": (
+        """
+class Model(nn.Module):
+    def forward(self, logits, target):
+        return F.cross_entropy(logits.float(), target, ignore_index=-100)
+""",
+        lambda t: [((t, 128256), True), ((t,), 128256)],
+    ),
+    "per-token log-softmax pick (vocabulary 128256)": (
+        """
+class Model(nn.Module):
+    def forward(self, logits, target):
+        return -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
+""",
+        lambda t: [((t, 128256), True), ((t,), 128256)],
+    ),
     # One training step of a whole block: the shipped Llama example (dim 1024, 8 heads, SwiGLU 2816).
     "Llama block (examples/llama_block.py)": (
         _example("llama_block.py") + "\n\nclass Model(LlamaBlock):\n    pass\n",
@@ -149,7 +170,8 @@ def applied_models(source: str, name: str, inputs: list[tuple[tuple[int, ...], b
         fh.write(HEADER + textwrap.dedent(source).lstrip())
     original = load_model_file(path, f"original_{name}").Model
     shapes = [",".join(map(str, shape)) for shape, _ in inputs]
-    options = AnalyzeOptions(input_shapes=shapes, dtypes=["bfloat16"] * len(shapes), param_dtype="bfloat16")
+    dtypes = ["bfloat16" if isinstance(kind, bool) else "int64" for _, kind in inputs]
+    options = AnalyzeOptions(input_shapes=shapes, dtypes=dtypes, param_dtype="bfloat16")
     result = apply_file(path, options, None, lambda _: True)
     if not result.applied:
         raise SystemExit(f"{name}: nothing applied: {result.skipped}")
@@ -208,6 +230,17 @@ def print_kernel_times(fns: dict, steps: int = 10) -> None:
             print(f"    {e.self_device_time_total / steps:8.1f} µs  x{e.count // steps}  {e.key[:110]}")
 
 
+def case_input(shape, kind, ignored: bool = True):
+    """One input of a case (`CASES`): bf16 values, or int64 targets, a tenth of them ignored where
+    the loss ignores any (a gather has no ignore_index)."""
+    import torch
+
+    if isinstance(kind, bool):
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_(kind)
+    target = torch.randint(0, kind, shape, device="cuda")
+    return target.masked_fill(torch.rand(shape, device="cuda") < 0.1, -100) if ignored else target
+
+
 def run_case(name: str, tokens: int, classes, autotune: bool = True, kernels: bool = False) -> dict:
     import torch
 
@@ -218,10 +251,8 @@ def run_case(name: str, tokens: int, classes, autotune: bool = True, kernels: bo
     a = original().cuda().to(torch.bfloat16)
     b = applied().cuda().to(torch.bfloat16)
     b.load_state_dict(a.state_dict())
-    inputs = [
-        torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_(grad)
-        for shape, grad in CASES[name][1](tokens)
-    ]
+    ignored = "ignore_index" in CASES[name][0]
+    inputs = [case_input(shape, kind, ignored) for shape, kind in CASES[name][1](tokens)]
     with torch.no_grad():
         outs = a(*inputs)
     outs = outs if isinstance(outs, tuple) else (outs,)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from fuselens.analysis.graph import Graph, Node, Ref
 from fuselens.analysis.ops import OpClass
 
-from .plan import KernelPlan
+from .plan import KernelPlan, saved_counts
 from .reference import forward_lines
 
 
@@ -68,17 +68,20 @@ def backward_text(
     `wanted`.  The cluster's outputs are parameters too: where a derivative reads one (a residual sum
     that a norm then reads), the backward reads it from memory instead of recomputing it from
     inputs, which then need not be kept."""
-    results = _fresh([f"result{k}" for k in range(len(plan.outputs))], params + number_params)
-    given = {
-        out.node: results[k] for k, out in enumerate(plan.outputs) if out.node not in {s.node for s in plan.inputs}
-    }
-    body, names = forward_lines(graph, plan, params, number_params, given)
-    grads = _fresh([f"grad{k}" for k in range(len(plan.outputs))], params + number_params)
-    writer = _Writer(graph, plan, names)
-    for k, out in enumerate(plan.outputs):
-        writer.add(out.node, grads[k])
-    folded = _slices_of_inputs(graph, plan)
+    counts = saved_counts(plan)
+    returned_by_op = len(plan.outputs) + len(counts)  # the cluster's outputs, then what it keeps
+    results = _fresh([f"result{k}" for k in range(returned_by_op)], params + number_params)
     inputs = {s.node for s in plan.inputs}
+    given = {out.node: results[k] for k, out in enumerate(plan.outputs) if out.saved is None and out.node not in inputs}
+    saved = {(out.node, out.saved): results[k] for k, out in enumerate(plan.outputs) if out.saved}
+    saved |= {(plan.outputs[k].node, "count"): results[len(plan.outputs) + j] for j, k in enumerate(counts)}
+    body, names = forward_lines(graph, plan, params, number_params, given)
+    grads = _fresh([f"grad{k}" for k in range(returned_by_op)], params + number_params)
+    writer = _Writer(graph, plan, names, saved=saved)
+    for k, out in enumerate(plan.outputs):
+        if out.saved is None:
+            writer.add(out.node, grads[k])
+    folded = _slices_of_inputs(graph, plan)
     for member in sorted(set(plan.members) | {plan.inputs[k].node for k in folded}, reverse=True):
         node = graph[member]
         if member in writer.adjoint and (member not in inputs or node.cls is OpClass.VIEW):
@@ -220,6 +223,10 @@ class _Writer:
     slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
     leads: dict[int, int] = field(default_factory=dict)  # input -> where it runs along the domain (`BackwardText`)
     at: Node | None = None  # the op whose derivative is being written: its contributions have its shape
+    # What the forward kept for the backward (`OutputSlot.saved`): (node, "lse" | "count") -> its parameter.
+    saved: dict[tuple[int, str], str] = field(default_factory=dict)
+    # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
+    row_totals: dict[int, str] = field(default_factory=dict)
 
     def value(self, arg) -> str:
         """An operand as the recomputed forward names it, or a number's literal."""
@@ -261,6 +268,7 @@ class _Writer:
     def add(self, node_id: int, text: str) -> None:
         """Accumulate `text` into `node_id`'s gradient."""
         if node_id in self.adjoint:
+            self.row_totals.pop(node_id, None)  # a sum of contributions: its row sum is no longer known
             self.lines.append(f"    g{node_id} = {self.adjoint[node_id]} + {text}")
         else:
             self.lines.append(f"    g{node_id} = {text}")
@@ -466,10 +474,31 @@ def _softmax(w: _Writer, node: Node) -> None:
 
 
 def _log_softmax(w: _Writer, node: Node) -> None:
+    """g - softmax * (g summed over the row).  Where the forward kept the row's log-sum-exp (the
+    log-probabilities are only picked from), the softmax comes from it, and a pick's gradient
+    brings its own row sum (`_pick`): one pass over the logits."""
     _row_reduction(node, w)
-    y, g, dims = w.names[node.id], w.grad(node), _last_dims(node)
-    total = w.let(f"{g}.sum(dim={dims}, keepdim=True)")
-    w.to(_operands(node)[0], f"{g} - torch.exp({y}) * {total}", over_row=False)
+    x, g, dims = _operands(node)[0], w.grad(node), _last_dims(node)
+    total = w.row_totals.get(node.id) or w.let(f"{g}.sum(dim={dims}, keepdim=True)")
+    lse = w.saved.get((node.id, "lse"))
+    if lse is None:
+        w.to(x, f"{g} - torch.exp({w.names[node.id]}) * {total}", over_row=False)
+        return
+    xv = w.value(x)
+    p = w.let(f"torch.exp({w.wide(xv, w.dtype(x))} - {lse}.unsqueeze(-1))")
+    w.to(x, w.narrow(f"{g} - {p} * {total}", "float32", xv, w.dtype(x)), over_row=False)
+
+
+def _pick(w: _Writer, node: Node) -> None:
+    """A gather of one element per row (a loss picking the target's log-probability): the gradient
+    is the picked one at the index and 0 elsewhere, a one-hot; its row sum is the picked gradient."""
+    x, index = _operands(node)[:2]
+    classes, g = _shape(w.graph[x.node])[-1], w.grad(node)
+    hot = w.let(f"torch.nn.functional.one_hot({w.value(index)}[..., 0], {classes})")
+    alone = x.node not in w.adjoint
+    w.to(x, f"{hot} * {g}", over_row=False)
+    if alone:
+        w.row_totals[x.node] = g
 
 
 def _norm(w: _Writer, node: Node, centered: bool) -> None:
@@ -499,6 +528,28 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
         bias = _operands(node)[2]
         # Through float32 (a value the kernel computes, so it can sum it over the rows itself).
         w.to(bias, w.narrow(gf, "float32", w.value(bias), w.dtype(bias)), over_row=False)
+
+
+def _cross_entropy(w: _Writer, node: Node) -> None:
+    """The logits' gradient: softmax less the (smoothed) one-hot target, times each row's share of
+    the upstream gradient (its own for "none", all of it for "sum", over the targets counted for
+    "mean"), 0 on rows whose target is ignored.  The softmax comes from the row log-sum-exp the
+    forward kept, so the gradient is one pass over the logits."""
+    x, target = _operands(node)[:2]
+    lse = w.saved.get((node.id, "lse"))
+    if lse is None:
+        raise NoBackward("a cross-entropy whose forward kept no row log-sum-exp")
+    reduction, ignored = node.params["reduction"], int(node.params["ignore_index"])
+    smoothing, classes = float(node.params["label_smoothing"]), _shape(w.graph[x.node])[-1]
+    t, g = w.value(target), w.grad(node)
+    valid = w.let(f"{t} != {ignored}")
+    share = f"{g} / {w.saved[(node.id, 'count')]}" if reduction == "mean" else g
+    row = w.let(f"torch.where({valid}, {share}, 0.0).unsqueeze(-1)")
+    hot = w.let(f"torch.nn.functional.one_hot(torch.where({valid}, {t}, 0), {classes})")
+    aim = f"{1.0 - smoothing!r} * {hot} + {smoothing / classes!r}" if smoothing else hot
+    xv = w.value(x)
+    p = w.let(f"torch.exp({w.wide(xv, w.dtype(x))} - {lse}.unsqueeze(-1))")
+    w.to(x, w.narrow(f"({p} - {aim}) * {row}", "float32", xv, w.dtype(x)), over_row=False)
 
 
 def _cat(w: _Writer, node: Node) -> None:
@@ -637,6 +688,8 @@ _RULES = {
     "mean": _mean,
     "softmax": _softmax,
     "log_softmax": _log_softmax,
+    "cross_entropy": _cross_entropy,
+    "gather": _pick,
     "layer_norm": lambda w, node: _norm(w, node, centered=True),
     "rms_norm": lambda w, node: _norm(w, node, centered=False),
     "cat": _cat,

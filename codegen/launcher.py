@@ -22,8 +22,10 @@ from .plan import (
     full_rank_loads,
     identity_inputs,
     permuted_outputs,
+    returned_outputs,
     row_layouts,
     row_views,
+    saved_counts,
     split_groups,
 )
 
@@ -67,6 +69,7 @@ def _launch_function(
     body += _memory_order(plan, input_names)
     body += _group_layout(plan, input_names)
     body += _output_allocations(plan, input_names)
+    body += _target_counts(plan, input_names)
     body += _rows_and_columns(plan)
     body += _return_early(plan, input_names)
     body += _index_width(plan, input_names)
@@ -347,7 +350,8 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         contiguous = f"({laid_out}) if cl else ({contiguous})"
         layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
-    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item})"]
+    rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
+    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{', True' if rows_only else ''})"]
     if plan.groups:
         # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)
         # over [32, 256, 64, 64] on an H200 took 61.0 µs instead of 63.2 with 16 (with the residual
@@ -454,9 +458,16 @@ def _output_names(plan: KernelPlan) -> list[str]:
 
 
 def _returns(plan: KernelPlan, input_names: list[str]) -> str:
-    """The launcher's return value: the output, or a tuple of them."""
+    """The launcher's return value: the output, or a tuple of them, then what the backward keeps
+    (`OutputSlot.saved`, and the count of targets of each mean, `saved_counts`)."""
     outs = [_result(k, out, input_names) for k, out in enumerate(plan.outputs)]
+    outs += [f"count{k}" for k in saved_counts(plan)]
     return outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+
+
+def _op_outputs(plan: KernelPlan) -> int:
+    """How many tensors the op returns: the cluster's outputs, then what its backward keeps."""
+    return len(plan.outputs) + len(saved_counts(plan))
 
 
 def _result(k: int, out: OutputSlot, input_names: list[str]) -> str:
@@ -467,8 +478,17 @@ def _result(k: int, out: OutputSlot, input_names: list[str]) -> str:
         return f"out{k}"
     text = f"out{k}.sum()"
     if total.how == "mean":
-        text += f" / ({input_names[total.target_input]} != {total.ignore_index}).sum()"
+        text += f" / count{k}"
     return f"({text}).to(torch.{total.dtype})"
+
+
+def _target_counts(plan: KernelPlan, input_names: list[str]) -> list[str]:
+    """`count<k>`: the number of targets mean loss `k` is over, those that are not `ignore_index`."""
+    return [
+        f"count{k} = ({input_names[out.total.target_input]} != {out.total.ignore_index}).sum()"
+        for k, out in enumerate(plan.outputs)
+        if out.total is not None and out.total.how == "mean"
+    ]
 
 
 def _tuple(items: list[str]) -> str:
@@ -484,7 +504,7 @@ def _op_registration(plan: KernelPlan, name: str) -> list[str]:
     cluster (its output shapes, dtypes and strides from the launcher itself) instead of tracing into it."""
     numbers = tuple(slot.type for slot in plan.scalars if slot.runtime)
     tail = f", {numbers!r}" if numbers else ""
-    return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {len(plan.outputs)}{tail})"]
+    return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {_op_outputs(plan)}{tail})"]
 
 
 def _public_function(
@@ -505,9 +525,17 @@ def _public_function(
         f"def {name}({', '.join(input_names + numbers)}):",
         _docstring(doc),
         f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}{_trains(trains)}){fits}:",
-        f"        return _{name}_op({', '.join(passed)})",
+        f"        return _{name}_op({', '.join(passed)}){_returned_part(plan)}",
         f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]
+
+
+def _returned_part(plan: KernelPlan) -> str:
+    """The index that takes the caller's outputs from the op's, which end with what the backward keeps."""
+    returned = len(returned_outputs(plan))
+    if returned == _op_outputs(plan):
+        return ""
+    return "[0]" if returned == 1 else f"[:{returned}]"
 
 
 def _trains(trains: list[int] | None) -> str:

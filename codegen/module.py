@@ -225,13 +225,18 @@ def _total_tile(rows, block_r, warps, full_inputs):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
-def _row_tile(rows, cols, itemsize):
+def _row_tile(rows, cols, itemsize, rows_only=False):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise
     tiles, or 64 in tiles past 2 KB of elements narrower than 4 bytes.  Measured at DRAM size
     on an H200: 4096-wide bf16 softmax rows ran 154.6 µs with 8 warps and 148.9 with 4, while
     768-wide bf16 LayerNorm rows ran best with 2 warps (one: 43.9 µs, two: 38.4-41.5) and fp32
-    softmax rows 2% slower with half the warps."""
+    softmax rows 2% slower with half the warps.
+    Rows too wide for registers loop over 4096-column blocks, one row a program, with 8 warps, or
+    4 where every output is one value a row (`rows_only`: a loss, one pass over the row).  Swept on
+    an H200 at 8192 bf16 rows (`benchmarks/loop_tiles.py`), against 16 warps: a mean cross-entropy
+    over 128256 columns 604.4 µs with 4 (645.0 with 8, 843.9 with 16), a LayerNorm over 16384
+    159.1 with 8 (160.6), a float32 softmax over 32768 345.9 with 8 (355.5)."""
     width = _next_pow2(cols)
     if width <= {MAX_BLOCK_ROW}:
         block_r = max(1, min(_next_pow2(rows), 1024 // width))
@@ -240,7 +245,7 @@ def _row_tile(rows, cols, itemsize):
         tile = block_r * width * itemsize
         per_thread = 64 if itemsize < 4 and tile > 2048 else 32
         return block_r, width, max(1, min(16, tile // (32 * per_thread))), True
-    return 1, {LOOP_BLOCK}, 16, False
+    return 1, {LOOP_BLOCK}, 4 if rows_only else 8, False
 '''
 
 

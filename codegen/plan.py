@@ -28,6 +28,7 @@ from fuselens.contracts.report import ClusterKind
 from .lowering import (
     BOOL,
     FLOAT,
+    INT,
     LoweringError,
     Operand,
     batch_norm_apply,
@@ -120,6 +121,10 @@ class OutputSlot:
     # Read only by 2-D convolutions (a GroupNorm + SiLU before a conv): written channels-last, the
     # layout cuDNN convolves fastest, by the kernels that can (`split_groups`).
     to_convolution: bool = False
+    # Kept for the backward only, never returned to the caller: a loss's row log-sum-exp ("lse"),
+    # which its gradient reads instead of a second pass over a 32k-256k wide row.  The op returns
+    # these after the cluster's outputs (`returned_outputs` are the others).
+    saved: str | None = None
 
 
 @dataclass
@@ -212,11 +217,13 @@ class _Planner:
         self.input_index: dict[int, int] = {}
         self.scalars: list[ScalarSlot] = []
         self.row_stats: dict[int, tuple[Stmt, Stmt]] = {}  # softmax / loss node -> its row (max, exp-sum)
+        self.row_lse: dict[int, Stmt] = {}  # cross-entropy (or picked log-softmax) node -> its row's log-sum-exp
+        self.escaping: list[int] = []  # the members read outside the group
 
     # ---- structure --------------------------------------------------------------------
     def plan(self) -> KernelPlan:
         g = self.g
-        outputs = self._escaping()
+        outputs = self.escaping = self._escaping()
         reductions = [m for m in self.compute if g[m].cls is OpClass.REDUCTION]
         self.groups = None
         kind: ClusterKind
@@ -293,6 +300,7 @@ class _Planner:
             out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims)
             out_slot.to_convolution = self._read_by_convolutions_only(o)
             out_slots.append(out_slot)
+        out_slots += self._saved_for_backward()
         self._baked_numbers()
         return KernelPlan(
             kind,
@@ -306,6 +314,16 @@ class _Planner:
             self.groups,
             self.scalars,
         )
+
+    def _saved_for_backward(self) -> list[OutputSlot]:
+        """Each cross-entropy's row log-sum-exp (or a log-softmax's whose rows are only picked from),
+        written beside the loss (4 bytes a row) so that its gradient, softmax less the one-hot target,
+        is one pass over the logits, not two."""
+        rows = tuple(self.domain[: self.row_dims])
+        return [
+            OutputSlot(node, lse.name, rows, "float32", row_only=True, saved="lse")
+            for node, lse in sorted(self.row_lse.items())
+        ]
 
     # ---- numbers of the model's state ---------------------------------------------------
     def _number(self, value, runtime: bool) -> str:
@@ -582,12 +600,29 @@ class _Planner:
         """An embedding at `coords` (..., d): the table's row at the index held at (...), column d.  The
         table's row count is the model's (its weight's shape, which the launcher checks), and an
         index outside it reads nothing (torch raises on it)."""
+        if node.op == "one_hot":
+            return self._one_hot(node, coords)
         table, ids = self.g[node.inputs[0]], self.g[node.inputs[1]]
         index = self.value(ids.id, tuple(coords[:-1]))
         if index.kind == FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} with float indices")
         row = _at_index(index, str(_meta(table).shape[0]), any_size=False)
         return self.value(table.id, (row, coords[-1]))
+
+    def _one_hot(self, node: Node, coords) -> Stmt:
+        """A one-hot at `coords` (..., k): 1 where k is the index held at (...), computed from the
+        coordinate, nothing loaded but the index."""
+        index = self.value(node.inputs[0], tuple(coords[:-1]))
+        if index.kind != INT:
+            raise PlanError("no-lowering", f"{_describe(node)} of {_meta(self.g[node.inputs[0]]).dtype} values")
+        column = coords[-1]
+        return self._emit(
+            f"({column.text} == {index.name}).to(tl.int64)",
+            INT,
+            [index],
+            comment=self._comment(node),
+            axes=frozenset().union(index.axes, column.axes),
+        )
 
     def _per_channel(self, node: Node, coords) -> Stmt:
         """Eval-mode batch norm: x at the element's coordinates, each [C] operand (running mean and
@@ -754,6 +789,11 @@ class _Planner:
         shifted = self._emit(f"{here.name} - {m.name}", FLOAT, [here, m])
         if node.op == "softmax":
             return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
+        if node.id not in self.escaping:  # log-probabilities only picked from (a loss): keep the row's
+            lse = self.row_lse.get(node.id)  # log-sum-exp for the backward (`_saved_for_backward`)
+            if lse is None:
+                lse = self.row_lse[node.id] = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
+            return self._emit(f"{here.name} - {lse.name}", FLOAT, [here, lse], comment)
         return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
 
     def _cross_entropy(self, node: Node, coords) -> Stmt:
@@ -769,7 +809,7 @@ class _Planner:
         m, total = self._row_max_and_exp_sum(node, x, comment)
         t = self.value(target.id, self.full[:k])
         xt = self.value(x.id, (*self.full[:k], _at_index(t, "C", any_size=True)))
-        lse = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
+        lse = self.row_lse[node.id] = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
         loss = self._emit(f"{lse.name} - {xt.name}", FLOAT, [lse, xt])
         smoothing = node.params["label_smoothing"]
         if float(smoothing):
@@ -1040,6 +1080,19 @@ def split_groups(plan: KernelPlan) -> bool:
         and reductions[1].how == "sum"
         and reductions[1].centered == (reductions[0].expr, reductions[0].name)
     )
+
+
+def returned_outputs(plan: KernelPlan) -> list[OutputSlot]:
+    """The cluster's outputs, as its caller receives them (not what the op keeps for the backward)."""
+    return [o for o in plan.outputs if o.saved is None]
+
+
+def saved_counts(plan: KernelPlan) -> list[int]:
+    """The outputs that are a mean over the targets, when the op keeps values for the backward: the
+    launcher returns each one's count of targets too, which the gradient divides by."""
+    if not any(o.saved for o in plan.outputs):
+        return []
+    return [k for k, o in enumerate(plan.outputs) if o.total is not None and o.total.how == "mean"]
 
 
 def column_totals(plan: KernelPlan) -> list[int]:

@@ -18,7 +18,7 @@ import torch
 
 from fuselens.analysis.graph import Graph, Node, Ref, is_named
 
-from .plan import KernelPlan
+from .plan import KernelPlan, returned_outputs
 
 _BINARY = {
     "__add__": "+", "__sub__": "-", "__mul__": "*", "__truediv__": "/", "__floordiv__": "//", "__mod__": "%",
@@ -39,7 +39,7 @@ def reference_text(
     them, with the numbers of the model's state (`plan.scalars`) as the caller passes them."""
     number_params = number_params if number_params is not None else [slot.name for slot in plan.scalars]
     body, names = forward_lines(graph, plan, params, number_params)
-    outputs = [names[o.node] for o in plan.outputs]
+    outputs = [names[o.node] for o in returned_outputs(plan)]
     body.append(f"    return {', '.join(outputs)}")
     doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
     return "\n".join([f"def _{name}_reference({', '.join(params + number_params)}):", doc, *body])

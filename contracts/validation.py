@@ -56,6 +56,27 @@ class ClusterCheck:
 
 
 @dataclass
+class TrainingTiming:
+    """GPU timings of one training step of a cluster, microseconds (CUDA-graph replay): its forward
+    with autograd recording, and that forward plus the gradients of the inputs the backward kernel
+    covers, for seeded random upstream gradients; the backward is the step less the forward."""
+
+    eager_forward_us: float | None = None
+    eager_step_us: float | None = None
+    compiled_forward_us: float | None = None  # torch.compile, mode COMPILE_MODE
+    compiled_step_us: float | None = None
+    fused_forward_us: float | None = None  # the forward kernel, keeping what its backward kernel reads
+    fused_step_us: float | None = None
+    step_vs_eager: float | None = None
+    step_vs_compiled: float | None = None
+
+    def backward_us(self, implementation: str) -> float | None:
+        """The step less the forward of "eager", "compiled" or "fused"."""
+        step, forward = getattr(self, f"{implementation}_step_us"), getattr(self, f"{implementation}_forward_us")
+        return None if step is None or forward is None else round(step - forward, 2)
+
+
+@dataclass
 class BackwardCheck:
     status: str  # "verified" | "mismatch" | "nondeterministic" | "error"
     inputs: list[str] = field(default_factory=list)  # the inputs whose gradients were compared
@@ -64,6 +85,7 @@ class BackwardCheck:
     atol: float | None = None
     rtol: float | None = None
     message: str = ""
+    timing: TrainingTiming | None = None  # on a GPU, when the gradients were verified
 
 
 @dataclass
@@ -136,6 +158,8 @@ RESULT_COLUMNS = (
     "% of copy ceiling",
     "vs eager",
     "vs torch.compile",
+    "fused fwd + bwd µs",
+    "fwd + bwd vs torch.compile",
 )
 
 
@@ -149,6 +173,7 @@ def result_rows(model: ModelValidation) -> list[tuple[str, ...]]:
             "—" if c.max_abs is None else f"{c.max_abs:.1e}",
             backward_cell(c.backward),
             *timing_cells(c.timing),
+            *training_cells(c.backward.timing if c.backward else None),
         )
         for c in model.clusters
     ]
@@ -174,6 +199,14 @@ def timing_cells(t: Timing | None) -> tuple[str, ...]:
         _times(t.speedup_vs_eager),
         _times(t.speedup_vs_compiled),
     )
+
+
+def training_cells(t: TrainingTiming | None) -> tuple[str, ...]:
+    """A training step's fused µs, its forward and backward apart, and its speedup on torch.compile's."""
+    if t is None or t.fused_step_us is None:
+        return ("—", "—")
+    split = f"{t.fused_step_us:.1f} ({_number(t.fused_forward_us)} + {_number(t.backward_us('fused'))})"
+    return (split, _times(t.step_vs_compiled))
 
 
 def where_validated(report: ValidationReport) -> str:

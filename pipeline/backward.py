@@ -26,7 +26,7 @@ from fuselens.analysis.graph import DTYPE_BYTES, Graph, plain
 from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
-from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster
+from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster, saved_counts
 
 _HEADER = "import math\n\nimport torch\n\n\n"
 
@@ -155,8 +155,8 @@ def _traced(
     spec.loader.exec_module(module)
     function = getattr(module, f"_{name}_backward_reference")
     tensors = [_meta(slot.shape, _strides(graph, slot.node), slot.dtype) for slot in plan.inputs]
-    results = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
-    grads = [_meta(out.shape, None, out.dtype) for out in plan.outputs]
+    results = [_meta(shape, None, dtype) for shape, dtype in _op_outputs(plan)]
+    grads = [_meta(shape, None, dtype) for shape, dtype in _op_outputs(plan)]
 
     class _Gradients(torch.nn.Module):
         def forward(self, *values):
@@ -173,6 +173,13 @@ def _traced(
     for node in traced.graph:  # lines of a temporary file: the kernel's comments name the ops alone
         node.source, node.stack = None, ()
     return traced.graph, names
+
+
+def _op_outputs(plan: KernelPlan) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each tensor the cluster's op returns: its outputs (a loss over the rows as
+    its total), then the counts of targets its backward keeps (`saved_counts`)."""
+    outputs = [((), out.total.dtype) if out.total else (out.shape, out.dtype) for out in plan.outputs]
+    return outputs + [((), "int64") for _ in saved_counts(plan)]
 
 
 def _strides(graph: Graph, node: int) -> tuple[int, ...] | None:

@@ -18,7 +18,7 @@ from fuselens.analysis.capture import Trace
 from fuselens.analysis.detect import Detection, Split, detect
 from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
-from fuselens.codegen.plan import KernelPlan, check, plan_cluster
+from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
 from fuselens.contracts import report as R
 
 
@@ -66,7 +66,7 @@ def findings(
         for position, group in enumerate(detection.clusters):
             plan = plan_cluster(graph, group.members)
             inputs = [s.node for s in plan.inputs]
-            outputs = [o.node for o in plan.outputs]
+            outputs = [o.node for o in returned_outputs(plan)]
             unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
             numbers = [(n.text, n.at) for n in plan.scalars]
             mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
@@ -147,7 +147,7 @@ def _signature(f: Found):
     g = f.graph
     ops = tuple((g[i].op, g[i].file, g[i].line) for i in f.plan.compute)
     ins = tuple((s.shape, s.dtype) for s in f.plan.inputs)
-    outs = tuple((o.shape, o.dtype) for o in f.plan.outputs)
+    outs = tuple((o.shape, o.dtype) for o in returned_outputs(f.plan))
     return ops, ins, outs
 
 
@@ -165,11 +165,13 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
             node = g[plan.inputs[k].node]
             info.name = _param_expr(node)
     names_out: list[str | None] = (
-        list(mapping.region.outputs) if mapping.region and mapping.region.outputs else [None] * len(plan.outputs)
+        list(mapping.region.outputs)
+        if mapping.region and mapping.region.outputs
+        else [None] * len(returned_outputs(plan))
     )
     outputs = [
         R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
-        for k, o in enumerate(plan.outputs)
+        for k, o in enumerate(returned_outputs(plan))
     ]
     lines = list(mapping.lines) if mapping.lines != (0, 0) else [min(op.line for op in ops), max(op.line for op in ops)]
     boundaries = []

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from fuselens.contracts.config import InputSpec
+from fuselens.contracts.config import InputSpec, model_settings
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.validate import validate_file
 
 from conftest import example
 
 pytestmark = pytest.mark.gpu
+
+
+def settings(cls: str, config: dict) -> AnalyzeOptions:
+    """Analysis options with `config` for model class `cls`, as the editor's settings give it."""
+    return AnalyzeOptions(models={cls: model_settings(config, f"models.{cls}")})
+
 
 CASES = [  # example, class, inputs, constructor kwargs, param dtype
     ("example_net.py", "ExampleNet", [InputSpec([16384, 1024])], {}, None),
@@ -27,9 +33,7 @@ def test_kernels_match_eager_on_cuda(name, cls, specs, init, param_dtype):
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init}
     if param_dtype:
         config["param_dtype"] = param_dtype
-    report = validate_file(
-        example(name), AnalyzeOptions(models={cls: config}), ValidateOptions(shapes=specs, benchmark=False)
-    )
+    report = validate_file(example(name), settings(cls, config), ValidateOptions(shapes=specs, benchmark=False))
     assert report.mode == "cuda" and not report.problems, report.problems
     (model,) = report.models
     assert model.clusters
@@ -44,7 +48,7 @@ def test_fused_kernels_beat_eager_when_dram_bound():
     specs = [InputSpec([16384, 1024])]
     report = validate_file(
         example("example_net.py"),
-        AnalyzeOptions(models={"ExampleNet": {"inputs": [[16384, 1024]]}}),
+        settings("ExampleNet", {"inputs": [[16384, 1024]]}),
         ValidateOptions(shapes=specs, benchmark=True),
     )
     (model,) = report.models
@@ -60,7 +64,7 @@ def test_other_compile_modes_are_timed_beside_the_default():
     specs = [InputSpec([4096, 1024])]
     report = validate_file(
         example("example_net.py"),
-        AnalyzeOptions(models={"ExampleNet": {"inputs": [[4096, 1024]]}}),
+        settings("ExampleNet", {"inputs": [[4096, 1024]]}),
         ValidateOptions(shapes=specs, clusters=["c0"], other_compile_modes=["max-autotune-no-cudagraphs"]),
     )
     (check,) = report.models[0].clusters
@@ -96,9 +100,37 @@ def test_looped_row_kernels_match_eager_on_cuda(write_model):
     specs = [InputSpec([64, 20000]), InputSpec([8, 16, 64, 80])]
     config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs]}
     report = validate_file(
-        write_model(WIDE_ROWS), AnalyzeOptions(models={"Wide": config}), ValidateOptions(shapes=specs, benchmark=False)
+        write_model(WIDE_ROWS), settings("Wide", config), ValidateOptions(shapes=specs, benchmark=False)
     )
     assert report.mode == "cuda" and not report.problems, report.problems
     (model,) = report.models
     verified = [c for c in model.clusters if c.status == "verified"]
     assert len(verified) == len(model.clusters) >= 3, [(c.id, c.status, c.message) for c in model.clusters]
+
+
+LOSS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Loss(nn.Module):
+    def forward(self, logits, target):
+        return F.cross_entropy(logits.float(), target, ignore_index=3)
+"""
+
+
+def test_a_training_step_is_timed_beside_the_forward_on_cuda(write_model):
+    """A language model's loss over a 32k vocabulary: its gradients match eager on the GPU, and its
+    training step is timed in eager, torch.compile and the kernels, forward and backward apart."""
+    specs = [InputSpec([4096, 32000], "bfloat16"), InputSpec([4096], "int64")]
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs]}
+    report = validate_file(write_model(LOSS), settings("Loss", config), ValidateOptions(shapes=specs, benchmark=True))
+    assert report.mode == "cuda" and not report.problems, report.problems
+    (check,) = report.models[0].clusters
+    assert check.status == "verified", check.message
+    assert check.backward is not None and check.backward.status == "verified", check.backward
+    t = check.backward.timing
+    assert t is not None and t.fused_step_us is not None and t.fused_forward_us is not None
+    assert 0 < t.fused_forward_us < t.fused_step_us and t.compiled_step_us > 0
+    assert t.step_vs_eager > 1.0, t  # eager writes and keeps the float32 log-probabilities

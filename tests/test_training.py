@@ -161,6 +161,54 @@ KINDS = [
         ["logits"],
     ),
     case(
+        # A language model's loss: the logits' gradient from the row log-sum-exp the forward kept,
+        # over the targets that are not ignored (the recorded targets are 0-15, so some are 3).
+        "cross-entropy-mean-ignore-index",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                return F.cross_entropy(logits.float(), target, ignore_index=3)
+        """,
+        [("37,1000", "bfloat16"), ("37", "int64")],
+        "cast → cross_entropy",
+        ["logits"],
+    ),
+    case(
+        "cross-entropy-sum-label-smoothing-rows-wider-than-a-block",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                return F.cross_entropy(logits * 2.0, target, reduction="sum", label_smoothing=0.1)
+        """,
+        [("6,9000", "float32"), ("6", "int64")],
+        "mul → cross_entropy",
+        ["logits"],
+    ),
+    case(
+        "cross-entropy-per-token",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                return F.cross_entropy(logits, target, reduction="none", ignore_index=5) * 0.5
+        """,
+        [("13,333", "float32"), ("13", "int64")],
+        "cross_entropy → mul",
+        ["logits"],
+    ),
+    case(
+        # The same loss spelled out per token: the pick's gradient is a one-hot, and the log-softmax's
+        # backward takes its row sum from the pick and its softmax from the kept log-sum-exp.
+        "log-softmax-pick-per-token",
+        """
+        class M(nn.Module):
+            def forward(self, logits, target):
+                return -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
+        """,
+        [("2,7,1000", "bfloat16"), ("2,7", "int64")],
+        "cast → log_softmax → gather → neg",
+        ["logits"],
+    ),
+    case(
         "rmsnorm-module",
         """
         class RMSNorm(nn.Module):

@@ -12,11 +12,13 @@ them, it passes only if its norm-wise error against the float64 gradient is at m
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fuselens.analysis.graph import Ref, plain
 from fuselens.contracts.report import Cluster, Kernel
-from fuselens.contracts.validation import BackwardCheck
+from fuselens.contracts.validation import COMPILE_MODE, BackwardCheck, TrainingTiming
 
 from .numerics import compare, narrowest
 from .replay import cluster_function
@@ -59,6 +61,59 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
     if not worst.ok:
         result.status, result.message = "mismatch", worst.message
     return result
+
+
+def time_training(kernel: Kernel, instance, kernels, seed: int) -> TrainingTiming | None:
+    """On a CUDA device: one training step of the cluster (its forward under autograd, then the
+    gradients of the inputs its backward kernel covers) in eager, torch.compile and the kernels,
+    each step and each forward alone, sampled in turn in one run.  None without a backward kernel."""
+    from .gpu import compiled, time_graphs_us
+
+    trains = getattr(kernels, f"_{kernel.name}_trains", None)
+    if trains is None:
+        return None
+    folded = getattr(kernels, f"_{kernel.name}_folded", {})
+    graph, plan, values = instance
+    args = [values[s.node] for s in plan.inputs]
+    views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
+    eager = cluster_function(graph, plan, values)
+    functions = {"eager": eager, "compiled": compiled(eager, COMPILE_MODE), "fused": getattr(kernels, kernel.name)}
+    calls: dict[str, Any] = {}
+    with torch.enable_grad():
+        for name, fn in functions.items():
+            forward, step = _training_step(fn, args, trains, seed, views)
+            step()  # torch.compile compiles its forward and backward here, outside the timed region
+            calls |= {f"{name}_forward_us": forward, f"{name}_step_us": step}
+        times = {key: round(us, 2) for key, us in time_graphs_us(calls).items()}
+    timing = TrainingTiming(**times)
+    timing.step_vs_eager = round(times["eager_step_us"] / times["fused_step_us"], 3)
+    timing.step_vs_compiled = round(times["compiled_step_us"] / times["fused_step_us"], 3)
+    return timing
+
+
+def _training_step(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int, views: dict):
+    """(the forward of `fn` under autograd, the forward and its gradients) on fixed leaves and
+    seeded upstream gradients, as calls a CUDA graph can capture."""
+    leaves = [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
+
+    def inputs() -> list[torch.Tensor]:
+        made = list(leaves)
+        for k, (base, view) in views.items():
+            made[k] = view(leaves[base])
+        return made
+
+    def outputs() -> list[torch.Tensor]:
+        out = fn(*inputs())
+        return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    upstream = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outputs()]
+    wrt = [leaves[k] for k in trains]
+
+    def step():
+        return torch.autograd.grad(outputs(), wrt, upstream, allow_unused=True)
+
+    return outputs, step
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

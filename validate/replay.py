@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from fuselens.analysis.graph import Graph, Ref, plain
-from fuselens.codegen.plan import KernelPlan
+from fuselens.codegen.plan import KernelPlan, returned_outputs
 
 
 def _substitute(value: Any, env: dict[int, torch.Tensor]) -> Any:
@@ -40,7 +40,7 @@ def cluster_function(graph: Graph, plan: KernelPlan, values: dict[int, torch.Ten
     if missing:
         raise ValueError(f"no recorded call to replay for {', '.join(missing)}")
     inputs = [s.node for s in plan.inputs]
-    outputs = [o.node for o in plan.outputs]
+    outputs = [o.node for o in returned_outputs(plan)]
 
     members_set = set(members)
     extra = {

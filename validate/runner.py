@@ -33,13 +33,13 @@ from fuselens.analysis.graph import Graph
 from fuselens.analysis.instances import signature_of_cluster, signature_of_ops
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
-from fuselens.codegen.plan import KernelPlan, check, plan_cluster
+from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
 from fuselens.contracts.config import InputSpec
 from fuselens.contracts.options import Progress, ValidateOptions
 from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
-from .gradients import check_gradients
+from .gradients import check_gradients, time_training
 from .numerics import TF32, compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
@@ -182,6 +182,9 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
             check_.timing = _time_cluster(kernel, found[0], run.kernels, peak, run.options.other_compile_modes)
+            if check_.backward is not None and check_.backward.status == "verified":
+                progress(f"{model.name}: timing {cluster.id}'s training step", None)
+                check_.backward.timing = time_training(kernel, found[0], run.kernels, options.seed)
         result.clusters.append(check_)
     exact = [c.id for c, _ in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
     precision = narrowest(
@@ -231,7 +234,9 @@ def _time_cluster(kernel: Kernel, instance, kernels, peak: float, other_modes: l
 
     graph, plan, values = instance
     args = [values[s.node] for s in plan.inputs]
-    _, fused_bytes = cluster_bytes(graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in plan.outputs])
+    _, fused_bytes = cluster_bytes(
+        graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in returned_outputs(plan)]
+    )
     figures = time_implementations(
         cluster_function(graph, plan, values), getattr(kernels, kernel.name), args, fused_bytes, peak, other_modes
     )
@@ -331,7 +336,7 @@ def _check_cluster(cluster: Cluster, kernel: Kernel, plans: list, kernels, devic
     worst = None
     for _, plan, values in plans:
         args = [values[s.node] for s in plan.inputs]
-        expected = [values[o.node] for o in plan.outputs]
+        expected = [values[o.node] for o in returned_outputs(plan)]
         check_.shapes = [list(a.shape) for a in args]
         try:
             got = fn(*args)
