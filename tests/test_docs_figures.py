@@ -77,6 +77,8 @@ def test_the_readme_training_figures_are_the_training_table_s():
     # The training table, with the norms as the later run with bigger backward tiles measured them.
     rows = {r["case"]: ratio(r["applied vs better compile"]) for r in table_after(doc, "## Training")}
     rows |= {r["case"]: ratio(r["applied vs better compile"]) for r in table_after(doc, "**The norms again")}
+    loss = [r for r in table_after(doc, "**A language model's loss, trained") if r["tokens"] == "8192"]
+    rows |= {r["case"]: ratio(r["applied vs better compile"]) for r in loss}
     readme = " ".join(read("README.md").split())
     sentence = readme.split("Training, one step", 1)[1].split("(`python benchmarks/training.py`)", 1)[0]
     stated = {
@@ -86,6 +88,7 @@ def test_the_readme_training_figures_are_the_training_table_s():
         "RoPE": r"RoPE (\d+\.\d+)×",
         "LayerNorm + residual": r"LayerNorm of a residual sum (\d+\.\d+)×",
         "residual + RMSNorm": r"residual add \+ RMSNorm (\d+\.\d+)×",
+        "cross-entropy (vocabulary 128256)": r"`F.cross_entropy` over a 128256-word vocabulary (\d+\.\d+)×",
     }
     for case, pattern in stated.items():
         found = re.search(pattern, sentence)
