@@ -86,6 +86,10 @@ class BackwardCheck:
     rtol: float | None = None
     message: str = ""
     timing: TrainingTiming | None = None  # on a GPU, when the gradients were verified
+    # Each input's (and parameter's) largest |difference| from eager, over the instances checked,
+    # and the input whose comparison decided the status (the mismatching one, else the largest).
+    per_input: dict[str, float] = field(default_factory=dict)
+    worst_input: str = ""
 
 
 @dataclass
@@ -180,11 +184,14 @@ def result_rows(model: ModelValidation) -> list[tuple[str, ...]]:
 
 
 def backward_cell(check: BackwardCheck | None) -> str:
-    """The backward kernel's gradient check: its status and largest difference from eager, "—" for a
-    cluster without a backward kernel."""
+    """The backward kernel's gradient check: its status and largest difference from eager, and whose
+    gradient that is where there are several; "—" for a cluster without a backward kernel."""
     if check is None:
         return "—"
-    return check.status if check.max_abs is None else f"{check.status} {check.max_abs:.1e}"
+    if check.max_abs is None:
+        return check.status
+    where = f" ({check.worst_input})" if check.worst_input and len(check.per_input) > 1 else ""
+    return f"{check.status} {check.max_abs:.1e}{where}"
 
 
 def timing_cells(t: Timing | None) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from fuselens.contracts.validation import (
     ModelCheck,
     ModelValidation,
     Timing,
+    TrainingTiming,
     ValidationReport,
     result_rows,
 )
@@ -342,12 +343,39 @@ def test_the_history_table_names_each_runs_headline_number():
 
 def test_the_table_gives_each_backward_kernel_s_gradient_check():
     """A cluster whose backward kernel was checked shows the check and its largest difference from
-    eager autograd; one without a backward kernel shows a dash."""
+    eager autograd, and whose gradient that is when there are several; one without a backward
+    kernel shows a dash."""
     trained = ClusterCheck("c0", "cluster0", "verified", ops="silu → mul", max_abs=0.0)
-    trained.backward = BackwardCheck("verified", ["gate", "up"], max_abs=0.03125)
+    trained.backward = BackwardCheck(
+        "verified", ["gate", "up"], max_abs=0.03125, per_input={"gate": 0.03125, "up": 0.0}, worst_input="gate"
+    )
     wrong = ClusterCheck("c1", "cluster1", "verified", ops="mul → add", max_abs=0.0)
-    wrong.backward = BackwardCheck("mismatch", ["x"], max_abs=0.5, message="max |error| 0.5 exceeds ...")
+    wrong.backward = BackwardCheck(
+        "mismatch", ["x"], max_abs=0.5, message="max |error| 0.5 exceeds ...", per_input={"x": 0.5}, worst_input="x"
+    )
     plain = ClusterCheck("c2", "cluster2", "verified", ops="embedding → add", max_abs=0.0)
     model = ModelValidation("Net", [[8, 64]], ["float32"], [trained, wrong, plain])
     column = RESULT_COLUMNS.index("backward")
-    assert [row[column] for row in result_rows(model)] == ["verified 3.1e-02", "mismatch 5.0e-01", "—"]
+    assert [row[column] for row in result_rows(model)] == ["verified 3.1e-02 (gate)", "mismatch 5.0e-01", "—"]
+
+
+def test_the_table_gives_a_training_step_s_time_forward_and_backward_apart():
+    """On a GPU a cluster with a backward kernel shows its fused training step, the forward and the
+    backward in it, and how it compares with torch.compile's step; the others show dashes."""
+    trained = ClusterCheck("c0", "cluster0", "verified", ops="cast → cross_entropy", max_abs=0.0)
+    trained.backward = BackwardCheck("verified", ["logits"], max_abs=0.0)
+    trained.backward.timing = TrainingTiming(
+        eager_forward_us=900.0,
+        eager_step_us=3000.0,
+        compiled_forward_us=600.0,
+        compiled_step_us=1800.0,
+        fused_forward_us=400.0,
+        fused_step_us=1200.0,
+        step_vs_eager=2.5,
+        step_vs_compiled=1.5,
+    )
+    plain = ClusterCheck("c1", "cluster1", "verified", ops="embedding → add", max_abs=0.0)
+    model = ModelValidation("Net", [[8, 64]], ["float32"], [trained, plain])
+    step, versus = RESULT_COLUMNS.index("fused fwd + bwd µs"), RESULT_COLUMNS.index("fwd + bwd vs torch.compile")
+    assert [(row[step], row[versus]) for row in result_rows(model)] == [("1200.0 (400.0 + 800.0)", "1.50×"), ("—", "—")]
+    assert trained.backward.timing.backward_us("compiled") == 1200.0

@@ -337,6 +337,9 @@ def test_the_backward_check_catches_a_wrong_gradient(write_model, monkeypatch):
     assert checked.status == "verified"  # the forward is right
     assert checked.backward is not None and checked.backward.status == "mismatch"
     assert "exceeds" in checked.backward.message
+    # Every input's gradient is compared, and the message names the one that is off.
+    assert set(checked.backward.per_input) == set(checked.backward.inputs)
+    assert checked.backward.message.startswith(f"the gradient of {checked.backward.worst_input}: ")
 
 
 def test_the_backward_kernel_gives_the_gradients_autograd_asks_for(write_model):

@@ -47,19 +47,20 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
             exact = _gradients(eager, [_wide(a) for a in args], trains, seed, views)
         except Exception as exc:  # a failing backward is a finding, not a crash
             return BackwardCheck("error", result.inputs, message=f"{type(exc).__name__}: {exc}")
-        for g, w, x in zip(got, want, exact, strict=True):
+        for name, g, w, x in zip(result.inputs, got, want, exact, strict=True):
             cmp = compare(g, w, precision)
             if not cmp.ok and _as_close_as_eager(g, w, x):
                 cmp.ok, cmp.message = True, ""
+            result.per_input[name] = max(result.per_input.get(name, 0.0), cmp.max_abs)
             if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
-                worst = cmp
+                worst, result.worst_input = cmp, name
         if not all(torch.equal(a, b) for a, b in zip(got, again, strict=True)):
             result.status, result.message = "nondeterministic", "two backward runs on the same inputs differ"
     if worst is None:
         return BackwardCheck("error", result.inputs, message="no gradient to compare")
     result.max_abs, result.max_rel, result.atol, result.rtol = worst.max_abs, worst.max_rel, worst.atol, worst.rtol
     if not worst.ok:
-        result.status, result.message = "mismatch", worst.message
+        result.status, result.message = "mismatch", f"the gradient of {result.worst_input}: {worst.message}"
     return result
 
 
