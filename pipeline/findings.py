@@ -169,8 +169,12 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
         if mapping.region and mapping.region.outputs
         else [None] * len(returned_outputs(plan))
     )
-    outputs = [
-        R.TensorInfo(list(o.shape), o.dtype, names_out[k] if k < len(names_out) else None)
+    outputs = [  # a loss totalled over the rows is returned as its total: one number
+        R.TensorInfo(
+            [] if o.total else list(o.shape),
+            o.total.dtype if o.total else o.dtype,
+            names_out[k] if k < len(names_out) else None,
+        )
         for k, o in enumerate(returned_outputs(plan))
     ]
     lines = list(mapping.lines) if mapping.lines != (0, 0) else [min(op.line for op in ops), max(op.line for op in ops)]
