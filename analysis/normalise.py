@@ -230,13 +230,23 @@ def _normalise_row_pick(canon, func, args, kwargs, out_t):
 def _normalise_embedding(func, args, kwargs, out_t):
     """`F.embedding(ids, weight)`: the rows of `weight` at `ids`, operands (weight, ids).  With
     `max_norm` it also renormalises the rows it reads in place: opaque."""
-    bound = bind(func, args, kwargs, ["input", "weight", "padding_idx", "max_norm"])
+    names = ["input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"]
+    bound = bind(func, args, kwargs, names)
     ids, weight = bound.get("input"), bound.get("weight")
     if not (isinstance(ids, torch.Tensor) and isinstance(weight, torch.Tensor)) or out_t is None:
         return None
     if bound.get("max_norm") is not None or weight.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
         return None
-    return "embedding", OpClass.LOOKUP, [weight, ids], {}
+    if bound.get("sparse"):
+        return None
+    # What the table's gradient needs: the row it leaves at zero, and whether rows are scaled by
+    # how often they are looked up.
+    padding = bound.get("padding_idx")
+    params = {
+        "padding_idx": -1 if padding is None else int(padding) % weight.shape[0],
+        "scale_grad_by_freq": bool(bound.get("scale_grad_by_freq", False)),
+    }
+    return "embedding", OpClass.LOOKUP, [weight, ids], params
 
 
 def _normalise_one_hot(func, args, kwargs, out_t):

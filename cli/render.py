@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fuselens.contracts.inductor import InductorComparison
-from fuselens.contracts.report import Cluster, Model, Problem, Report
+from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Model, Problem, Report
 from fuselens.contracts.units import bytes_label
 
 
@@ -156,13 +156,29 @@ def _render_clusters(console: Console, model: Model) -> None:
     _render_training(console, model)
 
 
+def _backward_cell(c: Cluster) -> str:
+    """How the cluster's backward runs: one kernel, nothing to compute, torch's scatter into a table
+    (the forward still fused), or its own ops in eager."""
+    if c.backward == PASS_THROUGH_BACKWARD:
+        return "[green]pass-through[/]"
+    if c.backward == TORCH_BACKWARD:
+        return "[green]torch[/]"
+    return "[green]kernel[/]" if c.backward else "[dim]eager[/]"
+
+
 def _render_training(console: Console, model: Model) -> None:
-    """How many clusters train through a backward kernel, and what their forwards keep for the
+    """How many clusters train with their kernels (a backward kernel, or none needed), and what their forwards keep for the
     backward against what eager autograd keeps for the same ops."""
     trained = [c for c in model.clusters if c.backward]
     if not trained:
         return
-    line = f"  training: {len(trained)} of {len(model.clusters)} cluster(s) have a backward kernel"
+    line = f"  training: {len(trained)} of {len(model.clusters)} cluster(s) train with their kernels"
+    passed = sum(c.backward == PASS_THROUGH_BACKWARD for c in trained)
+    if passed:
+        line += f" ({passed} of them pass their outputs' gradients on, with nothing to compute)"
+    scattered = sum(c.backward == TORCH_BACKWARD for c in trained)
+    if scattered:
+        line += f" ({scattered} with torch's scatter of an embedding's gradient into its table)"
     measured = [c for c in trained if c.saved_bytes_fused is not None and c.saved_bytes_eager is not None]
     if measured:
         fused = sum((c.saved_bytes_fused or 0) * c.multiplicity for c in measured)
@@ -210,7 +226,7 @@ def _cluster_row(c: Cluster, model_file: str) -> list[str]:
         _saved(c),
         _literal(c.regime or "—"),
         f"[{style}]{_literal(c.applies)}[/]",
-        "[green]kernel[/]" if c.backward else "[dim]eager[/]",
+        _backward_cell(c),
         _literal(_where(c.file, c.lines, model_file)),
         str(c.multiplicity),
     ]

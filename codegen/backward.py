@@ -197,14 +197,16 @@ def gradients_text(
     return "\n".join(lines)
 
 
-def registration_text(name: str, tensors: int, text: BackwardText) -> str:
+def registration_text(name: str, tensors: int, text: BackwardText, gradients: str | None = None) -> str:
+    """The registration of `gradients` (by default `_<name>_gradients`) as the op's backward."""
+    gradients = gradients or f"_{name}_gradients"
     return (
-        f"# Training: the op's backward is _{name}_gradients, for the inputs it computes gradients of;\n"
+        f"# Training: the op's backward is {gradients}, for the inputs it computes gradients of;\n"
         "# an input that is a view of another (position: the other's) has its gradient in that one's;\n"
         "# the forward keeps for the backward only the inputs and outputs it reads.\n"
         f"_{name}_trains = {tuple(text.grads_of)!r}\n"
         f"_{name}_folded = {text.folded!r}\n"
-        f"_register_backward({name!r}, _{name}_gradients, {tensors}, _{name}_trains, {tuple(text.keeps)!r}, "
+        f"_register_backward({name!r}, {gradients}, {tensors}, _{name}_trains, {tuple(text.keeps)!r}, "
         f"{tuple(text.keeps_results)!r}{f', {text.leads!r}' if text.leads else ''})"
     )
 
@@ -644,8 +646,17 @@ def _permute(w: _Writer, node: Node) -> None:
 
 
 def _embedding(w: _Writer, node: Node) -> None:
-    raise NoBackward(
-        "an embedding's gradient adds rows into the table at the looked-up ids, which no kernel here writes"
+    """The table's gradient: each looked-up row's gradient added into the table at its id, as eager
+    autograd computes it (`embedding_dense_backward`); a scatter, so torch runs it, not a kernel."""
+    table, ids = _operands(node)[:2]
+    rows = _shape(w.graph[table.node])[0]
+    padding, by_freq = int(node.params.get("padding_idx", -1)), bool(node.params.get("scale_grad_by_freq", False))
+    # The lookup's gradient as large as the lookup (a position embedding is broadcast over the batch).
+    g = f"{w.grad(node)}.sum_to_size({list(_shape(node))})"
+    w.to(
+        table,
+        f"torch.ops.aten.embedding_dense_backward({g}, {w.value(ids)}, {rows}, {padding}, {by_freq})",
+        over_row=False,
     )
 
 

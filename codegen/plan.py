@@ -185,8 +185,11 @@ def check(graph: Graph, members: frozenset[int]) -> tuple[bool, str, str]:
     return True, "", ""
 
 
-def plan_cluster(graph: Graph, members: set[int]) -> KernelPlan:
-    return _Planner(graph, members).plan()
+def plan_cluster(graph: Graph, members: set[int], permuted_views_out: bool = False) -> KernelPlan:
+    """The kernel plan of `members`.  `permuted_views_out`: a permute of a computed value may leave
+    the group, written as a permuted output (a backward's gradient for an input the forward read
+    permuted: ConvNeXt's `y.permute(0, 2, 3, 1)` before its LayerNorm)."""
+    return _Planner(graph, members, permuted_views_out).plan()
 
 
 def _describe(node: Node) -> str:
@@ -207,9 +210,10 @@ def _shape(shape) -> str:
 
 
 class _Planner:
-    def __init__(self, graph: Graph, members: set[int]):
+    def __init__(self, graph: Graph, members: set[int], permuted_views_out: bool = False):
         self.g = graph
         self.members = members
+        self.permuted_views_out = permuted_views_out
         self.compute = sorted(m for m in members if graph[m].cls.absorbable)
         self.stmts: list[Stmt] = []
         self.memo: dict[tuple, Stmt] = {}
@@ -399,7 +403,7 @@ class _Planner:
             outside = [u for u in g.users(m) if u not in self.members]
             if not outside:
                 continue
-            if not g[m].cls.absorbable:
+            if not g[m].cls.absorbable and not (self.permuted_views_out and self._permute_of_computed(m)):
                 raise PlanError(
                     "fan-out", f"the view {_describe(g[m])} of a fused value is also used outside the group"
                 )
@@ -407,6 +411,16 @@ class _Planner:
         if not out:
             raise PlanError("shape", "the group has no output")
         return out
+
+    def _permute_of_computed(self, node_id: int) -> bool:
+        """Whether `node_id` is a member's permutes only, down to a value the group computes."""
+        node = self.g[node_id]
+        while node.cls is OpClass.VIEW:
+            steps = node.params.get("steps") or []
+            if not steps or any(step[0] != "permute" for step in steps) or node.inputs[0] not in self.members:
+                return False
+            node = self.g[node.inputs[0]]
+        return node.cls.absorbable
 
     def _row_space(self, reductions: list[int]) -> tuple[tuple[int, ...], int]:
         g = self.g

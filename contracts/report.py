@@ -145,6 +145,14 @@ class LibraryPatch:
     edit: Edit  # its `import_line` is "": the kernels are reached through the kernel module
 
 
+# A cluster's backward "strategy" when its gradients are its outputs' own, passed on (a residual sum's,
+# a bias's summed by the caller): the op's backward runs no kernel.
+PASS_THROUGH_BACKWARD = "pass-through"
+# ... and when its gradients are a scatter into a table (an embedding's), which torch runs as eager
+# autograd does: the forward still runs the kernel, keeping only what the gradients read.
+TORCH_BACKWARD = "torch"
+
+
 @dataclass
 class Cluster:
     id: str
@@ -189,7 +197,7 @@ class Cluster:
     # Training: the backward kernel's strategy when the cluster's gradients are one kernel ("" when
     # not); `backward_detail` names the inputs it computes gradients of, or precisely why there is none
     # (the cluster then trains through its reference, as the model wrote it).
-    backward: str = ""
+    backward: str = ""  # PASS_THROUGH_BACKWARD (no kernel needed) or TORCH_BACKWARD (a scatter torch runs)
     backward_detail: str = ""
     # The backward's DRAM traffic, its ops one kernel each and as the backward kernel; and what the
     # forward keeps for the backward: eager autograd's saved tensors, and the kernel op's (its inputs).

@@ -27,6 +27,7 @@ from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
 from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster, saved_counts
+from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD
 
 _HEADER = "import math\n\nimport torch\n\n\n"
 
@@ -37,8 +38,8 @@ class Backward:
     grads_of: list[int]  # the cluster inputs whose gradients the kernel computes
     trains: list[int]  # the inputs that may want gradients: those, and views of them
     strategy: str
-    bytes_unfused: int  # the backward's ops, one kernel each
-    bytes_fused: int  # the backward kernel's
+    bytes_unfused: int | None  # the backward's ops, one kernel each (None without a kernel)
+    bytes_fused: int | None  # the backward kernel's
     saved_fused: int  # what the kernel op keeps for the backward: the inputs and outputs its gradients read
 
 
@@ -57,10 +58,15 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     captured, names = _capture(text, name, graph, plan, params, numbers)
     members = {n.id for n in captured if n.cls.absorbable or n.cls.free}
     opaque = [n.op for n in captured if n.cls is OpClass.OPAQUE and n.op != "output"]
-    if opaque:
+    computes = any(captured[m].cls.absorbable for m in members)
+    if opaque and not set(opaque) <= _TORCH_SCATTERS:
         raise NoBackwardKernel(f"the gradients need {', '.join(sorted(set(opaque)))}, which no kernel here computes")
+    if opaque:  # the derivatives eager autograd runs, as torch code: the forward kernel still trains
+        return _without_kernel(text, name, params, plan, TORCH_BACKWARD)
+    if not computes:
+        return _without_kernel(text, name, params, plan, PASS_THROUGH_BACKWARD)
     try:
-        bplan = plan_cluster(captured, members)
+        bplan = plan_cluster(captured, members, permuted_views_out=True)
     except PlanError as exc:
         raise NoBackwardKernel(f"the gradients are not one kernel: {exc.detail or exc.reason}") from exc
     returned = _returned(captured, bplan, names)
@@ -76,6 +82,29 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     )
     return Backward(
         body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
+    )
+
+
+# Ops of gradients no kernel here writes, which torch runs as eager autograd does: an embedding's
+# table's (its lookups' gradients, summed to the lookups' size, added into the table at the ids).
+_TORCH_SCATTERS = frozenset({"embedding_dense_backward", "sum_to_size"})
+
+
+def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: KernelPlan, strategy: str) -> Backward:
+    """The backward of a cluster whose gradients need no kernel: its outputs' gradients as they are
+    (a residual sum's, a bias's summed over the rows by `_fit`: PASS_THROUGH_BACKWARD), or those
+    scattered into an embedding's table by torch (TORCH_BACKWARD).  The backward reference is the
+    op's autograd formula."""
+    registration = bw.registration_text(name, len(params), text, f"_{name}_backward_reference")
+    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
+    return Backward(
+        "\n\n\n".join([text.text, registration]),
+        text.grads_of,
+        sorted([*text.grads_of, *text.folded]),
+        strategy,
+        None,
+        None,
+        saved,
     )
 
 

@@ -151,6 +151,10 @@ def _backward(
         return None
     cluster.backward = trained.strategy
     cluster.backward_detail = "gradients of " + ", ".join(params[k] for k in trained.grads_of)
+    if trained.strategy == R.PASS_THROUGH_BACKWARD:
+        cluster.backward_detail += ", the outputs' own gradients passed on (nothing to compute)"
+    elif trained.strategy == R.TORCH_BACKWARD:
+        cluster.backward_detail += ", added into the table at the looked-up ids by torch, as eager autograd does"
     cluster.backward_bytes_unfused, cluster.backward_bytes_fused = trained.bytes_unfused, trained.bytes_fused
     cluster.saved_bytes_fused = trained.saved_fused
     cluster.saved_bytes_eager = saved_by_autograd(reference, name, instance.plan, trained.trains)

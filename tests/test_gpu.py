@@ -25,6 +25,8 @@ CASES = [  # example, class, inputs, constructor kwargs, param dtype
     ("conv_block.py", "ResBlock", [InputSpec([8, 128, 64, 64]), InputSpec([8, 512])], {}, None),
     ("branchy.py", "GatedNet", [InputSpec([4096, 1024])], {}, None),
     ("gpt.py", "GPT", [InputSpec([4, 512], "int64")], {"n_layers": 2}, None),
+    ("convnext_block.py", "ConvNeXtBlock", [InputSpec([8, 96, 56, 56])], {}, None),
+    ("diffusion_block.py", "DiffusionResBlock", [InputSpec([4, 64, 32, 32]), InputSpec([4, 256])], {}, None),
 ]
 
 
@@ -39,6 +41,8 @@ def test_kernels_match_eager_on_cuda(name, cls, specs, init, param_dtype):
     assert model.clusters
     for check in model.clusters:
         assert check.status in ("verified", "not-reached"), (check.id, check.status, check.message)
+        if check.backward is not None:  # every backward, kernel or not, gives eager's gradients
+            assert check.backward.status == "verified", (check.id, check.backward.message)
     assert sum(c.status == "verified" for c in model.clusters) >= 1
     if model.model and model.model.applied:
         assert model.model.status == "matches", model.model.message

@@ -83,6 +83,62 @@ KINDS = [
         ["x", "self.gamma", "y"],
     ),
     case(
+        # A residual sum with a convolution's bias: every gradient is the output's own (the bias's
+        # summed over the batch and the pixels), so the backward passes it on and runs no kernel.
+        "residual-sum-with-a-channel-bias",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.b = nn.Parameter(torch.randn(20))
+
+            def forward(self, x, y):
+                return x + self.b[:, None, None] + y
+        """,
+        [("2,20,5,9", "float32"), ("2,20,5,9", "float32")],
+        "add → add",
+        ["x", "self.b[:, None, None]", "y"],
+    ),
+    case(
+        # ConvNeXt's LayerNorm over the channels of a depthwise convolution, read channels-last:
+        # the input's gradient is written back channels-first, and the convolution's bias's is summed.
+        "layernorm-over-permuted-channels-of-a-convolution",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(20, 20, 3, padding=1, groups=20)
+                self.norm = nn.LayerNorm(20, eps=1e-6)
+                with torch.no_grad():
+                    self.norm.weight.uniform_(0.5, 1.5)
+                    self.norm.bias.uniform_(-1, 1)
+
+            def forward(self, x):
+                return self.norm(self.conv(x).permute(0, 2, 3, 1))
+        """,
+        [("2,20,5,9", "float32")],
+        "add → layer_norm",
+        ["self.conv._conv_forward(x, self.conv.weight, None)", "self.conv.bias", "self.norm.weight", "self.norm.bias"],
+    ),
+    case(
+        # Token and position embeddings: the tables' gradients are scattered by torch as eager
+        # autograd does (the padding row left at zero), after the forward kernel.
+        "embeddings-scaled-and-added",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(50, 24, padding_idx=0)
+                self.pos = nn.Embedding(16, 24)
+
+            def forward(self, ids, positions):
+                return self.tok(ids) * 2.0 + self.pos(positions)
+        """,
+        [("3,16", "int64"), ("16", "int64")],
+        "embedding → mul → embedding → add",
+        ["self.tok.weight", "self.pos.weight"],
+    ),
+    case(
         "swiglu",
         """
         class M(nn.Module):
@@ -409,6 +465,40 @@ def test_an_input_the_backward_does_not_cover_sends_the_cluster_to_its_reference
     want = _grads(reference, (q, cos, sin), (True, True, False))
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_gradients_that_are_the_output_s_own_are_passed_on_without_a_kernel(write_model):
+    """A residual sum's backward computes nothing: the report says so, the module has no backward
+    kernel, and the gradients (the bias's summed over batch and pixels) are eager's."""
+    from fuselens.contracts.report import PASS_THROUGH_BACKWARD
+
+    module, cluster = _generated(
+        write_model,
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.b = nn.Parameter(torch.randn(6))
+
+            def forward(self, x, y):
+                return x + self.b[:, None, None] + y
+        """,
+        [("2,6,3,5", "float32"), ("2,6,3,5", "float32")],
+    )
+    assert cluster.backward == PASS_THROUGH_BACKWARD, cluster.backward_detail
+    assert not hasattr(module, "_cluster0_backward_op")
+    gen = torch.Generator().manual_seed(4)
+    tensors = [
+        torch.randn(2, 6, 3, 5, generator=gen),
+        torch.randn(6, generator=gen),
+        torch.randn(2, 6, 3, 5, generator=gen),
+    ]
+    # (the applied line passes the bias as it reads it: `cluster0(x, self.b[:, None, None], y)`)
+    fused = lambda x, b, y: module.cluster0(x, b[:, None, None], y)  # noqa: E731
+    reference = lambda x, b, y: module._cluster0_reference(x, b[:, None, None], y)  # noqa: E731
+    wants = (True, True, True)
+    for got, want in zip(_grads(fused, tensors, wants), _grads(reference, tensors, wants), strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def test_the_backward_reference_runs_where_no_kernel_can(write_model, monkeypatch):

@@ -11,7 +11,7 @@ from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.profile import Profile
-from fuselens.contracts.report import Cluster, Model, Report
+from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Model, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
@@ -108,6 +108,10 @@ def _applies_line(c: Cluster) -> str:
 
 def _training_line(c: Cluster) -> str:
     """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs."""
+    if c.backward == PASS_THROUGH_BACKWARD:
+        return f"**training**: no backward kernel is needed: the {c.backward_detail}"
+    if c.backward == TORCH_BACKWARD:
+        return f"**training**: the forward kernel trains; the {c.backward_detail}"
     if c.backward:
         line = f"**training**: a backward kernel computes the {c.backward_detail}"
         if c.backward_bytes_unfused is not None and c.backward_bytes_fused is not None:
