@@ -80,7 +80,7 @@ def _launch_function(
         body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat)
     else:
         body += _row_launch(plan, kernel_name, input_names, call_args)
-    body.append("return " + _returns(plan, input_names))
+    body.append("return " + _returns(plan))
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
     return [f"def _{name}_launch({', '.join(params)}):"] + ["    " + line for line in body]
 
@@ -234,7 +234,7 @@ def _return_early(plan: KernelPlan, input_names: list[str]) -> list[str]:
     shapes = f"_shapes_only({input_names[0]}) or " if input_names else ""
     return [
         f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do",
-        "    return " + _returns(plan, input_names),
+        "    return " + _returns(plan),
     ]
 
 
@@ -457,10 +457,10 @@ def _output_names(plan: KernelPlan) -> list[str]:
     return [f"out{k}" for k in range(len(plan.outputs))]
 
 
-def _returns(plan: KernelPlan, input_names: list[str]) -> str:
+def _returns(plan: KernelPlan) -> str:
     """The launcher's return value: the output, or a tuple of them, then what the backward keeps
     (`OutputSlot.saved`, and the count of targets of each mean, `saved_counts`)."""
-    outs = [_result(k, out, input_names) for k, out in enumerate(plan.outputs)]
+    outs = [_result(k, out) for k, out in enumerate(plan.outputs)]
     outs += [f"count{k}" for k in saved_counts(plan)]
     return outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
 
@@ -470,9 +470,9 @@ def _op_outputs(plan: KernelPlan) -> int:
     return len(plan.outputs) + len(saved_counts(plan))
 
 
-def _result(k: int, out: OutputSlot, input_names: list[str]) -> str:
+def _result(k: int, out: OutputSlot) -> str:
     """Output `k` as the cluster returns it: a loss over the rows totals the kernel's per-row losses,
-    a mean over the rows whose target is not ignored (0 / 0, NaN, when all are, as in torch)."""
+    a mean over the rows whose target is not ignored (`count<k>`; 0 / 0, NaN, when all are, as in torch)."""
     total = out.total
     if total is None:
         return f"out{k}"
