@@ -486,9 +486,14 @@ def _log_softmax(w: _Writer, node: Node) -> None:
     if lse is None:
         w.to(x, f"{g} - torch.exp({w.names[node.id]}) * {total}", over_row=False)
         return
-    xv = w.value(x)
-    p = w.let(f"torch.exp({w.wide(xv, w.dtype(x))} - {lse}.unsqueeze(-1))")
-    w.to(x, w.narrow(f"{g} - {p} * {total}", "float32", xv, w.dtype(x)), over_row=False)
+    p = _softmax_from(w, x, lse)
+    w.to(x, w.narrow(f"{g} - {p} * {total}", "float32", w.value(x), w.dtype(x)), over_row=False)
+
+
+def _softmax_from(w: _Writer, x: Ref, lse: str) -> str:
+    """The softmax of the logits `x` over their rows, in float32, from the row log-sum-exp `lse` the
+    forward kept: one elementwise pass, no reduction."""
+    return w.let(f"torch.exp({w.wide(w.value(x), w.dtype(x))} - {lse}.unsqueeze(-1))")
 
 
 def _pick(w: _Writer, node: Node) -> None:
@@ -549,9 +554,8 @@ def _cross_entropy(w: _Writer, node: Node) -> None:
     row = w.let(f"torch.where({valid}, {share}, 0.0).unsqueeze(-1)")
     hot = w.let(f"torch.nn.functional.one_hot(torch.where({valid}, {t}, 0), {classes})")
     aim = f"{1.0 - smoothing!r} * {hot} + {smoothing / classes!r}" if smoothing else hot
-    xv = w.value(x)
-    p = w.let(f"torch.exp({w.wide(xv, w.dtype(x))} - {lse}.unsqueeze(-1))")
-    w.to(x, w.narrow(f"({p} - {aim}) * {row}", "float32", xv, w.dtype(x)), over_row=False)
+    p = _softmax_from(w, x, lse)
+    w.to(x, w.narrow(f"({p} - {aim}) * {row}", "float32", w.value(x), w.dtype(x)), over_row=False)
 
 
 def _cat(w: _Writer, node: Node) -> None:

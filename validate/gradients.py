@@ -95,20 +95,12 @@ def time_training(kernel: Kernel, instance, kernels, seed: int) -> TrainingTimin
 def _training_step(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int, views: dict):
     """(the forward of `fn` under autograd, the forward and its gradients) on fixed leaves and
     seeded upstream gradients, as calls a CUDA graph can capture."""
-    leaves = [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
-
-    def inputs() -> list[torch.Tensor]:
-        made = list(leaves)
-        for k, (base, view) in views.items():
-            made[k] = view(leaves[base])
-        return made
+    leaves = _leaves(args, trains)
 
     def outputs() -> list[torch.Tensor]:
-        out = fn(*inputs())
-        return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+        return _differentiable(fn(*_with_views(leaves, views)))
 
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    upstream = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outputs()]
+    upstream = _upstream(outputs(), seed)
     wrt = [leaves[k] for k in trains]
 
     def step():
@@ -149,14 +141,33 @@ def _gradients(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int,
     """The gradients of `fn`'s outputs, weighted by seeded random upstream gradients, with respect to
     the inputs `trains`; the inputs in `views` (position -> (base position, view)) are views of their
     base's leaf, as they are in the model, so their gradients reach the base."""
-    leaves = [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
-    for k, (base, view) in views.items():
-        leaves[k] = view(leaves[base])
+    leaves = _leaves(args, trains)
     with torch.enable_grad():
-        out = fn(*leaves)
-    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    upstream = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
+        outs = _differentiable(fn(*_with_views(leaves, views)))
     wrt = [leaves[k] for k in trains]
-    grads = torch.autograd.grad(outs, wrt, upstream, allow_unused=True)
+    grads = torch.autograd.grad(outs, wrt, _upstream(outs, seed), allow_unused=True)
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wrt, strict=True)]
+
+
+def _leaves(args: list[torch.Tensor], trains: tuple[int, ...]) -> list[torch.Tensor]:
+    """Copies of the cluster's inputs, those in `trains` wanting gradients."""
+    return [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
+
+
+def _with_views(leaves: list[torch.Tensor], views: dict) -> list[torch.Tensor]:
+    """The inputs as the cluster takes them: those in `views` made from their base's leaf."""
+    made = list(leaves)
+    for k, (base, view) in views.items():
+        made[k] = view(leaves[base])
+    return made
+
+
+def _differentiable(out) -> list[torch.Tensor]:
+    """The outputs of a call that carry gradients."""
+    return [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+
+
+def _upstream(outs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    """Seeded random upstream gradients, one per output (never ones, which hide transposed results)."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
