@@ -422,13 +422,13 @@ def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]
         return []
     device = f"{input_names[0]}.device"
     return [
-        # 32 warps of programs a multiprocessor keep enough rows in flight; their partial sums are
+        # 16 warps of programs a multiprocessor keep enough rows in flight; their partial sums are
         # that many float32 rows, not one for every row.  Summing them is a column reduction torch
         # runs slowly (on an H200, 8 x 132 rows of 4096 took 19.7 µs a sum beside a 111 µs bf16
         # LayerNorm backward), so the programs take bigger tiles with more warps (`_total_tile`).
         "if whole_row:",
-        f"    block_r, warps = _total_tile(R, block_r, warps, {len(identity_inputs(plan))})",
-        "    grid = (min((R + block_r - 1) // block_r, max(1, 32 // warps) * _sm_count()),)",
+        f"    block_r, warps, programs = _total_tile(R, block_r, warps, {len(identity_inputs(plan))})",
+        "    grid = (programs,)",
         *[
             f"out{k} = torch.empty((grid[0] if whole_row else R, C), device={device}, dtype=torch.float32)"
             for k in totals

@@ -212,16 +212,20 @@ def _row_major(sizes):
 
 
 def _total_tile(rows, block_r, warps, full_inputs):
-    """(BLOCK_R, num_warps) for a row kernel that also sums columns over the rows.  With three or
+    """(BLOCK_R, num_warps, programs) for a row kernel that also sums columns over the rows: its
+    programs each walk blocks of rows and leave one float32 row of partial sums.  With three or
     more full-size inputs a row: four times the rows a tile and the warps to match (at most 16), so
-    that fewer programs keep as many rows in flight and leave fewer rows of partial sums.  Measured
-    on an H200, bf16 backward steps at 8192 x 4096 (tile growth 1 / 2 / 4): LayerNorm of a residual
-    sum 190.6 / 215.0 / 167.3 µs, residual + RMSNorm 165.4 / 185.6 / 158.6, RMSNorm (two inputs)
-    111.3 / 115.7 / 119.6."""
+    that fewer programs keep as many rows in flight and leave fewer rows of partial sums.  16 warps
+    of programs a multiprocessor.  Swept on an H200 (`benchmarks/norm_tiles.py`, 40 tiles, bf16
+    training steps at 8192 x 4096): LayerNorm of a residual sum 156.8 µs with 4 rows, 16 warps and
+    one program a multiprocessor (167.0 with two; fastest 155.5), residual + RMSNorm 151.7 (157.7
+    with two; the fastest), RMSNorm (two inputs: one row, 4 warps) 107.4 with four (108.0 with
+    eight; fastest 102.8)."""
     grow = 1
     while full_inputs >= 3 and grow < 4 and warps * grow * 2 <= 16 and block_r * grow * 2 <= rows:
         grow *= 2
-    return block_r * grow, warps * grow
+    block_r, warps = block_r * grow, warps * grow
+    return block_r, warps, min((rows + block_r - 1) // block_r, max(1, 16 // warps) * _sm_count())
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
