@@ -415,7 +415,7 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ca
 
 def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """For each output summed over the rows, what the kernel writes: the whole-row kernel's programs
-    (eight a multiprocessor, each walking blocks of rows) one float32 row of partial sums each; the
+    (as many as `_total_tile` chooses, each walking blocks of rows) one float32 row of partial sums each; the
     looped kernel every row's values."""
     totals = column_totals(plan)
     if not totals:
