@@ -72,7 +72,11 @@ def backward_text(
     returned_by_op = len(plan.outputs) + len(counts)  # the cluster's outputs, then what it keeps
     results = _fresh([f"result{k}" for k in range(returned_by_op)], params + number_params)
     inputs = {s.node for s in plan.inputs}
-    given = {out.node: results[k] for k, out in enumerate(plan.outputs) if out.saved is None and out.node not in inputs}
+    given = {
+        out.node: results[k]
+        for k, out in enumerate(plan.outputs)
+        if out.saved in (None, "row") and out.node not in inputs
+    }
     saved = {(out.node, out.saved): results[k] for k, out in enumerate(plan.outputs) if out.saved}
     saved |= {(plan.outputs[k].node, "count"): results[len(plan.outputs) + j] for j, k in enumerate(counts)}
     body, names = forward_lines(graph, plan, params, number_params, given)
@@ -225,7 +229,8 @@ class _Writer:
     slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
     leads: dict[int, int] = field(default_factory=dict)  # input -> where it runs along the domain (`BackwardText`)
     at: Node | None = None  # the op whose derivative is being written: its contributions have its shape
-    # What the forward kept for the backward (`OutputSlot.saved`): (node, "lse" | "count") -> its parameter.
+    # What the forward kept for the backward (`OutputSlot.saved`): (node, "lse" | "mean" | "rstd" |
+    # "count") -> its parameter.
     saved: dict[tuple[int, str], str] = field(default_factory=dict)
     # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
     row_totals: dict[int, str] = field(default_factory=dict)
@@ -516,12 +521,19 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
     dims, eps, g = node.params["dims"], float(node.params["eps"]), w.grad(node)
     xv = w.value(x)
     xf = w.let(w.wide(xv, w.dtype(x)))
+    # The row statistics the forward kept (`OutputSlot.saved`), one number a row: put back the
+    # normalised dims; else recomputed from the row.
+    kept = {
+        what: f"{w.saved[(node.id, what)]}[{', '.join(['...'] + ['None'] * len(dims))}]"
+        for what in ("mean", "rstd")
+        if (node.id, what) in w.saved
+    }
     if centered:
-        xc = w.let(f"{xf} - {xf}.mean(dim={dims}, keepdim=True)")
-        rstd = w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
+        xc = w.let(f"{xf} - {kept.get('mean') or f'{xf}.mean(dim={dims}, keepdim=True)'}")
+        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
     else:
         xc = xf
-        rstd = w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps!r})")
+        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps!r})")
     xhat = w.let(f"{xc} * {rstd}")
     gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
     gxhat = w.let(f"{gf} * {w.wide(w.value(weight), w.dtype(weight))}") if isinstance(weight, Ref) else gf

@@ -449,7 +449,7 @@ def _layouts(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -
 
 def _widest_item(plan: KernelPlan) -> int:
     """Bytes per element of the widest full-size tensor the kernel streams."""
-    dtypes = [plan.inputs[k].dtype for k in identity_inputs(plan)] + [o.dtype for o in plan.outputs]
+    dtypes = [plan.inputs[k].dtype for k in identity_inputs(plan)] + [o.dtype for o in plan.outputs if not o.saved]
     return max(DTYPE_BYTES.get(d, 4) for d in dtypes)
 
 

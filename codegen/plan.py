@@ -18,6 +18,7 @@ turns a `PlanError` into a (reason, detail) verdict.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -122,8 +123,10 @@ class OutputSlot:
     # layout cuDNN convolves fastest, by the kernels that can (`split_groups`).
     to_convolution: bool = False
     # Kept for the backward only, never returned to the caller: a loss's row log-sum-exp ("lse"),
-    # which its gradient reads instead of a second pass over a 32k-256k wide row.  The op returns
-    # these after the cluster's outputs (`returned_outputs` are the others).
+    # which its gradient reads instead of a second pass over a 32k-256k wide row, or a norm's row
+    # "mean" and "rstd", or a hand-written one's row value ("row", `_row_values_read_along_rows`).
+    # The op returns these after the cluster's outputs (`returned_outputs` are
+    # the others).
     saved: str | None = None
 
 
@@ -155,6 +158,11 @@ class ScalarSlot:
         return "float" if isinstance(self.value, float) else "int"
 
 
+# The narrowest row whose statistics (a norm's mean and reciprocal deviation) the forward keeps for
+# the backward: 8 bytes a row are under 1% of what a bfloat16 forward reads and writes from 256
+# columns, while below that the backward recomputes them from a row it holds on chip anyway.
+_KEEP_ROW_STATISTICS_FROM = 256
+
 # Ops whose lowering writes a number operand as it is into the expression, so that it can be an argument.
 _NUMBER_ARGUMENTS = frozenset({"add", "sub", "rsub", "mul", "div", "maximum", "minimum", "where", "masked_fill"})
 
@@ -185,11 +193,12 @@ def check(graph: Graph, members: frozenset[int]) -> tuple[bool, str, str]:
     return True, "", ""
 
 
-def plan_cluster(graph: Graph, members: set[int], permuted_views_out: bool = False) -> KernelPlan:
-    """The kernel plan of `members`.  `permuted_views_out`: a permute of a computed value may leave
-    the group, written as a permuted output (a backward's gradient for an input the forward read
-    permuted: ConvNeXt's `y.permute(0, 2, 3, 1)` before its LayerNorm)."""
-    return _Planner(graph, members, permuted_views_out).plan()
+def plan_cluster(graph: Graph, members: set[int], backward: bool = False) -> KernelPlan:
+    """The kernel plan of `members`.  A `backward` cluster's (the gradients of a forward one) keeps
+    nothing for a backward of its own, and a permute of a computed value may leave it, written as a
+    permuted output (the gradient for an input the forward read permuted: ConvNeXt's
+    `y.permute(0, 2, 3, 1)` before its LayerNorm)."""
+    return _Planner(graph, members, backward).plan()
 
 
 def _describe(node: Node) -> str:
@@ -210,10 +219,10 @@ def _shape(shape) -> str:
 
 
 class _Planner:
-    def __init__(self, graph: Graph, members: set[int], permuted_views_out: bool = False):
+    def __init__(self, graph: Graph, members: set[int], backward: bool = False):
         self.g = graph
         self.members = members
-        self.permuted_views_out = permuted_views_out
+        self.backward = backward
         self.compute = sorted(m for m in members if graph[m].cls.absorbable)
         self.stmts: list[Stmt] = []
         self.memo: dict[tuple, Stmt] = {}
@@ -222,6 +231,7 @@ class _Planner:
         self.scalars: list[ScalarSlot] = []
         self.row_stats: dict[int, tuple[Stmt, Stmt]] = {}  # softmax / loss node -> its row (max, exp-sum)
         self.row_lse: dict[int, Stmt] = {}  # cross-entropy (or picked log-softmax) node -> its row's log-sum-exp
+        self.norm_stats: dict[int, dict[str, Stmt]] = {}  # norm node -> its row's "mean" and "rstd"
         self.escaping: list[int] = []  # the members read outside the group
 
     # ---- structure --------------------------------------------------------------------
@@ -320,14 +330,55 @@ class _Planner:
         )
 
     def _saved_for_backward(self) -> list[OutputSlot]:
-        """Each cross-entropy's row log-sum-exp (or a log-softmax's whose rows are only picked from),
-        written beside the loss (4 bytes a row) so that its gradient, softmax less the one-hot target,
-        is one pass over the logits, not two."""
+        """What the gradients read instead of a pass over the row of their own, 4 bytes a row each:
+        a cross-entropy's row log-sum-exp (or a log-softmax's whose rows are only picked from), so
+        that its gradient, softmax less the one-hot target, is one pass over the logits, not two; and
+        a norm's row mean and reciprocal deviation, so that its gradient reduces the row twice (the
+        gradient and its product with the normalised row), not four times."""
+        if self.backward:
+            return []
         rows = tuple(self.domain[: self.row_dims])
-        return [
-            OutputSlot(node, lse.name, rows, "float32", row_only=True, saved="lse")
-            for node, lse in sorted(self.row_lse.items())
+        lse = [(node, "lse", stmt) for node, stmt in self.row_lse.items()]
+        if math.prod(self.domain[self.row_dims :]) < _KEEP_ROW_STATISTICS_FROM:
+            return [OutputSlot(node, stmt.name, rows, "float32", row_only=True, saved="lse") for node, _, stmt in lse]
+        stats = [(node, what, stmt) for node, kept in self.norm_stats.items() for what, stmt in kept.items()]
+        kept = [
+            OutputSlot(node, stmt.name, rows, "float32", row_only=True, saved=what)
+            for node, what, stmt in sorted(lse + stats, key=lambda kept: kept[:2])
         ]
+        for m in self._row_values_read_along_rows():
+            meta = _meta(self.g[m])
+            stmt = self.value(m, self._row_coords_for(meta.shape))
+            kept.append(OutputSlot(m, stmt.name, meta.shape, meta.dtype, row_only=True, saved="row"))
+        return kept
+
+    def _row_values_read_along_rows(self) -> list[int]:
+        """The members that are one number a row, reduced from the row inside the group and read
+        along it (a hand-written norm's `torch.rsqrt(variance + eps)`, multiplied into `x`): kept for
+        the backward, which reads them where it would reduce the row again."""
+        if not self.row_dims or self.groups:
+            return []
+        reduced: dict[int, bool] = {}
+
+        def from_reduction(node_id: int) -> bool:
+            if node_id not in reduced:
+                node = self.g[node_id]
+                reduced[node_id] = node_id in self.members and (
+                    node.cls is OpClass.REDUCTION or any(from_reduction(i) for i in node.inputs)
+                )
+            return reduced[node_id]
+
+        kept = []
+        for m in self.compute:
+            meta = self.g[m].meta
+            if m in self.escaping or meta is None or not self._is_row_shape(meta.shape):
+                continue
+            if not meta.dtype.startswith(("float", "bfloat")) or not from_reduction(m):
+                continue
+            readers = [self.g[u] for u in self.g.users(m) if u in self.members]
+            if any(r.meta is not None and r.meta.shape == self.domain for r in readers):
+                kept.append(m)
+        return kept
 
     # ---- numbers of the model's state ---------------------------------------------------
     def _number(self, value, runtime: bool) -> str:
@@ -403,7 +454,7 @@ class _Planner:
             outside = [u for u in g.users(m) if u not in self.members]
             if not outside:
                 continue
-            if not g[m].cls.absorbable and not (self.permuted_views_out and self._permute_of_computed(m)):
+            if not g[m].cls.absorbable and not (self.backward and self._permute_of_computed(m)):
                 raise PlanError(
                     "fan-out", f"the view {_describe(g[m])} of a fused value is also used outside the group"
                 )
@@ -773,15 +824,23 @@ class _Planner:
             d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
             var = self._emit(f"{ss.name} / C", FLOAT, [ss], comment + " (variance)")
             inv = self._emit(f"tl.rsqrt({var.name} + {self._eps(node)})", FLOAT, [var])
+            if op == "layer_norm" and self._over_whole_rows(node):
+                self.norm_stats[node.id] = {"mean": mean, "rstd": inv}
             y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
             return self._affine(node, y, comment)
         if op == "rms_norm":
             sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
             ms = self._mean(sq, comment + " (mean square)")
             inv = self._emit(f"tl.rsqrt({ms.name} + {self._eps(node)})", FLOAT, [ms])
+            if self._over_whole_rows(node):
+                self.norm_stats[node.id] = {"rstd": inv}
             y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _over_whole_rows(self, node: Node) -> bool:
+        """A norm over the kernel's whole rows: its statistics are one number a row."""
+        return len(node.params["dims"]) == len(self.domain) - self.row_dims
 
     def _same_row(self, coords) -> bool:
         """`coords` are the kernel's row coordinates and any column of that row (rows are whole last dims)."""

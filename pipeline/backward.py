@@ -66,7 +66,7 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     if not computes:
         return _without_kernel(text, name, params, plan, PASS_THROUGH_BACKWARD)
     try:
-        bplan = plan_cluster(captured, members, permuted_views_out=True)
+        bplan = plan_cluster(captured, members, backward=True)
     except PlanError as exc:
         raise NoBackwardKernel(f"the gradients are not one kernel: {exc.detail or exc.reason}") from exc
     returned = _returned(captured, bplan, names)

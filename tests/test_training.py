@@ -638,9 +638,9 @@ def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
 
 def test_the_forward_keeps_only_what_the_backward_reads(write_model):
     """RoPE's gradient is RoPE's transpose: it reads the tables, never q, so the kernel op keeps the
-    tables alone, as eager autograd does.  An RMSNorm's keeps its input and weight, where eager keeps
-    the float copy, the per-row scale and the normalised rows too; a residual + LayerNorm's, the sum
-    it returns and the weight."""
+    tables alone, as eager autograd does.  An RMSNorm's keeps its input, weight and per-row scale,
+    where eager keeps the float copy and the normalised rows too; a residual + LayerNorm's, the sum
+    it returns, the weight and each row's mean and reciprocal deviation."""
     rope = analyze_file(
         write_model(HEADER + textwrap.dedent(BUFFER_ROPE).lstrip("\n"), "rope.py"),
         AnalyzeOptions(input_shapes=["2,3,5,16"], dtypes=["float32"]),
@@ -654,7 +654,7 @@ def test_the_forward_keeps_only_what_the_backward_reads(write_model):
         AnalyzeOptions(input_shapes=["3,5,1000"], dtypes=["bfloat16"]),
     )
     ((cluster,),) = [m.clusters for m in norm.models if m.status == "analyzed"]
-    assert cluster.saved_bytes_fused == 3 * 5 * 1000 * 2 + 1000 * 4
+    assert cluster.saved_bytes_fused == 3 * 5 * 1000 * 2 + 1000 * 4 + 3 * 5 * 4
     assert cluster.saved_bytes_eager > 2 * cluster.saved_bytes_fused
     # A residual sum the cluster also returns: the backward reads the sum, not the two inputs again.
     residual = analyze_file(
@@ -662,7 +662,7 @@ def test_the_forward_keeps_only_what_the_backward_reads(write_model):
         AnalyzeOptions(input_shapes=["4,9,300", "4,9,300"], dtypes=["float32", "float32"]),
     )
     ((cluster,),) = [m.clusters for m in residual.models if m.status == "analyzed"]
-    assert cluster.saved_bytes_fused == 4 * 9 * 300 * 4 + 300 * 4  # the sum, and the norm's weight
+    assert cluster.saved_bytes_fused == 4 * 9 * 300 * 4 + 300 * 4 + 4 * 9 * 2 * 4  # the sum, weight, row stats
 
 
 def _kind(name: str) -> str:
