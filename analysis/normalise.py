@@ -141,7 +141,11 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         if out_t is None:
             return None  # torch.cat always returns a tensor; anything else is not a concatenation we model
         bound = bind(func, args, kwargs, ["tensors", "dim"])
-        tensors = [t for t in bound["tensors"] if not (t.dim() == 1 and t.shape[0] == 0)]
+        # Empty pieces add nothing (a partial rotary's pass-through half when the rotary dim is the
+        # head's, a fresh cache's legacy 1-D `torch.tensor([])`): no kernel reads them.  One of another
+        # dtype still takes part in the result's type promotion.
+        pieces = list(bound["tensors"])
+        tensors = [t for t in pieces if t.numel() > 0 or t.dtype != out_t.dtype] or pieces[-1:]
         return "cat", OpClass.CONCAT, [list(tensors)], {"dim": norm_dim(int(bound.get("dim", 0)), out_t.dim())}
     if canon in ("gather", "take_along_dim"):
         return _normalise_row_pick(canon, func, args, kwargs, out_t)

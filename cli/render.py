@@ -152,7 +152,7 @@ def _render_clusters(console: Console, model: Model) -> None:
         console.print(f"  [dim]{_literal(c.id)} {how}: {_literal(detail)}{reached}[/]")
     for c in model.clusters:
         if not c.backward and c.kernel is not None:
-            console.print(f"  [dim]{_literal(c.id)} trains through its reference: {_literal(c.backward_detail)}[/]")
+            console.print(f"  [dim]{_literal(c.id)} has no backward kernel: {_literal(c.backward_detail)}[/]")
     _render_training(console, model)
 
 

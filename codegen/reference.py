@@ -96,11 +96,38 @@ def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], nu
         args, kwargs = _following_dtype(args, kwargs, [(names[i], graph[i]) for i in inputs])
     if getattr(func, "__name__", "") in ("layer_norm", "rms_norm"):
         args, kwargs = _normalized_shape_of_input(args, kwargs)
+    if node.op == "cat":
+        args, kwargs = _without_empty_pieces(args, kwargs, names, graph)
     if _reads_only_metadata(func) and not (isinstance(args[1], Ref) and args[1].node in names):
         text = _metadata_call(func, _value(args[0], names), args[1], graph, [(names[i], graph[i]) for i in inputs])
     else:
         text = _expression(func, [_value(a, names) for a in args], {k: _value(v, names) for k, v in kwargs.items()})
     return f"{text}[{index}]" if index is not None else text
+
+
+def _without_empty_pieces(args: tuple, kwargs: dict, names: dict[int, str], graph: Graph) -> tuple[tuple, dict]:
+    """A concatenation's call without the empty pieces the cluster does not take (the graph's `cat`
+    leaves them out: `normalise`), which add nothing to its result."""
+
+    def kept(pieces):
+        return [
+            p
+            for p in pieces
+            if not (isinstance(p, Ref) and p.node not in names and (graph[p.node].meta or _NONEMPTY).numel == 0)
+        ]
+
+    if "tensors" in kwargs:
+        return args, {**kwargs, "tensors": kept(kwargs["tensors"])}
+    if args and isinstance(args[0], (list, tuple)):
+        return (kept(args[0]), *args[1:]), kwargs
+    return args, kwargs
+
+
+class _Sized:
+    numel = 1
+
+
+_NONEMPTY = _Sized()
 
 
 def _expression(func: Any, args: list[str], kwargs: dict[str, str]) -> str:

@@ -52,6 +52,8 @@ def generate_kernels(
                 reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
             else:
                 no_reference = ""
+            if no_reference:
+                cluster.backward_detail = f"its ops are not torch code it can train through: {no_reference}"
             trained = _backward(cluster, instance, name, params, numbers, reference) if not no_reference else None
             try:
                 emitted = emit(

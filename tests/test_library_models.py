@@ -129,3 +129,21 @@ def test_library_model_kernels_verify_in_the_interpreter(case: Case, analyzed):
         check = checks[cluster.id]
         assert (check.status, check.instances) == ("verified", cluster.multiplicity), (cluster.op_chain, check)
     assert result.ok
+
+
+def test_a_partial_rotary_passing_nothing_through_applies_and_trains_with_its_kernel(analyzed):
+    """Phi-3 concatenates each rotated query with the slice of its head past the rotary dim, empty
+    when the rotary dim is the whole head: the kernel takes no empty input, its torch fallback
+    replays the concatenation without it, so the query's RoPE applies as a library patch whose
+    gradients are one kernel, not eager autograd."""
+    case = next(c for c in CORPUS if c.id == "phi3")
+    _, report = analyzed(case)
+    model = _only_model(report)
+    rotary = [c for c in model.clusters if {"neg", "cat", "mul", "add"} <= {op.target for op in c.ops}]
+    assert rotary
+    patched = [c for c in rotary if c.applies == "patch"]
+    assert patched, [(c.id, c.apply_detail) for c in rotary]
+    for cluster in patched:
+        assert all(0 not in value.shape for value in cluster.inputs), cluster.inputs
+        assert cluster.backward_detail.startswith("gradients of"), cluster.backward_detail
+        assert cluster.backward not in (R.PASS_THROUGH_BACKWARD, R.TORCH_BACKWARD)
