@@ -599,10 +599,19 @@ def _block_body(row: _RowKernel) -> list[str]:
     # row's reductions run, and the value need not stay live across them (GPT's embedding
     # add + LayerNorm, which also returns the sum, in bf16 on an H200: 41.6 -> 40.1 µs).
     stores = _outputs_by_statement(row.plan)
-    for s in row.every:
+    for s in _loads_first(row.every):
         body.append(_block_reduction(s, row.comments) if s.reduce else row.statement(s))
         body += [_store_or_total(row.plan, k, s) for k in stores.get(s.name, [])]  # `every` holds each output
     return body
+
+
+def _loads_first(stmts: list[Stmt]) -> list[Stmt]:
+    """`stmts` with every load whose address needs no computed value first.  A reduction across a
+    tile's warps is a barrier that no memory access crosses, so a load written after one starts
+    only when the reduction ends: a LayerNorm backward reading x and y after the row sum of the
+    gradient waited for memory twice a block of rows."""
+    first = [s for s in stmts if s.load_input is not None and not s.deps]
+    return first + [s for s in stmts if s.load_input is None or s.deps]
 
 
 def _store_or_total(plan: KernelPlan, k: int, value: Stmt) -> str:

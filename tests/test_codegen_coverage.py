@@ -1807,6 +1807,33 @@ def test_the_across_row_kernel_reads_a_norms_permuted_input_down_its_rows(write_
     assert [0, 1] not in loads
 
 
+def test_a_norm_backward_reads_its_rows_before_it_reduces_them(write_model):
+    """Compiled for an H100/H200 (sm_90, no GPU needed): the whole-row backward of a LayerNorm of a
+    residual sum loads the gradient, both residual inputs, the weight and the row statistics the
+    forward kept before its first row reduction.  A reduction across warps is a barrier that loads
+    do not cross, so a load after it would wait for it: two trips to memory a block of rows."""
+    import re
+
+    pytest.importorskip("triton.backends.nvidia")
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(512)
+
+            def forward(self, x, y):
+                return self.norm(x + y)
+        """
+    fused = _kernel_module(write_model, source, [("4,512", "float32"), ("4,512", "float32")])
+    path = sys.modules[fused.__module__].__file__
+    constants = dict(BLOCK_R=4, BLOCK_C=512, INDEX_64=False, CONTIG=True)
+    ttgir = _ttgir_for_sm90(path, "_cluster0_backward_kernel_block", **constants)
+    loads = [m.start() for m in re.finditer(r"\btt\.load\b", ttgir)]
+    reductions = [m.start() for m in re.finditer(r"\btt\.reduce\b", ttgir)]
+    assert len(loads) == 6, len(loads)  # the gradient, x, y, the weight, the row mean and deviation
+    assert reductions and max(loads) < min(reductions)
+
+
 def test_batch_norm_kernel_follows_a_channels_last_input(write_model):
     """Eval-mode batch norm -> relu on a channels-last activation (a ResNet run in channels-last),
     where the channel is the fastest dim: the kernel reads each element's running statistics,
