@@ -125,8 +125,7 @@ class OutputSlot:
     # Kept for the backward only, never returned to the caller: a loss's row log-sum-exp ("lse"),
     # which its gradient reads instead of a second pass over a 32k-256k wide row, or a norm's row
     # "mean" and "rstd", or a hand-written one's row value ("row", `_row_values_read_along_rows`).
-    # The op returns these after the cluster's outputs (`returned_outputs` are
-    # the others).
+    # The op returns these after the cluster's outputs (`returned_outputs` are the others).
     saved: str | None = None
 
 
@@ -338,15 +337,14 @@ class _Planner:
         if self.backward:
             return []
         rows = tuple(self.domain[: self.row_dims])
+        wide = math.prod(self.domain[self.row_dims :]) >= _KEEP_ROW_STATISTICS_FROM
         lse = [(node, "lse", stmt) for node, stmt in self.row_lse.items()]
-        if math.prod(self.domain[self.row_dims :]) < _KEEP_ROW_STATISTICS_FROM:
-            return [OutputSlot(node, stmt.name, rows, "float32", row_only=True, saved="lse") for node, _, stmt in lse]
         stats = [(node, what, stmt) for node, kept in self.norm_stats.items() for what, stmt in kept.items()]
         kept = [
             OutputSlot(node, stmt.name, rows, "float32", row_only=True, saved=what)
-            for node, what, stmt in sorted(lse + stats, key=lambda kept: kept[:2])
+            for node, what, stmt in sorted(lse + (stats if wide else []), key=lambda kept: kept[:2])
         ]
-        for m in self._row_values_read_along_rows():
+        for m in self._row_values_read_along_rows() if wide else []:
             meta = _meta(self.g[m])
             stmt = self.value(m, self._row_coords_for(meta.shape))
             kept.append(OutputSlot(m, stmt.name, meta.shape, meta.dtype, row_only=True, saved="row"))

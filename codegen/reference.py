@@ -109,25 +109,18 @@ def _without_empty_pieces(args: tuple, kwargs: dict, names: dict[int, str], grap
     """A concatenation's call without the empty pieces the cluster does not take (the graph's `cat`
     leaves them out: `normalise`), which add nothing to its result."""
 
+    def empty(piece) -> bool:
+        meta = graph[piece.node].meta if isinstance(piece, Ref) and piece.node not in names else None
+        return meta is not None and meta.numel == 0
+
     def kept(pieces):
-        return [
-            p
-            for p in pieces
-            if not (isinstance(p, Ref) and p.node not in names and (graph[p.node].meta or _NONEMPTY).numel == 0)
-        ]
+        return [p for p in pieces if not empty(p)]
 
     if "tensors" in kwargs:
         return args, {**kwargs, "tensors": kept(kwargs["tensors"])}
     if args and isinstance(args[0], (list, tuple)):
         return (kept(args[0]), *args[1:]), kwargs
     return args, kwargs
-
-
-class _Sized:
-    numel = 1
-
-
-_NONEMPTY = _Sized()
 
 
 def _expression(func: Any, args: list[str], kwargs: dict[str, str]) -> str:

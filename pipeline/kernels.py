@@ -54,7 +54,9 @@ def generate_kernels(
                 no_reference = ""
             if no_reference:
                 cluster.backward_detail = f"its ops are not torch code it can train through: {no_reference}"
-            trained = _backward(cluster, instance, name, params, numbers, reference) if not no_reference else None
+                trained = None
+            else:
+                trained = _backward(cluster, instance, name, params, numbers, reference)
             try:
                 emitted = emit(
                     instance.plan,
