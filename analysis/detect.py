@@ -11,7 +11,8 @@ still legal.  Legality, in the order it is checked:
 - `graph-break` members would sit on both sides of a data-dependent break;
 - `layer-boundary` members would run in two layers of a module list (`blocks.3`, `blocks.4`), or in
   one and outside it: the layers would no longer run the same code, and no edit of one layer's code
-  (or patch of its class) could apply the kernel;
+  (or patch of its class) could apply the kernel; or a copy (a concatenation of one piece, as a
+  key cache makes) would join the code that computes its piece from another function;
 - `convexity`   a dependency path leaves the group and re-enters it;
 - `fan-out` / `shape` / `reduction` / `no-lowering` from the kernel planner (injected
   by the caller, so analysis knows what codegen can express without importing it):
@@ -214,6 +215,9 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
             f"{describe(node)} writes in place into {what}, which other views or the caller "
             "can observe; a fused kernel would change what they see",
         )
+    copy = _copy_made_elsewhere(graph, node)
+    if copy is not None:
+        return copy
     if node.cls is OpClass.REDUCTION:
         if node.params.get("scan"):
             return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
@@ -235,6 +239,25 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
                     "a row-per-program kernel would run it in a single program",
                 )
     return None
+
+
+def _copy_made_elsewhere(graph: Graph, node: Node) -> tuple[str, str] | None:
+    """A concatenation of one piece is a copy; made in another function than its piece (a key cache's
+    `torch.cat([keys, key_states])` with the cache still empty), it belongs to neither: a kernel
+    that wrote it could be applied to no one block of code, so the copy stays out of the cluster."""
+    if node.op != "cat" or len(node.refs) != 1:
+        return None
+    piece = graph[graph.view_root(node.refs[0].node)]
+    if node.source is None or piece.source is None:
+        return None
+    made, computed = node.source, piece.source
+    if (made.file, made.function) == (computed.file, computed.function):
+        return None
+    return (
+        "layer-boundary",
+        f"{describe(node)} only copies `{piece.op}`, in {made.function}, away from the code that "
+        f"computes it ({computed.function}): a kernel that also wrote the copy could be applied to neither",
+    )
 
 
 def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> tuple[set[int], list[int]]:

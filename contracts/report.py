@@ -30,7 +30,7 @@ SCHEMA_VERSION = 7
 REJECTION_REASONS = {
     "fan-out": "a value escapes the group in a form one kernel cannot write",
     "layout": "a value escapes the group in another layout (a permute) than the kernel's iteration space",
-    "layer-boundary": "the group would span two layers, or a layer and the code around it",
+    "layer-boundary": "the group would span two layers, a layer and the code around it, or a copy made elsewhere",
     "convexity": "a dependency path leaves the group and re-enters it",
     "shape": "the group would need two different iteration spaces",
     "aliasing": "an in-place write that other views of the buffer would observe",

@@ -147,3 +147,20 @@ def test_a_partial_rotary_passing_nothing_through_applies_and_trains_with_its_ke
         assert all(0 not in value.shape for value in cluster.inputs), cluster.inputs
         assert cluster.backward_detail.startswith("gradients of"), cluster.backward_detail
         assert cluster.backward not in (R.PASS_THROUGH_BACKWARD, R.TORCH_BACKWARD)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CORPUS if c.id in ("llama", "qwen2", "phi3")])
+def test_the_key_cache_copy_stays_out_of_the_keys_rotary(case: Case, analyzed):
+    """With a key cache, a decoder's rotated keys are copied into the still empty cache by
+    `torch.cat` in the cache's own code: the copy is left out, so the keys' RoPE is the same kernel,
+    applied the same way, as the queries'."""
+    model = _only_model(analyzed(case)[1])
+    modeling = _modeling_file(case)
+    rotary = [c for c in model.clusters if {"neg", "cat", "mul", "add"} <= {op.target for op in c.ops}]
+    assert len(rotary) == 2, [c.op_chain for c in model.clusters]
+    for cluster in rotary:
+        assert {op.file for op in cluster.ops} == {modeling}, cluster.op_chain
+        assert cluster.applies == "patch", cluster.apply_detail
+    assert len({tuple(c.lines) for c in rotary}) == 2  # `q_embed = ...` and `k_embed = ...`
+    copies = [r for r in model.rejections if r.reason == "layer-boundary" and "only copies" in r.detail]
+    assert copies and all(os.path.basename(r.file) == "cache_utils.py" for r in copies), copies
