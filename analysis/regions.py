@@ -205,6 +205,7 @@ class _Root:
     node: ast.AST  # the expression (or an augmented assignment's statement)
     value: int  # the graph node whose value it computes
     leaves: list[ast.AST]  # its parts computed outside the cluster, or not tensors at all
+    dropouts: list[ast.AST]  # the leaves that are dropouts of a plain name (`self.drop(h)`), kept in the call
 
 
 def _roots(spans: _Spans, ast_of: _AstIndex, graph: Graph, compute: list[int]) -> list[_Root]:
@@ -220,7 +221,9 @@ def _roots(spans: _Spans, ast_of: _AstIndex, graph: Graph, compute: list[int]) -
     outermost = [n for n in nodes if not any(n is not o and ast_of.inside(o, _span(n) or (0, 0, 0, 0)) for o in nodes)]
     roots = []
     for node in sorted(outermost, key=lambda n: _span(n) or (0, 0, 0, 0)):
-        roots.append(_Root(node, nodes[node], _leaves(node, nodes, spans, ast_of, graph)))
+        leaves = _leaves(node, nodes, spans, ast_of, graph)
+        dropouts = [leaf for leaf in leaves if _drops_in_training(leaf, spans, graph)]
+        roots.append(_Root(node, nodes[node], leaves, dropouts))
     return roots
 
 
@@ -245,15 +248,18 @@ def _part_leaves(
 ) -> list[ast.AST]:
     if part in cluster:
         return _leaves(part, cluster, spans, ast_of, graph)
+    wraps_cluster_ops = any(ast_of.inside(part, _span(k) or (0, 0, 0, 0)) for k in cluster)
     module = _module_called_without_ops(part, spans, graph)
-    if module is not None and module not in graph.passthrough:
+    drops = _drops_in_training(part, spans, graph)
+    if drops and not wraps_cluster_ops and _wrapped_name(part) is not None:
+        return [part]  # `self.drop(h)`: the call runs before the kernel's, in training too, and passes its result
+    if drops:
         where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
-        kind = graph.module_types[module].rsplit(".", 1)[-1]
-        raise NoRegion(f"{where} ran no op here, but its `{kind}` may in training: the kernel's call would skip it")
-    if _dropout_called_without_ops(part, spans):
-        where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
+        if module is not None and module not in graph.passthrough:
+            kind = graph.module_types[module].rsplit(".", 1)[-1]
+            raise NoRegion(f"{where} ran no op here, but its `{kind}` may in training: the kernel's call would skip it")
         raise NoRegion(f"{where} ran no op here, but drops in training: the kernel's call would skip it")
-    if not any(ast_of.inside(part, _span(k) or (0, 0, 0, 0)) for k in cluster):
+    if not wraps_cluster_ops:
         return [part]
     if module is not None:  # `self.drop_path(...)` where it is an nn.Identity: the value itself
         assert isinstance(part, ast.Call)
@@ -263,6 +269,14 @@ def _part_leaves(
         where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
         raise NoRegion(f"{where} wraps the cluster's ops in code outside it")
     return _leaves(part, cluster, spans, ast_of, graph)
+
+
+def _drops_in_training(part: ast.AST, spans: _Spans, graph: Graph) -> bool:
+    """A call that ran no op here but may drop in training: a dropout module, a `DropPath`, `F.dropout`."""
+    if not isinstance(part, ast.expr):
+        return False
+    module = _module_called_without_ops(part, spans, graph)
+    return (module is not None and module not in graph.passthrough) or _dropout_called_without_ops(part, spans)
 
 
 def _module_called_without_ops(part: ast.expr, spans: _Spans, graph: Graph) -> str | None:
@@ -286,6 +300,14 @@ def _dropout_called_without_ops(part: ast.expr, spans: _Spans) -> bool:
         return False
     name = part.func.attr if isinstance(part.func, ast.Attribute) else getattr(part.func, "id", "")
     return "dropout" in name
+
+
+def _wrapped_name(part: ast.AST) -> str | None:
+    """`h` for a call that drops in training, `self.drop(h)` or `F.dropout(h, 0.1, self.training)`,
+    when what it drops is a plain name."""
+    if isinstance(part, ast.Call) and part.args and isinstance(part.args[0], ast.Name):
+        return part.args[0].id
+    return None
 
 
 def _self_path(expr: ast.expr) -> str | None:
@@ -325,10 +347,24 @@ def _argument(
     for member in sorted(set(graph.users(value)) & members):
         name = graph[member].names_at.get(invocation, {}).get(value)
         if name is not None:
-            return name
+            return _through_dropout(name, roots, lines)
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
+
+
+def _through_dropout(name: str, roots: list[_Root], lines: list[str]) -> str:
+    """`self.drop(h)` for input `h` when the replaced code reads it only through that dropout, which
+    returned it unchanged in eval mode: the call passes the dropout's result, so it drops in training."""
+    dropped = [(root, leaf) for root in roots for leaf in root.dropouts if _wrapped_name(leaf) == name]
+    if not dropped:
+        return name
+    texts = sorted({_text(lines, _span(leaf) or (0, 0, 0, 0)) for _, leaf in dropped})
+    # A later statement may rebind the name; within one expression it is one value.
+    bare = any(isinstance(leaf, ast.Name) and leaf.id == name for root, _ in dropped for leaf in root.leaves)
+    if bare or len(texts) > 1:
+        raise NoRegion(f"`{name}` is read through `{texts[0]}` and also otherwise: one kernel input cannot be both")
+    return texts[0]
 
 
 def _without_bias(span: Span, roots: list[_Root], spans: _Spans, graph: Graph, lines: list[str]) -> str:

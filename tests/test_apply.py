@@ -360,3 +360,63 @@ def test_an_apply_leaves_the_options_it_was_given_as_they_were(tmp_path):
     assert options.source_text is None
     (model,) = [m for m in analyze_file(str(path), options).models if m.status == "analyzed"]
     assert [c.id for c in model.clusters if c.applies != "no"] == []  # c1 is a kernel call now
+
+
+DROPPED_RESIDUAL = """
+import torch, torch.nn as nn
+
+
+class Block(nn.Module):  # fuselens: input=(8, 64)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.drop = nn.Dropout(0.5)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        h = self.fc(x)
+        x = x + self.drop(h)
+        return self.norm(x)
+"""
+
+TRAIN_CHECK = textwrap.dedent("""
+    import importlib.util, os, sys, torch
+    os.environ["TRITON_INTERPRET"] = "1"
+    def load(path, name):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    original, patched = load(sys.argv[1], "original"), load(sys.argv[2], "patched")
+    a = original.Block().train()
+    b = patched.Block().train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(8, 64)
+    results = []
+    for model in (a, b):
+        torch.manual_seed(1)
+        out = model(x)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), model.fc.weight.grad))
+    (want, want_grad), (got, got_grad) = results
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert torch.allclose(got_grad, want_grad, atol=1e-4), (got_grad - want_grad).abs().max()
+    with torch.no_grad():
+        assert not torch.allclose(a.eval()(x), want, atol=1e-3)  # the dropout did drop
+    print("ok")
+""")
+
+
+def test_a_dropout_of_a_kernel_input_stays_in_the_call_and_drops_in_training(write_model, tmp_path):
+    """`x + self.drop(h)`: in eval mode the dropout returned `h` and ran no op; the kernel's call takes
+    `self.drop(h)`, so the applied model still drops in training, with the same random numbers."""
+    path = write_model(DROPPED_RESIDUAL)
+    original = tmp_path / "original.py"
+    shutil.copy(path, original)
+    done = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert done.applied == ["c0"], done.skipped
+    assert "self.drop(h)" in open(path).read()
+    run = subprocess.run(
+        [sys.executable, "-c", TRAIN_CHECK, str(original), path], capture_output=True, text=True, cwd=os.path.dirname(path)
+    )
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr

@@ -164,3 +164,12 @@ def test_the_key_cache_copy_stays_out_of_the_keys_rotary(case: Case, analyzed):
     assert len({tuple(c.lines) for c in rotary}) == 2  # `q_embed = ...` and `k_embed = ...`
     copies = [r for r in model.rejections if r.reason == "layer-boundary" and "only copies" in r.detail]
     assert copies and all(os.path.basename(r.file) == "cache_utils.py" for r in copies), copies
+
+
+def test_a_residual_dropout_stays_in_the_norms_call(analyzed):
+    """Phi-3's `residual + self.resid_attn_dropout(hidden_states)` ran no dropout in eval mode: the
+    residual + RMSNorm kernel still applies, its call taking the dropout's result, so it drops in training."""
+    model = _only_model(analyzed(next(c for c in CORPUS if c.id == "phi3"))[1])
+    (cluster,) = [c for c in model.clusters if c.op_chain.startswith("add → pow → mean")]
+    assert cluster.applies == "patch", cluster.apply_detail
+    assert "self.resid_attn_dropout(hidden_states)" in cluster.apply_detail
