@@ -415,8 +415,11 @@ def test_a_dropout_of_a_kernel_input_stays_in_the_call_and_drops_in_training(wri
     shutil.copy(path, original)
     done = apply_file(path, AnalyzeOptions(), None, lambda r: True)
     assert done.applied == ["c0"], done.skipped
-    assert "self.drop(h)" in open(path).read()
+    assert "self.drop(h)" in (tmp_path / "model.py").read_text()
     run = subprocess.run(
-        [sys.executable, "-c", TRAIN_CHECK, str(original), path], capture_output=True, text=True, cwd=os.path.dirname(path)
+        [sys.executable, "-c", TRAIN_CHECK, str(original), path],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(path),
     )
     assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
