@@ -21,6 +21,7 @@ from .plan import (
     column_totals,
     full_rank_loads,
     identity_inputs,
+    mergeable_row_end,
     permuted_outputs,
     returned_outputs,
     row_layouts,
@@ -66,6 +67,7 @@ def _launch_function(
     """`_<name>_launch(inputs)`: everything from the inputs to the launched kernel and its outputs."""
     body = _shape_guards(plan, name, input_names)
     body += _domain_sizes(plan, input_names)
+    body += _merge_row_end(plan, name, input_names)
     body += _memory_order(plan, input_names)
     body += _group_layout(plan, input_names)
     body += _output_allocations(plan, input_names)
@@ -114,6 +116,30 @@ def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[s
 def _domain_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape."""
     return [f"d{i} = {size}" for i, size in enumerate(_size_exprs(plan, input_names))]
+
+
+def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
+    """Rows whose width is not a power of two, in an elementwise plan that only addresses memory along
+    its last two dims (`mergeable_row_end`): where every tensor lays those out as one run of memory
+    (the module's `_merged_row_end`), the launcher runs again on views that make them one dim, and
+    gives the outputs back in the domain's shape."""
+    layouts = mergeable_row_end(plan)
+    if not layouts:
+        return []
+    n = len(plan.domain)
+    listed = _tuple([f"({k}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
+    numbers = "".join(f", {slot.name}" for slot in plan.scalars if slot.runtime)
+    shape = _tuple([f"d{i}" for i in range(n)])
+    outs = len(plan.outputs) + len(saved_counts(plan))
+    back = "merged.view(shape)" if outs == 1 else "tuple(out.view(shape) for out in merged)"
+    return [
+        f"if d{n - 1} & (d{n - 1} - 1) and d{n - 2} > 1:  # short rows of an odd width: one long row, if memory allows",
+        f"    merged = _merged_row_end({_tuple(input_names)}, {listed}, {n})",
+        "    if merged is not None:",
+        f"        shape = {shape}",
+        f"        merged = _{name}_launch(*merged{numbers})",
+        f"        return {back}",
+    ]
 
 
 def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:

@@ -105,6 +105,37 @@ def _row_pitches(leads, sizes, row_major=False):
     return _row_major(sizes), False
 
 
+def _merged_row_end(tensors, layouts, n):
+    """`tensors` with domain dims n-2 and n-1 made one, of their product, held in dim n-1 (dim n-2
+    becomes 1), or None where some tensor does not lay the two out as one run of memory.  `layouts`
+    gives, for each tensor the kernel reads, the domain dim each of its dims runs along (-1: none).
+    Short rows whose width is not a power of two leave lanes of every tile idle; one long row per
+    (batch, channel) does not: ConvNeXt's layer scale, a channels-last [32, 56, 56, 96] added to
+    channels-first [32, 96, 56, 56] on an H200 in bf16, ran 20.1 us in 56-wide rows and 15.3 us in
+    3136-wide ones (torch.compile: 16.3)."""
+    a, b = n - 2, n - 1
+    sizes = [1, 1]
+    for k, dims in layouts:
+        for j, d in enumerate(dims):
+            if d in (a, b):
+                sizes[d - a] = max(sizes[d - a], tensors[k].shape[j])
+    if sizes[0] == 1 or sizes[1] == 1:
+        return None
+    views = list(tensors)
+    for k, dims in layouts:
+        t = tensors[k]
+        ja, jb = (dims.index(d) if d in dims else -1 for d in (a, b))
+        along = [t.shape[ja] if ja >= 0 else 1, t.shape[jb] if jb >= 0 else 1]
+        if along == [1, 1]:
+            continue  # broadcast along both
+        if along != sizes or t.stride(ja) != t.stride(jb) * sizes[1]:
+            return None
+        shape = list(t.shape)
+        shape[ja], shape[jb] = 1, sizes[0] * sizes[1]
+        views[k] = t.as_strided(shape, t.stride(), t.storage_offset())
+    return views
+
+
 # An input laid out along a row dim is read across only from this size on: below it the plain
 # tile kernel's scattered reads stay in L2 and its smaller tiles keep more multiprocessors busy.
 # Measured on an H200 in bf16: a 2.3 MB channels-last layer scale ran 5.2 us plain, 6.1 across,

@@ -1118,6 +1118,39 @@ def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     return _loads_along_every_dim(plan, skip=set(direct if n < 3 else direct[:1]))
 
 
+def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | None:
+    """(input, the domain dim each of its dims runs along, -1 where none) for every input of an
+    elementwise plan whose last two domain dims only address memory: no statement, mask or fixed
+    offset reads their coordinates, so where every tensor lays the two out as one run of memory
+    the launcher may make them one dim (`_merged_row_end`).  None for any other plan."""
+    n = len(plan.domain)
+    if plan.kind != "elementwise" or n < 2 or plan.row_dims != n - 1 or permuted_outputs(plan):
+        return None
+    if any(o.row_only or o.col_total or o.total or o.saved for o in plan.outputs):
+        return None
+    ends = {str(n - 2), str(n - 1)}
+    dims_of: dict[int, tuple[int, ...]] = {}
+    for s in plan.stmts:
+        if s.load_input is None:
+            if ends & set(COORD.findall(s.expr)):
+                return None
+            continue
+        if ends & set(COORD.findall(s.load_guard)):
+            return None
+        dims = []
+        for c in map(str, s.load_coords):
+            plain = re.fullmatch(r"c(\d+)", c)
+            if plain is None and ends & set(COORD.findall(c)):
+                return None  # an offset along them (a slice, a `cat` piece)
+            dims.append(int(plain.group(1)) if plain else -1)
+        slot = plan.inputs[s.load_input]
+        if any(dims[j] in (n - 2, n - 1) for j in slot.guarded_dims if j < len(dims)):
+            return None
+        if dims_of.setdefault(s.load_input, tuple(dims)) != tuple(dims):
+            return None  # read two ways
+    return sorted(dims_of.items())
+
+
 def row_layouts(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
     """(input, the domain dim each of its dims runs along) for the inputs of a row plan read along
     every domain dim, one dim each (element for element too): the launcher looks at call time for

@@ -1694,6 +1694,59 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     torch.testing.assert_close(fused(x2, gamma, y2), want(x2, y2))
 
 
+def test_short_rows_of_an_odd_width_run_as_one_row_where_every_layout_allows(write_model):
+    """ConvNeXt's layer scale over 9-wide rows: where every tensor lays height and width out as one
+    run of memory, the kernel runs on views that make them one 45-wide row, and the result has the
+    shape and layout eager gives.  Where one does not (a gap along the width), it runs as it is."""
+    import torch
+
+    fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    module = __import__(fused.__module__)
+    gamma = torch.rand(20)
+    layouts = ((0, (0, 1, 2, 3)), (1, (1,)), (2, (0, 2, 3, 1)))
+
+    def want(x, y):
+        return x + (gamma * y).permute(0, 3, 1, 2)
+
+    x, y = torch.randn(3, 20, 5, 9), torch.randn(3, 5, 9, 20)
+    views = module._merged_row_end((x, gamma, y), layouts, 4)
+    assert [tuple(v.shape) for v in views] == [(3, 20, 1, 45), (20,), (3, 1, 45, 20)]
+    got = fused(x, gamma, y)
+    assert got.shape == want(x, y).shape and got.stride() == want(x, y).stride()
+    torch.testing.assert_close(got, want(x, y))
+    # Both channels-last: height and width are still one run in each.
+    x_cl = x.to(memory_format=torch.channels_last)
+    assert module._merged_row_end((x_cl, gamma, y), layouts, 4) is not None
+    torch.testing.assert_close(fused(x_cl, gamma, y), want(x_cl, y))
+    # The values a slice of a wider tensor: a gap after each row of width, so no merge.
+    y_gap = torch.randn(3, 5, 12, 20)[:, :, :9]
+    assert module._merged_row_end((x, gamma, y_gap), layouts, 4) is None
+    torch.testing.assert_close(fused(x, gamma, y_gap), want(x, y_gap))
+    # A scale that varies along the width only (broadcast along height) cannot follow a merge.
+    assert (
+        module._merged_row_end((x, torch.rand(1, 9), y), ((0, (0, 1, 2, 3)), (1, (2, 3)), (2, (0, 2, 3, 1))), 4) is None
+    )
+    # Under autograd and torch.compile the merged launch gives the same values and gradients.
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    out = torch.compile(fused, fullgraph=True)(xg, gamma, yg)
+    upstream = torch.randn_like(out)
+    out.backward(upstream)
+    torch.testing.assert_close(out, want(x, y))
+    torch.testing.assert_close(yg.grad, (upstream.permute(0, 2, 3, 1) * gamma))
+
+
+def test_a_rotary_embedding_of_an_odd_head_width_keeps_its_rows(write_model):
+    """RoPE over 24-wide heads reads its rows' halves by offset along the width: the rows stay as
+    they are (merged with the positions they would mix the halves of neighbouring rows)."""
+    import torch
+
+    rope = ROPE.replace("16:", "12:").replace(":16", ":12")
+    fused = _kernel_module(write_model, rope, [("2,4,8,24", "float32"), ("8,24", "float32"), ("8,24", "float32")])
+    q, cos, sin = torch.randn(2, 4, 8, 24), torch.randn(8, 24), torch.randn(8, 24)
+    want = q * cos + torch.cat((-q[..., 12:], q[..., :12]), dim=-1) * sin
+    torch.testing.assert_close(fused(q, cos, q[..., 12:], q[..., :12], sin), want)
+
+
 _COMPILE_FOR_SM90 = """
 import importlib.util, json, sys
 from triton.backends.compiler import GPUTarget
