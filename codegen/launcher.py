@@ -174,11 +174,11 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     if others:
         flag = ", row_major=True" if row_major else ""
         return [
-            f"pitches, out_pitches, dense, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
+            f"pitches, out_pitches, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
         ]
     if row_major:
-        return [f"pitches, dense = _row_pitches({leads}, {domain}, row_major=True)"]
-    return [f"pitches, dense = _row_pitches({leads}, {domain})"]
+        return [f"pitches, dense, like = _row_pitches({leads}, {domain}, row_major=True)"]
+    return [f"pitches, dense, like = _row_pitches({leads}, {domain})"]
 
 
 def _group_layout(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -238,7 +238,7 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         return f"{nhwc} if out_cl else {fresh}"
     direct = [input_names[k] for k in identity_inputs(plan)]
     if plan.kind == "elementwise" and direct:
-        return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if dense else {fresh}"
+        return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if like else {fresh}"
     return fresh
 
 

@@ -1627,6 +1627,12 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     # The halves as tensors of their own: they no longer share q's rows, so they are read by
     # their own strides.
     torch.testing.assert_close(fused(q, cos, q[..., 16:].contiguous(), q[..., :16].contiguous(), sin), want)
+    # q split from a fused qkv projection (Phi-3): a slice, so not dense, but its rows still run
+    # along memory; the kernel walks them in that order into a result laid out as eager's `q * cos`.
+    q_fused = torch.randn(2, 8, 3 * 4 * 32)[..., : 4 * 32].view(2, 8, 4, 32).transpose(1, 2)
+    got = fused(q_fused, cos, q_fused[..., 16:], q_fused[..., :16], sin)
+    assert got.stride() == (q_fused * cos).stride() == (1024, 32, 128, 1)
+    torch.testing.assert_close(got, q_fused * cos + torch.cat((-q_fused[..., 16:], q_fused[..., :16]), dim=-1) * sin)
     # The same kernel on a layout it cannot follow (the last dim strided): contiguous, still right.
     q_odd = torch.randn(2, 4, 32, 8).transpose(2, 3)
     got = fused(q_odd, cos, q_odd[..., 16:], q_odd[..., :16], sin)
@@ -1667,12 +1673,12 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     x, y = torch.randn(3, 20, 5, 9), torch.randn(3, 5, 9, 20)
     # Small enough to stay in L2, the permuted input is read by the plain tile kernel ...
     module._ACROSS_MIN_BYTES = 3 << 20
-    assert module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[3] == -1
+    assert module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[4] == -1
     torch.testing.assert_close(fused(x, gamma, y), want(x, y))
     # ... and at any size it is read across.
     module._ACROSS_MIN_BYTES = 0
-    pitches, out_pitches, dense, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
-    assert dense  # the output takes the contiguous residual's layout
+    pitches, out_pitches, dense, like, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
+    assert dense and like  # the output takes the contiguous residual's layout
     # The rows (batch, channel, height) of W: the across kernel runs down the channels, its other
     # positions counted height-fastest, and writes each row where the contiguous output keeps it.
     assert fast == 1 and out_pitches == [100, 5, 1] and pitches == [5, 1, 1]
@@ -1687,7 +1693,7 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     torch.testing.assert_close(got, want(x_cl, y))
     # The values channels-first after all (a permuted view): nothing to read across, rows in order.
     y_cf = torch.randn(3, 20, 5, 9).permute(0, 2, 3, 1)
-    assert module._row_order((x,), tuple(x.shape), ((y_cf, (0, 2, 3, 1)),))[3] == -1
+    assert module._row_order((x,), tuple(x.shape), ((y_cf, (0, 2, 3, 1)),))[4] == -1
     torch.testing.assert_close(fused(x, gamma, y_cf), want(x, y_cf))
     # Odd sizes and a strided slice of a wider tensor.
     x2, y2 = torch.randn(1, 20, 3, 1), torch.randn(1, 3, 1, 40)[..., ::2]
