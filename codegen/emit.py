@@ -162,7 +162,7 @@ def _signature(
     if plan.kind == "elementwise":
         args += [f"p{i}" for i in range(plan.row_dims)]
         if full_rank_loads(plan):
-            args += [f"o{i}" for i in range(plan.row_dims)]
+            args += [f"o{i}" for i in range(plan.row_dims)] + ["oc"]
     if plan.groups:
         args += ["G"]
     args += [f"q{j}" for j in range(len(divs.exprs))]
@@ -315,7 +315,8 @@ def _indented(lines: list[str], prefix: str = "    ") -> list[str]:
 
 
 def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
-    """The store of output `k`; `rows`: the name holding each row's index in the output."""
+    """The store of output `k`; `rows`: the name holding each row's index in the output, or "orow"
+    (the across kernel): each row's offset in elements, its columns `oc` apart."""
     out = plan.outputs[k]
     cast = f".to(out{k}_ptr.dtype.element_ty)"
     if out.row_only:
@@ -324,7 +325,10 @@ def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
     v = value.name if value.axes >= {"r", "c"} else f"tl.broadcast_to({value.name}, [BLOCK_R, BLOCK_C])"
     if out.dims is not None:  # a permutation of the domain, addressed by its own strides
         return f"tl.store(out{k}_ptr + ({_permuted_offset(k, out.dims)}), {v}{cast}, mask=mask)"
-    offset = "flat" if channels_last_groups(plan) else f"({rows} * C + cols)"
+    if channels_last_groups(plan):
+        offset = "flat"
+    else:
+        offset = "(orow + cols * oc)" if rows == "orow" else f"({rows} * C + cols)"
     return f"tl.store(out{k}_ptr + {offset}, {v}{cast}, mask=mask)"
 
 
@@ -441,7 +445,7 @@ def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
     coordinate is an `arange`, so Triton can see that input is contiguous down the tile's rows, as
     the outputs are along its columns, and reads each way in runs of memory (moving the tile
     between the two layouts on chip).  Each row is written at its offset in the outputs' own
-    layout (`orow`, from the outputs' row pitches `o<i>`)."""
+    layout (`orow`, from the outputs' element strides `o<i>`; its columns are `oc` apart)."""
     k = plan.row_dims
     head = [
         "pid = tl.program_id(0)",

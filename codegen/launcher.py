@@ -163,7 +163,7 @@ def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | N
 def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """Elementwise only: `pitches` numbers the rows in the memory order of the full-size inputs and
     `dense` says whether they share one dense layout (the module's `_row_pitches`); with inputs
-    read along every dim their own way (`full_rank_loads`), `out_pitches` and `across` too (the
+    read along every dim their own way (`full_rank_loads`), `out_strides` and `fast` too (the
     module's `_row_order`)."""
     if plan.kind != "elementwise":
         return []
@@ -174,7 +174,7 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     if others:
         flag = ", row_major=True" if row_major else ""
         return [
-            f"pitches, out_pitches, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
+            f"pitches, out_strides, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
         ]
     if row_major:
         return [f"pitches, dense, like = _row_pitches({leads}, {domain}, row_major=True)"]
@@ -293,7 +293,7 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
     if plan.kind == "elementwise":
         args.append("*pitches")
         if full_rank_loads(plan):
-            args.append("*out_pitches")
+            args.append("*out_strides")
     if plan.groups:
         args.append("G")
     if divisors:

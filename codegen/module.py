@@ -170,29 +170,56 @@ _SPLIT_TILE, _SPLIT_WARPS_LAST, _SPLIT_WARPS_FIRST = 4096, 4, 2
 
 
 def _row_order(leads, sizes, others, row_major=False):
-    """(pitches, out_pitches, dense, like, fast) for an elementwise kernel that also reads full-size
+    """(pitches, out_strides, dense, like, fast) for an elementwise kernel that also reads full-size
     inputs laid out their own way (`others`: each a tensor and the domain dim each of its dims runs
     along; `y.permute(0, 3, 1, 2)` read inside the kernel is (y, (0, 2, 3, 1))).
 
-    The outputs take the layout `_row_pitches` gives them (`out_pitches`, `dense`, `like`).  When one of
-    those inputs has its stride-1 dim along a leading dim of the domain (channels-last values
-    added to channels-first ones, the transposed patches of a ViT), `fast` is that dim and the
-    across kernel runs: walking rows in the outputs' order would read that input one element a
-    row (for inputs of `_ACROSS_MIN_BYTES` or more).  `pitches` then holds each other leading
-    dim's step in the across kernel's count of their positions; `fast` is -1 when no input asks
-    for it and rows follow `out_pitches`."""
-    out_pitches, dense, like = _row_pitches(leads, sizes, row_major)
+    The outputs take the layout `_row_pitches` gives them (`dense`, `like`), whose element strides
+    are `out_strides`: one a leading dim, then the columns'.  When one of those inputs has its
+    stride-1 dim along a leading dim of the domain (channels-last values added to channels-first
+    ones, the transposed patches of a ViT), `fast` is that dim and the across kernel runs: walking
+    rows in the outputs' order would read that input one element a row (for inputs of
+    `_ACROSS_MIN_BYTES` or more).  So it does when the full-size inputs themselves share a dense
+    layout with a leading dim innermost (a channels-last residual): the outputs then take that
+    layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
+    layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, against
+    torch.compile's 15.3 written channels-last).  `pitches` then holds each other leading dim's
+    step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
+    and rows follow the outputs' order."""
+    row_pitches, dense, like = _row_pitches(leads, sizes, row_major)
     n = len(sizes)
-    for t, dims in others:
+    cols = max(1, sizes[-1]) if sizes else 1
+    out_strides = [p * cols for p in row_pitches] + [1]
+    candidates = [(t, dims) for t, dims in others if _bytes(t) >= _ACROSS_MIN_BYTES]
+    inner = None if like or row_major else _innermost_row_dim(leads, sizes)
+    if inner is not None:
+        out_strides, like = list(leads[0].stride()), True
+        candidates = [(leads[0], tuple(range(n)))]
+    for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
-        if fast is not None and fast < n - 1 and sizes[-1] > 1 and _bytes(t) >= _ACROSS_MIN_BYTES:
-            pitches, step = list(out_pitches), 1
+        if fast is not None and fast < n - 1 and sizes[-1] > 1:
+            pitches, step = list(row_pitches), 1
             pitches[fast] = 1
-            for i in sorted((i for i in range(n - 1) if i != fast), key=out_pitches.__getitem__):
+            for i in sorted((i for i in range(n - 1) if i != fast), key=out_strides.__getitem__):
                 pitches[i] = step
                 step *= sizes[i]
-            return pitches, out_pitches, dense, like, fast
-    return out_pitches, out_pitches, dense, like, -1
+            return pitches, out_strides, dense, like, fast
+    return row_pitches, out_strides, dense, like, -1
+
+
+def _innermost_row_dim(leads, sizes):
+    """The leading dim along which the full-size inputs `leads`, sharing one dense layout, are
+    contiguous (the channels of a channels-last tensor seen as NCHW), or None."""
+    if not leads or any(t.stride() != leads[0].stride() for t in leads) or not sizes or sizes[-1] == 1:
+        return None
+    strides = leads[0].stride()
+    inner = sorted((i for i in range(len(sizes)) if sizes[i] != 1), key=lambda i: (strides[i], -i))
+    reach = 1
+    for i in inner:
+        if strides[i] != reach:
+            return None
+        reach *= sizes[i]
+    return inner[0] if inner and inner[0] < len(sizes) - 1 else None
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch

@@ -1633,10 +1633,11 @@ def test_elementwise_output_keeps_a_permuted_inputs_layout(write_model):
     got = fused(q_fused, cos, q_fused[..., 16:], q_fused[..., :16], sin)
     assert got.stride() == (q_fused * cos).stride() == (1024, 32, 128, 1)
     torch.testing.assert_close(got, q_fused * cos + torch.cat((-q_fused[..., 16:], q_fused[..., :16]), dim=-1) * sin)
-    # The same kernel on a layout it cannot follow (the last dim strided): contiguous, still right.
+    # The same kernel on q with its positions innermost (the last dim strided): it reads across the
+    # positions and returns that layout, as eager does.
     q_odd = torch.randn(2, 4, 32, 8).transpose(2, 3)
     got = fused(q_odd, cos, q_odd[..., 16:], q_odd[..., :16], sin)
-    assert got.is_contiguous()
+    assert got.stride() == (q_odd * cos).stride() == q_odd.stride()
     torch.testing.assert_close(got, q_odd * cos + torch.cat((-q_odd[..., 16:], q_odd[..., :16]), dim=-1) * sin)
     # An empty batch launches nothing and returns an empty result of the right shape.
     empty = torch.randn(0, 8, 4, 32).transpose(1, 2)
@@ -1677,20 +1678,27 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     torch.testing.assert_close(fused(x, gamma, y), want(x, y))
     # ... and at any size it is read across.
     module._ACROSS_MIN_BYTES = 0
-    pitches, out_pitches, dense, like, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
+    pitches, out_strides, dense, like, fast = module._row_order((x,), tuple(x.shape), ((y, (0, 2, 3, 1)),))
     assert dense and like  # the output takes the contiguous residual's layout
     # The rows (batch, channel, height) of W: the across kernel runs down the channels, its other
     # positions counted height-fastest, and writes each row where the contiguous output keeps it.
-    assert fast == 1 and out_pitches == [100, 5, 1] and pitches == [5, 1, 1]
+    assert fast == 1 and out_strides == [900, 45, 9, 1] and pitches == [5, 1, 1]
     got = fused(x, gamma, y)
     assert got.stride() == want(x, y).stride()
     torch.testing.assert_close(got, want(x, y))
-    # The residual channels-last too (the tile kernel keeps only layouts whose last dim is
-    # contiguous, so the result is a contiguous tensor of the same values).
+    # The residual channels-last too (a ConvNeXt stage's input, from a channels-first LayerNorm):
+    # every tensor runs channel-fastest, so the kernel reads across and writes channels-last, as
+    # eager does, instead of turning the result channels-first.
     x_cl = x.to(memory_format=torch.channels_last)
+    assert module._row_order((x_cl,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[3:] == (True, 1)
     got = fused(x_cl, gamma, y)
-    assert got.is_contiguous()
+    assert got.stride() == want(x_cl, y).stride() == x_cl.stride()
     torch.testing.assert_close(got, want(x_cl, y))
+    # ... and so when the values are small: the layout asks for it, not their size.
+    module._ACROSS_MIN_BYTES = 3 << 20
+    assert module._row_order((x_cl,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[3:] == (True, 1)
+    torch.testing.assert_close(fused(x_cl, gamma, y), want(x_cl, y))
+    module._ACROSS_MIN_BYTES = 0
     # The values channels-first after all (a permuted view): nothing to read across, rows in order.
     y_cf = torch.randn(3, 20, 5, 9).permute(0, 2, 3, 1)
     assert module._row_order((x,), tuple(x.shape), ((y_cf, (0, 2, 3, 1)),))[4] == -1
