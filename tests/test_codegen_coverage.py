@@ -1838,6 +1838,18 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     assert [0, 1] not in loads
 
 
+def test_the_across_kernel_writes_a_channels_last_result_down_its_rows(write_model):
+    """Compiled for sm_90: with the residual channels-last too (its channel stride, the values' and the
+    result's are 1 at call time, as triton specialises them), every load and the store run a warp's
+    threads down the tile's rows, along memory: nothing moves between layouts on chip."""
+    pytest.importorskip("triton.backends.nvidia")
+    fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    path = sys.modules[fused.__module__].__file__
+    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, CONTIG=False, in0_s1=1, in2_s3=1, o1=1)
+    loads, stores = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_across", FAST=1, **tile))
+    assert loads and all(order == [0, 1] for order in loads) and stores == [[0, 1]]
+
+
 def test_the_across_row_kernel_reads_a_norms_permuted_input_down_its_rows(write_model, reads_across_at_any_size):
     """A LayerNorm over the channels of an NCHW tensor seen as NHWC: the across row kernel runs the
     width (where the input is contiguous) down its tiles' rows, so a warp reads the input in runs
