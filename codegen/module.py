@@ -97,26 +97,22 @@ def _row_pitches(leads, sizes, row_major=False):
         if leads[0].is_contiguous():
             return _row_major(sizes), True, True
         order = _dims_inside_out(sizes, strides)
-        if order is not None:
+        if order is not None and (not sizes or sizes[-1] == 1 or (strides[-1] == 1 and order[0] == len(sizes) - 1)):
             dense_strides, step = [0] * len(sizes), 1
             for i in order:
                 dense_strides[i] = step
                 step *= sizes[i]
-            dense = all(strides[i] == dense_strides[i] for i in order)
+            dense = all(strides[i] == dense_strides[i] for i in order if sizes[i] != 1)
             cols = max(1, sizes[-1]) if sizes else 1
             return [max(1, dense_strides[i] // cols) for i in range(len(sizes) - 1)], dense, True
     return _row_major(sizes), False, False
 
 
 def _dims_inside_out(sizes, strides):
-    """The dims of more than one position from the innermost out, when the last dim is the innermost
-    (stride 1, or of one position) and each dim steps past the whole of the ones inside it (no
-    overlap, no broadcast); None otherwise.  Dims of one position go last, in their own order."""
-    if sizes and sizes[-1] != 1 and strides[-1] != 1:
-        return None
+    """The dims of more than one position from the innermost out, then those of one position in their
+    own order, when each dim steps past the whole of the ones inside it (no overlap, no broadcast);
+    None otherwise."""
     inner = sorted((i for i in range(len(sizes)) if sizes[i] != 1), key=lambda i: (strides[i], -i))
-    if inner and sizes[-1] != 1 and inner[0] != len(sizes) - 1:
-        return None
     reach = 1
     for i in inner:
         if strides[i] < reach:
@@ -213,13 +209,16 @@ def _innermost_row_dim(leads, sizes):
     if not leads or any(t.stride() != leads[0].stride() for t in leads) or not sizes or sizes[-1] == 1:
         return None
     strides = leads[0].stride()
-    inner = sorted((i for i in range(len(sizes)) if sizes[i] != 1), key=lambda i: (strides[i], -i))
-    reach = 1
-    for i in inner:
-        if strides[i] != reach:
-            return None
-        reach *= sizes[i]
-    return inner[0] if inner and inner[0] < len(sizes) - 1 else None
+    order = _dims_inside_out(sizes, strides)
+    if order is None or order[0] == len(sizes) - 1:
+        return None
+    step = 1
+    for i in order:
+        if sizes[i] != 1:
+            if strides[i] != step:
+                return None  # gaps between the rows: not dense
+            step *= sizes[i]
+    return order[0]
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
