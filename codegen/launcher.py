@@ -130,8 +130,7 @@ def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[
     listed = _tuple([f"({k}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
     numbers = "".join(f", {slot.name}" for slot in plan.scalars if slot.runtime)
     shape = _tuple([f"d{i}" for i in range(n)])
-    outs = len(plan.outputs) + len(saved_counts(plan))
-    back = "merged.view(shape)" if outs == 1 else "tuple(out.view(shape) for out in merged)"
+    back = "merged.view(shape)" if len(plan.outputs) == 1 else "tuple(out.view(shape) for out in merged)"
     return [
         f"if d{n - 1} & (d{n - 1} - 1) and d{n - 2} > 1:  # short rows of an odd width: one long row, if memory allows",
         f"    merged = _merged_row_end({_tuple(input_names)}, {listed}, {n})",
