@@ -98,11 +98,8 @@ def _row_pitches(leads, sizes, row_major=False):
             return _row_major(sizes), True, True
         order = _dims_inside_out(sizes, strides)
         if order is not None and (not sizes or sizes[-1] == 1 or (strides[-1] == 1 and order[0] == len(sizes) - 1)):
-            dense_strides, step = [0] * len(sizes), 1
-            for i in order:
-                dense_strides[i] = step
-                step *= sizes[i]
-            dense = all(strides[i] == dense_strides[i] for i in order if sizes[i] != 1)
+            dense_strides = _dense_strides(sizes, order)
+            dense = _is_dense(sizes, strides, dense_strides)
             cols = max(1, sizes[-1]) if sizes else 1
             return [max(1, dense_strides[i] // cols) for i in range(len(sizes) - 1)], dense, True
     return _row_major(sizes), False, False
@@ -119,6 +116,20 @@ def _dims_inside_out(sizes, strides):
             return None
         reach = strides[i] * sizes[i]
     return inner + [i for i in range(len(sizes)) if sizes[i] == 1]
+
+
+def _dense_strides(sizes, order):
+    """The strides of a dense tensor of `sizes` whose dims run `order` from the innermost out."""
+    strides, step = [0] * len(sizes), 1
+    for i in order:
+        strides[i] = step
+        step *= sizes[i]
+    return strides
+
+
+def _is_dense(sizes, strides, dense_strides):
+    """Whether `strides` are `dense_strides` along every dim of more than one position."""
+    return all(s == d for n, s, d in zip(sizes, strides, dense_strides) if n != 1)
 
 
 def _merged_row_end(tensors, layouts, n):
@@ -210,14 +221,8 @@ def _innermost_row_dim(leads, sizes):
         return None
     strides = leads[0].stride()
     order = _dims_inside_out(sizes, strides)
-    if order is None or order[0] == len(sizes) - 1:
-        return None
-    step = 1
-    for i in order:
-        if sizes[i] != 1:
-            if strides[i] != step:
-                return None  # gaps between the rows: not dense
-            step *= sizes[i]
+    if order is None or order[0] == len(sizes) - 1 or not _is_dense(sizes, strides, _dense_strides(sizes, order)):
+        return None  # the last dim innermost (the plain tile kernel's case), or gaps between the rows
     return order[0]
 
 
