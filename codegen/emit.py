@@ -167,7 +167,7 @@ def _signature(
         args += ["G"]
     args += [f"q{j}" for j in range(len(divs.exprs))]
     args += [slot.name for slot in plan.scalars if slot.runtime] + list(scalars)
-    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", *extra]
+    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", "ALIGN: tl.constexpr", *extra]
     lines, line = [], f"def {kernel_name}("
     for a in args:
         piece = a + ", "
@@ -176,6 +176,9 @@ def _signature(
             line = "    "
         line += piece
     lines.append(line.rstrip(", ") + "):")
+    # The width is a multiple of ALIGN (the launcher's `_align`): said so, Triton moves rows, and
+    # masks them, in vectors of up to 16 bytes.
+    lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
     return "@triton.jit\n" + "\n".join(lines)
 
 

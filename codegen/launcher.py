@@ -75,6 +75,7 @@ def _launch_function(
     body += _rows_and_columns(plan)
     body += _return_early(plan, input_names)
     body += _index_width(plan, input_names)
+    body += _width_alignment()
     body += _stride_reads(plan, input_names)
     body += _magic_numbers(divisors)
     call_args = ", ".join(_kernel_arguments(plan, input_names, divisors))
@@ -269,6 +270,12 @@ def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
     return [f"index_64 = _needs_int64({tensors})"]
 
 
+def _width_alignment() -> list[str]:
+    """`align`: the power of two the row width is a multiple of (the module's `_align`), which
+    every kernel takes as ALIGN so that Triton moves rows in vectors."""
+    return ["align = _align(C)"]
+
+
 def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """`st<k> = _strides(<input>)` for each input the kernel addresses through strides: 0 along its
     dims of size 1, so a dim of size 1 at analysis time may be longer now (a batch), or broadcast."""
@@ -312,7 +319,7 @@ def _elementwise_launch(
         "if dense:  # one flat offset addresses every full-size input and the output",
         f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
         f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},",
-        "        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, num_warps=warps)",
+        "        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)",
         "else:",
     ] + ["    " + line for line in tile]
 
@@ -329,7 +336,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "col_blocks = (C + block_c - 1) // block_c",
         "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
         f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contig}, num_warps=warps)",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG={contig}, num_warps=warps)",
     ]
     if not full_rank_loads(plan):
         return tile
@@ -342,7 +349,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "    fast_blocks = (F + block_r - 1) // block_r",
         "    grid = ((R // F) * fast_blocks * col_blocks,)",
         f"    {kernel_name}_across[grid]({call_args}, col_blocks, fast_blocks, F,",
-        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=False, FAST=fast, num_warps=warps)",
+        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, FAST=fast, num_warps=warps)",
         "else:",
         *["    " + line for line in tile],
     ]
@@ -387,7 +394,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         *_column_total_buffers(plan, input_names),
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
         f"kernel[grid]({call_args},",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG={contiguous}{layout}, num_warps=warps)",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG={contiguous}{layout}, num_warps=warps)",
         *_column_totals_added(plan),
     ]
     if split_groups(plan):
@@ -409,7 +416,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         f"    (block_r, warps), F = tile, {last}",
         "    fast_blocks = (F + block_r - 1) // block_r",
         f"    {kernel_name}_across[((R // F) * fast_blocks,)]({call_args}, fast_blocks, F,",
-        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, CONTIG=False, num_warps=warps)",
+        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)",
         "else:",
         *["    " + line for line in launch],
     ]
@@ -431,10 +438,10 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ca
         f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
         f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
         f"    {kernel_name}_stats[(d0 * PB,)]({call_args}, ws, HW, PB, d0 * PB * GP,",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=warps)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, {sizes}, num_warps=warps)",
         f"    {kernel_name}_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))",
         f"    {kernel_name}_apply[(d0 * PB,)]({call_args}, stats, HW, PB, d0, {strides},",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {sizes}, num_warps=warps)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, {sizes}, num_warps=warps)",
     ]
 
 

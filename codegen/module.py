@@ -31,6 +31,14 @@ def _next_pow2(n):
     return 1 << (max(1, int(n)) - 1).bit_length()
 
 
+def _align(cols):
+    """The kernels' ALIGN: the largest power of two up to 16 that divides the row width.  Triton
+    marks a width as a multiple of 16 by itself, and otherwise knows nothing of it, so the rows of a
+    3000-wide bf16 tensor (each starting on a 16-byte boundary) were moved one element at a time;
+    a kernel that knows the width is a multiple of 8 moves eight at once."""
+    return min(16, cols & -cols) if cols > 0 else 1
+
+
 def _sm_count():
     """Multiprocessors to keep busy; 1 without a GPU, where the interpreter prefers few big programs."""
     if not _SM_COUNT:

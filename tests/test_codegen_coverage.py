@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -1766,7 +1767,7 @@ import importlib.util, json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-path, name, constants = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+path, name, constants, asm = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 spec = importlib.util.spec_from_file_location("kernels", path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -1776,25 +1777,32 @@ signature = {
     n: "constexpr" if n in constants else "*bf16" if n.endswith("_ptr") else "i64" if n[0] == "q" else "i32"
     for n in names
 }
+# Every tensor starts on a 16-byte boundary, as torch allocates them and as triton marks them.
+aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n.endswith("_ptr")}
 try:
     compiled = compile(
-        ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constants.items()}),
+        ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constants.items()}, attrs=aligned),
         target=GPUTarget("cuda", 90, 32),
     )
 except RuntimeError as exc:  # no ptxas for this machine
     print(exc, file=sys.stderr)
     sys.exit(3)
-print(compiled.asm["ttgir"])
+print(compiled.asm[asm])
 """
 
 
 def _ttgir_for_sm90(path: str, kernel: str, **constants) -> str:
     """The TTGIR of `kernel` in the kernel module at `path`, compiled for sm_90 with `constants`."""
+    return _compiled_for_sm90(path, kernel, "ttgir", constants)
+
+
+def _compiled_for_sm90(path: str, kernel: str, asm: str, constants: dict) -> str:
+    """The `asm` ("ttgir", "ptx") of `kernel` in the kernel module at `path`, compiled for sm_90."""
     # Compiled in a process of its own: under TRITON_INTERPRET (as the tests run) triton.jit makes
     # interpreter functions, which do not compile.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, "-c", _COMPILE_FOR_SM90, path, kernel, json.dumps(constants)],
+        [sys.executable, "-c", _COMPILE_FOR_SM90, path, kernel, json.dumps(constants), asm],
         capture_output=True,
         text=True,
         env=env,
@@ -1836,6 +1844,40 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     assert [0, 1] in loads and [1, 0] in loads and stores == [[1, 0]]
     loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_tile", **tile))
     assert [0, 1] not in loads
+
+
+CONV_BIAS_GELU = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter(torch.rand(8))
+
+        def forward(self, x):
+            return F.gelu(x + self.bias[:, None])
+    """
+
+
+def test_rows_of_a_width_that_is_not_a_multiple_of_16_move_in_vectors(write_model):
+    """Compiled for sm_90: a convolution's bias + GELU over [batch, channels, 3000] (Whisper's first
+    layer) loads and stores each thread's eight bf16 elements as one 16-byte vector.  Its rows start on
+    16-byte boundaries, which triton cannot see in a width of 3000 unless the kernel says so: told
+    nothing (ALIGN 1), it moves them one element at a time."""
+    pytest.importorskip("triton.backends.nvidia")
+    fused = _kernel_module(write_model, CONV_BIAS_GELU, [("2,8,3000", "bfloat16")])
+    path = sys.modules[fused.__module__].__file__
+    module = sys.modules[fused.__module__]
+    assert module._align(3000) == 8 and module._align(768) == 16 and module._align(75) == 1
+
+    tile = dict(BLOCK_R=1, BLOCK_C=1024, INDEX_64=False, CONTIG=True)
+    told = Counter(
+        re.findall(
+            r"(?:ld|st)\.global\.\S+", _compiled_for_sm90(path, "_cluster0_kernel_tile", "ptx", tile | {"ALIGN": 8})
+        )
+    )
+    assert told["ld.global.v4.b32"] == 1 and told["st.global.v4.b32"] == 1
+    assert not told["ld.global.b16"] and not told["st.global.b16"]
+    untold = _compiled_for_sm90(path, "_cluster0_kernel_tile", "ptx", tile | {"ALIGN": 1})
+    assert "st.global.b16" in untold and "st.global.v4.b32" not in untold
 
 
 def test_the_across_kernel_writes_a_channels_last_result_down_its_rows(write_model):
