@@ -167,7 +167,8 @@ def _signature(
         args += ["G"]
     args += [f"q{j}" for j in range(len(divs.exprs))]
     args += [slot.name for slot in plan.scalars if slot.runtime] + list(scalars)
-    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", "ALIGN: tl.constexpr", *extra]
+    width = "WIDTH: tl.constexpr" if plan.fixed_width else "ALIGN: tl.constexpr"
+    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", width, *extra]
     lines, line = [], f"def {kernel_name}("
     for a in args:
         piece = a + ", "
@@ -176,9 +177,12 @@ def _signature(
             line = "    "
         line += piece
     lines.append(line.rstrip(", ") + "):")
-    # The width is a multiple of ALIGN (the launcher's `_align`): said so, Triton moves rows, and
-    # masks them, in vectors of up to 16 bytes.
-    lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
+    # Told the width (a constant of the model's) or what power of two it is a multiple of (the
+    # launcher's `_align`), Triton moves rows, and masks them, in vectors of up to 16 bytes.
+    if plan.fixed_width:
+        lines.append("    C = WIDTH  # the row width, a weight's size: a constant to triton")
+    else:
+        lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
     return "@triton.jit\n" + "\n".join(lines)
 
 

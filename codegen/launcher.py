@@ -20,6 +20,7 @@ from .plan import (
     channels_last_groups,
     column_totals,
     full_rank_loads,
+    gathers,
     identity_inputs,
     mergeable_row_end,
     permuted_outputs,
@@ -75,7 +76,7 @@ def _launch_function(
     body += _rows_and_columns(plan)
     body += _return_early(plan, input_names)
     body += _index_width(plan, input_names)
-    body += _width_alignment()
+    body += _width_alignment(plan)
     body += _stride_reads(plan, input_names)
     body += _magic_numbers(divisors)
     call_args = ", ".join(_kernel_arguments(plan, input_names, divisors))
@@ -270,10 +271,17 @@ def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
     return [f"index_64 = _needs_int64({tensors})"]
 
 
-def _width_alignment() -> list[str]:
+def _width_alignment(plan: KernelPlan) -> list[str]:
     """`align`: the power of two the row width is a multiple of (the module's `_align`), which
-    every kernel takes as ALIGN so that Triton moves rows in vectors."""
-    return ["align = _align(C)"]
+    the kernels take as ALIGN so that Triton moves rows in vectors; none where they take the width
+    itself (`KernelPlan.fixed_width`)."""
+    return [] if plan.fixed_width else ["align = _align(C)"]
+
+
+def _width_keyword(plan: KernelPlan) -> str:
+    """How a launch tells its kernel about the row width: the width itself, as a constant, where it
+    is the model's (`WIDTH=C`), else the power of two it is a multiple of (`ALIGN=align`)."""
+    return "WIDTH=C" if plan.fixed_width else "ALIGN=align"
 
 
 def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -319,7 +327,7 @@ def _elementwise_launch(
         "if dense:  # one flat offset addresses every full-size input and the output",
         f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
         f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},",
-        "        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)",
+        f"        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, {_width_keyword(plan)}, num_warps=warps)",
         "else:",
     ] + ["    " + line for line in tile]
 
@@ -336,7 +344,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "col_blocks = (C + block_c - 1) // block_c",
         "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
         f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG={contig}, num_warps=warps)",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG={contig}, num_warps=warps)",
     ]
     if not full_rank_loads(plan):
         return tile
@@ -349,7 +357,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "    fast_blocks = (F + block_r - 1) // block_r",
         "    grid = ((R // F) * fast_blocks * col_blocks,)",
         f"    {kernel_name}_across[grid]({call_args}, col_blocks, fast_blocks, F,",
-        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, FAST=fast, num_warps=warps)",
+        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG=False, FAST=fast, num_warps=warps)",
         "else:",
         *["    " + line for line in tile],
     ]
@@ -383,7 +391,8 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
     rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
-    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{', True' if rows_only else ''})"]
+    flags = "".join(f", {flag}=True" for flag, on in (("rows_only", rows_only), ("gathers", gathers(plan))) if on)
+    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"]
     if plan.groups:
         # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)
         # over [32, 256, 64, 64] on an H200 took 61.0 µs instead of 63.2 with 16 (with the residual
@@ -394,7 +403,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         *_column_total_buffers(plan, input_names),
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
         f"kernel[grid]({call_args},",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG={contiguous}{layout}, num_warps=warps)",
+        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG={contiguous}{layout}, num_warps=warps)",
         *_column_totals_added(plan),
     ]
     if split_groups(plan):
@@ -416,7 +425,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         f"    (block_r, warps), F = tile, {last}",
         "    fast_blocks = (F + block_r - 1) // block_r",
         f"    {kernel_name}_across[((R // F) * fast_blocks,)]({call_args}, fast_blocks, F,",
-        "        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)",
+        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG=False, num_warps=warps)",
         "else:",
         *["    " + line for line in launch],
     ]
@@ -438,10 +447,10 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ca
         f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
         f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
         f"    {kernel_name}_stats[(d0 * PB,)]({call_args}, ws, HW, PB, d0 * PB * GP,",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, {sizes}, num_warps=warps)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {_width_keyword(plan)}, {sizes}, num_warps=warps)",
         f"    {kernel_name}_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))",
         f"    {kernel_name}_apply[(d0 * PB,)]({call_args}, stats, HW, PB, d0, {strides},",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, {sizes}, num_warps=warps)",
+        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {_width_keyword(plan)}, {sizes}, num_warps=warps)",
     ]
 
 

@@ -319,7 +319,7 @@ def _total_tile(rows, block_r, warps, full_inputs):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
-def _row_tile(rows, cols, itemsize, rows_only=False):
+def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise
     tiles, or 64 in tiles past 2 KB of elements narrower than 4 bytes.  Measured at DRAM size
@@ -330,12 +330,17 @@ def _row_tile(rows, cols, itemsize, rows_only=False):
     4 where every output is one value a row (`rows_only`: a loss, one pass over the row).  Swept on
     an H200 at 8192 bf16 rows (`benchmarks/loop_tiles.py`), against 16 warps: a mean cross-entropy
     over 128256 columns 604.4 µs with 4 (645.0 with 8, 843.9 with 16), a LayerNorm over 16384
-    159.1 with 8 (160.6), a float32 softmax over 32768 345.9 with 8 (355.5)."""
+    159.1 with 8 (160.6), a float32 softmax over 32768 345.9 with 8 (355.5).
+    Rows that start with a lookup (`gathers`: an embedding's row read at a token id loaded first) run
+    one warp to a row of up to 1024 columns, so that many programs wait on memory at once: BERT's
+    embeddings + LayerNorm, [16384, 768] bf16, 14.3 µs so and 19.7 with two warps."""
     width = _next_pow2(cols)
     if width <= {MAX_BLOCK_ROW}:
         block_r = max(1, min(_next_pow2(rows), 1024 // width))
         while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
             block_r //= 2  # narrow rows: fewer a program, so every multiprocessor gets work
+        if gathers and width <= 1024:
+            return block_r, width, 1, True
         tile = block_r * width * itemsize
         per_thread = 64 if itemsize < 4 and tile > 2048 else 32
         return block_r, width, max(1, min(16, tile // (32 * per_thread))), True

@@ -1880,6 +1880,51 @@ def test_rows_of_a_width_that_is_not_a_multiple_of_16_move_in_vectors(write_mode
     assert "st.global.b16" in untold and "st.global.v4.b32" not in untold
 
 
+EMBEDDINGS_NORM = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(50, 75)
+            self.norm = nn.LayerNorm(75)
+
+        def forward(self, ids):
+            return self.norm(self.words(ids) + 1.0)
+    """
+
+SOFTMAX_ROWS = """
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 0.5, dim=-1)
+    """
+
+
+def test_a_width_the_weights_fix_is_a_constant_of_the_kernel_and_a_sequences_is_not(write_model):
+    """An embedding's LayerNorm is as wide as its weight, whatever the batch: its kernels take the
+    width as a constant (compiled once, every size folded in, as torch.compile does), and, since
+    each row starts with a lookup, run one warp a row.  A softmax over scores is as wide as the
+    sequence, which changes from call to call: its kernels take the width as an argument and are
+    not compiled again for each length.  Both match eager at odd widths."""
+    import torch
+
+    fused = _kernel_module(write_model, EMBEDDINGS_NORM, [("3,7", "int64")])
+    module = sys.modules[fused.__module__]
+    assert "WIDTH" in module._cluster0_kernel_block.arg_names
+    assert module._row_tile(16384, 768, 2, gathers=True)[2] == 1
+    words, norm = torch.nn.Embedding(50, 75), torch.nn.LayerNorm(75)
+    ids = torch.randint(0, 50, (3, 7))
+    want = torch.nn.functional.layer_norm(words.weight[ids] + 1.0, (75,), norm.weight, norm.bias, norm.eps)
+    with torch.no_grad():
+        got = fused(ids, words.weight, norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(got[0] if isinstance(got, tuple) else got, want)
+
+    fused = _kernel_module(write_model, SOFTMAX_ROWS, [("4,33", "float32")])
+    module = sys.modules[fused.__module__]
+    assert "WIDTH" not in module._cluster0_kernel_block.arg_names
+    for width in (33, 50):
+        x = torch.randn(4, width)
+        torch.testing.assert_close(fused(x), torch.softmax(x * 0.5, dim=-1))
+
+
 def test_the_across_kernel_writes_a_channels_last_result_down_its_rows(write_model):
     """Compiled for sm_90: with the residual channels-last too (its channel stride, the values' and the
     result's are 1 at call time, as triton specialises them), every load and the store run a warp's
