@@ -27,6 +27,7 @@ from .plan import (
     Stmt,
     channels_last_groups,
     column_totals,
+    flat_inner_dim,
     full_rank_loads,
     identity_inputs,
     permuted_outputs,
@@ -110,7 +111,7 @@ def emit(
     """The kernels and launcher of `plan` as the public function `name`, which takes `input_names`,
     then `number_names` (one for each of `plan.scalars`)."""
     kernel_name = f"_{name}_kernel"
-    flat = plan.kind == "elementwise" and flat_ok(plan)
+    flat = plan.kind == "elementwise" and (flat_ok(plan) or flat_inner_dim(plan) is not None)
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
     divs = Divisors()
     used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True), plan)
@@ -125,7 +126,7 @@ def emit(
             strategy = "elementwise-tile/across"
         if flat:
             kernels = _elementwise(plan, kernel_name + "_flat", comments, divs, flat=True) + "\n\n" + kernels
-            strategy = "elementwise-flat/tile"
+            strategy = "elementwise-flat/" + strategy.removeprefix("elementwise-")
     else:
         if row_layouts(plan):  # the across row kernel's coordinates, so that every kernel takes them
             _across_row_coords(plan, set(range(plan.row_dims)), divs)
@@ -373,8 +374,8 @@ def _elementwise(
 ) -> str:
     """The 2-D tile kernel; or (`flat`) the 1-D kernel for plans that need no coordinates: one
     flat offset addresses every full-size input and the output when they share a layout, as
-    Inductor's pointwise kernels do; or (`across`) the tile kernel for an input laid out along a
-    row dim (`_across_head`)."""
+    Inductor's pointwise kernels do (or need one, the dim laid out innermost: `flat_inner_dim`);
+    or (`across`) the tile kernel for an input laid out along a row dim (`_across_head`)."""
     if flat:
         body = [
             "offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
@@ -407,6 +408,9 @@ def _elementwise(
         ]
     stmts = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     direct = set(identity_inputs(plan))
+    inner = flat_inner_dim(plan) if flat else None
+    if inner is not None:  # the permuted views share the offset too: the launcher checks their layout
+        direct |= {k for k, _ in full_rank_loads(plan)}
     views = set() if flat else set(row_views(plan))
     lines = []
     for st in stmts:
@@ -422,20 +426,15 @@ def _elementwise(
     used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)], plan)
     if flat:
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
+        if inner is not None:  # the dim laid out innermost: plain `%` lets triton see its runs
+            body.append(f"c{inner} = offs % d{inner}")
+        return _flat_kernel(plan, kernel_name, divs, body + lines)
     if not across:  # the across head defines every row coordinate itself
         body += _coords(plan, used, "r", divs)
     body += _coords(plan, used, "c", divs) + lines
     by_name = {st.name: st for st in plan.stmts}
     for k, o in enumerate(plan.outputs):
-        value = by_name[o.stmt]
-        cast = f".to(out{k}_ptr.dtype.element_ty)"
-        if flat:
-            v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
-            body.append(f"tl.store(out{k}_ptr + offs, {v}{cast}, mask=mask)")
-        else:
-            body.append(_store(plan, k, value, "orow" if across else "rows"))
-    if flat:
-        return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
+        body.append(_store(plan, k, by_name[o.stmt], "orow" if across else "rows"))
     flags: tuple[str, ...]
     scalars: tuple[str, ...]
     if across:
@@ -443,6 +442,16 @@ def _elementwise(
     else:
         flags, scalars = ("CONTIG: tl.constexpr",), ("col_blocks",)
     return _signature(plan, kernel_name, divs, flags, scalars) + "\n" + "\n".join(_indented(body))
+
+
+def _flat_kernel(plan: KernelPlan, kernel_name: str, divs: Divisors, body: list[str]) -> str:
+    """The 1-D kernel from its head and loads: each output stored at the flat offset."""
+    by_name = {st.name: st for st in plan.stmts}
+    for k, o in enumerate(plan.outputs):
+        value = by_name[o.stmt]
+        v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
+        body.append(f"tl.store(out{k}_ptr + offs, {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
+    return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
 
 
 def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:

@@ -19,6 +19,7 @@ from .plan import (
     OutputSlot,
     channels_last_groups,
     column_totals,
+    flat_inner_dim,
     full_rank_loads,
     gathers,
     identity_inputs,
@@ -323,8 +324,14 @@ def _elementwise_launch(
     tile = _tile_launch(plan, kernel_name, input_names, call_args)
     if not flat:
         return tile
+    inner = flat_inner_dim(plan)
+    condition = "dense"
+    if inner is not None:  # the one dim the smaller loads index must lie innermost
+        leads = _tuple([input_names[k] for k in identity_inputs(plan)])
+        domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+        condition = f"like and _flat_over({leads}, {domain}, {_layouts(full_rank_loads(plan), input_names)}, {inner})"
     return [
-        "if dense:  # one flat offset addresses every full-size input and the output",
+        f"if {condition}:  # one flat offset addresses every full-size input and the output",
         f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
         f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},",
         f"        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, {_width_keyword(plan)}, num_warps=warps)",

@@ -140,6 +140,29 @@ def _is_dense(sizes, strides, dense_strides):
     return all(s == d for n, s, d in zip(sizes, strides, dense_strides) if n != 1)
 
 
+def _flat_over(leads, sizes, others, inner):
+    """Whether one flat offset addresses every full-size tensor, so the flat kernel may run: `leads`
+    (read element for element) and `others` (each a tensor and the domain dim each of its dims runs
+    along) share one dense layout whose stride-1 dim is `inner`, the dim the kernel's other loads
+    index as `offset % size` (a channels-last ConvNeXt stage: its layer scale's gamma, by channel).
+    The outputs take the leads' layout (`torch.empty_like`)."""
+    if not leads or any(t.stride() != leads[0].stride() for t in leads):
+        return False
+    strides = leads[0].stride()
+    order = _dims_inside_out(sizes, strides)
+    if order is None or not _is_dense(sizes, strides, _dense_strides(sizes, order)):
+        return False
+    if sizes[inner] > 1 and strides[inner] != 1:
+        return False
+    for t, dims in others:
+        along = [0] * len(sizes)
+        for j, d in enumerate(dims):
+            along[d] = t.stride(j)
+        if any(n > 1 and a != s for n, a, s in zip(sizes, along, strides)):
+            return False
+    return True
+
+
 def _merged_row_end(tensors, layouts, n):
     """`tensors` with domain dims n-2 and n-1 made one, of their product, held in dim n-1 (dim n-2
     becomes 1), or None where some tensor does not lay the two out as one run of memory.  `layouts`

@@ -1121,6 +1121,40 @@ def row_views(plan: KernelPlan) -> list[int]:
     return sorted(k for k, ok in fits.items() if ok)
 
 
+def flat_inner_dim(plan: KernelPlan) -> int | None:
+    """The one leading domain dim that an elementwise plan's smaller loads index (a ConvNeXt layer
+    scale's gamma, by channel), where every other load reads a whole input at plain coordinates: over
+    a layout whose stride-1 dim that is (channels-last), a flat kernel runs the plan, each of those
+    loads at `offset % size`.  (The layer scale over a channels-last [32, 96, 56, 56] in bf16 on an
+    H200: 14.3 µs so, as torch.compile's, against 17.2 in the across kernel's 64-channel tiles.)
+    None for any other plan."""
+    n = len(plan.domain)
+    if plan.kind != "elementwise" or n < 2 or plan.row_dims != n - 1 or permuted_outputs(plan):
+        return None
+    if any(o.row_only or o.col_total or o.total or o.saved or o.contiguous for o in plan.outputs):
+        return None
+    whole = set(identity_inputs(plan)) | {k for k, _ in full_rank_loads(plan)}
+    plain = re.compile(r"c\d+|0")
+    coords_of: dict[int, tuple[str, ...]] = {}
+    indexed: set[int] = set()
+    for s in plan.stmts:
+        if s.load_input is None:
+            if COORD.findall(s.expr):  # a value computed from a coordinate (a mask, a position)
+                return None
+            continue
+        coords = tuple(str(c) for c in s.load_coords)
+        if s.load_guard or not all(plain.fullmatch(c) for c in coords):
+            return None
+        if s.load_input in whole:
+            if coords_of.setdefault(s.load_input, coords) != coords:  # one input read two ways
+                return None
+        else:
+            indexed |= {int(c[1:]) for c in coords if c != "0"}
+    if len(indexed) != 1 or min(indexed) >= n - 1:
+        return None
+    return min(indexed)
+
+
 def permuted_outputs(plan: KernelPlan) -> list[int]:
     """The outputs stored by their own strides at a permutation of the domain's coordinates."""
     return [k for k, o in enumerate(plan.outputs) if o.dims is not None]

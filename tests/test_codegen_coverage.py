@@ -1688,8 +1688,8 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     assert got.stride() == want(x, y).stride()
     torch.testing.assert_close(got, want(x, y))
     # The residual channels-last too (a ConvNeXt stage's input, from a channels-first LayerNorm):
-    # every tensor runs channel-fastest, so the kernel reads across and writes channels-last, as
-    # eager does, instead of turning the result channels-first.
+    # every tensor runs channel-fastest, so the output is written channels-last, as eager's is,
+    # instead of turned channels-first (by the flat kernel: one layout for every tensor).
     x_cl = x.to(memory_format=torch.channels_last)
     assert module._row_order((x_cl,), tuple(x.shape), ((y, (0, 2, 3, 1)),))[3:] == (True, 1)
     got = fused(x_cl, gamma, y)
@@ -1707,6 +1707,53 @@ def test_an_input_laid_out_along_the_rows_is_read_across_and_written_in_the_outp
     # Odd sizes and a strided slice of a wider tensor.
     x2, y2 = torch.randn(1, 20, 3, 1), torch.randn(1, 3, 1, 40)[..., ::2]
     torch.testing.assert_close(fused(x2, gamma, y2), want(x2, y2))
+
+
+def test_a_layer_scale_whose_tensors_share_a_channels_last_layout_is_one_flat_pass(write_model):
+    """A ConvNeXt stage's layer scale with its residual channels-last: every tensor lies channel
+    fastest, so one flat offset addresses them all and gamma is read at `offset % channels`, as
+    torch.compile's kernel does (no tiles of 64 channels over 96).  Where any layout differs (a
+    channels-first residual, channels-first values) the tile kernels run instead.  Right in every
+    case, at odd sizes, the result laid out as eager's."""
+    import torch
+
+    fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
+    module = sys.modules[fused.__module__]
+    gamma = torch.rand(20)
+
+    def want(x, y):
+        return x + (gamma * y).permute(0, 3, 1, 2)
+
+    x_cl, y = torch.randn(3, 20, 5, 9).to(memory_format=torch.channels_last), torch.randn(3, 5, 9, 20)
+    sizes = tuple(x_cl.shape)
+    assert module._flat_over((x_cl,), sizes, ((y, (0, 2, 3, 1)),), 1)
+    assert not module._flat_over((x_cl.contiguous(),), sizes, ((y, (0, 2, 3, 1)),), 1)
+    y_cf = torch.randn(3, 20, 5, 9).permute(0, 2, 3, 1)
+    assert not module._flat_over((x_cl,), sizes, ((y_cf, (0, 2, 3, 1)),), 1)
+
+    launches = []
+    flat = module._cluster0_kernel_flat
+
+    class Counted:  # the flat kernel, counting its launches
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return flat[grid]
+
+    module._cluster0_kernel_flat = Counted()
+    try:
+        for x, values, runs_flat in ((x_cl, y, True), (x_cl.contiguous(), y, False), (x_cl, y_cf, False)):
+            before = len(launches)
+            got = fused(x, gamma, values)
+            assert (len(launches) > before) == runs_flat
+            assert got.stride() == want(x, values).stride()
+            torch.testing.assert_close(got, want(x, values))
+        x3, y3 = torch.randn(2, 20, 1, 7).to(memory_format=torch.channels_last), torch.randn(2, 1, 7, 20)
+        torch.testing.assert_close(fused(x3, gamma, y3), want(x3, y3))
+    finally:
+        module._cluster0_kernel_flat = flat
+    path = write_model(HEADER + textwrap.dedent(LAYER_SCALE).lstrip("\n"))
+    report = analyze_file(path, AnalyzeOptions(input_shapes=["3,20,5,9", "3,5,9,20"], dtypes=["float32"] * 2))
+    assert report.models[0].clusters[0].kernel.strategy == "elementwise-flat/tile/across"
 
 
 def test_short_rows_of_an_odd_width_run_as_one_row_where_every_layout_allows(write_model):
