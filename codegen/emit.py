@@ -421,6 +421,8 @@ def _elementwise(
                 f"{st.name} = tl.load(in{st.load_input}_ptr + offs, mask=mask, other=0){convert}"
                 + (f"  # {note}" if note else "")
             )
+        elif across:  # rows come from divisions here: every load by its strides
+            lines.append(_stmt_line(plan, st, comments))
         else:
             lines.append(_stmt_line(plan, st, comments, direct, views=views))
     used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)], plan)
@@ -438,7 +440,7 @@ def _elementwise(
     flags: tuple[str, ...]
     scalars: tuple[str, ...]
     if across:
-        flags, scalars = ("CONTIG: tl.constexpr", "FAST: tl.constexpr"), ("col_blocks", "fast_blocks", "F")
+        flags, scalars = ("FAST: tl.constexpr",), ("col_blocks", "fast_blocks", "F")
     else:
         flags, scalars = ("CONTIG: tl.constexpr",), ("col_blocks",)
     return _signature(plan, kernel_name, divs, flags, scalars) + "\n" + "\n".join(_indented(body))

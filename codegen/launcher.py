@@ -364,7 +364,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "    fast_blocks = (F + block_r - 1) // block_r",
         "    grid = ((R // F) * fast_blocks * col_blocks,)",
         f"    {kernel_name}_across[grid]({call_args}, col_blocks, fast_blocks, F,",
-        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG=False, FAST=fast, num_warps=warps)",
+        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, FAST=fast, num_warps=warps)",
         "else:",
         *["    " + line for line in tile],
     ]

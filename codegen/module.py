@@ -371,6 +371,11 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False):
 '''
 
 
+# Generated, and rewritten on every apply: the user's linters and type checker leave it alone (its
+# library patches name their module's globals, which only exist where `install()` runs them).
+LINTERS = "# ruff: noqa\n# flake8: noqa\n# mypy: ignore-errors\n\n"
+
+
 def module_header(source_name: str) -> str:
     return (
         f"{GENERATED} for {source_name}.\n\n"
@@ -379,7 +384,7 @@ def module_header(source_name: str) -> str:
         "everywhere else (CPU, no Triton, autograd, other dtypes) `clusterN` runs `_clusterN_reference`,\n"
         "the same operators as the model wrote them, so the model runs wherever it ran before.\n"
         "Regenerate with `fuselens apply`; edits to this file are overwritten.\n"
-        '"""\n\n' + RUNTIME.strip("\n") + "\n"
+        '"""\n\n' + LINTERS + RUNTIME.strip("\n") + "\n"
     )
 
 

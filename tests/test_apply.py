@@ -423,3 +423,26 @@ def test_a_dropout_of_a_kernel_input_stays_in_the_call_and_drops_in_training(wri
         cwd=os.path.dirname(path),
     )
     assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_kernel_module_leaves_the_users_linter_quiet(tmp_path):
+    """The module `apply` writes is generated code, rewritten on every apply: a project's linter
+    (here ruff with every rule on, but the one against file-wide `noqa` lines) passes over it
+    instead of failing the project's CI on it."""
+    pytest.importorskip("ruff")
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(os.path.join(EXAMPLES, "llama_block.py"), work / "llama_block.py")
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), work / "pyproject.toml")
+    cli = [sys.executable, "-m", "fuselens.cli.main", "apply", str(work / "llama_block.py"), "--yes"]
+    done = subprocess.run(cli, capture_output=True, text=True, cwd=work)
+    assert done.returncode == 0, done.stderr
+    kernels = work / "llama_block_kernels.py"
+    lint = [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "ALL", "--ignore", "PGH004", str(kernels)]
+    checked = subprocess.run(lint, capture_output=True, text=True, cwd=work)
+    assert checked.returncode == 0, checked.stdout[-2000:]
+    # Told nothing, the same rules find plenty in it: the module's own lines are what quiet them.
+    unmarked = work / "unmarked.py"
+    unmarked.write_text(kernels.read_text().replace("# ruff: noqa\n", "").replace("# flake8: noqa\n", ""))
+    checked = subprocess.run([*lint[:-1], str(unmarked)], capture_output=True, text=True, cwd=work)
+    assert checked.returncode != 0

@@ -1886,10 +1886,10 @@ def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_a
     path = sys.modules[fused.__module__].__file__
 
     # y is the third input: its channel stride, x's and the output's column stride are 1 at call time.
-    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, CONTIG=False, in0_s3=1, in2_s3=1)
+    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, in0_s3=1, in2_s3=1)
     loads, stores = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_across", FAST=1, **tile))
     assert [0, 1] in loads and [1, 0] in loads and stores == [[1, 0]]
-    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_tile", **tile))
+    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_tile", CONTIG=False, **tile))
     assert [0, 1] not in loads
 
 
@@ -1979,7 +1979,7 @@ def test_the_across_kernel_writes_a_channels_last_result_down_its_rows(write_mod
     pytest.importorskip("triton.backends.nvidia")
     fused = _kernel_module(write_model, LAYER_SCALE, [("3,20,5,9", "float32"), ("3,5,9,20", "float32")])
     path = sys.modules[fused.__module__].__file__
-    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, CONTIG=False, in0_s1=1, in2_s3=1, o1=1)
+    tile = dict(BLOCK_R=64, BLOCK_C=64, INDEX_64=False, in0_s1=1, in2_s3=1, o1=1)
     loads, stores = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_kernel_across", FAST=1, **tile))
     assert loads and all(order == [0, 1] for order in loads) and stores == [[0, 1]]
 
