@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fuselens.contracts.config import (
+    INTEGER_DTYPES,
     InputSpec,
     ModelConfig,
     ModelSettings,
@@ -121,7 +122,10 @@ def resolve(
             break
     if retype and config.inputs:
         dtypes = cli_dtypes(retype, len(config.inputs))
-        config.inputs = [InputSpec(list(spec.shape), dtype) for spec, dtype in zip(config.inputs, dtypes, strict=True)]
+        config.inputs = [
+            InputSpec(list(spec.shape), dtype, high=spec.high if dtype in INTEGER_DTYPES else None)
+            for spec, dtype in zip(config.inputs, dtypes, strict=True)
+        ]
         config.inputs_source += " with --dtype"
     return config
 

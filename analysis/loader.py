@@ -327,7 +327,8 @@ def _as_tensors(value: Any, source: str) -> list[torch.Tensor]:
 
 
 def random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.Tensor]:
-    """Seeded random values for `specs`: floats N(0, 1), bools 0/1, integers (token ids) in [0, 16)."""
+    """Seeded random values for `specs`: floats N(0, 1), bools 0/1, integers (token ids) in
+    [0, high), or [0, 16) when the spec sets no bound."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for spec in specs:
@@ -336,8 +337,8 @@ def random_inputs(specs: list[InputSpec], device: str, seed: int) -> list[torch.
             t = torch.randn(spec.shape, generator=gen).to(dtype)
         elif dtype == torch.bool:
             t = torch.randint(0, 2, spec.shape, generator=gen).bool()
-        else:  # token ids and other integer inputs: small values any vocabulary accepts
-            t = torch.randint(0, 16, spec.shape, generator=gen).to(dtype)
+        else:  # token ids and other integer inputs: small values any vocabulary accepts, unless bounded
+            t = torch.randint(0, spec.high or 16, spec.shape, generator=gen).to(dtype)
         out.append(t.to(device))
     return out
 

@@ -38,10 +38,12 @@ class HeldOut:
     architecture: str
     config: str  # the configuration, in words, for the table
     source: str  # the user's file: a module-level `model`
-    inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each input
+    # (shape, dtype, high) of each input; an integer input's values are drawn from [0, high), token
+    # ids over the whole vocabulary as in a real batch (None: floats, masks).
+    inputs: tuple[tuple[tuple[int, ...], str, int | None], ...]
 
 
-_DECODER_INPUT = (((4, 2048), "int64"),)
+_DECODER_INPUT = (((4, 2048), "int64", 32000),)
 
 CASES: dict[str, HeldOut] = {
     "llama": HeldOut(
@@ -78,7 +80,7 @@ CASES: dict[str, HeldOut] = {
                              num_key_value_heads=1, head_dim=256, vocab_size=32000, max_position_embeddings=4096)
         model = GemmaModel(config)
         """,
-        (((2, 2048), "int64"),),
+        (((2, 2048), "int64", 32000),),
     ),
     "phi3": HeldOut(
         "Phi-3",
@@ -91,7 +93,7 @@ CASES: dict[str, HeldOut] = {
                             pad_token_id=0)
         model = Phi3Model(config)
         """,
-        (((2, 2048), "int64"),),
+        (((2, 2048), "int64", 32064),),
     ),
     "bert": HeldOut(
         "BERT",
@@ -102,7 +104,7 @@ CASES: dict[str, HeldOut] = {
         config = BertConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=12)
         model = BertModel(config)
         """,
-        (((32, 512), "int64"), ((32, 512), "bool")),
+        (((32, 512), "int64", 30522), ((32, 512), "bool", None)),
     ),
     "vit": HeldOut(
         "ViT",
@@ -114,7 +116,7 @@ CASES: dict[str, HeldOut] = {
                            num_hidden_layers=2, num_attention_heads=12)
         model = ViTModel(config)
         """,
-        (((64, 3, 224, 224), "bfloat16"),),
+        (((64, 3, 224, 224), "bfloat16", None),),
     ),
     "convnext": HeldOut(
         "ConvNeXt",
@@ -125,7 +127,7 @@ CASES: dict[str, HeldOut] = {
         config = ConvNextConfig(hidden_sizes=[96, 192, 384, 768], depths=[1, 1, 1, 1])
         model = ConvNextModel(config)
         """,
-        (((32, 3, 224, 224), "bfloat16"),),
+        (((32, 3, 224, 224), "bfloat16", None),),
     ),
     "whisper-encoder": HeldOut(
         "Whisper encoder",
@@ -138,9 +140,15 @@ CASES: dict[str, HeldOut] = {
                                max_source_positions=1500)
         model = WhisperModel(config).get_encoder()
         """,
-        (((8, 80, 3000), "bfloat16"),),
+        (((8, 80, 3000), "bfloat16", None),),
     ),
 }
+
+
+def settings_of(case: HeldOut) -> dict:
+    """The case's model settings, as a pyproject table would give them."""
+    inputs = [{"shape": list(s), "dtype": d} | ({"high": high} if high else {}) for s, d, high in case.inputs]
+    return {"inputs": inputs, "param_dtype": "bfloat16"}
 
 
 def run_case(case_id: str, peak_gbps: float | None) -> list[dict]:
@@ -153,7 +161,7 @@ def run_case(case_id: str, peak_gbps: float | None) -> list[dict]:
     path = os.path.join(folder, f"{case_id.replace('-', '_')}.py")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(textwrap.dedent(case.source).lstrip("\n"))
-    config = {"inputs": [{"shape": list(s), "dtype": d} for s, d in case.inputs], "param_dtype": "bfloat16"}
+    config = settings_of(case)
     report = validate_file(
         path,
         AnalyzeOptions(models={"model": model_settings(config, "the benchmark")}),

@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from held_out import CASES as HELD_OUT  # noqa: E402
+from held_out import settings_of as held_out_settings  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
 from written import write_results  # noqa: E402
@@ -44,7 +45,7 @@ def _transformers_llama(folder: str) -> tuple[str, dict]:
     path = os.path.join(folder, "llama.py")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(textwrap.dedent(case.source).lstrip("\n"))
-    config = {"inputs": [{"shape": list(s), "dtype": d} for s, d in case.inputs], "param_dtype": "bfloat16"}
+    config = held_out_settings(case)
     return path, {"model": model_settings(config, "the benchmark")}
 
 

@@ -57,9 +57,14 @@ class InputSpec:
     # False when the source gave a shape only: a model that starts by looking up token ids takes int64
     # then, any other float32.
     dtype_given: bool = True
+    # An integer input's values are drawn from [0, high): token ids over a vocabulary of `high`, so
+    # that lookups read rows all over the table, as a real batch's do.  None: [0, 16), which any
+    # table accepts.
+    high: int | None = None
 
     def describe(self) -> str:
-        return f"({', '.join(map(str, self.shape))}) {self.dtype}"
+        values = f" in [0, {self.high})" if self.high is not None else ""
+        return f"({', '.join(map(str, self.shape))}) {self.dtype}{values}"
 
 
 @dataclass
@@ -166,8 +171,14 @@ def _inputs(value: Any, default_dtype: str | None, where: str) -> list[InputSpec
         if isinstance(item, dict):
             if not isinstance(item.get("shape"), list):
                 raise ConfigError(f"{here} needs a 'shape' list")
+            unknown = sorted(set(item) - {"shape", "dtype", "high"})
+            if unknown:
+                raise ConfigError(f"{here}: unknown key {unknown[0]!r} (known: shape, dtype, high)")
             dtype = item.get("dtype", default_dtype)
-            specs.append(_spec(_int_list(item["shape"], here), None if dtype is None else str(dtype), here))
+            spec = _spec(_int_list(item["shape"], here), None if dtype is None else str(dtype), here)
+            if "high" in item:
+                spec.high = _high(item["high"], spec, here)
+            specs.append(spec)
         elif isinstance(item, list):
             specs.append(_spec(_int_list(item, here), default_dtype, where))
         else:
@@ -180,6 +191,15 @@ def _spec(shape: list[int], dtype: str | None, where: str) -> InputSpec:
     if dtype is None:
         return InputSpec(shape, "float32", dtype_given=False)
     return InputSpec(shape, canonical_dtype(dtype, where))
+
+
+def _high(value: Any, spec: InputSpec, where: str) -> int:
+    """An integer input's bound: its values are drawn from [0, high)."""
+    if spec.dtype not in INTEGER_DTYPES:
+        raise ConfigError(f'{where}.high bounds an integer input\'s values; give it a dtype such as "int64"')
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}.high must be a positive integer (the values are drawn from [0, high))")
+    return value
 
 
 def _int_list(value: list[Any], where: str) -> list[int]:

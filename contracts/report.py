@@ -24,7 +24,7 @@ from .profile import Profile
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -61,6 +61,7 @@ class TensorInfo:
     shape: list[int] | None
     dtype: str
     name: str | None = None  # the user's expression for it, when known ("x", "self.weight")
+    high: int | None = None  # a model's integer input: its example values lie in [0, high) (None: [0, 16))
 
 
 @dataclass

@@ -319,7 +319,7 @@ def _settle_dtypes(model: R.Model, config: ModelConfig, built: torch.nn.Module) 
     if loader.takes_token_ids(built) and any(not s.dtype_given for s in inputs):
         config.inputs = inputs = [s if s.dtype_given else InputSpec(list(s.shape), "int64") for s in inputs]
         model.notes.append("no dtype was given for the inputs: int64 token ids, as the model looks them up first")
-    model.inputs = [R.TensorInfo(s.shape, s.dtype) for s in inputs]
+    model.inputs = [R.TensorInfo(s.shape, s.dtype, high=s.high) for s in inputs]
     model.inputs_source = config.inputs_source
 
 

@@ -76,7 +76,7 @@ def _profile_model(
 ) -> ModelProfile:
     config = analyzed.configs[model.name]
     subject = Subject(analyzed.sources[model.name], config.init, config.param_dtype)
-    specs = [InputSpec(list(i.shape or []), i.dtype) for i in model.inputs]
+    specs = [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in model.inputs]
     names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
     try:
         real = subject.real(options.seed, analyzed.user_code).to(device)

@@ -155,6 +155,9 @@ def test_dtype_alone_retypes_the_inputs_another_source_gave():
         ({"dtype": "bfloat16"}, "the dtype of `inputs`, which are not given"),
         ({"inputs": [[2]], "param_dtype": "float33"}, "unknown dtype 'float33'"),
         ({"inputs": [[2]], "init": [1, 2]}, "init must be a table"),
+        ({"inputs": [{"shape": [2], "high": 100}]}, "high bounds an integer input's values"),
+        ({"inputs": [{"shape": [2], "dtype": "int64", "high": 0}]}, "high must be a positive integer"),
+        ({"inputs": [{"shape": [2], "dtype": "int64", "hi": 5}]}, "unknown key 'hi'"),
     ],
 )
 def test_a_malformed_entry_is_named_not_half_read(entry, message):
@@ -191,5 +194,41 @@ def test_analysis_and_validation_build_the_same_model(write_model, tmp_path):
     assert analyzed.configs["Net"].init == {"dim": 64, "heads": 4}
     (model,) = analyzed.report.models
     assert [c.op_chain for c in model.clusters] == ["relu → mul → add"]
+    result = validate_file(path, AnalyzeOptions(), ValidateOptions(interpret=True))
+    assert [c.status for m in result.models for c in m.clusters] == ["verified"], result.to_dict()
+
+
+EMBEDDING = """
+import torch, torch.nn as nn
+
+class Lookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(1000, 8)
+
+    def forward(self, ids):
+        return torch.relu(self.table(ids)) * 2
+"""
+
+
+def test_token_ids_span_the_vocabulary_the_settings_give(write_model, tmp_path):
+    """`high` bounds an integer input's values: the report carries it, so validation draws ids from
+    the whole vocabulary (lookups that read rows all over the table), not from [0, 16)."""
+    from fuselens.analysis.loader import random_inputs
+    from fuselens.pipeline.analyze import analyze
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fuselens.models.Lookup]\ninputs = [{ shape = [4096], dtype = "int64", high = 1000 }]\n'
+    )
+    path = write_model(EMBEDDING)
+    (model,) = analyze(path).report.models
+    assert (model.inputs[0].dtype, model.inputs[0].high) == ("int64", 1000)
+    assert "in [0, 1000)" in InputSpec([4096], "int64", high=1000).describe()
+    (ids,) = random_inputs([InputSpec([4096], "int64", high=model.inputs[0].high)], "cpu", seed=0)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 1000 and len(ids.unique()) > 900
+    (small,) = random_inputs([InputSpec([4096], "int64")], "cpu", seed=0)
+    assert int(small.max()) < 16
+    from fuselens.pipeline.validate import validate_file
+
     result = validate_file(path, AnalyzeOptions(), ValidateOptions(interpret=True))
     assert [c.status for m in result.models for c in m.clusters] == ["verified"], result.to_dict()

@@ -202,7 +202,7 @@ def _input_names(model: Model) -> list[str]:
 
 def _shapes(run: _ModelRun) -> list[InputSpec]:
     """The shapes to validate at: the user's, or (in the interpreter) smaller ones with the same clusters."""
-    specs = [InputSpec(list(i.shape or []), i.dtype) for i in run.model.inputs]
+    specs = [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in run.model.inputs]
     if run.options.shapes:
         return run.options.shapes
     if run.device != "cpu":

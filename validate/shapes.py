@@ -29,7 +29,7 @@ def scaled_specs(specs: list[InputSpec], signatures: Signatures, max_domain: int
     if reference is None:
         return specs
     wanted, largest = reference
-    current = [InputSpec(list(s.shape), s.dtype) for s in specs]
+    current = [InputSpec(list(s.shape), s.dtype, high=s.high) for s in specs]
     frozen: set[tuple[int, int]] = set()
     while largest > max_domain:
         progress = False
@@ -37,7 +37,7 @@ def scaled_specs(specs: list[InputSpec], signatures: Signatures, max_domain: int
             for d, size in enumerate(spec.shape):
                 if (i, d) in frozen or size < 4 or largest <= max_domain:
                     continue
-                trial = [InputSpec(list(s.shape), s.dtype) for s in current]
+                trial = [InputSpec(list(s.shape), s.dtype, high=s.high) for s in current]
                 trial[i].shape[d] = size // 2
                 result = signatures(trial)
                 if result is None or result[0] != wanted:
