@@ -140,18 +140,27 @@ def _is_dense(sizes, strides, dense_strides):
     return all(s == d for n, s, d in zip(sizes, strides, dense_strides) if n != 1)
 
 
+def _shared_dense_order(leads, sizes):
+    """The dims from the innermost out of the one dense layout the tensors `leads` share, or None
+    when they lay out differently, overlap or leave gaps."""
+    if not leads or any(t.stride() != leads[0].stride() for t in leads):
+        return None
+    strides = leads[0].stride()
+    order = _dims_inside_out(sizes, strides)
+    if order is None or not _is_dense(sizes, strides, _dense_strides(sizes, order)):
+        return None
+    return order
+
+
 def _flat_over(leads, sizes, others, inner):
     """Whether one flat offset addresses every full-size tensor, so the flat kernel may run: `leads`
     (read element for element) and `others` (each a tensor and the domain dim each of its dims runs
     along) share one dense layout whose stride-1 dim is `inner`, the dim the kernel's other loads
     index as `offset % size` (a channels-last ConvNeXt stage: its layer scale's gamma, by channel).
     The outputs take the leads' layout (`torch.empty_like`)."""
-    if not leads or any(t.stride() != leads[0].stride() for t in leads):
+    if _shared_dense_order(leads, sizes) is None:
         return False
     strides = leads[0].stride()
-    order = _dims_inside_out(sizes, strides)
-    if order is None or not _is_dense(sizes, strides, _dense_strides(sizes, order)):
-        return False
     if sizes[inner] > 1 and strides[inner] != 1:
         return False
     for t, dims in others:
@@ -248,11 +257,10 @@ def _row_order(leads, sizes, others, row_major=False):
 def _innermost_row_dim(leads, sizes):
     """The leading dim along which the full-size inputs `leads`, sharing one dense layout, are
     contiguous (the channels of a channels-last tensor seen as NCHW), or None."""
-    if not leads or any(t.stride() != leads[0].stride() for t in leads) or not sizes or sizes[-1] == 1:
+    if not sizes or sizes[-1] == 1:
         return None
-    strides = leads[0].stride()
-    order = _dims_inside_out(sizes, strides)
-    if order is None or order[0] == len(sizes) - 1 or not _is_dense(sizes, strides, _dense_strides(sizes, order)):
+    order = _shared_dense_order(leads, sizes)
+    if order is None or order[0] == len(sizes) - 1:
         return None  # the last dim innermost (the plain tile kernel's case), or gaps between the rows
     return order[0]
 
