@@ -425,12 +425,12 @@ def _elementwise(
             lines.append(_stmt_line(plan, st, comments))
         else:
             lines.append(_stmt_line(plan, st, comments, direct, views=views))
-    used = _used_coords([st for st in stmts if not (flat and st.load_input in direct)], plan)
     if flat:
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
         if inner is not None:  # the dim laid out innermost: plain `%` lets triton see its runs
             body.append(f"c{inner} = offs % d{inner}")
         return _flat_kernel(plan, kernel_name, divs, body + lines)
+    used = _used_coords(stmts, plan)
     if not across:  # the across head defines every row coordinate itself
         body += _coords(plan, used, "r", divs)
     body += _coords(plan, used, "c", divs) + lines
