@@ -157,7 +157,11 @@ def _flat_over(leads, sizes, others, inner):
     (read element for element) and `others` (each a tensor and the domain dim each of its dims runs
     along) share one dense layout whose stride-1 dim is `inner`, the dim the kernel's other loads
     index as `offset % size` (a channels-last ConvNeXt stage: its layer scale's gamma, by channel).
-    The outputs take the leads' layout (`torch.empty_like`)."""
+    The outputs take the leads' layout (`torch.empty_like`).
+    A load along a dim further out stays on the tile kernel, which finds it from the row: Whisper's
+    conv bias + GELU over [8, 768, 3000] on an H200 in bf16 ran 36.1 us in 1 x 1024 tiles, while a
+    flat kernel indexing `(offset // 3000) % 768` ran 53.8 with the sizes as arguments, 42.6 with
+    `_div`'s multiply, and 33.3 with them as constants (torch.compile's way: 32.4)."""
     if _shared_dense_order(leads, sizes) is None:
         return False
     strides = leads[0].stride()
