@@ -66,9 +66,9 @@ SUITE = {
     "gpt.py": (
         "GPT",
         {
-            "launch": ([[1, 64]], {"n_layers": 2}),
-            "l2": ([[4, 256]], {"n_layers": 2}),
-            "dram": ([[16, 2048]], {"n_layers": 2, "max_len": 2048}),
+            "launch": ([[1, 64]], {"n_layers": 2, "vocab": 50304}),
+            "l2": ([[4, 256]], {"n_layers": 2, "vocab": 50304}),
+            "dram": ([[16, 2048]], {"n_layers": 2, "max_len": 2048, "vocab": 50304}),
         },
     ),
 }
@@ -85,8 +85,11 @@ def run_case(
     shapes, init = sizes[size]
     int_inputs = example == "gpt.py"
     in_dtype = "int64" if int_inputs else dtype
-    specs = [InputSpec(list(s), in_dtype) for s in shapes]
-    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs], "init": init, "param_dtype": dtype}
+    # Token ids span the vocabulary, as a real batch's do: ids from a few rows would read the table from L2.
+    high = init.get("vocab") if int_inputs else None
+    specs = [InputSpec(list(s), in_dtype, high=high) for s in shapes]
+    inputs = [{"shape": s.shape, "dtype": s.dtype} | ({"high": high} if high else {}) for s in specs]
+    config = {"inputs": inputs, "init": init, "param_dtype": dtype}
     report = validate_file(
         os.path.join(EXAMPLES, example),
         AnalyzeOptions(models={cls: model_settings(config, "the benchmark")}),

@@ -181,7 +181,7 @@ def _signature(
     # Told the width (a constant of the model's) or what power of two it is a multiple of (the
     # launcher's `_align`), Triton moves rows, and masks them, in vectors of up to 16 bytes.
     if plan.fixed_width:
-        lines.append("    C = WIDTH  # the row width, a weight's size: a constant to triton")
+        lines.append("    C = WIDTH  # the row width, fixed by the model: a constant to triton")
     else:
         lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
     return "@triton.jit\n" + "\n".join(lines)

@@ -19,6 +19,7 @@ from .plan import (
     OutputSlot,
     channels_last_groups,
     column_totals,
+    element_loads,
     flat_inner_dim,
     full_rank_loads,
     gathers,
@@ -347,7 +348,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
     contig = _contig_condition(plan, input_names)
     item = _widest_item(plan)
     tile = [
-        f"block_r, block_c, warps = _pointwise_tile(R, C, {item})",
+        f"block_r, block_c, warps = _pointwise_tile(R, C, {item}, {element_loads(plan)})",
         "col_blocks = (C + block_c - 1) // block_c",
         "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
         f"{kernel_name}_tile[grid]({call_args}, col_blocks,",

@@ -179,7 +179,8 @@ class KernelPlan:
     groups: int | None = None  # group norm: rows are (batch, group)
     scalars: list[ScalarSlot] = field(default_factory=list)
     # The row width is a weight's or buffer's size (a norm's weight, an embedding table's width, a
-    # RoPE table's): a constant of the model, which the kernels take as a constant.  BERT's bf16
+    # RoPE table's) or a head's that the launcher holds to its analyzed size: a constant of the
+    # model, which the kernels take as a constant.  BERT's bf16
     # embeddings + LayerNorm at [32, 512, 768] on an H200 took 14.3 µs so (one warp a row), and
     # 18.5 at best over the tiles tried with the width an argument (torch.compile, which bakes every
     # size in: 13.5).
@@ -336,12 +337,24 @@ class _Planner:
         )
 
     def _width_is_the_models(self) -> bool:
-        """Whether the row (one domain dim) is as wide as a weight's or buffer's last dim: a size that
-        does not change from call to call, so that a kernel specialised to it is compiled once."""
+        """Whether the row (one domain dim) is as wide as a weight's or buffer's last dim, or as a dim
+        the launcher already holds to the analyzed size (`InputSlot.guarded_dims`: RoPE's head,
+        read at `c3 + 48`): a size that does not change from call to call, so that a kernel
+        specialised to it is compiled once."""
         if self.groups or len(self.domain) - self.row_dims != 1 or self.domain[-1] <= 1:
             return False
         width = self.domain[-1]
-        return any(self.g[s.node].op in ("param", "buffer") and s.shape[-1:] == (width,) for s in self.inputs)
+        if any(self.g[s.node].op in ("param", "buffer") and s.shape[-1:] == (width,) for s in self.inputs):
+            return True
+        last = str(len(self.domain) - 1)
+        return any(
+            j in self.inputs[s.load_input].guarded_dims
+            and self.inputs[s.load_input].shape[j] == width
+            and last in COORD.findall(str(c))
+            for s in self.stmts
+            if s.load_input is not None
+            for j, c in enumerate(s.load_coords)
+        )
 
     def _saved_for_backward(self) -> list[OutputSlot]:
         """What the gradients read instead of a pass over the row of their own, 4 bytes a row each:
@@ -1095,6 +1108,12 @@ def gathers(plan: KernelPlan) -> bool:
     return any(
         s.load_input is not None and any(re.search(r"\bv\d+\b", str(c)) for c in s.load_coords) for s in plan.stmts
     )
+
+
+def element_loads(plan: KernelPlan) -> int:
+    """How many values an elementwise plan loads for each element: its loads that vary along the
+    columns (RoPE's five: x, its two shifted halves, cos and sin), not those of one value a row."""
+    return sum(1 for s in plan.stmts if s.load_input is not None and "c" in s.axes)
 
 
 def row_views(plan: KernelPlan) -> list[int]:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -1925,6 +1926,29 @@ def test_rows_of_a_width_that_is_not_a_multiple_of_16_move_in_vectors(write_mode
     assert not told["ld.global.b16"] and not told["st.global.b16"]
     untold = _compiled_for_sm90(path, "_cluster0_kernel_tile", "ptx", tile | {"ALIGN": 1})
     assert "st.global.b16" in untold and "st.global.v4.b32" not in untold
+
+
+def test_a_tile_that_reads_one_value_an_element_gives_each_thread_32_bytes(write_model):
+    """A convolution's bias + GELU reads one value an element (the bias is one a row): at Whisper's
+    [8, 768, 3000] in bf16 its tiles are 2 x 1024 over 4 warps, each thread moving two 16-byte
+    vectors each way (compiled for sm_90).  A RoPE reads five (q, its two shifted halves, cos and
+    sin) and keeps 8 x 128 tiles, 16 bytes a thread."""
+    pytest.importorskip("triton.backends.nvidia")
+    fused = _kernel_module(write_model, CONV_BIAS_GELU, [("2,8,3000", "bfloat16")])
+    module = sys.modules[fused.__module__]
+    assert re.search(r"_pointwise_tile\(R, C, \d, 1\)", Path(module.__file__).read_text(encoding="utf-8"))
+    assert module._pointwise_tile(8 * 768, 3000, 2, 1) == (2, 1024, 4)
+    assert module._pointwise_tile(8 * 768, 3000, 4, 1) == (1, 1024, 4)  # float32: 32 bytes already
+
+    tile = dict(BLOCK_R=2, BLOCK_C=1024, INDEX_64=False, CONTIG=True, ALIGN=8)
+    ptx = _compiled_for_sm90(module.__file__, "_cluster0_kernel_tile", "ptx", tile)
+    moved = Counter(re.findall(r"(?:ld|st)\.global\.\S+", ptx))
+    assert moved["ld.global.v4.b32"] == 2 and moved["st.global.v4.b32"] == 2
+
+    rope = _kernel_module(write_model, ROPE, [("2,4,8,32", "bfloat16"), ("8,32", "bfloat16"), ("8,32", "bfloat16")])
+    rope_module = sys.modules[rope.__module__]
+    assert re.search(r"_pointwise_tile\(R, C, \d, 5\)", Path(rope_module.__file__).read_text(encoding="utf-8"))
+    assert rope_module._pointwise_tile(2 * 32 * 2048, 128, 2, 5) == (8, 128, 4)
 
 
 EMBEDDINGS_NORM = """
