@@ -118,7 +118,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
         m = model.model
         if m is not None:
             style = {"matches": "green", "skipped": "yellow"}.get(m.status, "bold red")
-            detail = f"max |err| {_err(m.max_abs)}" if m.max_abs is not None else m.message
+            detail = m.message or (f"max |err| {_err(m.max_abs)}" if m.max_abs is not None else "")
             applied = ", ".join(m.applied) or "none"
             outcome = f"[{style}]{escape(m.status)}[/] {escape(detail)}"
             console.print(f"  whole model with {escape(applied)} applied: {outcome}")

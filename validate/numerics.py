@@ -94,3 +94,36 @@ def compare(
     ok = bool((diff <= atol + rtol * ref).all())
     message = "" if ok else f"max |error| {max_abs:.3g} exceeds atol {atol:g} + rtol {rtol:g}·|expected|"
     return Comparison(ok, max_abs, max_rel, atol, rtol, message)
+
+
+# A narrow model's whole output, after many layers, differs from eager's by more than a few ulps
+# wherever one rounding inside it differs; what matters is that it is as accurate as eager's.  So,
+# as torch.compile's own accuracy check does (`torch._dynamo.utils.same` with a float64
+# reference), both are measured against the model run in float64: the patched output may be off
+# by up to this many times eager's root-mean-square error.  (torch.compile allows 3 for bf16/fp16.)
+ACCURACY_MULTIPLIER = 2.0
+NARROW = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Accuracy:
+    ok: bool
+    error: float  # root-mean-square error against float64, of the output checked
+    eager_error: float  # the same of eager's output
+
+
+def rms_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    a = actual.detach().to(torch.float64)
+    e = exact.detach().to(a.device, torch.float64)
+    finite = torch.isfinite(e)
+    return float(((a - e)[finite] ** 2).mean().sqrt()) if bool(finite.any()) else 0.0
+
+
+def as_accurate_as_eager(actual: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> Accuracy:
+    """Whether `actual` (the patched model's output) is about as close to `exact` (the model in
+    float64) as `expected` (eager's) is: NaN where and only where eager has NaN, and a
+    root-mean-square error at most ACCURACY_MULTIPLIER times eager's."""
+    if actual.shape != expected.shape or not torch.equal(torch.isnan(actual), torch.isnan(expected)):
+        return Accuracy(False, float("inf"), rms_error(expected, exact))
+    error, eager_error = rms_error(actual, exact), rms_error(expected, exact)
+    return Accuracy(error <= ACCURACY_MULTIPLIER * eager_error + 1e-12, error, eager_error)

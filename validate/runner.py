@@ -17,6 +17,7 @@ Kernels run in the Triton interpreter on CPU (`interpret=True`) or on CUDA.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import sys
@@ -40,7 +41,7 @@ from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .gradients import check_gradients, time_training
-from .numerics import TF32, compare, narrowest
+from .numerics import NARROW, TF32, as_accurate_as_eager, compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
 
@@ -409,6 +410,8 @@ def _check_model(
         except Exception as exc:
             return ModelCheck("error", exact, message=f"the patched model failed: {type(exc).__name__}: {exc}")
     check_ = _compare_outputs(got, want, precision, exact, run.device)
+    if check_.status == "mismatch" and precision in NARROW:
+        check_ = _against_float64(original, inputs, got, want, check_)
     if run.options.benchmark and run.device == "cuda" and check_.status == "matches":
         from .gpu import time_each_us
 
@@ -417,6 +420,33 @@ def _check_model(
         check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
         check_.speedup = round(check_.eager_us / check_.patched_us, 3)
     return check_
+
+
+def _against_float64(original: torch.nn.Module, inputs: list[torch.Tensor], got: Any, want: Any, check_: ModelCheck):
+    """`check_`, a narrow model's mismatch with eager, judged again by accuracy: "matches" when every
+    output of the patched model is as close to the model run in float64 as eager's is
+    (`numerics.as_accurate_as_eager`); `check_` unchanged when the model cannot run in float64."""
+    try:
+        exact_model = copy.deepcopy(original).to(torch.float64)
+        wide = [t.to(torch.float64) if t.is_floating_point() else t for t in inputs]
+        with torch.no_grad():
+            exact = capture.tensors_in(exact_model(*wide))
+    except (RuntimeError, TypeError, ValueError):  # a dtype it insists on, or no memory for the copy
+        return check_
+    pairs = list(zip(capture.tensors_in(got), capture.tensors_in(want), exact, strict=False))
+    if len(pairs) != len(exact) or not all(e.is_floating_point() for _, _, e in pairs):
+        return check_
+    worst = max((as_accurate_as_eager(g, w, e) for g, w, e in pairs), key=lambda a: (not a.ok, a.error))
+    if not worst.ok:
+        check_.message = (
+            f"{check_.message}; against float64, RMS error {worst.error:.3g} where eager's is {worst.eager_error:.3g}"
+        )
+        return check_
+    message = (
+        f"as accurate as eager: RMS error {worst.error:.3g} against the model in float64, eager's "
+        f"{worst.eager_error:.3g} (max |difference| from eager {check_.max_abs:.3g})"
+    )
+    return ModelCheck("matches", check_.applied, check_.max_abs, check_.max_rel, message)
 
 
 def _compare_outputs(got: Any, want: Any, precision: torch.dtype | None, exact: list[str], device: str) -> ModelCheck:
