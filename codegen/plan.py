@@ -1221,6 +1221,8 @@ def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | N
             return None
         dims = []
         for c in map(str, s.load_coords):
+            if re.search(r"\bv\d+\b", c):  # a row picked by a value the kernel loaded: it follows the ids
+                return None
             plain = re.fullmatch(r"c(\d+)", c)
             if plain is None and ends & set(COORD.findall(c)):
                 return None  # an offset along them (a slice, a `cat` piece)

@@ -1810,6 +1810,33 @@ def test_a_rotary_embedding_of_an_odd_head_width_keeps_its_rows(write_model):
     torch.testing.assert_close(fused(q, cos, q[..., 12:], q[..., :12], sin), want)
 
 
+POSITIONAL_LOOKUPS = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(50, 75)
+            self.places = nn.Embedding(16, 75)
+
+        def forward(self, ids):
+            return self.words(ids) + self.places(torch.arange(ids.shape[1]))
+    """
+
+
+def test_lookups_of_an_odd_width_keep_their_rows(write_model):
+    """Two embeddings added, 75 wide: each row of the result is a table row picked by a token id, so
+    its positions and its width are never merged into one long row (a lookup follows the ids, which
+    change from row to row), and the rows read are the ids' own."""
+    import torch
+
+    fused = _kernel_module(write_model, POSITIONAL_LOOKUPS, [("3,7", "int64")])
+    assert "= _merged_row_end(" not in Path(sys.modules[fused.__module__].__file__).read_text(encoding="utf-8")
+    words, places = torch.nn.Embedding(50, 75), torch.nn.Embedding(16, 75)
+    ids = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        got = fused(ids, words.weight, torch.arange(7), places.weight)
+    torch.testing.assert_close(got, words.weight[ids] + places.weight[torch.arange(7)])
+
+
 _COMPILE_FOR_SM90 = """
 import importlib.util, json, sys
 from triton.backends.compiler import GPUTarget
