@@ -160,14 +160,14 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     result = ModelValidation(model.name, [s.shape for s in shapes], [s.dtype for s in shapes])
     real = run.subject.real(options.seed, run.user_code).to(run.device)
     inputs = loader.random_inputs(shapes, run.device, options.seed)
-    names = _input_names(model)
+    names = input_names(model)
     # Only clusters with a generated kernel can be checked: each is kept with it.
     chosen = [
         (c, c.kernel)
         for c in model.clusters
         if c.kernel is not None and (not options.clusters or c.id in options.clusters)
     ]
-    instances = _instances(model, real, inputs, names, run.user_code)
+    instances = traced_instances(model, real, inputs, names, run.user_code)
     timing = options.benchmark and run.device == "cuda"
     peak = None
     if timing:
@@ -197,7 +197,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     return result
 
 
-def _input_names(model: Model) -> list[str]:
+def input_names(model: Model) -> list[str]:
     return [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
 
 
@@ -209,7 +209,7 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
     if run.device != "cpu":
         return specs
     meta_model = run.subject.meta(run.user_code)
-    names = _input_names(run.model)
+    names = input_names(run.model)
 
     def signatures(trial: list[InputSpec]) -> tuple[tuple[tuple, ...], int] | None:
         """The clusters at `trial` shapes, in the order they are detected (instances are found by their
@@ -270,7 +270,7 @@ def _saved_us(check: ClusterCheck) -> float:
 Instance = tuple[Graph, KernelPlan, dict[int, torch.Tensor]]  # a cluster's plan in a real trace, and its values
 
 
-def _instances(
+def traced_instances(
     report: Model, model: torch.nn.Module, inputs: list[torch.Tensor], names: list[str], user_code: capture.UserCode
 ) -> dict[str, list[Instance]]:
     """Cluster id -> the plan and recorded values of each of its instances.  Each instance is found at its

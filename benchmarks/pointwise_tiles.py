@@ -1,0 +1,137 @@
+"""An elementwise cluster's tiles, swept: rows and columns a tile and warps, against torch.compile.
+
+    python benchmarks/pointwise_tiles.py [--case whisper-encoder:c0 ...] [--tile 2x1024x4 ...]
+
+A case is a cluster of a held-out model (`held_out.py`'s cases) or of a tuning-suite example at
+DRAM size (`gpu.py`'s, named by file, as `gpt.py:c0`), by its id.  The model is analyzed in bf16 and
+its kernel module loaded; the cluster's first instance is traced on real values (token ids drawn over
+the vocabulary); then the kernel is timed by CUDA-graph replay with each tile forced on the module's
+`_pointwise_tile`, with the tile the module chooses, and against torch.compile of the cluster's ops in
+modes "default" and "max-autotune-no-cudagraphs", the replays sampled in turn.  Prints µs, GB/s of
+the bytes the kernel moves, and the % of the measured copy bandwidth.  Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gpu  # beside this script: the tuning suite
+import held_out
+
+# The clusters the tile rule was set from: one load an element over 3000-wide rows, two lookups
+# added, and two RoPEs (five loads an element) over 128- and 96-wide heads.
+CASES = ["whisper-encoder:c0", "gpt.py:c0", "llama:c4", "phi3:c4"]
+TILES = [
+    "1x1024x4",
+    "2x1024x4",
+    "2x1024x8",
+    "4x1024x8",
+    "4x512x4",
+    "8x256x4",
+    "8x128x4",
+    "16x128x4",
+    "16x128x8",
+    "32x32x4",
+]
+
+
+def model_file(case: str) -> tuple[str, dict]:
+    """(the model's file, its analysis settings by model name) for a held-out case or an example."""
+    from fuselens.contracts.config import model_settings
+
+    if case in gpu.SUITE:
+        cls, sizes = gpu.SUITE[case]
+        shapes, init = sizes["dram"]
+        integer = case == "gpt.py"
+        inputs = [
+            {"shape": s, "dtype": "int64" if integer else "bfloat16"} | ({"high": init["vocab"]} if integer else {})
+            for s in shapes
+        ]
+        config = {"inputs": inputs, "init": init, "param_dtype": "bfloat16"}
+        return os.path.join(gpu.EXAMPLES, case), {cls: model_settings(config, "the sweep")}
+    held = held_out.CASES[case]
+    path = os.path.join(tempfile.mkdtemp(prefix="fuselens-tiles-"), f"{case.replace('-', '_')}.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(textwrap.dedent(held.source).lstrip("\n"))
+    return path, {"model": model_settings(held_out.settings_of(held), "the sweep")}
+
+
+def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
+    import torch
+
+    from fuselens.analysis import loader
+    from fuselens.analysis.cost import cluster_bytes
+    from fuselens.codegen.plan import returned_outputs
+    from fuselens.contracts.config import InputSpec
+    from fuselens.contracts.options import AnalyzeOptions
+    from fuselens.pipeline.analyze import analyze
+    from fuselens.validate import runner
+    from fuselens.validate.gpu import compiled, graph_replay, medians_in_turn
+    from fuselens.validate.replay import cluster_function
+
+    path, models = model_file(case)
+    analyzed = analyze(path, AnalyzeOptions(models=models))
+    model = next(m for m in analyzed.report.models if m.status == "analyzed")
+    cluster = next(c for c in model.clusters if c.id == cluster_id and c.kernel is not None)
+    kernels = runner.load_kernel_module(analyzed.report, os.path.join(tempfile.mkdtemp(), "kernels.py"))
+    config = analyzed.configs[model.name]
+    real = runner.Subject(analyzed.sources[model.name], config.init, config.param_dtype).real(0, analyzed.user_code)
+    inputs = loader.random_inputs(
+        [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in model.inputs], "cuda", 0
+    )
+    names = runner.input_names(model)
+    graph, plan, values = runner.traced_instances(model, real.cuda(), inputs, names, analyzed.user_code)[cluster_id][0]
+    args = [values[s.node] for s in plan.inputs]
+    _, moved = cluster_bytes(
+        graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in returned_outputs(plan)]
+    )
+    eager, fused = cluster_function(graph, plan, values), getattr(kernels, cluster.kernel.name)
+    chosen = kernels._pointwise_tile
+    replays = {}
+    with torch.no_grad():
+        for mode in ("default", "max-autotune-no-cudagraphs"):
+            inductor = compiled(eager, mode)
+            inductor(*args)
+            replays[f"torch.compile ({mode})"] = graph_replay(functools.partial(inductor, *args))
+        replays["chosen tile"] = graph_replay(functools.partial(fused, *args))
+        for tile in tiles:
+            block_r, block_c, warps = (int(x) for x in tile.split("x"))
+            kernels._pointwise_tile = lambda rows, cols, item, loads, t=(block_r, block_c, warps): t
+            replays[tile] = graph_replay(functools.partial(fused, *args))  # captured with this tile
+        kernels._pointwise_tile = chosen
+        times = medians_in_turn(replays, 15)
+    print(f"{case} {cluster_id} ({cluster.op_chain}), domain {list(plan.domain)}; {moved / 2**20:.1f} MB moved")
+    best = min(v for k, v in times.items() if k.startswith("torch.compile"))
+    for name, us in times.items():
+        gbps = moved / (us * 1e-6) / 1e9
+        print(f"  {name:40s} {us:8.2f} µs {gbps:6.0f} GB/s {100 * gbps / peak:4.0f}%  {best / us:.2f}× better compile")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", help=f"model:cluster (default: {' '.join(CASES)})")
+    parser.add_argument("--tile", action="append", help="BLOCK_RxBLOCK_Cxwarps (default: a set of ten)")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 1
+    from fuselens.validate.gpu import copy_bandwidth_gbps
+
+    peak = copy_bandwidth_gbps()
+    for case in args.case or CASES:
+        name, cluster_id = case.rsplit(":", 1)
+        sweep(name, cluster_id, args.tile or TILES, peak)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
