@@ -78,11 +78,11 @@ def _pointwise_tile(rows, cols, itemsize, loads):
     """(BLOCK_R, BLOCK_C, num_warps) for an elementwise tile kernel: 4 warps, up to 1024 columns,
     then rows, each thread up to 32 bytes of the widest tensor: at most 16 elements where the plan
     reads at most two values an element (`loads`), 8 where it reads more.  Measured at DRAM size
-    on an H200 in bf16 (`benchmarks/pointwise_tiles.py`), against 8 elements a thread: Whisper's bias + GELU over [8, 768, 3000]
-    31.7 us in 2 x 1024 tiles against 33.3 in 1 x 1024 (42.6 in 1 x 2048, whose second block is
-    mostly idle), GPT's two embedding lookups added, 768 wide, 26.2 against 29.4; Llama's RoPE,
-    five loads an element, 18.7 in 16 x 128 against 18.0 in 8 x 128 (a thread also holds its
-    rows' coordinates and each load's addresses, in registers)."""
+    on an H200 in bf16 (`benchmarks/pointwise_tiles.py`), against 8 elements a thread: Whisper's
+    bias + GELU over [8, 768, 3000] 31.7 us in 2 x 1024 tiles against 33.3 in 1 x 1024 (42.6 in
+    1 x 2048, whose second block is mostly idle), GPT's two embedding lookups added, 768 wide,
+    26.2 against 29.4; Llama's RoPE, five loads an element, 18.7 in 16 x 128 against 18.0 in
+    8 x 128 (a thread also holds its rows' coordinates and each load's addresses, in registers)."""
     elements = 128 * min(16 if loads <= 2 else 8, 32 // itemsize)
     block_c = min(_next_pow2(cols), elements, 1024)
     block_r = max(1, min(_next_pow2(rows), elements // block_c))

@@ -180,10 +180,9 @@ class KernelPlan:
     scalars: list[ScalarSlot] = field(default_factory=list)
     # The row width is a weight's or buffer's size (a norm's weight, an embedding table's width, a
     # RoPE table's) or a head's that the launcher holds to its analyzed size: a constant of the
-    # model, which the kernels take as a constant.  BERT's bf16
-    # embeddings + LayerNorm at [32, 512, 768] on an H200 took 14.3 µs so (one warp a row), and
-    # 18.5 at best over the tiles tried with the width an argument (torch.compile, which bakes every
-    # size in: 13.5).
+    # model, which the kernels take as a constant.  BERT's bf16 embeddings + LayerNorm at
+    # [32, 512, 768] on an H200 took 14.3 µs so (one warp a row), and 18.5 at best over the tiles
+    # tried with the width an argument (torch.compile, which bakes every size in: 13.5).
     fixed_width: bool = False
 
     @property

@@ -422,7 +422,9 @@ def _check_model(
     return check_
 
 
-def _against_float64(original: torch.nn.Module, inputs: list[torch.Tensor], got: Any, want: Any, check_: ModelCheck):
+def _against_float64(
+    original: torch.nn.Module, inputs: list[torch.Tensor], got: Any, want: Any, check_: ModelCheck
+) -> ModelCheck:
     """`check_`, a narrow model's mismatch with eager, judged again by accuracy: "matches" when every
     output of the patched model is as close to the model run in float64 as eager's is
     (`numerics.as_accurate_as_eager`); `check_` unchanged when the model cannot run in float64."""
