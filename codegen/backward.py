@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from fuselens.analysis.graph import Graph, Node, Ref
 from fuselens.analysis.ops import OpClass
 
+from .lowering import dtype_tuple
 from .plan import KernelPlan, saved_counts
 from .reference import forward_lines
 
@@ -193,7 +194,7 @@ def gradients_text(
         f"def _{name}_gradients({', '.join(signature)}):",
         f'    """The gradients of {name}\'s inputs {", ".join(params[k] for k in text.grads_of)}: one kernel '
         'where it runs, else the backward reference."""',
-        f"    if _kernel_runs({kernel_tensors}, {dtypes!r}){same}:",
+        f"    if _kernel_runs({kernel_tensors}, {dtype_tuple(dtypes)}){same}:",
         f"        raws = {call}" if len(kernel.outputs) > 1 else f"        raws = ({call},)",
         f"        return {', '.join(returned)},",
         f"    return _{name}_backward_reference({', '.join(signature)})",

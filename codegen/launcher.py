@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
-from .lowering import literal
+from .lowering import dtype_tuple, literal
 from .plan import (
     KernelPlan,
     OutputSlot,
@@ -56,7 +56,7 @@ def launcher_text(
     if reference is None:
         return "\n".join([*lines, "", "", *_op_registration(plan, name)])
     lines += ["", "", *reference.splitlines()]
-    lines += ["", "", *_op_registration(plan, name)]
+    lines += ["", "", *_op_registration(plan, name), f"_{name}_call = _kernel_call(_{name}_op, _{name}_launch)"]
     lines += ["", "", *_public_function(plan, name, input_names, number_names, doc, trains)]
     return "\n".join(lines)
 
@@ -573,8 +573,8 @@ def _public_function(
     return [
         f"def {name}({', '.join(input_names + numbers)}):",
         _docstring(doc),
-        f"    if _kernel_runs({_tuple(input_names)}, {dtypes!r}{_trains(trains)}){fits}:",
-        f"        return _{name}_op({', '.join(passed)}){_returned_part(plan)}",
+        f"    if _kernel_runs({_tuple(input_names)}, {dtype_tuple(dtypes)}{_trains(trains)}){fits}:",
+        f"        return _{name}_call({', '.join(passed)}){_returned_part(plan)}",
         f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]
 

@@ -61,6 +61,13 @@ class Operand:
     is_scalar: bool = False  # a Python constant rather than a tensor value
 
 
+def dtype_tuple(dtypes) -> str:
+    """A tuple display of torch dtypes, such as "(torch.int64, torch.bfloat16)": what the module's
+    `_kernel_runs` holds a call's tensors' dtypes to."""
+    names = [f"torch.{d}" for d in dtypes]
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+
 def literal(value) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"

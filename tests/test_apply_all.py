@@ -351,8 +351,8 @@ def test_a_group_count_the_kernel_was_not_made_for_runs_the_reference(applied, m
     ex = applied("conv_block.py")
     launched = []
     for cid in ex.applied:
-        op = f"_cluster{cid[1:]}_op"
-        monkeypatch.setattr(ex.kernels, op, functools.partial(_recording, getattr(ex.kernels, op), launched, cid))
+        call = f"_cluster{cid[1:]}_call"  # what the public function runs its kernel through
+        monkeypatch.setattr(ex.kernels, call, functools.partial(_recording, getattr(ex.kernels, call), launched, cid))
     torch.manual_seed(0)
     a = ex.original(groups=16).eval()
     b = ex.patched(groups=16).eval()
@@ -367,9 +367,9 @@ def test_a_group_count_the_kernel_was_not_made_for_runs_the_reference(applied, m
     assert [chains[cid] for cid in launched] == ["add → add → mul"]  # the group norms ran the reference
 
 
-def _recording(op, launched, cid, *args):
+def _recording(call, launched, cid, *args):
     launched.append(cid)
-    return op(*args)
+    return call(*args)
 
 
 def test_a_result_only_gemms_read_is_written_row_major(applied):
