@@ -74,12 +74,9 @@ SUITE = {
 }
 
 
-def run_case(
-    example: str, size: str, dtype: str, peak_gbps: float | None, other_modes: list[str] | None = None
-) -> list[dict]:
-    from fuselens.contracts.config import InputSpec, model_settings
-    from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
-    from fuselens.pipeline.validate import validate_file
+def suite_case(example: str, size: str, dtype: str) -> tuple[str, list, dict]:
+    """(the model class, its input specs, its analysis settings) for `example` at `size` in `dtype`."""
+    from fuselens.contracts.config import InputSpec
 
     cls, sizes = SUITE[example]
     shapes, init = sizes[size]
@@ -89,7 +86,17 @@ def run_case(
     high = init.get("vocab") if int_inputs else None
     specs = [InputSpec(list(s), in_dtype, high=high) for s in shapes]
     inputs = [{"shape": s.shape, "dtype": s.dtype} | ({"high": high} if high else {}) for s in specs]
-    config = {"inputs": inputs, "init": init, "param_dtype": dtype}
+    return cls, specs, {"inputs": inputs, "init": init, "param_dtype": dtype}
+
+
+def run_case(
+    example: str, size: str, dtype: str, peak_gbps: float | None, other_modes: list[str] | None = None
+) -> list[dict]:
+    from fuselens.contracts.config import model_settings
+    from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
+    from fuselens.pipeline.validate import validate_file
+
+    cls, specs, config = suite_case(example, size, dtype)
     report = validate_file(
         os.path.join(EXAMPLES, example),
         AnalyzeOptions(models={cls: model_settings(config, "the benchmark")}),

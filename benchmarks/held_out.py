@@ -151,17 +151,21 @@ def settings_of(case: HeldOut) -> dict:
     return {"inputs": inputs, "param_dtype": "bfloat16"}
 
 
+def case_file(case_id: str) -> str:
+    """The case's model file, written as a user's, in a folder of its own."""
+    folder = tempfile.mkdtemp(prefix="fuselens-held-out-")
+    path = os.path.join(folder, f"{case_id.replace('-', '_')}.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(textwrap.dedent(CASES[case_id].source).lstrip("\n"))
+    return path
+
+
 def run_case(case_id: str, peak_gbps: float | None) -> list[dict]:
     from fuselens.contracts.config import model_settings
     from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
     from fuselens.pipeline.validate import validate_file
 
-    case = CASES[case_id]
-    folder = tempfile.mkdtemp(prefix="fuselens-held-out-")
-    path = os.path.join(folder, f"{case_id.replace('-', '_')}.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(textwrap.dedent(case.source).lstrip("\n"))
-    config = settings_of(case)
+    path, config = case_file(case_id), settings_of(CASES[case_id])
     report = validate_file(
         path,
         AnalyzeOptions(models={"model": model_settings(config, "the benchmark")}),

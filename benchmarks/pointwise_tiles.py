@@ -18,7 +18,6 @@ import functools
 import os
 import sys
 import tempfile
-import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,20 +46,9 @@ def model_file(case: str) -> tuple[str, dict]:
     from fuselens.contracts.config import model_settings
 
     if case in gpu.SUITE:
-        cls, sizes = gpu.SUITE[case]
-        shapes, init = sizes["dram"]
-        integer = case == "gpt.py"
-        inputs = [
-            {"shape": s, "dtype": "int64" if integer else "bfloat16"} | ({"high": init["vocab"]} if integer else {})
-            for s in shapes
-        ]
-        config = {"inputs": inputs, "init": init, "param_dtype": "bfloat16"}
+        cls, _, config = gpu.suite_case(case, "dram", "bfloat16")
         return os.path.join(gpu.EXAMPLES, case), {cls: model_settings(config, "the sweep")}
-    held = held_out.CASES[case]
-    path = os.path.join(tempfile.mkdtemp(prefix="fuselens-tiles-"), f"{case.replace('-', '_')}.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(textwrap.dedent(held.source).lstrip("\n"))
-    return path, {"model": model_settings(held_out.settings_of(held), "the sweep")}
+    return held_out.case_file(case), {"model": model_settings(held_out.settings_of(held_out.CASES[case]), "the sweep")}
 
 
 def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
