@@ -1810,6 +1810,34 @@ def test_a_rotary_embedding_of_an_odd_head_width_keeps_its_rows(write_model):
     torch.testing.assert_close(fused(q, cos, q[..., 12:], q[..., :12], sin), want)
 
 
+def test_a_call_wanting_no_gradient_launches_directly_and_torch_compile_still_sees_one_op(write_model):
+    """With no gradient wanted, the public function runs the launcher itself, not through the
+    dispatcher; a torch.compile of the same call (fullgraph: any break raises) still captures the
+    kernel as its op, and both give eager's values."""
+    import torch
+
+    fused = _kernel_module(write_model, CONV_BIAS_GELU, [("2,8,30", "float32")])
+    module = sys.modules[fused.__module__]
+    x, bias = torch.randn(2, 8, 30), torch.rand(8)
+    want = torch.nn.functional.gelu(x + bias[:, None])
+    through_op = []
+    op = module._cluster0_op
+
+    def recording(*args):
+        through_op.append(True)
+        return op(*args)
+
+    module._cluster0_call = module._kernel_call(recording, module._cluster0_launch)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, bias[:, None]), want)
+        assert through_op == []
+        torch._dynamo.reset()
+        compiled = torch.compile(fused, fullgraph=True)
+        torch.testing.assert_close(compiled(x, bias[:, None]), want)
+    assert through_op  # traced through the op
+    torch._dynamo.reset()
+
+
 POSITIONAL_LOOKUPS = """
     class M(nn.Module):
         def __init__(self):
