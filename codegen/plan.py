@@ -1205,9 +1205,10 @@ def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | N
     """(input, the domain dim each of its dims runs along, -1 where none) for every input of an
     elementwise plan whose last two domain dims only address memory: no statement, mask or fixed
     offset reads their coordinates, so where every tensor lays the two out as one run of memory
-    the launcher may make them one dim (`_merged_row_end`).  None for any other plan."""
+    the launcher may make them one dim (`_merged_row_end`).  None for any other plan, and for one
+    that gathers (a table row picked by a loaded id follows the ids, not the position)."""
     n = len(plan.domain)
-    if not _writes_the_domain(plan):
+    if not _writes_the_domain(plan) or gathers(plan):
         return None
     ends = {str(n - 2), str(n - 1)}
     dims_of: dict[int, tuple[int, ...]] = {}
@@ -1220,8 +1221,6 @@ def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | N
             return None
         dims = []
         for c in map(str, s.load_coords):
-            if re.search(r"\bv\d+\b", c):  # a row picked by a value the kernel loaded: it follows the ids
-                return None
             plain = re.fullmatch(r"c(\d+)", c)
             if plain is None and ends & set(COORD.findall(c)):
                 return None  # an offset along them (a slice, a `cat` piece)
