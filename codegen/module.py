@@ -481,8 +481,7 @@ def _kernel_call(op, launch):
     (a tensor wants a gradient; torch.compile, torch.export or torch.jit is tracing), straight to
     `launch` everywhere else.  The dispatcher costs a Python op more than its launcher: timed on CPU
     tensors with the Triton launch left out, GPT's lookups took 30-35 us a call through the op and
-    15 in the launcher alone (the public function: 47 before, 27 after, at best of nine runs; 20
-    with each input's strides cached and the device checks on tensor flags)."""
+    15 in the launcher alone, at best of nine runs."""
 
     def call(*args):
         traced = torch.compiler.is_compiling() or torch.jit.is_tracing()
