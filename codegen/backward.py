@@ -180,18 +180,24 @@ def gradients_text(
     kernel: KernelPlan,
     kernel_inputs: list[str],
     returned: list[str],
+    layout_of: int | None = None,
 ) -> str:
     """`_<name>_gradients(params, numbers, grads)`: the backward kernel (`kernel`, taking the tensors
     `kernel_inputs`) where it runs: the tensors and numbers it was generated for, no gradient of the
-    gradients wanted; else the backward reference."""
+    gradients wanted; else the backward reference.  `layout_of`: the input whose layout the kernel's
+    outputs take (`KernelPlan.grad_layout`), from the strides the forward saw (`layouts`)."""
     signature = params + number_params + text.result_params + text.grad_params
     dtypes = tuple(slot.dtype for slot in kernel.inputs)
     same = "".join(f" and {s.text} == {s.value!r}" for s in kernel.scalars if not s.runtime)
     passed = kernel_inputs + [s.text for s in kernel.scalars if s.runtime]
+    parameters = signature
+    if layout_of is not None:
+        passed.append(f"layouts[{layout_of}] if layouts else ()")
+        parameters = [*signature, "layouts=None"]
     call = f"_{name}_backward_op({', '.join(passed)})"
     kernel_tensors = "(" + ", ".join(kernel_inputs) + ("," if len(kernel_inputs) == 1 else "") + ")"
     lines = [
-        f"def _{name}_gradients({', '.join(signature)}):",
+        f"def _{name}_gradients({', '.join(parameters)}):",
         f'    """The gradients of {name}\'s inputs {", ".join(params[k] for k in text.grads_of)}: one kernel '
         'where it runs, else the backward reference."""',
         f"    if _kernel_runs({kernel_tensors}, {dtype_tuple(dtypes)}){same}:",
@@ -202,9 +208,15 @@ def gradients_text(
     return "\n".join(lines)
 
 
-def registration_text(name: str, tensors: int, text: BackwardText, gradients: str | None = None) -> str:
-    """The registration of `gradients` (by default `_<name>_gradients`) as the op's backward."""
+def registration_text(
+    name: str, tensors: int, text: BackwardText, gradients: str | None = None, layouts: bool = False
+) -> str:
+    """The registration of `gradients` (by default `_<name>_gradients`) as the op's backward;
+    `layouts`: it takes the inputs' strides too."""
     gradients = gradients or f"_{name}_gradients"
+    tail = f", {text.leads!r}" if text.leads else ""
+    if layouts:
+        tail += ", layouts=True"
     return (
         f"# Training: the op's backward is {gradients}, for the inputs it computes gradients of;\n"
         "# an input that is a view of another (position: the other's) has its gradient in that one's;\n"
@@ -212,7 +224,7 @@ def registration_text(name: str, tensors: int, text: BackwardText, gradients: st
         f"_{name}_trains = {tuple(text.grads_of)!r}\n"
         f"_{name}_folded = {text.folded!r}\n"
         f"_register_backward({name!r}, {gradients}, {tensors}, _{name}_trains, {tuple(text.keeps)!r}, "
-        f"{tuple(text.keeps_results)!r}{f', {text.leads!r}' if text.leads else ''})"
+        f"{tuple(text.keeps_results)!r}{tail})"
     )
 
 

@@ -88,6 +88,8 @@ def _launch_function(
         body += _row_launch(plan, kernel_name, input_names, call_args)
     body.append("return " + _returns(plan))
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
+    if plan.grad_layout:
+        params.append("layout")
     return [f"def _{name}_launch({', '.join(params)}):"] + ["    " + line for line in body]
 
 
@@ -133,6 +135,8 @@ def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[
     n = len(plan.domain)
     listed = _tuple([f"({k}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
     numbers = "".join(f", {slot.name}" for slot in plan.scalars if slot.runtime)
+    if plan.grad_layout:  # the merged views' layout is their own
+        numbers += ", ()"
     shape = _tuple([f"d{i}" for i in range(n)])
     back = "merged.view(shape)" if len(plan.outputs) == 1 else "tuple(out.view(shape) for out in merged)"
     return [
@@ -181,6 +185,8 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
         ]
     if row_major:
         return [f"pitches, dense, like = _row_pitches({leads}, {domain}, row_major=True)"]
+    if plan.grad_layout:
+        return [f"pitches, dense, like, out_strides = _laid_out_pitches({leads}, {domain}, layout)"]
     return [f"pitches, dense, like = _row_pitches({leads}, {domain})"]
 
 
@@ -240,6 +246,8 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         )
         return f"{nhwc} if out_cl else {fresh}"
     direct = [input_names[k] for k in identity_inputs(plan)]
+    if plan.grad_layout:
+        return f"torch.empty_strided({_tuple(dims)}, out_strides, device={device}, dtype=torch.{out.dtype})"
     if plan.kind == "elementwise" and direct:
         return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if like else {fresh}"
     return fresh
@@ -551,7 +559,7 @@ def _tuple(items: list[str]) -> str:
 def _op_registration(plan: KernelPlan, name: str) -> list[str]:
     """The launcher as a torch.library op, so that torch.compile and torch.export see one op for the
     cluster (its output shapes, dtypes and strides from the launcher itself) instead of tracing into it."""
-    numbers = tuple(slot.type for slot in plan.scalars if slot.runtime)
+    numbers = tuple(slot.type for slot in plan.scalars if slot.runtime) + (("SymInt[]",) if plan.grad_layout else ())
     tail = f", {numbers!r}" if numbers else ""
     return [f"_{name}_op = _kernel_op({name!r}, _{name}_launch, {len(plan.inputs)}, {_op_outputs(plan)}{tail})"]
 

@@ -116,6 +116,25 @@ def _row_pitches(leads, sizes, row_major=False):
     return _row_major(sizes), False, False
 
 
+def _laid_out_pitches(leads, sizes, layout):
+    """(pitches, dense, like, out_strides) for a backward kernel whose outputs take `layout`, the
+    strides of the forward input they are the gradients of, rather than the layout of the upstream
+    gradients `leads`: rows are numbered in that layout's memory order, and the outputs are dense in
+    it.  The gradient of a transposed view (q of a projection, as attention reads it) is so written in
+    the projection's own order, and autograd's view of it back to the projection's shape copies
+    nothing.  A layout that is no dense order of `sizes` with the row innermost (a broadcast, an
+    overlap) leaves the leads' own (`_row_pitches`)."""
+    order = _dims_inside_out(sizes, layout) if len(layout) == len(sizes) else None
+    if order is None or not (not sizes or sizes[-1] == 1 or (layout[-1] == 1 and order[0] == len(sizes) - 1)):
+        pitches, dense, like = _row_pitches(leads, sizes)
+        own = leads[0].stride() if like else _dense_strides(sizes, range(len(sizes) - 1, -1, -1))
+        return pitches, dense, like, tuple(own)
+    out = _dense_strides(sizes, order)
+    cols = max(1, sizes[-1]) if sizes else 1
+    dense = all(_is_dense(sizes, t.stride(), out) for t in leads)
+    return [max(1, out[i] // cols) for i in range(len(sizes) - 1)], dense, dense, tuple(out)
+
+
 def _dims_inside_out(sizes, strides):
     """The dims of more than one position from the innermost out, then those of one position in their
     own order, when each dim steps past the whole of the ones inside it (no overlap, no broadcast);
@@ -492,12 +511,13 @@ def _kernel_call(op, launch):
     return call
 
 
-def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results, leads=None):
+def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results, leads=None, layouts=False):
     """`gradients(inputs, numbers, outputs, grads)` as the backward of the op `name`, whose first
     `tensors` inputs are tensors.  The forward keeps the inputs `keeps` and the outputs
     `keeps_results` (those the gradients read; never an intermediate: the backward recomputes what
     it needs) and passes None for the others.  `leads`: for an input the kernel reads unsqueezed
-    (a bias over the channels), the dim of its gradient its first dim runs along."""
+    (a bias over the channels), the dim of its gradient its first dim runs along.  `layouts`: the
+    gradients also take the inputs' strides (`layouts=`), to write each gradient in its input's."""
     leads = leads or {}
 
     def setup_context(ctx, inputs, output):
@@ -506,6 +526,7 @@ def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results,
         ctx.numbers = inputs[tensors:]
         ctx.inputs = [(t.shape, t.dtype) for t in inputs[:tensors]]
         ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
+        ctx.layouts = tuple(t.stride() for t in inputs[:tensors]) if layouts else None
 
     def backward(ctx, *grads):
         grads = [
@@ -518,7 +539,8 @@ def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results,
             inputs[k] = t
         for k, t in zip(keeps_results, saved[len(keeps) :]):
             results[k] = t
-        raws = gradients(*inputs, *ctx.numbers, *results, *grads)
+        given = {"layouts": ctx.layouts} if layouts else {}
+        raws = gradients(*inputs, *ctx.numbers, *results, *grads, **given)
         result = [None] * (tensors + len(ctx.numbers))
         for k, raw in zip(grads_of, raws):
             if ctx.needs_input_grad[k]:

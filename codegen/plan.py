@@ -184,6 +184,9 @@ class KernelPlan:
     # [32, 512, 768] on an H200 took 14.3 µs so (one warp a row), and 18.5 at best over the tiles
     # tried with the width an argument (torch.compile, which bakes every size in: 13.5).
     fixed_width: bool = False
+    # A backward elementwise kernel whose outputs take the layout of the forward input they are the
+    # gradients of (the launcher's `layout`), not the upstream gradient's (`codegen.backward`).
+    grad_layout: bool = False
 
     @property
     def levels(self) -> int:

@@ -26,7 +26,7 @@ from fuselens.analysis.graph import DTYPE_BYTES, Graph, plain
 from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
-from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster, saved_counts
+from fuselens.codegen.plan import KernelPlan, PlanError, full_rank_loads, plan_cluster, saved_counts
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD
 
 _HEADER = "import math\n\nimport torch\n\n\n"
@@ -71,10 +71,12 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
         raise NoBackwardKernel(f"the gradients are not one kernel: {exc.detail or exc.reason}") from exc
     returned = _returned(captured, bplan, names)
     _total_over_rows(bplan, plan, returned, text.grads_of)
+    layout_of = _layout_of(bplan, plan, returned, text.grads_of)
+    bplan.grad_layout = layout_of is not None
     kernel_inputs = [captured[slot.node].name for slot in bplan.inputs]
     emitted = emit(bplan, f"{name}_backward", kernel_inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
-    gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned)
-    registration = bw.registration_text(name, len(params), text)
+    gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned, layout_of)
+    registration = bw.registration_text(name, len(params), text, layouts=layout_of is not None)
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
     unfused, fused = _traffic(captured, bplan)
     saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
@@ -238,6 +240,24 @@ def _total_over_rows(backward: KernelPlan, forward: KernelPlan, returned: list[s
             size *= d
         if size == columns and tuple(out.shape) == tuple(backward.domain) and not out.row_only:
             out.col_total = True
+
+
+def _layout_of(backward: KernelPlan, forward: KernelPlan, returned: list[str], grads_of: list[int]) -> int | None:
+    """The forward input whose layout an elementwise backward kernel's outputs take: the first whose
+    gradient the kernel writes at the input's own shape.  Written in the upstream gradient's layout
+    instead, the gradient of a transposed view (RoPE's q, a projection's output viewed as heads, with
+    the gradient from attention's matmul row-major) is copied back into the projection's order by
+    autograd's view of it: two such copies a layer in a Llama block's training step."""
+    if backward.kind != "elementwise" or full_rank_loads(backward) or any(o.contiguous for o in backward.outputs):
+        return None
+    for value, k in zip(returned, grads_of, strict=True):
+        if not value.startswith("raws["):
+            continue
+        out = backward.outputs[int(value[5:-1])]
+        whole = not (out.row_only or out.col_total or out.dims is not None)
+        if whole and tuple(forward.inputs[k].shape) == tuple(backward.domain) == tuple(out.shape):
+            return k
+    return None
 
 
 def _returned(graph: Graph, plan: KernelPlan, names: list[str]) -> list[str]:

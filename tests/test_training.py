@@ -467,6 +467,31 @@ def test_an_input_the_backward_does_not_cover_sends_the_cluster_to_its_reference
     torch.testing.assert_close(got[1], want[1])
 
 
+def test_the_gradient_of_a_view_of_heads_is_written_in_the_projection_s_layout(write_model):
+    """q as attention reads it is a projection's [batch, seq, heads, dim] output viewed as
+    [batch, heads, seq, dim]; its upstream gradient comes from a matmul, row-major.  The backward
+    kernel writes q's gradient in q's own layout, so autograd's view back to the projection's shape
+    is free (written row-major, the view would copy it), and it is eager's gradient."""
+    module, _ = _generated(write_model, BUFFER_ROPE, [("2,3,5,16", "float32")])
+    gen = torch.Generator().manual_seed(2)
+    projected = torch.randn(2, 5, 3 * 16, generator=gen)
+    upstream = torch.randn(2, 3, 5, 16, generator=gen)
+    cos, sin = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+
+    def gradient(fn):
+        x = projected.clone().requires_grad_()
+        q = x.view(2, 5, 3, 16).transpose(1, 2)
+        strides = []
+        q.register_hook(lambda g: strides.append(g.stride()))
+        _with_halves(fn)(q, cos, sin).backward(upstream)
+        return x.grad, strides[0], q.stride()
+
+    got, got_strides, q_strides = gradient(module.cluster0)
+    want, want_strides, _ = gradient(module._cluster0_reference)
+    assert got_strides == q_strides and want_strides != q_strides  # eager's is row-major
+    torch.testing.assert_close(got, want)
+
+
 def test_gradients_that_are_the_output_s_own_are_passed_on_without_a_kernel(write_model):
     """A residual sum's backward computes nothing: the report says so, the module has no backward
     kernel, and the gradients (the bias's summed over batch and pixels) are eager's."""
