@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from fuselens.analysis.graph import Graph, Node, Ref
 from fuselens.analysis.ops import OpClass
 
-from .lowering import dtype_tuple
+from .lowering import dtype_tuple, tuple_display
 from .plan import KernelPlan, saved_counts
 from .reference import forward_lines
 
@@ -195,7 +195,7 @@ def gradients_text(
         passed.append(f"layouts[{layout_of}] if layouts else ()")
         parameters = [*signature, "layouts=None"]
     call = f"_{name}_backward_op({', '.join(passed)})"
-    kernel_tensors = "(" + ", ".join(kernel_inputs) + ("," if len(kernel_inputs) == 1 else "") + ")"
+    kernel_tensors = tuple_display(kernel_inputs)
     lines = [
         f"def _{name}_gradients({', '.join(parameters)}):",
         f'    """The gradients of {name}\'s inputs {", ".join(params[k] for k in text.grads_of)}: one kernel '

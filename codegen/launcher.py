@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
-from .lowering import dtype_tuple, literal
+from .lowering import dtype_tuple, literal, tuple_display
 from .plan import (
     KernelPlan,
     OutputSlot,
@@ -133,15 +133,15 @@ def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[
     if not layouts:
         return []
     n = len(plan.domain)
-    listed = _tuple([f"({k}, {_tuple([str(d) for d in dims])})" for k, dims in layouts])
+    listed = tuple_display([f"({k}, {tuple_display([str(d) for d in dims])})" for k, dims in layouts])
     numbers = "".join(f", {slot.name}" for slot in plan.scalars if slot.runtime)
     if plan.grad_layout:  # the merged views' layout is their own
         numbers += ", ()"
-    shape = _tuple([f"d{i}" for i in range(n)])
+    shape = tuple_display([f"d{i}" for i in range(n)])
     back = "merged.view(shape)" if len(plan.outputs) == 1 else "tuple(out.view(shape) for out in merged)"
     return [
         f"if d{n - 1} & (d{n - 1} - 1) and d{n - 2} > 1:  # short rows of an odd width: one long row, if memory allows",
-        f"    merged = _merged_row_end({_tuple(input_names)}, {listed}, {n})",
+        f"    merged = _merged_row_end({tuple_display(input_names)}, {listed}, {n})",
         "    if merged is not None:",
         f"        shape = {shape}",
         f"        merged = _{name}_launch(*merged{numbers})",
@@ -174,8 +174,8 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     module's `_row_order`)."""
     if plan.kind != "elementwise":
         return []
-    leads = _tuple([input_names[k] for k in identity_inputs(plan)])
-    domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+    leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
+    domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
     row_major = any(out.contiguous for out in plan.outputs)  # its readers are GEMMs: row-major, whatever the inputs
     others = full_rank_loads(plan)
     if others:
@@ -232,22 +232,22 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
     n, k_rows = len(plan.domain), plan.row_dims
     device = f"{input_names[0]}.device" if input_names else "'cuda'"
     if out.dims is not None:  # a permutation of the domain: its own shape, contiguous
-        return f"torch.empty({_tuple([f'd{d}' for d in out.dims])}, device={device}, dtype=torch.{out.dtype})"
+        return f"torch.empty({tuple_display([f'd{d}' for d in out.dims])}, device={device}, dtype=torch.{out.dtype})"
     if out.col_total:  # summed over the rows: the columns' dims, in float32 (the launch adds partials)
-        return f"torch.empty({_tuple([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
+        return (
+            f"torch.empty({tuple_display([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
+        )
     if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
     else:
         dims = [f"d{i}" for i in range(n)]
-    fresh = f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype})"
+    fresh = f"torch.empty({tuple_display(dims)}, device={device}, dtype=torch.{out.dtype})"
     if channels_last_groups(plan) and not out.row_only:
-        nhwc = (
-            f"torch.empty({_tuple(dims)}, device={device}, dtype=torch.{out.dtype}, memory_format=torch.channels_last)"
-        )
+        nhwc = f"torch.empty({tuple_display(dims)}, device={device}, dtype=torch.{out.dtype}, memory_format=torch.channels_last)"
         return f"{nhwc} if out_cl else {fresh}"
     direct = [input_names[k] for k in identity_inputs(plan)]
     if plan.grad_layout:
-        return f"torch.empty_strided({_tuple(dims)}, out_strides, device={device}, dtype=torch.{out.dtype})"
+        return f"torch.empty_strided({tuple_display(dims)}, out_strides, device={device}, dtype=torch.{out.dtype})"
     if plan.kind == "elementwise" and direct:
         return f"torch.empty_like({direct[0]}, dtype=torch.{out.dtype}) if like else {fresh}"
     return fresh
@@ -336,8 +336,8 @@ def _elementwise_launch(
     inner = flat_inner_dim(plan)
     condition = "dense"
     if inner is not None:  # the one dim the smaller loads index must lie innermost
-        leads = _tuple([input_names[k] for k in identity_inputs(plan)])
-        domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+        leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
+        domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
         condition = f"like and _flat_over({leads}, {domain}, {_layouts(full_rank_loads(plan), input_names)}, {inner})"
     return [
         f"if {condition}:  # one flat offset addresses every full-size input and the output",
@@ -364,7 +364,7 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
     ]
     if not full_rank_loads(plan):
         return tile
-    rows = _tuple([f"d{i}" for i in range(plan.row_dims)])
+    rows = tuple_display([f"d{i}" for i in range(plan.row_dims)])
     return [
         "if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows",
         f"    F = {rows}[fast]",
@@ -431,7 +431,7 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
     layouts = row_layouts(plan)
     if not layouts:
         return tile + launch
-    domain = _tuple([f"d{i}" for i in range(len(plan.domain))])
+    domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
     last = f"d{plan.row_dims - 1}"
     return [
         *tile,
@@ -495,13 +495,13 @@ def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]
 
 def _column_totals_added(plan: KernelPlan) -> list[str]:
     n, k_rows = len(plan.domain), plan.row_dims
-    shape = _tuple([f"d{i}" for i in range(k_rows, n)])
+    shape = tuple_display([f"d{i}" for i in range(k_rows, n)])
     return [f"out{k} = out{k}.sum(0).reshape({shape})" for k in column_totals(plan)]
 
 
 def _layouts(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -> str:
     """`((x, (0, 2, 3, 1)), ...)`: each input and the domain dim each of its dims runs along."""
-    return _tuple([f"({input_names[k]}, {_tuple([str(d) for d in dims])})" for k, dims in loads])
+    return tuple_display([f"({input_names[k]}, {tuple_display([str(d) for d in dims])})" for k, dims in loads])
 
 
 def _widest_item(plan: KernelPlan) -> int:
@@ -548,11 +548,6 @@ def _target_counts(plan: KernelPlan, input_names: list[str]) -> list[str]:
     ]
 
 
-def _tuple(items: list[str]) -> str:
-    """A Python tuple display of `items`, with the trailing comma a single item needs."""
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
 # ---- the autograd wrapper and the public function -----------------------------------------
 
 
@@ -581,7 +576,7 @@ def _public_function(
     return [
         f"def {name}({', '.join(input_names + numbers)}):",
         _docstring(doc),
-        f"    if _kernel_runs({_tuple(input_names)}, {dtype_tuple(dtypes)}{_trains(trains)}){fits}:",
+        f"    if _kernel_runs({tuple_display(input_names)}, {dtype_tuple(dtypes)}{_trains(trains)}){fits}:",
         f"        return _{name}_call({', '.join(passed)}){_returned_part(plan)}",
         f"    return _{name}_reference({', '.join(input_names + number_names)})",
     ]

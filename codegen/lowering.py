@@ -61,11 +61,15 @@ class Operand:
     is_scalar: bool = False  # a Python constant rather than a tensor value
 
 
+def tuple_display(items: list[str]) -> str:
+    """A Python tuple display of `items`, with the trailing comma a single item needs."""
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
 def dtype_tuple(dtypes) -> str:
     """A tuple display of torch dtypes, such as "(torch.int64, torch.bfloat16)": what the module's
     `_kernel_runs` holds a call's tensors' dtypes to."""
-    names = [f"torch.{d}" for d in dtypes]
-    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+    return tuple_display([f"torch.{d}" for d in dtypes])
 
 
 def literal(value) -> str:
