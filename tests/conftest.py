@@ -17,6 +17,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _USER_CACHE = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
 os.environ.setdefault("HF_HOME", os.path.join(_USER_CACHE, "huggingface"))
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fuselens-test-cache-")
+# The robustness suite's figures, one file a test module: the folder is the run's, shared by
+# pytest-xdist's workers (they inherit it from the process that starts them), read for the summary.
+os.environ.setdefault("FUSELENS_ROBUSTNESS_DIR", tempfile.mkdtemp(prefix="fuselens-robustness-"))
 
 
 @pytest.fixture
@@ -46,32 +49,33 @@ def analyze():
 
 
 @pytest.fixture(scope="module")
-def figures(request, tmp_path_factory):
+def figures(request):
     """A dict for the numbers a module's tests want quoted (the robustness suite: tests/test_robust_*.py).
     At the end of the module they are printed (seen with `pytest -s`) and written as JSON to
-    `$FUSELENS_ROBUSTNESS_DIR/<module>.json` (default: `<pytest's temporary folder>/robustness/`)."""
+    `$FUSELENS_ROBUSTNESS_DIR/<module>.json` (by default a fresh folder for the run)."""
     data: dict = {}
     yield data
     name = request.module.__name__.rsplit(".", 1)[-1]
-    folder = os.environ.get("FUSELENS_ROBUSTNESS_DIR") or str(tmp_path_factory.getbasetemp() / "robustness")
+    folder = os.environ["FUSELENS_ROBUSTNESS_DIR"]
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, sort_keys=True, default=str)
     print(f"\n---- {name} figures ({path}) ----\n{json.dumps(data, indent=2, sort_keys=True, default=str)}")
-    _FIGURES[name] = data
-
-
-_FIGURES: dict[str, dict] = {}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """The robustness suite's counts, in every run's summary (CI runs `pytest -q`)."""
-    if not _FIGURES:
+    """The robustness suite's counts, in every run's summary (CI runs `pytest -q -n 2`), from the files
+    the modules wrote, whichever worker ran them."""
+    folder = os.environ["FUSELENS_ROBUSTNESS_DIR"]
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".json")) if os.path.isdir(folder) else []
+    if not names:
         return
     terminalreporter.section("robustness figures")
-    for name, data in sorted(_FIGURES.items()):
-        terminalreporter.write_line(f"{name}: {json.dumps(data, sort_keys=True, default=str)}")
+    for file in names:
+        with open(os.path.join(folder, file), encoding="utf-8") as fh:
+            data = json.load(fh)
+        terminalreporter.write_line(f"{file[: -len('.json')]}: {json.dumps(data, sort_keys=True)}")
 
 
 def example(name: str) -> str:
