@@ -14,7 +14,8 @@ One step is the forward and `torch.autograd.grad` of its output, with a fixed ra
 gradient, with respect to the inputs and the parameters (no `.grad` accumulation in the timing).
 "held" is what the forward leaves allocated for the backward (its output included); "peak" what one
 step allocates at its peak, both beyond the inputs (`torch.cuda.memory_allocated`).  The loss case
-is over a 128256-word vocabulary; the last case is one training step of the whole Llama block
+is over a 128256-word vocabulary, the GroupNorm case over a U-Net's [tokens / 128, 512, 32, 32]; the
+last case is one training step of the whole Llama block
 example.  The kernels were not tuned on this suite.
 Writes training.json and training.md to --out.
 """
@@ -149,6 +150,20 @@ class Model(nn.Module):
         return -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
 """,
         lambda t: [((t, 128256), True), ((t,), 128256)],
+    ),
+    # A diffusion U-Net's norm and activation: GroupNorm over 32 groups of 16 channels, then SiLU,
+    # over [tokens / 128, 512, 32, 32] (64 MiB at 8192 "tokens").
+    "GroupNorm + SiLU": (
+        """
+class Model(nn.Module):
+    def __init__(self, channels=512):
+        super().__init__()
+        self.norm = nn.GroupNorm(32, channels)
+
+    def forward(self, x):
+        return F.silu(self.norm(x))
+""",
+        lambda t: [((t // 128, 512, 32, 32), True)],
     ),
     # One training step of a whole block: the shipped Llama example (dim 1024, 8 heads, SwiGLU 2816).
     "Llama block (examples/llama_block.py)": (

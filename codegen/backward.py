@@ -49,6 +49,27 @@ class BackwardText:
     # Inputs read through unsqueezes (a convolution's bias as `bias[:, None, None]`): position -> the
     # dim of the domain their first dim runs along, where their broadcast gradient is summed to them.
     leads: dict[int, int] = field(default_factory=dict)
+    # Gradients that are more than one kernel (a group norm's): the kernels before the last, each
+    # followed by torch code over its small results.  Empty: the whole backward is one kernel.
+    stages: list[Stage] = field(default_factory=list)
+    # With stages: the last kernel (None when the torch code computes every gradient wanted), and
+    # what the backward reference returns, as its statements name them.
+    last: Stage | None = None
+    returned: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Stage:
+    """One kernel of a backward in stages: `def _<name>_backward_<suffix>(...)`, taking the cluster's
+    inputs, numbers, outputs and gradients and then `extras` (what the torch code between kernels
+    computed: one float32 value a (sample, channel)), returning `returns`; `glue` are the statements
+    that run on its results before the next kernel."""
+
+    suffix: str
+    text: str
+    extras: list[str]
+    returns: list[str]
+    glue: list[str]
 
 
 def needs_grad(graph: Graph) -> set[int]:
@@ -82,7 +103,8 @@ def backward_text(
     saved |= {(plan.outputs[k].node, "count"): results[len(plan.outputs) + j] for j, k in enumerate(counts)}
     body, names = forward_lines(graph, plan, params, number_params, given)
     grads = _fresh([f"grad{k}" for k in range(returned_by_op)], params + number_params)
-    writer = _Writer(graph, plan, names, saved=saved)
+    staging = _group_staging(graph, plan, body, names, grads) if plan.groups else None
+    writer = _Writer(graph, plan, names, saved=saved, staging=staging)
     for k, out in enumerate(plan.outputs):
         if out.saved is None:
             writer.add(out.node, grads[k])
@@ -112,7 +134,11 @@ def backward_text(
     ]
     folded_in = {k: b for k, b in folded.items() if b in grads_of}
     leads = {k: writer.leads[slot.node] for k, slot in enumerate(plan.inputs) if slot.node in writer.leads}
-    return BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results, leads)
+    text = BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results, leads)
+    if staging is not None:
+        signature = params + number_params + results + grads
+        _split_stages(text, staging, name, signature, statements, returned)
+    return text
 
 
 def _fresh(names: list[str], taken: list[str]) -> list[str]:
@@ -145,6 +171,112 @@ def _live(statements: list[str], returned: list[str]) -> list[str]:
             live.discard(target)
             live |= _names_in([expression])
     return kept[::-1]
+
+
+@dataclass
+class _Staging:
+    """A group norm's backward in three kernels (`_group_norm`): each (sample, channel)'s mean and
+    variance (`stats`); with the group statistics they give, the sums of the gradient and of the
+    gradient times the input over each channel (`sums`); and the input gradient, which with those
+    sums is elementwise.  Between them, torch code over [N, C] values (`glue`: the statements it
+    assigns) turns channels into groups."""
+
+    xf: str  # the group norm's input in float32
+    mean: str  # the group's mean, one value a (sample, channel), [N, C, 1, ...]
+    rstd: str  # its reciprocal standard deviation
+    count: str  # the elements of a channel: an expression over a gradient's shape
+    stats: list[str] = field(default_factory=list)
+    sums: list[str] = field(default_factory=list)
+    glue: set[str] = field(default_factory=set)
+
+
+def _group_staging(
+    graph: Graph, plan: KernelPlan, body: list[str], names: dict[int, str], grads: list[str]
+) -> _Staging:
+    """Replace the group norm's recomputed output in `body` by one from per-channel statistics (a
+    kernel's reductions over a channel, not a group) and the group statistics torch gathers from
+    them; the names of those values."""
+    (gn,) = [graph[m] for m in plan.members if graph[m].op == "group_norm"]
+    domain = [k for k, out in enumerate(plan.outputs) if tuple(out.shape) == tuple(plan.domain)]
+    if not domain:
+        raise NoBackward("a group norm whose cluster has no output of the norm's shape")
+    x, weight, bias = [*_operands(gn), None, None][:3]
+    meta = graph[x.node].meta
+    assert meta is not None
+    if len(meta.shape) < 3:  # no spatial dims to reduce a channel over (and `dim=[]` means every dim)
+        raise NoBackward("a group norm over [N, C] alone")
+    dims = list(range(2, len(meta.shape)))
+    v, groups, eps = f"v{gn.id}", int(gn.params["groups"]), float(gn.params["eps"])
+    xv = names[x.node]
+    xf = xv if meta.dtype in ("float32", "float64") else f"{xv}.float()"
+
+    def operand(arg) -> str:
+        return names[arg.node] if isinstance(arg, Ref) else "None"
+
+    # The norm's output stays in float32, as the forward kernel keeps it for what follows in the cluster.
+    y = f"{v}x * {v}scale + {v}shift"
+    lines = [
+        f"    {v}x = {xf}",
+        f"    {v}m = {v}x.mean(dim={dims}, keepdim=True)",
+        f"    {v}v = {v}x.var(dim={dims}, correction=0, keepdim=True)",
+        f"    {v}t = _group_statistics({v}m, {v}v, {groups}, {eps!r}, {operand(weight)}, {operand(bias)})",
+        f"    {v}scale = {v}t[0]",
+        f"    {v}shift = {v}t[1]",
+        f"    {v}mean = {v}t[2]",
+        f"    {v}rstd = {v}t[3]",
+        f"    {v} = {y}",
+    ]
+    at = next(k for k, line in enumerate(body) if line.startswith(f"    {v} = "))
+    body[at : at + 1] = lines
+    count = f"{grads[domain[0]]}[0, 0].numel()"
+    staging = _Staging(f"{v}x", f"{v}mean", f"{v}rstd", count, stats=[f"{v}m", f"{v}v"])
+    staging.glue |= {f"{v}t", f"{v}scale", f"{v}shift", f"{v}mean", f"{v}rstd"}
+    return staging
+
+
+def _split_stages(
+    text: BackwardText, staging: _Staging, name: str, signature: list[str], statements: list[str], returned: list[str]
+) -> None:
+    """The backward reference's statements as kernels (`text.stages`, `text.last`) and the torch code
+    between them: each kernel's statements are the ones its results need, and what the torch code
+    computed is passed to it.  Torch code is what the staging names, and any statement that reads
+    only its values (a weight's gradient cast to the weight's dtype)."""
+    if not staging.sums:
+        raise NoBackward("a group norm whose gradient does not reach its input")
+    targets = [s.strip().split(" = ", 1)[0] for s in statements]
+    glue = set(staging.glue)
+    for target, statement in zip(targets, statements, strict=True):
+        read = _names_in([statement.split(" = ", 1)[1]]) & set(targets)
+        if read and read <= glue:
+            glue.add(target)
+    kernel_lines = [s for t, s in zip(targets, statements, strict=True) if t not in glue]
+    # The torch code after the statistics, and the rest, after the sums (what reads them).
+    after_sums: list[str] = []
+    after_stats: list[str] = []
+    later = set(staging.sums)
+    for target, statement in zip(targets, statements, strict=True):
+        if target in glue:
+            on_sums = bool(_names_in([statement.split(" = ", 1)[1]]) & later)
+            (after_sums if on_sums else after_stats).append(statement)
+            if on_sums:
+                later.add(target)
+    order = {t: k for k, t in enumerate(targets)}
+
+    def stage(suffix: str, returns: list[str], glue_after: list[str]) -> Stage:
+        body = _live(kernel_lines, returns)
+        extras = sorted(_names_in(body + returns) & glue, key=order.__getitem__)
+        lines = [
+            f"def _{name}_backward_{suffix}({', '.join(signature + extras)}):",
+            f'    """A kernel of {name}\'s backward: {", ".join(returns)}."""',
+            *body,
+            f"    return {', '.join(returns)}" + ("," if len(returns) == 1 else ""),
+        ]
+        return Stage(suffix, "\n".join(lines), extras, returns, glue_after)
+
+    text.stages = [stage("stats", staging.stats, after_stats), stage("sums", staging.sums, after_sums)]
+    kept = [r for r in returned if r not in glue]
+    text.last = stage("last", kept, []) if kept else None
+    text.returned = returned
 
 
 def _slices_of_inputs(graph: Graph, plan: KernelPlan) -> dict[int, int]:
@@ -209,14 +341,22 @@ def gradients_text(
 
 
 def registration_text(
-    name: str, tensors: int, text: BackwardText, gradients: str | None = None, layouts: bool = False
+    name: str,
+    tensors: int,
+    text: BackwardText,
+    gradients: str | None = None,
+    layouts: bool = False,
+    constants: dict[int, object] | None = None,
 ) -> str:
     """The registration of `gradients` (by default `_<name>_gradients`) as the op's backward;
-    `layouts`: it takes the inputs' strides too."""
+    `layouts`: it takes the inputs' strides too; `constants`: the numbers the kernel bakes in
+    (position among the numbers -> value), which the op is not passed."""
     gradients = gradients or f"_{name}_gradients"
     tail = f", {text.leads!r}" if text.leads else ""
     if layouts:
         tail += ", layouts=True"
+    if constants:
+        tail += f", constants={constants!r}"
     return (
         f"# Training: the op's backward is {gradients}, for the inputs it computes gradients of;\n"
         "# an input that is a view of another (position: the other's) has its gradient in that one's;\n"
@@ -247,6 +387,7 @@ class _Writer:
     saved: dict[tuple[int, str], str] = field(default_factory=dict)
     # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
     row_totals: dict[int, str] = field(default_factory=dict)
+    staging: _Staging | None = None  # a group norm's backward in stages
 
     def value(self, arg) -> str:
         """An operand as the recomputed forward names it, or a number's literal."""
@@ -562,6 +703,36 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
         w.to(bias, w.narrow(gf, "float32", w.value(bias), w.dtype(bias)), over_row=False)
 
 
+def _group_norm(w: _Writer, node: Node) -> None:
+    """GroupNorm: with the sums of the gradient g and of g times x over each (sample, channel) (A and
+    B, one kernel's reductions), torch gathers the groups' terms and the weight's and bias's
+    gradients, and the input's gradient is alpha * g + beta * x + gamma, per (sample, channel)
+    coefficients: torch's own formula (native_group_norm_backward), in three passes over x."""
+    s = w.staging
+    if s is None:
+        raise NoBackward("a group norm outside a kernel over its groups")
+    x, weight, bias = [*_operands(node), None, None][:3]
+    meta = w.graph[x.node].meta
+    assert meta is not None
+    dims = list(range(2, len(meta.shape)))
+    gf = w.let(w.wide(w.grad(node), w.dtype(Ref(node.id))))
+    s.sums = [
+        w.let(f"({gf} * {s.xf}).sum(dim={dims}, keepdim=True)"),
+        w.let(f"{gf}.sum(dim={dims}, keepdim=True)"),
+    ]
+    weight_value = w.value(weight) if isinstance(weight, Ref) else "None"
+    groups = int(node.params["groups"])
+    t = w.let(f"_group_coefficients({s.sums[0]}, {s.sums[1]}, {s.mean}, {s.rstd}, {weight_value}, {groups}, {s.count})")
+    alpha, beta, gamma, dweight, dbias = (w.let(f"{t}[{k}]") for k in range(5))
+    s.glue |= {t, alpha, beta, gamma, dweight, dbias}
+    dx = f"{alpha} * {gf} + {beta} * {s.xf} + {gamma}"
+    w.to(x, w.narrow(dx, "float32", w.value(x), w.dtype(x)), over_row=False)
+    if isinstance(weight, Ref):
+        w.to(weight, w.narrow(dweight, "float32", w.value(weight), w.dtype(weight)), over_row=False)
+    if isinstance(bias, Ref):
+        w.to(bias, w.narrow(dbias, "float32", w.value(bias), w.dtype(bias)), over_row=False)
+
+
 def _cross_entropy(w: _Writer, node: Node) -> None:
     """The logits' gradient: softmax less the (smoothed) one-hot target, times each row's share of
     the upstream gradient (its own for "none", all of it for "sum", over the targets counted for
@@ -732,6 +903,7 @@ _RULES = {
     "gather": _pick,
     "layer_norm": lambda w, node: _norm(w, node, centered=True),
     "rms_norm": lambda w, node: _norm(w, node, centered=False),
+    "group_norm": _group_norm,
     "cat": _cat,
     "embedding": _embedding,
     **{op: _view for op in ("getitem", "slice", "narrow", "unsqueeze", "squeeze", "view", "reshape", "expand")},

@@ -511,14 +511,19 @@ def _kernel_call(op, launch):
     return call
 
 
-def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results, leads=None, layouts=False):
+def _register_backward(
+    name, gradients, tensors, grads_of, keeps, keeps_results, leads=None, layouts=False, constants=None
+):
     """`gradients(inputs, numbers, outputs, grads)` as the backward of the op `name`, whose first
     `tensors` inputs are tensors.  The forward keeps the inputs `keeps` and the outputs
     `keeps_results` (those the gradients read; never an intermediate: the backward recomputes what
     it needs) and passes None for the others.  `leads`: for an input the kernel reads unsqueezed
     (a bias over the channels), the dim of its gradient its first dim runs along.  `layouts`: the
-    gradients also take the inputs' strides (`layouts=`), to write each gradient in its input's."""
+    gradients also take the inputs' strides (`layouts=`), to write each gradient in its input's.
+    `constants`: the numbers the kernel bakes in (position among the numbers -> value), which the
+    op does not take but the gradients do (a group norm's group count)."""
     leads = leads or {}
+    constants = constants or {}
 
     def setup_context(ctx, inputs, output):
         outputs = output if isinstance(output, tuple) else (output,)
@@ -540,7 +545,10 @@ def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results,
         for k, t in zip(keeps_results, saved[len(keeps) :]):
             results[k] = t
         given = {"layouts": ctx.layouts} if layouts else {}
-        raws = gradients(*inputs, *ctx.numbers, *results, *grads, **given)
+        numbers = list(ctx.numbers)
+        for k in sorted(constants):
+            numbers.insert(k, constants[k])
+        raws = gradients(*inputs, *numbers, *results, *grads, **given)
         result = [None] * (tensors + len(ctx.numbers))
         for k, raw in zip(grads_of, raws):
             if ctx.needs_input_grad[k]:
@@ -548,6 +556,40 @@ def _register_backward(name, gradients, tensors, grads_of, keeps, keeps_results,
         return tuple(result)
 
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
+
+
+def _group_statistics(mean, var, groups, eps, weight, bias):
+    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
+    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
+    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
+    means (every channel has as many elements)."""
+    n, c = mean.shape[:2]
+    ones = (1,) * (mean.dim() - 2)
+    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
+    group_mean = m.mean(-1, keepdim=True)
+    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
+    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+    scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
+    shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
+    return scale, shift, mean, rstd
+
+
+def _group_coefficients(a, b, mean, rstd, weight, groups, count):
+    """A group norm's gradients from the sums over each (sample, channel) of the output's gradient g
+    times x (`a`) and of g (`b`), `count` elements a channel: (alpha, beta, gamma) with the input's
+    gradient alpha * g + beta * x + gamma, then the weight's and the bias's gradients."""
+    n, c = a.shape[:2]
+    ones = (1,) * (a.dim() - 2)
+    w = torch.ones((1, c, *ones), dtype=a.dtype, device=a.device) if weight is None else weight.float().reshape(1, c, *ones)
+    centered = a - mean * b  # the sum of g * (x - mean) over the channel
+    per_group = lambda t: t.reshape(n, groups, -1).sum(-1, keepdim=True).expand(n, groups, c // groups).reshape(n, c, *ones)
+    s1, s2 = per_group(w * b), per_group(w * centered)
+    size = count * (c // groups)  # the elements of a group
+    alpha = rstd * w
+    beta = -rstd * rstd * rstd * s2 / size
+    gamma = rstd * (rstd * rstd * s2 * mean - s1) / size
+    return alpha, beta, gamma, (rstd * centered).sum(0).reshape(c), b.sum(0).reshape(c)
 
 
 def _fit(raw, shape, dtype, lead=None):

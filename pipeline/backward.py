@@ -26,6 +26,7 @@ from fuselens.analysis.graph import DTYPE_BYTES, Graph, plain
 from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
+from fuselens.codegen.lowering import dtype_tuple, tuple_display
 from fuselens.codegen.plan import KernelPlan, PlanError, full_rank_loads, plan_cluster, saved_counts
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD
 
@@ -55,6 +56,8 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
         raise NoBackwardKernel(str(exc)) from exc
     # Plain values: the backward kernel bakes them, and `_<name>_gradients` runs it only for them.
     numbers = [plain(slot.value) for slot in plan.scalars]
+    if text.stages:
+        return _in_stages(text, name, graph, plan, params, number_params, numbers)
     captured, names = _capture(text, name, graph, plan, params, numbers)
     members = {n.id for n in captured if n.cls.absorbable or n.cls.free}
     opaque = [n.op for n in captured if n.cls is OpClass.OPAQUE and n.op != "output"]
@@ -76,7 +79,9 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     kernel_inputs = [captured[slot.node].name for slot in bplan.inputs]
     emitted = emit(bplan, f"{name}_backward", kernel_inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
     gradients = bw.gradients_text(name, params, number_params, text, bplan, kernel_inputs, returned, layout_of)
-    registration = bw.registration_text(name, len(params), text, layouts=layout_of is not None)
+    registration = bw.registration_text(
+        name, len(params), text, layouts=layout_of is not None, constants=_constants(plan)
+    )
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
     unfused, fused = _traffic(captured, bplan)
     saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
@@ -84,6 +89,110 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     )
     return Backward(
         body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
+    )
+
+
+def _constants(plan: KernelPlan) -> dict[int, object]:
+    """The cluster's numbers its kernels bake in (position -> value): its op is not passed them."""
+    return {k: plain(slot.value) for k, slot in enumerate(plan.scalars) if not slot.runtime}
+
+
+def _in_stages(
+    text: bw.BackwardText,
+    name: str,
+    graph: Graph,
+    plan: KernelPlan,
+    params: list[str],
+    number_params: list[str],
+    numbers: list,
+) -> Backward:
+    """A backward of several kernels with torch code between them (`text.stages`: a group norm's):
+    each kernel captured and planned as a whole backward is, and `_<name>_gradients` runs them in
+    turn, their small results through the torch code."""
+    stages = [*text.stages, *([text.last] if text.last else [])]
+    kernels = [_stage_kernel(text, stage, name, graph, plan, params, numbers, len(stages)) for stage in stages]
+    calls: list[str] = []
+    returned = list(text.returned)
+    for stage, kernel in zip(stages, kernels, strict=True):
+        calls.append(kernel.call)
+        if stage is text.last:
+            by_name = dict(zip(stage.returns, kernel.given, strict=True))
+            returned = [by_name.get(r, r) for r in text.returned]
+        else:
+            calls += [f"{r} = {g}" for r, g in zip(stage.returns, kernel.given, strict=True)]
+        calls += [line.strip() for line in stage.glue]
+    # The first kernel takes the cluster's own tensors: it decides for them all.
+    checks = [kernels[0].runs] + [c for k in kernels for c in k.baked]
+    signature = params + number_params + text.result_params + text.grad_params
+    gradients = "\n".join(
+        [
+            f"def _{name}_gradients({', '.join(signature)}):",
+            f'    """The gradients of {name}\'s inputs {", ".join(params[k] for k in text.grads_of)}: '
+            f'{len(stages)} kernels where they run, else the backward reference."""',
+            f"    if {' and '.join(checks)}:",
+            *[f"        {line}" for line in calls],
+            f"        return {', '.join(returned)},",
+            f"    return _{name}_backward_reference({', '.join(signature)})",
+        ]
+    )
+    registration = bw.registration_text(name, len(params), text, constants=_constants(plan))
+    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
+        _bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results
+    )
+    return Backward(
+        "\n\n\n".join([text.text, *(k.text for k in kernels), gradients, registration]),
+        text.grads_of,
+        sorted([*text.grads_of, *text.folded]),
+        " + ".join(k.strategy for k in kernels),
+        sum(k.traffic[0] for k in kernels),
+        sum(k.traffic[1] for k in kernels),
+        saved,
+    )
+
+
+@dataclass
+class _StageKernel:
+    text: str  # the kernel and its launcher
+    strategy: str
+    traffic: tuple[int, int]  # (unfused, fused) bytes
+    runs: str  # whether it runs on the tensors it is given (`_kernel_runs`)
+    baked: list[str]  # the numbers it bakes in, each held to its value
+    call: str  # its launch in `_<name>_gradients`, into `raws`
+    given: list[str]  # each of the stage's returns, as `raws` holds it
+
+
+def _stage_kernel(
+    text: bw.BackwardText,
+    stage: bw.Stage,
+    name: str,
+    graph: Graph,
+    plan: KernelPlan,
+    params: list[str],
+    numbers: list,
+    count: int,
+) -> _StageKernel:
+    """One kernel of a backward in stages (`count` of them), from its function's captured graph."""
+    captured, names = _capture(text, name, graph, plan, params, numbers, stage)
+    members = {n.id for n in captured if n.cls.absorbable or n.cls.free}
+    opaque = sorted({n.op for n in captured if n.cls is OpClass.OPAQUE and n.op != "output"})
+    if opaque:
+        raise NoBackwardKernel(f"the gradients need {', '.join(opaque)}, which no kernel here computes")
+    try:
+        bplan = plan_cluster(captured, members, backward=True)
+    except PlanError as exc:
+        raise NoBackwardKernel(f"the gradients are not {count} kernels: {exc.detail or exc.reason}") from exc
+    kernel = f"{name}_backward_{stage.suffix}"
+    inputs = [captured[slot.node].name for slot in bplan.inputs]
+    emitted = emit(bplan, kernel, inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
+    passed = inputs + [s.text for s in bplan.scalars if s.runtime]
+    return _StageKernel(
+        "\n\n\n".join([emitted.kernels, emitted.launcher]),
+        emitted.strategy,
+        _traffic(captured, bplan),
+        f"_kernel_runs({tuple_display(inputs)}, {dtype_tuple([slot.dtype for slot in bplan.inputs])})",
+        [f"{s.text} == {s.value!r}" for s in bplan.scalars if not s.runtime],
+        f"raws = _{kernel}_op({', '.join(passed)})" + ("" if len(bplan.outputs) > 1 else ","),
+        _returned(captured, bplan, names),
     )
 
 
@@ -97,7 +206,9 @@ def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: K
     (a residual sum's, a bias's summed over the rows by `_fit`: PASS_THROUGH_BACKWARD), or those
     scattered into an embedding's table by torch (TORCH_BACKWARD).  The backward reference is the
     op's autograd formula."""
-    registration = bw.registration_text(name, len(params), text, f"_{name}_backward_reference")
+    registration = bw.registration_text(
+        name, len(params), text, f"_{name}_backward_reference", constants=_constants(plan)
+    )
     saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
     return Backward(
         "\n\n\n".join([text.text, registration]),
@@ -160,34 +271,55 @@ def _bytes(shape, dtype: str) -> int:
 
 
 def _capture(
-    text: bw.BackwardText, name: str, graph: Graph, plan: KernelPlan, params: list[str], numbers: list
+    text: bw.BackwardText,
+    name: str,
+    graph: Graph,
+    plan: KernelPlan,
+    params: list[str],
+    numbers: list,
+    stage: bw.Stage | None = None,
 ) -> tuple[Graph, list[str]]:
-    """The graph the backward reference records on meta tensors shaped as the cluster's inputs and
-    outputs (the gradients), with the model's numbers as the trace had them."""
+    """The graph the backward reference (or one `stage` of it) records on meta tensors shaped as the
+    cluster's inputs and outputs (the gradients), with the model's numbers as the trace had them."""
+    code, function = (text.text, "reference") if stage is None else (stage.text, stage.suffix)
+    extras = [] if stage is None else stage.extras
     # The capture maps ops to lines of real files, so the code goes to one, removed once traced.
     with tempfile.TemporaryDirectory(prefix="fuselens-backward-") as folder:
         path = os.path.join(folder, f"{name}_backward.py")
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(_HEADER + text.text + "\n")
+            fh.write(_HEADER + code + "\n")
         try:
-            names = params + text.result_params + text.grad_params
-            return _traced(path, folder, name, graph, plan, names, len(params), numbers)
+            names = params + text.result_params + text.grad_params + extras
+            return _traced(path, folder, name, function, graph, plan, names, len(params), numbers, len(extras))
         finally:
             linecache.checkcache(path)
 
 
 def _traced(
-    path: str, folder: str, name: str, graph: Graph, plan: KernelPlan, names: list[str], params: int, numbers: list
+    path: str,
+    folder: str,
+    name: str,
+    function_name: str,
+    graph: Graph,
+    plan: KernelPlan,
+    names: list[str],
+    params: int,
+    numbers: list,
+    extras: int,
 ) -> tuple[Graph, list[str]]:
-    """`_capture` once the code is in `path`: the first `params` names are the cluster's inputs."""
+    """`_capture` once the code is in `path`: the first `params` names are the cluster's inputs, the
+    last `extras` the torch code's values between kernels, float32 [N, C, 1, ...] (one number a
+    sample and channel)."""
     spec = importlib.util.spec_from_file_location(f"fuselens_backward_{name}_{id(path)}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    function = getattr(module, f"_{name}_backward_reference")
+    function = getattr(module, f"_{name}_backward_{function_name}")
     tensors = [_meta(slot.shape, _strides(graph, slot.node), slot.dtype) for slot in plan.inputs]
     results = [_meta(shape, None, dtype) for shape, dtype in _op_outputs(plan)]
     grads = [_meta(shape, None, dtype) for shape, dtype in _op_outputs(plan)]
+    per_channel = tuple(plan.domain[:2]) + (1,) * (len(plan.domain) - 2)
+    grads += [_meta(per_channel, None, "float32") for _ in range(extras)]
 
     class _Gradients(torch.nn.Module):
         def forward(self, *values):

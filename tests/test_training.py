@@ -329,6 +329,39 @@ KINDS = [
         "add → layer_norm",
         ["x", "y", "self.norm.weight", "self.norm.bias"],
     ),
+    # A diffusion block's norm: the convolution's bias and a time embedding added per channel, then
+    # GroupNorm + SiLU; its groups hold 4 channels of 5 x 7 pixels, and the input's mean is far from 0.
+    case(
+        "embedding-add-groupnorm-silu",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bias = nn.Parameter(torch.randn(16))
+                self.norm = nn.GroupNorm(4, 16)
+                with torch.no_grad():
+                    self.norm.weight.uniform_(0.5, 1.5)
+                    self.norm.bias.uniform_(-1, 1)
+
+            def forward(self, h, emb):
+                h = h * 3.0 + 5.0 + self.bias[:, None, None] + emb[:, :, None, None]
+                return F.silu(self.norm(h))
+        """,
+        [("3,16,5,7", "float32"), ("3,16", "float32")],
+        "group_norm → silu",
+        ["h", "self.bias[:, None, None]", "emb[:, :, None, None]", "self.norm.weight", "self.norm.bias"],
+    ),
+    case(
+        "groupnorm-without-weights-bf16",
+        """
+        class M(nn.Module):
+            def forward(self, x):
+                return F.group_norm(x, 2, eps=1e-3) * 2.0
+        """,
+        [("2,6,9,11", "bfloat16")],
+        "group_norm → mul",
+        ["x"],
+    ),
 ]
 
 
