@@ -581,9 +581,16 @@ def _group_coefficients(a, b, mean, rstd, weight, groups, count):
     gradient alpha * g + beta * x + gamma, then the weight's and the bias's gradients."""
     n, c = a.shape[:2]
     ones = (1,) * (a.dim() - 2)
-    w = torch.ones((1, c, *ones), dtype=a.dtype, device=a.device) if weight is None else weight.float().reshape(1, c, *ones)
+    if weight is None:
+        w = torch.ones((1, c, *ones), dtype=a.dtype, device=a.device)
+    else:
+        w = weight.float().reshape(1, c, *ones)
     centered = a - mean * b  # the sum of g * (x - mean) over the channel
-    per_group = lambda t: t.reshape(n, groups, -1).sum(-1, keepdim=True).expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    def per_group(t):  # summed over each group's channels, then one value a (sample, channel) again
+        summed = t.reshape(n, groups, -1).sum(-1, keepdim=True)
+        return summed.expand(n, groups, c // groups).reshape(n, c, *ones)
+
     s1, s2 = per_group(w * b), per_group(w * centered)
     size = count * (c // groups)  # the elements of a group
     alpha = rstd * w
