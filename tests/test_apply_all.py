@@ -124,12 +124,16 @@ class Applied:
 
 @pytest.fixture(scope="module")
 def applied(tmp_path_factory, monkeypatch_module):
-    """applied(name) -> Applied; each example is copied, applied and loaded once."""
-    done: dict[str, Applied] = {}
+    """applied(name) -> Applied; each example is copied, applied and loaded once for each setting of
+    TRITON_INTERPRET it is first asked for under (Triton reads it as `@triton.jit` decorates: a
+    module imported with it off launches compiled kernels, which a CPU cannot run), whichever of
+    this file's tests asks first."""
+    done: dict[tuple[str, str | None], Applied] = {}
 
     def get(name: str) -> Applied:
-        if name in done:
-            return done[name]
+        key = (name, os.environ.get("TRITON_INTERPRET"))
+        if key in done:
+            return done[key]
         case = CASES[name]
         work = tmp_path_factory.mktemp(name.removesuffix(".py"))
         shutil.copy(example(name), work / name)
@@ -159,7 +163,7 @@ def applied(tmp_path_factory, monkeypatch_module):
             return answer
 
         monkeypatch_module.setattr(kernels, "_kernel_runs", recorded)
-        done[name] = out
+        done[key] = out
         return out
 
     return get
