@@ -165,12 +165,18 @@ def _live(statements: list[str], returned: list[str]) -> list[str]:
     live = _names_in(returned)
     kept = []
     for line in reversed(statements):
-        target, expression = line.strip().split(" = ", 1)
+        target, expression = _assignment(line)
         if target in live:
             kept.append(line)
             live.discard(target)
             live |= _names_in([expression])
     return kept[::-1]
+
+
+def _assignment(line: str) -> tuple[str, str]:
+    """(target, expression) of a statement `    name = expression`."""
+    target, expression = line.strip().split(" = ", 1)
+    return target, expression
 
 
 @dataclass
@@ -243,10 +249,11 @@ def _split_stages(
     only its values (a weight's gradient cast to the weight's dtype)."""
     if not staging.sums:
         raise NoBackward("a group norm whose gradient does not reach its input")
-    targets = [s.strip().split(" = ", 1)[0] for s in statements]
+    assigned = [_assignment(s) for s in statements]
+    targets = [target for target, _ in assigned]
     glue = set(staging.glue)
-    for target, statement in zip(targets, statements, strict=True):
-        read = _names_in([statement.split(" = ", 1)[1]]) & set(targets)
+    for target, expression in assigned:
+        read = _names_in([expression]) & set(targets)
         if read and read <= glue:
             glue.add(target)
     kernel_lines = [s for t, s in zip(targets, statements, strict=True) if t not in glue]
@@ -254,9 +261,9 @@ def _split_stages(
     after_sums: list[str] = []
     after_stats: list[str] = []
     later = set(staging.sums)
-    for target, statement in zip(targets, statements, strict=True):
+    for (target, expression), statement in zip(assigned, statements, strict=True):
         if target in glue:
-            on_sums = bool(_names_in([statement.split(" = ", 1)[1]]) & later)
+            on_sums = bool(_names_in([expression]) & later)
             (after_sums if on_sums else after_stats).append(statement)
             if on_sums:
                 later.add(target)

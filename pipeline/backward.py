@@ -27,7 +27,7 @@ from fuselens.analysis.ops import OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
 from fuselens.codegen.lowering import dtype_tuple, tuple_display
-from fuselens.codegen.plan import KernelPlan, PlanError, full_rank_loads, plan_cluster, saved_counts
+from fuselens.codegen.plan import KernelPlan, OutputSlot, PlanError, full_rank_loads, plan_cluster, saved_counts
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD
 
 _HEADER = "import math\n\nimport torch\n\n\n"
@@ -84,12 +84,16 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     )
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
     unfused, fused = _traffic(captured, bplan)
-    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
-        _bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results
-    )
+    saved = _kept_bytes(plan, text)
     return Backward(
         body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
     )
+
+
+def _kept_bytes(plan: KernelPlan, text: bw.BackwardText) -> int:
+    """What the cluster's op keeps for the backward: the inputs and outputs its gradients read."""
+    inputs = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
+    return inputs + sum(_bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results)
 
 
 def _constants(plan: KernelPlan) -> dict[int, object]:
@@ -136,9 +140,7 @@ def _in_stages(
         ]
     )
     registration = bw.registration_text(name, len(params), text, constants=_constants(plan))
-    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps) + sum(
-        _bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results
-    )
+    saved = _kept_bytes(plan, text)
     return Backward(
         "\n\n\n".join([text.text, *(k.text for k in kernels), gradients, registration]),
         text.grads_of,
@@ -355,6 +357,16 @@ def _meta(shape, strides, dtype: str) -> torch.Tensor:
     return t if strides is None else t.as_strided(tuple(shape), tuple(strides))
 
 
+def _written(backward: KernelPlan, returned: list[str], grads_of: list[int]) -> list[tuple[OutputSlot, int]]:
+    """(the kernel's output, the forward input it is the gradient of) for each gradient the backward
+    kernel writes (`raws[k]`, as `_returned` names them), not one passed on as it is."""
+    return [
+        (backward.outputs[int(value[5:-1])], k)
+        for value, k in zip(returned, grads_of, strict=True)
+        if value.startswith("raws[")
+    ]
+
+
 def _total_over_rows(backward: KernelPlan, forward: KernelPlan, returned: list[str], grads_of: list[int]) -> None:
     """Mark the backward row kernel's outputs that are gradients of inputs one row wide (a norm's
     weight, [C] read by every row): the kernel sums them over the rows instead of writing each row's."""
@@ -363,10 +375,7 @@ def _total_over_rows(backward: KernelPlan, forward: KernelPlan, returned: list[s
     columns = 1
     for size in backward.domain[backward.row_dims :]:
         columns *= size
-    for value, k in zip(returned, grads_of, strict=True):
-        if not value.startswith("raws["):
-            continue
-        out = backward.outputs[int(value[5:-1])]
+    for out, k in _written(backward, returned, grads_of):
         size = 1
         for d in forward.inputs[k].shape:
             size *= d
@@ -382,10 +391,7 @@ def _layout_of(backward: KernelPlan, forward: KernelPlan, returned: list[str], g
     autograd's view of it: two such copies a layer in a Llama block's training step."""
     if backward.kind != "elementwise" or full_rank_loads(backward) or any(o.contiguous for o in backward.outputs):
         return None
-    for value, k in zip(returned, grads_of, strict=True):
-        if not value.startswith("raws["):
-            continue
-        out = backward.outputs[int(value[5:-1])]
+    for out, k in _written(backward, returned, grads_of):
         whole = not (out.row_only or out.col_total or out.dims is not None)
         if whole and tuple(forward.inputs[k].shape) == tuple(backward.domain) == tuple(out.shape):
             return k
