@@ -694,6 +694,51 @@ def test_a_compiled_patched_model_trains_through_the_kernel_ops(write_model):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=key)
 
 
+GROUP_NORM = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.GroupNorm(4, 16)
+
+        def forward(self, x):
+            return F.silu(self.norm(x))
+    """
+
+
+def test_a_compiled_group_norm_trains_through_its_three_backward_kernels(write_model):
+    """A GroupNorm's gradients are three kernels with torch code between them; compiled whole
+    (fullgraph), the backward graph torch.compile builds runs the three kernels' ops, and its
+    gradients are eager's."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    module, cluster = _generated(write_model, GROUP_NORM, [("2,16,5,7", "float32")])
+    assert cluster.backward and cluster.backward.count(" + ") == 2, cluster.backward_detail
+    graphs: list[set[str]] = []  # the ops of the forward graph, then of the backward graph
+
+    def record(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+
+    gen = torch.Generator().manual_seed(6)
+    tensors = (torch.randn(2, 16, 5, 7, generator=gen) * 2 + 3, torch.rand(16, generator=gen), torch.randn(16))
+
+    def gradients(fn):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        (fn(*leaves, 1e-5, 4) * torch.arange(7.0)).square().sum().backward()
+        return [leaf.grad for leaf in leaves]
+
+    torch._dynamo.reset()
+    got = gradients(torch.compile(module.cluster0, fullgraph=True, backend=backend))
+    torch._dynamo.reset()
+    backward_ops = {op.rsplit(".", 2)[-2] for op in graphs[-1] if "cluster0" in op}
+    assert backward_ops == {"cluster0_backward_stats", "cluster0_backward_sums", "cluster0_backward_last"}
+    for g, w in zip(got, gradients(module._cluster0_reference), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_the_forward_keeps_only_what_the_backward_reads(write_model):
     """RoPE's gradient is RoPE's transpose: it reads the tables, never q, so the kernel op keeps the
     tables alone, as eager autograd does.  An RMSNorm's keeps its input, weight and per-row scale,
