@@ -224,7 +224,7 @@ def _group_staging(
     lines = [
         f"    {v}x = {xf}",
         f"    {v}m = {v}x.mean(dim={dims}, keepdim=True)",
-        f"    {v}v = {v}x.var(dim={dims}, correction=0, keepdim=True)",
+        f"    {v}v = (({v}x - {v}m) * ({v}x - {v}m)).mean(dim={dims}, keepdim=True)",
         f"    {v}t = _group_statistics({v}m, {v}v, {groups}, {eps!r}, {operand(weight)}, {operand(bias)})",
         f"    {v}scale = {v}t[0]",
         f"    {v}shift = {v}t[1]",
