@@ -225,9 +225,9 @@ def step(model, inputs, upstream, forward_only=False):
     return torch.autograd.grad(outs, wrt, upstream)
 
 
-def print_kernel_times(fns: dict, steps: int = 10) -> None:
+def print_kernel_times(fns: dict, steps: int = 10, shown: int = 16) -> None:
     """Each model's GPU kernels in one step (µs a step, from the profiler over `steps` steps): where
-    a step's time goes, kernel by kernel."""
+    a step's time goes, kernel by kernel, the `shown` longest, then all of them together."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -241,8 +241,10 @@ def print_kernel_times(fns: dict, steps: int = 10) -> None:
         events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
         events.sort(key=lambda e: -e.self_device_time_total)
         print(f"  {name}: kernels a step")
-        for e in events[:8]:
+        for e in events[:shown]:
             print(f"    {e.self_device_time_total / steps:8.1f} µs  x{e.count // steps}  {e.key[:110]}")
+        total = sum(e.self_device_time_total for e in events) / steps
+        print(f"    {total:8.1f} µs  all {sum(e.count for e in events) // steps} kernels")
 
 
 def case_input(shape, kind, ignored: bool = True):

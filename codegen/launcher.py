@@ -179,7 +179,7 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     row_major = any(out.contiguous for out in plan.outputs)  # its readers are GEMMs: row-major, whatever the inputs
     others = full_rank_loads(plan)
     if others:
-        flag = ", row_major=True" if row_major else ""
+        flag = ", row_major=True" if row_major else ", layout=layout" if plan.grad_layout else ""
         return [
             f"pitches, out_strides, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
         ]

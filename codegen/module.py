@@ -242,7 +242,7 @@ _ACROSS_MIN_BYTES = 3 << 20
 _SPLIT_TILE, _SPLIT_WARPS_LAST, _SPLIT_WARPS_FIRST = 4096, 4, 2
 
 
-def _row_order(leads, sizes, others, row_major=False):
+def _row_order(leads, sizes, others, row_major=False, layout=None):
     """(pitches, out_strides, dense, like, fast) for an elementwise kernel that also reads full-size
     inputs laid out their own way (`others`: each a tensor and the domain dim each of its dims runs
     along; `y.permute(0, 3, 1, 2)` read inside the kernel is (y, (0, 2, 3, 1))).
@@ -258,13 +258,21 @@ def _row_order(leads, sizes, others, row_major=False):
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
     channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
-    and rows follow the outputs' order."""
-    row_pitches, dense, like = _row_pitches(leads, sizes, row_major)
+    and rows follow the outputs' order.
+
+    A backward kernel's outputs take the forward input's `layout` instead (`_laid_out_pitches`),
+    and its upstream gradient, among `others`, may run across them (k's gradient from
+    `q @ k.transpose(2, 3)`, into RoPE's backward)."""
     n = len(sizes)
     cols = max(1, sizes[-1]) if sizes else 1
-    out_strides = [p * cols for p in row_pitches] + [1]
+    if layout is None:
+        row_pitches, dense, like = _row_pitches(leads, sizes, row_major)
+        out_strides = [p * cols for p in row_pitches] + [1]
+    else:
+        row_pitches, dense, like, laid_out = _laid_out_pitches(leads, sizes, layout)
+        out_strides = list(laid_out)
     candidates = [(t, dims) for t, dims in others if _bytes(t) >= _ACROSS_MIN_BYTES]
-    inner = None if like or row_major else _innermost_row_dim(leads, sizes)
+    inner = None if like or row_major or layout is not None else _innermost_row_dim(leads, sizes)
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]

@@ -1200,8 +1200,13 @@ def full_rank_loads(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]]:
         return []
     # Full-size inputs read element for element may be laid out apart too (a convolution's
     # channels-last result added to a channels-first residual): all but the first are candidates.
+    # A backward kernel whose outputs take a layout of their own (`grad_layout`) may find any of
+    # them laid out apart from those outputs, the first included: the gradient of k in
+    # `q @ k.transpose(2, 3)` comes from the matmul transposed, and its RoPE's gradient is written
+    # in k's projection layout.
     direct = identity_inputs(plan)
-    return _loads_along_every_dim(plan, skip=set(direct if n < 3 else direct[:1]))
+    skip = set() if plan.grad_layout else set(direct if n < 3 else direct[:1])
+    return _loads_along_every_dim(plan, skip=skip)
 
 
 def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | None:

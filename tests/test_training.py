@@ -525,6 +525,41 @@ def test_the_gradient_of_a_view_of_heads_is_written_in_the_projection_s_layout(w
     torch.testing.assert_close(got, want)
 
 
+def test_a_transposed_upstream_gradient_is_read_down_its_memory_into_the_projection_s_layout(write_model, monkeypatch):
+    """k's gradient from `q @ k.transpose(2, 3)` comes from the matmul transposed: stride 1 along the
+    sequence, not the head's width.  The backward kernel reads it down the sequence and writes k's
+    gradient along the width in k's projection layout (the across kernel), where the tile kernel
+    would read it one element a row; the gradient is eager's."""
+    module, _ = _generated(write_model, BUFFER_ROPE, [("2,3,5,16", "float32")])
+    monkeypatch.setattr(module, "_ACROSS_MIN_BYTES", 0)  # the rule's floor is GPU-sized; these are tiny
+    launched = []
+    across = module._cluster0_backward_kernel_across
+
+    class Recorded:
+        def __getitem__(self, grid):
+            launched.append("across")
+            return across[grid]
+
+    monkeypatch.setattr(module, "_cluster0_backward_kernel_across", Recorded())
+    gen = torch.Generator().manual_seed(3)
+    projected = torch.randn(2, 5, 3 * 16, generator=gen)
+    upstream = torch.randn(2, 3, 16, 5, generator=gen).transpose(2, 3)  # as a matmul's transposed result
+    cos, sin = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+
+    def gradient(fn):
+        x = projected.clone().requires_grad_()
+        k = x.view(2, 5, 3, 16).transpose(1, 2)
+        strides = []
+        k.register_hook(lambda g: strides.append(g.stride()))
+        _with_halves(fn)(k, cos, sin).backward(upstream)
+        return x.grad, strides[0], k.stride()
+
+    got, got_strides, k_strides = gradient(module.cluster0)
+    assert launched == ["across"] and got_strides == k_strides
+    want, _, _ = gradient(module._cluster0_reference)
+    torch.testing.assert_close(got, want)
+
+
 def test_gradients_that_are_the_output_s_own_are_passed_on_without_a_kernel(write_model):
     """A residual sum's backward computes nothing: the report says so, the module has no backward
     kernel, and the gradients (the bias's summed over batch and pixels) are eager's."""
