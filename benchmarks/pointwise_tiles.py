@@ -18,6 +18,9 @@ import functools
 import os
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,9 +54,22 @@ def model_file(case: str) -> tuple[str, dict]:
     return held_out.case_file(case), {"model": model_settings(held_out.settings_of(held_out.CASES[case]), "the sweep")}
 
 
-def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
-    import torch
+@dataclass
+class TracedCluster:
+    """A cluster of a suite's model on real CUDA values: what a sweep times."""
 
+    cluster: Any  # the report's cluster
+    args: list  # its inputs, as the model's trace recorded them
+    moved: int  # the bytes its kernel moves
+    domain: list[int]  # the kernel's domain
+    eager: Callable  # its ops as the model runs them
+    fused: Callable  # its generated function
+    kernels: Any  # the generated module
+
+
+def traced_cluster(case: str, cluster_id: str) -> TracedCluster:
+    """Cluster `cluster_id` of `case` (a held-out model or a tuning-suite example), analyzed in bf16,
+    its kernel module loaded, its first instance traced on real values (token ids over the vocabulary)."""
     from fuselens.analysis import loader
     from fuselens.analysis.cost import cluster_bytes
     from fuselens.codegen.plan import returned_outputs
@@ -61,7 +77,6 @@ def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
     from fuselens.contracts.options import AnalyzeOptions
     from fuselens.pipeline.analyze import analyze
     from fuselens.validate import runner
-    from fuselens.validate.gpu import compiled, graph_replay, medians_in_turn
     from fuselens.validate.replay import cluster_function
 
     path, models = model_file(case)
@@ -80,14 +95,41 @@ def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
     _, moved = cluster_bytes(
         graph, plan.compute, [s.node for s in plan.inputs], [o.node for o in returned_outputs(plan)]
     )
-    eager, fused = cluster_function(graph, plan, values), getattr(kernels, cluster.kernel.name)
-    chosen = kernels._pointwise_tile
+    fused = getattr(kernels, cluster.kernel.name)
+    return TracedCluster(cluster, args, moved, list(plan.domain), cluster_function(graph, plan, values), fused, kernels)
+
+
+def print_times(title: str, times: dict[str, float], moved: int, peak: float) -> None:
+    """µs, GB/s of `moved`, % of the copy ceiling `peak`, and the ratio to the better torch.compile mode."""
+    print(title)
+    best = min(v for k, v in times.items() if k.startswith("torch.compile"))
+    for name, us in times.items():
+        gbps = moved / (us * 1e-6) / 1e9
+        print(f"  {name:40s} {us:8.2f} µs {gbps:6.0f} GB/s {100 * gbps / peak:4.0f}%  {best / us:.2f}× better compile")
+
+
+def compiled_replays(eager: Callable, args: list) -> dict[str, Callable]:
+    """torch.compile of the cluster's ops in both modes, each captured into a CUDA graph."""
+    from fuselens.validate.gpu import compiled, graph_replay
+
     replays = {}
+    for mode in ("default", "max-autotune-no-cudagraphs"):
+        inductor = compiled(eager, mode)
+        inductor(*args)
+        replays[f"torch.compile ({mode})"] = graph_replay(functools.partial(inductor, *args))
+    return replays
+
+
+def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
+    import torch
+
+    from fuselens.validate.gpu import graph_replay, medians_in_turn
+
+    traced = traced_cluster(case, cluster_id)
+    args, fused, kernels = traced.args, traced.fused, traced.kernels
     with torch.no_grad():
-        for mode in ("default", "max-autotune-no-cudagraphs"):
-            inductor = compiled(eager, mode)
-            inductor(*args)
-            replays[f"torch.compile ({mode})"] = graph_replay(functools.partial(inductor, *args))
+        replays = compiled_replays(traced.eager, args)
+        chosen = kernels._pointwise_tile
         replays["chosen tile"] = graph_replay(functools.partial(fused, *args))
         for tile in tiles:
             block_r, block_c, warps = (int(x) for x in tile.split("x"))
@@ -95,11 +137,10 @@ def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
             replays[tile] = graph_replay(functools.partial(fused, *args))  # captured with this tile
         kernels._pointwise_tile = chosen
         times = medians_in_turn(replays, 15)
-    print(f"{case} {cluster_id} ({cluster.op_chain}), domain {list(plan.domain)}; {moved / 2**20:.1f} MB moved")
-    best = min(v for k, v in times.items() if k.startswith("torch.compile"))
-    for name, us in times.items():
-        gbps = moved / (us * 1e-6) / 1e9
-        print(f"  {name:40s} {us:8.2f} µs {gbps:6.0f} GB/s {100 * gbps / peak:4.0f}%  {best / us:.2f}× better compile")
+    title = (
+        f"{case} {cluster_id} ({traced.cluster.op_chain}), domain {traced.domain}; {traced.moved / 2**20:.1f} MB moved"
+    )
+    print_times(title, times, traced.moved, peak)
 
 
 def main() -> int:
