@@ -143,11 +143,8 @@ def sweep(case: str, cluster_id: str, tiles: list[str], peak: float) -> None:
     print_times(title, times, traced.moved, peak)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", action="append", help=f"model:cluster (default: {' '.join(CASES)})")
-    parser.add_argument("--tile", action="append", help="BLOCK_RxBLOCK_Cxwarps (default: a set of ten)")
-    args = parser.parse_args()
+def on_cuda(cases: list[str], each: Callable[[str, str, float], None]) -> int:
+    """`each(model, cluster id, copy ceiling in GB/s)` for every "model:cluster" of `cases`; 1 without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
@@ -156,10 +153,18 @@ def main() -> int:
     from fuselens.validate.gpu import copy_bandwidth_gbps
 
     peak = copy_bandwidth_gbps()
-    for case in args.case or CASES:
+    for case in cases:
         name, cluster_id = case.rsplit(":", 1)
-        sweep(name, cluster_id, args.tile or TILES, peak)
+        each(name, cluster_id, peak)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", help=f"model:cluster (default: {' '.join(CASES)})")
+    parser.add_argument("--tile", action="append", help="BLOCK_RxBLOCK_Cxwarps (default: a set of ten)")
+    args = parser.parse_args()
+    return on_cuda(args.case or CASES, lambda name, cluster_id, peak: sweep(name, cluster_id, args.tile or TILES, peak))
 
 
 if __name__ == "__main__":

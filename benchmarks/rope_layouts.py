@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton
 import triton.language as tl
-from pointwise_tiles import compiled_replays, print_times, traced_cluster
+from pointwise_tiles import compiled_replays, on_cuda, print_times, traced_cluster
 
 
 @triton.jit
@@ -137,19 +137,7 @@ def compare(case: str, cluster_id: str, peak: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="model:cluster (default: phi3:c4)")
-    args = parser.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("needs CUDA")
-        return 1
-    from fuselens.validate.gpu import copy_bandwidth_gbps
-
-    peak = copy_bandwidth_gbps()
-    for case in args.case or ["phi3:c4"]:
-        name, cluster_id = case.rsplit(":", 1)
-        compare(name, cluster_id, peak)
-    return 0
+    return on_cuda(parser.parse_args().case or ["phi3:c4"], compare)
 
 
 if __name__ == "__main__":

@@ -500,6 +500,18 @@ def test_an_input_the_backward_does_not_cover_sends_the_cluster_to_its_reference
     torch.testing.assert_close(got[1], want[1])
 
 
+def _heads_gradient(fn, projected, upstream, cos, sin):
+    """(the projection's gradient, the gradient's strides as the heads view receives it, the view's
+    strides) when `fn`, RoPE, runs on a projection's [2, 5, 48] output viewed as [2, 3, 5, 16] heads
+    and `upstream` flows back into it."""
+    x = projected.clone().requires_grad_()
+    heads = x.view(2, 5, 3, 16).transpose(1, 2)
+    strides = []
+    heads.register_hook(lambda g: strides.append(g.stride()))
+    _with_halves(fn)(heads, cos, sin).backward(upstream)
+    return x.grad, strides[0], heads.stride()
+
+
 def test_the_gradient_of_a_view_of_heads_is_written_in_the_projection_s_layout(write_model):
     """q as attention reads it is a projection's [batch, seq, heads, dim] output viewed as
     [batch, heads, seq, dim]; its upstream gradient comes from a matmul, row-major.  The backward
@@ -509,18 +521,9 @@ def test_the_gradient_of_a_view_of_heads_is_written_in_the_projection_s_layout(w
     gen = torch.Generator().manual_seed(2)
     projected = torch.randn(2, 5, 3 * 16, generator=gen)
     upstream = torch.randn(2, 3, 5, 16, generator=gen)
-    cos, sin = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
-
-    def gradient(fn):
-        x = projected.clone().requires_grad_()
-        q = x.view(2, 5, 3, 16).transpose(1, 2)
-        strides = []
-        q.register_hook(lambda g: strides.append(g.stride()))
-        _with_halves(fn)(q, cos, sin).backward(upstream)
-        return x.grad, strides[0], q.stride()
-
-    got, got_strides, q_strides = gradient(module.cluster0)
-    want, want_strides, _ = gradient(module._cluster0_reference)
+    tables = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    got, got_strides, q_strides = _heads_gradient(module.cluster0, projected, upstream, *tables)
+    want, want_strides, _ = _heads_gradient(module._cluster0_reference, projected, upstream, *tables)
     assert got_strides == q_strides and want_strides != q_strides  # eager's is row-major
     torch.testing.assert_close(got, want)
 
@@ -544,19 +547,10 @@ def test_a_transposed_upstream_gradient_is_read_down_its_memory_into_the_project
     gen = torch.Generator().manual_seed(3)
     projected = torch.randn(2, 5, 3 * 16, generator=gen)
     upstream = torch.randn(2, 3, 16, 5, generator=gen).transpose(2, 3)  # as a matmul's transposed result
-    cos, sin = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
-
-    def gradient(fn):
-        x = projected.clone().requires_grad_()
-        k = x.view(2, 5, 3, 16).transpose(1, 2)
-        strides = []
-        k.register_hook(lambda g: strides.append(g.stride()))
-        _with_halves(fn)(k, cos, sin).backward(upstream)
-        return x.grad, strides[0], k.stride()
-
-    got, got_strides, k_strides = gradient(module.cluster0)
+    tables = torch.randn(5, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    got, got_strides, k_strides = _heads_gradient(module.cluster0, projected, upstream, *tables)
     assert launched == ["across"] and got_strides == k_strides
-    want, _, _ = gradient(module._cluster0_reference)
+    want, _, _ = _heads_gradient(module._cluster0_reference, projected, upstream, *tables)
     torch.testing.assert_close(got, want)
 
 
