@@ -28,6 +28,7 @@ from .plan import (
     channels_last_groups,
     column_totals,
     flat_inner_dim,
+    folds_a_row_dim,
     full_rank_loads,
     identity_inputs,
     permuted_outputs,
@@ -115,7 +116,7 @@ def emit(
     # Every kernel of a plan takes the same arguments, so the divisors are gathered up front.
     divs = Divisors()
     used = _used_coords(_closure(plan, [o.stmt for o in plan.outputs], lambda s: True), plan)
-    if full_rank_loads(plan):  # the across kernel finds every row coordinate
+    if full_rank_loads(plan) or folds_a_row_dim(plan):  # the across and wide kernels find every row coordinate
         used |= set(range(plan.row_dims))
     _coords(plan, used, "r", divs)
     if plan.kind == "elementwise":
@@ -124,6 +125,9 @@ def emit(
         if full_rank_loads(plan):
             kernels += "\n\n" + _elementwise(plan, kernel_name + "_across", comments, divs, flat=False, across=True)
             strategy = "elementwise-tile/across"
+        if folds_a_row_dim(plan):
+            kernels += "\n\n" + _elementwise(plan, kernel_name + "_wide", comments, divs, flat=False, wide=True)
+            strategy = "elementwise-tile/wide"
         if flat:
             kernels = _elementwise(plan, kernel_name + "_flat", comments, divs, flat=True) + "\n\n" + kernels
             strategy = "elementwise-flat/" + strategy.removeprefix("elementwise-")
@@ -370,12 +374,19 @@ def flat_ok(plan: KernelPlan) -> bool:
 
 
 def _elementwise(
-    plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, flat: bool, across: bool = False
+    plan: KernelPlan,
+    kernel_name: str,
+    comments: dict[str, str],
+    divs: Divisors,
+    flat: bool,
+    across: bool = False,
+    wide: bool = False,
 ) -> str:
     """The 2-D tile kernel; or (`flat`) the 1-D kernel for plans that need no coordinates: one
     flat offset addresses every full-size input and the output when they share a layout, as
     Inductor's pointwise kernels do (or need one, the dim laid out innermost: `flat_inner_dim`);
-    or (`across`) the tile kernel for an input laid out along a row dim (`_across_head`)."""
+    or (`across`) the tile kernel for an input laid out along a row dim (`_across_head`); or
+    (`wide`) the tile kernel over rows that take in a row dim (`_wide_head`)."""
     if flat:
         body = [
             "offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
@@ -392,6 +403,8 @@ def _elementwise(
         ]
     elif across:
         body = _across_head(plan, divs)
+    elif wide:
+        body = _wide_head(plan, divs)
     else:
         body = [
             # The launcher passes the column-block count: triton specialises a 1 to a constant,
@@ -431,7 +444,7 @@ def _elementwise(
             body.append(f"c{inner} = offs % d{inner}")
         return _flat_kernel(plan, kernel_name, divs, body + lines)
     used = _used_coords(stmts, plan)
-    if not across:  # the across head defines every row coordinate itself
+    if not (across or wide):  # their heads define every row coordinate themselves
         body += _coords(plan, used, "r", divs)
     body += _coords(plan, used, "c", divs) + lines
     by_name = {st.name: st for st in plan.stmts}
@@ -441,6 +454,9 @@ def _elementwise(
     scalars: tuple[str, ...]
     if across:
         flags, scalars = ("FAST: tl.constexpr",), ("col_blocks", "fast_blocks", "F")
+    elif wide:
+        flags = ("FOLD: tl.constexpr", "CONTIG: tl.constexpr")
+        scalars = ("col_blocks", "F", *(f"r{i}" for i in range(plan.row_dims)))
     else:
         flags, scalars = ("CONTIG: tl.constexpr",), ("col_blocks",)
     return _signature(plan, kernel_name, divs, flags, scalars) + "\n" + "\n".join(_indented(body))
@@ -488,6 +504,40 @@ def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
             f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
         ]
     return [*head, "orow = " + " + ".join(f"c{i} * o{i}" for i in range(k))]
+
+
+def _wide_head(plan: KernelPlan, divs: Divisors) -> list[str]:
+    """The wide kernel's program: a block of positions of the row dims other than FOLD (`outer`) by
+    a block of `wide` columns, which run over FOLD's positions and each one's row: FOLD is the row
+    dim along which the full-size inputs step one row's width (the launcher's `_folded_row_dim`), so
+    each of `outer`'s rows is one run of memory F rows long, read in tiles with no idle lanes.  With
+    the width a constant, FOLD's coordinate and the column are a division and a remainder by it,
+    which Triton sees run in blocks, so the loads still move in vectors.  `p<i>` here is dim i's
+    step in `outer`; `r<i>` its step in the outputs' own row numbering, from which `rows`, each
+    element's row there, is built, so loads under CONTIG and the stores read as the tile kernel's."""
+    k = plan.row_dims
+    head = [
+        "pid = tl.program_id(0)",
+        "outer = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+        "wide = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
+        "if INDEX_64:",
+        "    outer = outer.to(tl.int64)",
+        "    wide = wide.to(tl.int64)",
+        # FOLD's coordinate varies along the columns: a load of one value a row reads at it too, so
+        # every mask covers both ways.
+        "cmask = wide < F * C",
+        "rmask = (outer < R // F) & cmask",
+        "mask = rmask",
+        "cols = wide % C",
+    ]
+    for i in range(k):
+        head += [
+            f"if FOLD == {i}:",
+            f"    c{i} = wide // C",
+            "else:",
+            f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
+        ]
+    return [*head, "rows = " + " + ".join(f"c{i} * r{i}" for i in range(k))]
 
 
 # ---- row kernels --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from .plan import (
     column_totals,
     element_loads,
     flat_inner_dim,
+    folds_a_row_dim,
     full_rank_loads,
     gathers,
     identity_inputs,
@@ -83,7 +84,7 @@ def _launch_function(
     body += _magic_numbers(divisors)
     call_args = ", ".join(_kernel_arguments(plan, input_names, divisors))
     if plan.kind == "elementwise":
-        body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat)
+        body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat, divisors)
     else:
         body += _row_launch(plan, kernel_name, input_names, call_args)
     body.append("return " + _returns(plan))
@@ -327,10 +328,12 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
 
 
 def _elementwise_launch(
-    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, flat: bool
+    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, flat: bool, divisors: list[str]
 ) -> list[str]:
     """The tile kernel's launch; with `flat`, the flat kernel's when the inputs are dense, the tile's otherwise."""
     tile = _tile_launch(plan, kernel_name, input_names, call_args)
+    if folds_a_row_dim(plan):
+        tile = _wide_launch(plan, kernel_name, input_names, call_args, divisors, tile)
     if not flat:
         return tile
     inner = flat_inner_dim(plan)
@@ -379,6 +382,32 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
     ]
 
 
+def _wide_launch(
+    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, divisors: list[str], tile: list[str]
+) -> list[str]:
+    """The wide kernel's launch (`emit._wide_head`) where the full-size inputs lay a row dim out one
+    row's width apart (`fold`, the module's `_folded_row_dim`), the `tile` launch otherwise.  The
+    kernel counts the other row dims' positions (`pitches` becomes their steps there, and the
+    magic numbers follow) and takes the outputs' own row steps (`row_pitches`) besides."""
+    leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
+    domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
+    return [
+        f"fold = _folded_row_dim({leads}, {domain})",
+        "if fold >= 0:  # a row dim whose rows lie one after another: read with each row as one",
+        f"    row_pitches, pitches = pitches, _outer_steps(pitches, {domain}, fold)",
+        *["    " + line for line in _magic_numbers(divisors)],
+        f"    F = {domain}[fold]",
+        f"    block_r, block_c, warps = _wide_tile(R // F, F * C, {_widest_item(plan)})",
+        "    col_blocks = (F * C + block_c - 1) // block_c",
+        "    grid = (((R // F + block_r - 1) // block_r) * col_blocks,)",
+        f"    {kernel_name}_wide[grid]({call_args}, col_blocks, F, *row_pitches,",
+        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, FOLD=fold,",
+        f"        CONTIG={_contig_condition(plan, input_names)}, num_warps=warps)",
+        "else:",
+        *["    " + line for line in tile],
+    ]
+
+
 def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
     """The tile kernel's CONTIG: the full-size inputs share one dense layout (`dense`) and
     every row view has their strides, so that one row offset addresses them all."""
@@ -407,7 +436,8 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
     rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
-    flags = "".join(f", {flag}=True" for flag, on in (("rows_only", rows_only), ("gathers", gathers(plan))) if on)
+    switches = (("rows_only", rows_only), ("gathers", gathers(plan)), ("totals", bool(column_totals(plan))))
+    flags = "".join(f", {flag}=True" for flag, on in switches if on)
     tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"]
     if plan.groups:
         # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)

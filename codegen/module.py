@@ -288,6 +288,43 @@ def _row_order(leads, sizes, others, row_major=False, layout=None):
     return row_pitches, out_strides, dense, like, -1
 
 
+def _folded_row_dim(leads, sizes):
+    """The row dim the wide kernel reads as part of each row: the innermost one along which every
+    full-size input in `leads` steps exactly one row's width, each row contiguous (the heads of q
+    sliced from a fused qkv projection, [batch, heads, seq, 96] with heads 96 elements apart), so
+    that a row of it is one run of memory; -1 where there is none.  Phi-3's RoPE over such a q,
+    [2, 32, 2048, 96] in bf16 on an H100: 16.8 µs read so in 1 x 1024 tiles into a contiguous result,
+    against 18.1 in 8 x 128 tiles of single rows (a quarter of their lanes idle) and torch.compile's
+    17.9 (mode "default"), which walks the same memory the same way."""
+    if not leads or len(sizes) < 2:
+        return -1
+    width = sizes[-1]
+    for j in range(len(sizes) - 2, -1, -1):
+        if sizes[j] > 1 and all(t.stride(-1) == 1 and t.stride(j) == width for t in leads):
+            return j
+    return -1
+
+
+def _outer_steps(pitches, sizes, fold):
+    """Each row dim's step in the wide kernel's count of the positions of the row dims other than
+    `fold`, in the order the row numbering `pitches` gives them, so that its programs write the
+    outputs front to back."""
+    steps, step = list(pitches), 1
+    for i in sorted((i for i in range(len(sizes) - 1) if i != fold), key=lambda i: pitches[i]):
+        steps[i] = step
+        step *= sizes[i]
+    return steps
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
+def _wide_tile(rows, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the wide kernel: 1024 elements (16 bytes a thread in bf16)
+    with 4 warps, up to 1024 columns a row.  Phi-3's RoPE above: 16.8 µs in 1 x 1024 tiles, 17.1 in
+    2 x 512, 18.8 in 4 x 512."""
+    block_c = min(_next_pow2(cols), 1024)
+    return max(1, min(_next_pow2(rows), 1024 // block_c)), block_c, 4
+
+
 def _innermost_row_dim(leads, sizes):
     """The leading dim along which the full-size inputs `leads`, sharing one dense layout, are
     contiguous (the channels of a channels-last tensor seen as NCHW), or None."""
@@ -332,10 +369,12 @@ def _stride_one_dim(t, dims):
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
 def _across_rows_tile(rows, block_c, itemsize):
-    """(BLOCK_R, num_warps) for the across row kernel's tiles of whole rows `block_c` wide: 8192
+    """(BLOCK_R, num_warps) for the across row kernel's tiles of whole rows `block_c` wide: 4096
     elements, rows down the dim their input runs along, 16 elements a thread; None when fewer than
-    4 rows fit, too few to read that input in runs."""
-    block_r = min(_next_pow2(rows), max(1, 8192 // block_c))
+    4 rows fit, too few to read that input in runs.  ConvNeXt's stem LayerNorm over the 96 channels
+    of an NCHW [32, 96, 56, 56] bf16 tensor, on an H100: 21.0 µs with 32 x 128 tiles and 8 warps,
+    25.0 with 64 x 128 and 16, 42.3 with 32 x 128 and 4."""
+    block_r = min(_next_pow2(rows), max(1, 4096 // block_c))
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
@@ -389,7 +428,7 @@ def _total_tile(rows, block_r, warps, full_inputs):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
-def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False):
+def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise
     tiles, or 64 in tiles past 2 KB of elements narrower than 4 bytes.  Measured at DRAM size
@@ -403,8 +442,19 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False):
     159.1 with 8 (160.6), a float32 softmax over 32768 345.9 with 8 (355.5).
     Rows that start with a lookup (`gathers`: an embedding's row read at a token id loaded first) run
     one warp to a row of up to 1024 columns, so that many programs wait on memory at once: BERT's
-    embeddings + LayerNorm, [16384, 768] bf16, 14.3 µs so and 19.7 with two warps."""
+    embeddings + LayerNorm, [16384, 768] bf16, 14.3 µs so and 19.7 with two warps.
+    Rows of at most 512 columns run one warp to up to 8 rows of 2048 elements, as torch.compile's
+    autotuned persistent reductions do, unless the kernel also sums columns over the rows (`totals`,
+    whose programs walk many row blocks).  ConvNeXt's LayerNorms over channels-last bf16 on an H100:
+    96 channels of [32, 56, 56] 13.8 µs with 8 rows and one warp, against 23.5 with 8 rows and two
+    (two and four warps ran 23-42 µs at every height tried; eight, 12.5-15.0); 192 of [32, 28, 28]
+    6.4 against 9.0; 384 of [32, 14, 14] 4.8 against 5.1."""
     width = _next_pow2(cols)
+    if width <= 512 and not totals:
+        block_r = max(1, min(_next_pow2(rows), 2048 // width, 8))
+        while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
+            block_r //= 2
+        return block_r, width, 1, True
     if width <= {MAX_BLOCK_ROW}:
         block_r = max(1, min(_next_pow2(rows), 1024 // width))
         while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():

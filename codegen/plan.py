@@ -110,7 +110,8 @@ class OutputSlot:
     dtype: str
     row_only: bool  # written once per row (a reduction's result)
     # Written row-major whatever the inputs' layout: every reader is a GEMM, which would first copy a
-    # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`).
+    # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`),
+    # or it is a `cat`'s result, which eager returns contiguous (Phi-3's partial-rotary RoPE).
     contiguous: bool = False
     total: RowTotal | None = None  # a loss over the rows: the kernel writes each row's, the launcher totals them
     # A permuted output (a ConvNeXt block's residual, added back in NCHW to a norm over NHWC): the
@@ -319,7 +320,8 @@ class _Planner:
                 raise PlanError("no-lowering", str(exc)) from None
             total = self._row_total(node) if shape != tuple(meta.shape) else None
             dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
-            out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims)
+            contiguous = self._read_by_gemms_only(o) or self.g[o].op == "cat"
+            out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, contiguous, total, dims)
             out_slot.to_convolution = self._read_by_convolutions_only(o)
             out_slots.append(out_slot)
         out_slots += self._saved_for_backward()
@@ -1182,6 +1184,23 @@ def flat_inner_dim(plan: KernelPlan) -> int | None:
     if len(indexed) != 1 or min(indexed) >= n - 1:
         return None
     return min(indexed)
+
+
+def folds_a_row_dim(plan: KernelPlan) -> bool:
+    """Whether the `_wide` kernel may run an elementwise plan: rows of a width the model fixes that is
+    no power of two (Phi-3's 96-wide heads), which the tile kernel pads to the next one, leaving a
+    quarter of its lanes idle, where a row dim may lie right outside each row in memory (the heads of
+    q sliced from a fused qkv projection; the launcher's `_folded_row_dim` looks at call time): its
+    rows are then read together as one longer row, in tiles with no idle lanes.  Only plans whose
+    full-size inputs are read element for element and whose outputs are written at the domain's
+    offsets (as `_writes_the_domain`), with no lookup and no layout of their own."""
+    n = len(plan.domain)
+    if n < 3 or not plan.fixed_width or plan.grad_layout or not _writes_the_domain(plan):
+        return False
+    if gathers(plan) or full_rank_loads(plan) or not identity_inputs(plan):
+        return False
+    width = plan.domain[-1]
+    return width & (width - 1) != 0
 
 
 def permuted_outputs(plan: KernelPlan) -> list[int]:

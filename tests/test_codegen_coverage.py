@@ -1810,6 +1810,58 @@ def test_a_rotary_embedding_of_an_odd_head_width_keeps_its_rows(write_model):
     torch.testing.assert_close(fused(q, cos, q[..., 12:], q[..., :12], sin), want)
 
 
+PARTIAL_ROPE = """
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+    class M(nn.Module):
+        def forward(self, q, cos, sin):
+            rot, rest = q[..., :24], q[..., 24:]
+            return torch.cat(((rot * cos) + (rotate_half(rot) * sin), rest), dim=-1)
+    """
+
+
+def _partial_rope(q, cos, sin):
+    import torch
+
+    rot, rest = q[..., :24], q[..., 24:]
+    return torch.cat((rot * cos + torch.cat((-rot[..., 12:], rot[..., :12]), dim=-1) * sin, rest), dim=-1)
+
+
+def test_heads_of_an_odd_width_from_a_fused_projection_are_read_as_one_row_each_position(write_model, monkeypatch):
+    """Phi-3's RoPE: 24-wide heads (no power of two, so a tile of single rows leaves lanes idle) of
+    q sliced from a fused qkv projection, where each position's heads lie one after another.  The
+    wide kernel reads them as one row a position; the result is eager's, in eager's layout (a `cat`'s:
+    contiguous).  A q whose heads do not lie so (one row a head, positions apart) runs the tile
+    kernel, and gives eager's values too."""
+    import torch
+
+    fused = _kernel_module(write_model, PARTIAL_ROPE, [("2,4,8,24", "float32"), ("8,24", "float32"), ("8,24", "float32")])
+    module = sys.modules[fused.__module__]
+    launched = []
+    for kind in ("wide", "tile"):
+        kernel = getattr(module, f"_cluster0_kernel_{kind}")
+
+        class Recorded:
+            def __getitem__(self, grid, kind=kind, kernel=kernel):
+                launched.append(kind)
+                return kernel[grid]
+
+        monkeypatch.setattr(module, f"_cluster0_kernel_{kind}", Recorded())
+    gen = torch.Generator().manual_seed(4)
+    cos, sin = torch.randn(8, 24, generator=gen), torch.randn(8, 24, generator=gen)
+    q = torch.randn(2, 8, 3 * 4 * 24, generator=gen)[..., : 4 * 24].view(2, 8, 4, 24).transpose(1, 2)
+    got, want = fused(q, cos, sin), _partial_rope(q, cos, sin)
+    assert launched == ["wide"] and got.stride() == want.stride() == (768, 192, 24, 1)
+    torch.testing.assert_close(got, want)
+
+    launched.clear()
+    apart = torch.randn(2, 4, 24, 9, generator=gen)[..., :8].transpose(2, 3)  # each head's rows 9 apart
+    torch.testing.assert_close(fused(apart, cos, sin), _partial_rope(apart, cos, sin))
+    assert launched == ["tile"]
+
+
 def test_a_call_wanting_no_gradient_launches_directly_and_torch_compile_still_sees_one_op(write_model):
     """With no gradient wanted, the public function runs the launcher itself, not through the
     dispatcher; a torch.compile of the same call (fullgraph: any break raises) still captures the
@@ -2049,6 +2101,20 @@ def test_a_width_the_weights_fix_is_a_constant_of_the_kernel_and_a_sequences_is_
     for width in (33, 50):
         x = torch.randn(4, width)
         torch.testing.assert_close(fused(x), torch.softmax(x * 0.5, dim=-1))
+
+
+def test_narrow_rows_run_one_warp_to_a_few_rows_and_read_across_in_half_tiles(write_model):
+    """Rows of up to 512 columns (a ConvNeXt LayerNorm's 96-384 channels) run one warp to up to 8
+    rows, as torch.compile's autotuned reductions do, unless the kernel also sums columns over its
+    rows; the across kernel, down an NCHW tensor's 56-wide spatial rows, takes 32 x 128 tiles with
+    8 warps; rows as wide as BERT's keep their tiles."""
+    fused = _kernel_module(write_model, SOFTMAX_ROWS, [("4,33", "float32")])
+    module = sys.modules[fused.__module__]
+    assert module._row_tile(32 * 56 * 56, 96, 2) == (8, 128, 1, True)
+    assert module._row_tile(32 * 14 * 14, 384, 2) == (4, 512, 1, True)
+    assert module._row_tile(32 * 56 * 56, 96, 2, totals=True)[2] > 1
+    assert module._row_tile(32 * 512, 768, 2) == (1, 1024, 2, True)
+    assert module._across_rows_tile(56, 128, 2) == (32, 8)
 
 
 def test_the_across_kernel_writes_a_channels_last_result_down_its_rows(write_model):
