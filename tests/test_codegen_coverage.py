@@ -1837,7 +1837,9 @@ def test_heads_of_an_odd_width_from_a_fused_projection_are_read_as_one_row_each_
     kernel, and gives eager's values too."""
     import torch
 
-    fused = _kernel_module(write_model, PARTIAL_ROPE, [("2,4,8,24", "float32"), ("8,24", "float32"), ("8,24", "float32")])
+    fused = _kernel_module(
+        write_model, PARTIAL_ROPE, [("2,4,8,24", "float32"), ("8,24", "float32"), ("8,24", "float32")]
+    )
     module = sys.modules[fused.__module__]
     launched = []
     for kind in ("wide", "tile"):
