@@ -15,6 +15,7 @@ the launcher checks those before launching.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -269,11 +270,20 @@ def _mask_for(axes: frozenset) -> str | None:
 def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
     """Whether the load `s` reads the same elements for many positions of the domain (cos and
     sin tables, positional embeddings, a LayerNorm's weight) along the columns as they run,
-    rather than gathering them (a GroupNorm's weight, indexed by a channel derived from the column)."""
+    rather than gathering them (a GroupNorm's weight, indexed by a channel derived from the column).
+    A table read at loaded ids is one only when it has fewer rows than the domain (positions, token
+    types): a vocabulary's rows are each read about once, and kept in L2 they only push out what
+    streams past (BERT's embeddings + LayerNorm, [32, 512] ids over 30522 words, bf16 on an H100:
+    16.4 µs with the word rows read plainly, 18.9 kept in L2)."""
     used = {int(m) for c in s.load_coords for m in COORD.findall(str(c))}
     n = len(plan.domain)
     along_columns = used & set(range(plan.row_dims, n)) <= {n - 1}
-    return not used >= set(range(n)) and along_columns and not plan.groups
+    if not (not used >= set(range(n)) and along_columns and not plan.groups):
+        return False
+    assert s.load_input is not None
+    table = plan.inputs[s.load_input].shape
+    picked = [table[j] for j, c in enumerate(s.load_coords) if re.search(r"\bv\d+\b", str(c)) and j < len(table)]
+    return not picked or math.prod(picked) < math.prod(plan.domain[: plan.row_dims])
 
 
 def _stmt_line(

@@ -1919,6 +1919,20 @@ def test_lookups_of_an_odd_width_keep_their_rows(write_model):
     torch.testing.assert_close(got, words.weight[ids] + places.weight[torch.arange(7)])
 
 
+def test_a_vocabulary_s_rows_stream_and_a_position_table_stays_in_cache(write_model):
+    """A table read at token ids with more rows than the lookups (a vocabulary: each row read about
+    once) is read plainly, where a table with fewer (positions, read again for every sequence) is
+    kept in L2 (`evict_last`): holding the vocabulary's rows there only pushed out what streams past."""
+    import re
+
+    fused = _kernel_module(write_model, POSITIONAL_LOOKUPS, [("3,7", "int64")])
+    text = Path(sys.modules[fused.__module__].__file__).read_text(encoding="utf-8")
+    words, places = (re.findall(rf"tl\.load\(in{k}_ptr .*", text) for k in (1, 3))
+    assert words and places
+    assert not any("evict_last" in line for line in words)
+    assert all("evict_last" in line for line in places)
+
+
 _COMPILE_FOR_SM90 = """
 import importlib.util, json, sys
 from triton.backends.compiler import GPUTarget
