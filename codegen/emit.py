@@ -505,15 +505,23 @@ def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
         "cmask = cols < C",
         "mask = rmask & cmask",
     ]
-    for i in range(k):
-        # `p<i>` here is dim i's step in `outer`, which counts the positions of the other row dims.
-        head += [
-            f"if FAST == {i}:",
-            f"    c{i} = fast",
+    # `p<i>` here is dim i's step in `outer`, which counts the positions of the other row dims.
+    head += _outer_coords(plan, divs, "FAST", "fast")
+    return [*head, "orow = " + " + ".join(f"c{i} * o{i}" for i in range(k))]
+
+
+def _outer_coords(plan: KernelPlan, divs: Divisors, flag: str, value: str) -> list[str]:
+    """Each row coordinate: `value` for the row dim the constant `flag` names, else its position in
+    `outer`, the count of the other row dims' positions (`p<i>` being each one's step there)."""
+    lines = []
+    for i in range(plan.row_dims):
+        lines += [
+            f"if {flag} == {i}:",
+            f"    c{i} = {value}",
             "else:",
             f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
         ]
-    return [*head, "orow = " + " + ".join(f"c{i} * o{i}" for i in range(k))]
+    return lines
 
 
 def _wide_head(plan: KernelPlan, divs: Divisors) -> list[str]:
@@ -540,13 +548,7 @@ def _wide_head(plan: KernelPlan, divs: Divisors) -> list[str]:
         "mask = rmask",
         "cols = wide % C",
     ]
-    for i in range(k):
-        head += [
-            f"if FOLD == {i}:",
-            f"    c{i} = wide // C",
-            "else:",
-            f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
-        ]
+    head += _outer_coords(plan, divs, "FOLD", "wide // C")
     return [*head, "rows = " + " + ".join(f"c{i} * r{i}" for i in range(k))]
 
 
