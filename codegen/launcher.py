@@ -177,18 +177,26 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
         return []
     leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
     domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
-    row_major = any(out.contiguous for out in plan.outputs)  # its readers are GEMMs: row-major, whatever the inputs
+    flag = _layout_flag(plan)
     others = full_rank_loads(plan)
     if others:
-        flag = ", row_major=True" if row_major else ", layout=layout" if plan.grad_layout else ""
         return [
             f"pitches, out_strides, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
         ]
-    if row_major:
-        return [f"pitches, dense, like = _row_pitches({leads}, {domain}, row_major=True)"]
-    if plan.grad_layout:
+    if flag == ", layout=layout":
         return [f"pitches, dense, like, out_strides = _laid_out_pitches({leads}, {domain}, layout)"]
-    return [f"pitches, dense, like = _row_pitches({leads}, {domain})"]
+    return [f"pitches, dense, like = _row_pitches({leads}, {domain}{flag})"]
+
+
+def _layout_flag(plan: KernelPlan) -> str:
+    """What decides the outputs' layout besides the full-size inputs', as the module's `_row_pitches`
+    and `_row_order` take it: row-major for GEMMs to read (`row_major`), the forward input's for a
+    gradient (`layout`), contiguous as eager's `cat` result (`cat`); "" for none."""
+    if any(out.contiguous for out in plan.outputs):  # its readers are GEMMs: row-major, whatever the inputs
+        return ", row_major=True"
+    if plan.grad_layout:
+        return ", layout=layout"
+    return ", cat=True" if any(out.cat for out in plan.outputs) else ""
 
 
 def _group_layout(plan: KernelPlan, input_names: list[str]) -> list[str]:

@@ -89,7 +89,7 @@ def _pointwise_tile(rows, cols, itemsize, loads):
     return block_r, block_c, 4 if block_r * block_c >= 512 else 2
 
 
-def _row_pitches(leads, sizes, row_major=False):
+def _row_pitches(leads, sizes, row_major=False, cat=False):
     """(pitches, dense, like): the step of each leading dim in an elementwise kernel's row index,
     whether one flat offset addresses every full-size input (`dense`), and whether the outputs take
     their layout (`like`: `torch.empty_like`, as eager's result would).
@@ -100,8 +100,11 @@ def _row_pitches(leads, sizes, row_major=False):
     same order, the layout eager gives `q * cos`, so what reads them sees what it would without the
     kernel.  (For Phi-3's RoPE on an H200 in bf16 the order did not change the kernel's time: 16.4 us
     either way, against torch.compile's 12.9.)  Otherwise, or when the outputs go to GEMMs
-    (`row_major`), rows run in row-major order into contiguous outputs."""
-    if row_major and not all(t.is_contiguous() for t in leads):
+    (`row_major`), rows run in row-major order into contiguous outputs.  So they do for a `cat`'s
+    result (`cat`), as eager's is: a full-size input of a cluster that ends in `cat` is one whose
+    other pieces are empty (Phi-3's `torch.cat((q_embed, q_pass), -1)` with every dim rotated), and
+    eager's `cat` keeps a layout only where every piece has it."""
+    if (row_major or cat) and not all(t.is_contiguous() for t in leads):
         return _row_major(sizes), False, False
     if leads and all(t.stride() == leads[0].stride() for t in leads):
         strides = leads[0].stride()
@@ -242,7 +245,7 @@ _ACROSS_MIN_BYTES = 3 << 20
 _SPLIT_TILE, _SPLIT_WARPS_LAST, _SPLIT_WARPS_FIRST = 4096, 4, 2
 
 
-def _row_order(leads, sizes, others, row_major=False, layout=None):
+def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     """(pitches, out_strides, dense, like, fast) for an elementwise kernel that also reads full-size
     inputs laid out their own way (`others`: each a tensor and the domain dim each of its dims runs
     along; `y.permute(0, 3, 1, 2)` read inside the kernel is (y, (0, 2, 3, 1))).
@@ -266,13 +269,13 @@ def _row_order(leads, sizes, others, row_major=False, layout=None):
     n = len(sizes)
     cols = max(1, sizes[-1]) if sizes else 1
     if layout is None:
-        row_pitches, dense, like = _row_pitches(leads, sizes, row_major)
+        row_pitches, dense, like = _row_pitches(leads, sizes, row_major, cat)
         out_strides = [p * cols for p in row_pitches] + [1]
     else:
         row_pitches, dense, like, laid_out = _laid_out_pitches(leads, sizes, layout)
         out_strides = list(laid_out)
     candidates = [(t, dims) for t, dims in others if _bytes(t) >= _ACROSS_MIN_BYTES]
-    inner = None if like or row_major or layout is not None else _innermost_row_dim(leads, sizes)
+    inner = None if like or row_major or cat or layout is not None else _innermost_row_dim(leads, sizes)
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]

@@ -110,8 +110,7 @@ class OutputSlot:
     dtype: str
     row_only: bool  # written once per row (a reduction's result)
     # Written row-major whatever the inputs' layout: every reader is a GEMM, which would first copy a
-    # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`),
-    # or it is a `cat`'s result, which eager returns contiguous (Phi-3's partial-rotary RoPE).
+    # permuted result (RoPE's q, still (batch, seq, heads, dim) in memory, into `q @ k.transpose(2, 3)`).
     contiguous: bool = False
     total: RowTotal | None = None  # a loss over the rows: the kernel writes each row's, the launcher totals them
     # A permuted output (a ConvNeXt block's residual, added back in NCHW to a norm over NHWC): the
@@ -123,6 +122,8 @@ class OutputSlot:
     # Read only by 2-D convolutions (a GroupNorm + SiLU before a conv): written channels-last, the
     # layout cuDNN convolves fastest, by the kernels that can (`split_groups`).
     to_convolution: bool = False
+    # A `cat`'s result, contiguous as eager's (Phi-3's RoPE, whose q is a permuted slice).
+    cat: bool = False
     # Kept for the backward only, never returned to the caller: a loss's row log-sum-exp ("lse"),
     # which its gradient reads instead of a second pass over a 32k-256k wide row, or a norm's row
     # "mean" and "rstd", or a hand-written one's row value ("row", `_row_values_read_along_rows`).
@@ -320,8 +321,8 @@ class _Planner:
                 raise PlanError("no-lowering", str(exc)) from None
             total = self._row_total(node) if shape != tuple(meta.shape) else None
             dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
-            contiguous = self._read_by_gemms_only(o) or self.g[o].op == "cat"
-            out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, contiguous, total, dims)
+            out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims)
+            out_slot.cat = self.g[o].op == "cat"
             out_slot.to_convolution = self._read_by_convolutions_only(o)
             out_slots.append(out_slot)
         out_slots += self._saved_for_backward()
@@ -1162,7 +1163,7 @@ def flat_inner_dim(plan: KernelPlan) -> int | None:
     H200: 15.5 µs so, against 17.2 in the across kernel's 64-channel tiles and torch.compile's 15.2.)
     None for any other plan."""
     n = len(plan.domain)
-    if not _writes_the_domain(plan) or any(o.contiguous for o in plan.outputs):
+    if not _writes_the_domain(plan) or any(o.contiguous or o.cat for o in plan.outputs):
         return None
     whole = set(identity_inputs(plan)) | {k for k, _ in full_rank_loads(plan)}
     plain = re.compile(r"c\d+|0")
