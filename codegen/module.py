@@ -299,11 +299,16 @@ def _folded_row_dim(leads, sizes):
     [2, 32, 2048, 96] in bf16 on an H100: 16.8 µs read so in 1 x 1024 tiles into a contiguous result,
     against 18.1 in 8 x 128 tiles of single rows (a quarter of their lanes idle) and torch.compile's
     17.9 (mode "default"), which walks the same memory the same way."""
-    if not leads or len(sizes) < 2:
+    return _folded_dim(tuple(sizes), tuple(t.stride() for t in leads)) if leads else -1
+
+
+@functools.lru_cache(maxsize=1024)  # a function of its arguments; called every launch
+def _folded_dim(sizes, strides):
+    if len(sizes) < 2:
         return -1
     width = sizes[-1]
     for j in range(len(sizes) - 2, -1, -1):
-        if sizes[j] > 1 and all(t.stride(-1) == 1 and t.stride(j) == width for t in leads):
+        if sizes[j] > 1 and all(s[-1] == 1 and s[j] == width for s in strides):
             return j
     return -1
 
@@ -312,11 +317,16 @@ def _outer_steps(pitches, sizes, fold):
     """Each row dim's step in the wide kernel's count of the positions of the row dims other than
     `fold`, in the order the row numbering `pitches` gives them, so that its programs write the
     outputs front to back."""
+    return _steps_without(tuple(pitches), tuple(sizes), fold)
+
+
+@functools.lru_cache(maxsize=1024)  # a function of its arguments; called every launch
+def _steps_without(pitches, sizes, fold):
     steps, step = list(pitches), 1
     for i in sorted((i for i in range(len(sizes) - 1) if i != fold), key=lambda i: pitches[i]):
         steps[i] = step
         step *= sizes[i]
-    return steps
+    return tuple(steps)
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
