@@ -296,9 +296,9 @@ def _folded_row_dim(leads, sizes):
     full-size input in `leads` steps exactly one row's width, each row contiguous (the heads of q
     sliced from a fused qkv projection, [batch, heads, seq, 96] with heads 96 elements apart), so
     that a row of it is one run of memory; -1 where there is none.  Phi-3's RoPE over such a q,
-    [2, 32, 2048, 96] in bf16 on an H100: 16.8 µs read so in 1 x 1024 tiles into a contiguous result,
-    against 18.1 in 8 x 128 tiles of single rows (a quarter of their lanes idle) and torch.compile's
-    17.9 (mode "default"), which walks the same memory the same way."""
+    [2, 32, 2048, 96] in bf16 on an H100: 17.2 µs read so into a contiguous result, against 18.1 in
+    8 x 128 tiles of single rows (a quarter of their lanes idle) and 17.8-18.4 for torch.compile
+    (mode "default"), which walks the same memory the same way."""
     return _folded_dim(tuple(sizes), tuple(t.stride() for t in leads)) if leads else -1
 
 
@@ -332,8 +332,9 @@ def _steps_without(pitches, sizes, fold):
 @functools.lru_cache(maxsize=256)  # a function of its arguments; called every launch
 def _wide_tile(rows, cols, itemsize):
     """(BLOCK_R, BLOCK_C, num_warps) for the wide kernel: 1024 elements (16 bytes a thread in bf16)
-    with 4 warps, up to 1024 columns a row.  Phi-3's RoPE above: 16.8 µs in 1 x 1024 tiles, 17.1 in
-    2 x 512, 18.8 in 4 x 512."""
+    with 4 warps, up to 1024 columns a row.  A hand-written kernel of the same walk over Phi-3's RoPE
+    above (`benchmarks/rope_layouts.py`): 16.7-16.9 µs in 1 x 1024 tiles, 17.0-17.2 in 2 x 512,
+    18.7-18.8 in 4 x 512."""
     block_c = min(_next_pow2(cols), 1024)
     return max(1, min(_next_pow2(rows), 1024 // block_c)), block_c, 4
 
