@@ -32,6 +32,7 @@ from .plan import (
     folds_a_row_dim,
     full_rank_loads,
     identity_inputs,
+    is_loaded_index,
     permuted_outputs,
     row_layouts,
     row_views,
@@ -278,11 +279,11 @@ def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
     used = {int(m) for c in s.load_coords for m in COORD.findall(str(c))}
     n = len(plan.domain)
     along_columns = used & set(range(plan.row_dims, n)) <= {n - 1}
-    if not (not used >= set(range(n)) and along_columns and not plan.groups):
+    if used >= set(range(n)) or not along_columns or plan.groups:
         return False
     assert s.load_input is not None
     table = plan.inputs[s.load_input].shape
-    picked = [table[j] for j, c in enumerate(s.load_coords) if re.search(r"\bv\d+\b", str(c)) and j < len(table)]
+    picked = [table[j] for j, c in enumerate(s.load_coords) if is_loaded_index(c) and j < len(table)]
     return not picked or math.prod(picked) < math.prod(plan.domain[: plan.row_dims])
 
 

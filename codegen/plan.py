@@ -1110,9 +1110,12 @@ def identity_inputs(plan: KernelPlan) -> list[int]:
 def gathers(plan: KernelPlan) -> bool:
     """Whether a load reads at an index the kernel loaded first (an embedding's row, a pick's
     target): a chain of two memory latencies per row, which many small programs hide best."""
-    return any(
-        s.load_input is not None and any(re.search(r"\bv\d+\b", str(c)) for c in s.load_coords) for s in plan.stmts
-    )
+    return any(s.load_input is not None and any(map(is_loaded_index, s.load_coords)) for s in plan.stmts)
+
+
+def is_loaded_index(coord: Coord | str) -> bool:
+    """Whether a load coordinate is a value the kernel loaded (`v3`: a token id), not a position."""
+    return re.search(r"\bv\d+\b", str(coord)) is not None
 
 
 def element_loads(plan: KernelPlan) -> int:
