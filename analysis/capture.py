@@ -38,6 +38,7 @@ from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
 from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
 from .scalars import ScalarSources
+from .settings import class_identity, module_settings
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -887,6 +888,9 @@ def trace(
     modules = list(model.named_modules(remove_duplicate=False))
     recorder.graph.module_types = {name: f"{type(m).__module__}.{type(m).__qualname__}" for name, m in modules}
     recorder.graph.passthrough = frozenset(name for name, m in modules if _returns_its_input(m))
+    recorder.graph.module_settings = {name: module_settings(m) for name, m in modules}
+    recorder.graph.module_training = {name: m.training for name, m in modules}
+    recorder.graph.module_classes = {name: class_identity(type(m)) for name, m in modules}
     recorder.around_call = around_call
     for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)

@@ -215,6 +215,11 @@ class Graph:
     module_types: dict[str, str] = field(default_factory=dict)
     # The paths of those that return their input in any mode: `nn.Identity`, a dropout of rate 0.
     passthrough: frozenset[str] = frozenset()
+    # Each module's settings (`settings.module_settings`), by module path: what a kernel call that stands
+    # in for code calling the module checks it still finds.
+    module_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    module_training: dict[str, bool] = field(default_factory=dict)  # each module's mode, by path
+    module_classes: dict[str, str] = field(default_factory=dict)  # `settings.class_identity`, by path
 
     def __post_init__(self) -> None:
         self._users: dict[int, list[int]] | None = None

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .graph import Graph, Node
+from .module_checks import ModuleCheck, Unreachable, module_checks
 from .ops import OpClass
 
 Span = tuple[int, int, int, int]  # (line, col, end line, end col): 1-based lines, UTF-8 byte columns
@@ -57,6 +58,45 @@ class Region:
     arguments: list[str]  # the call's arguments, one per cluster input, as source text
     outputs: list[str]  # the names the call's results are bound to, one per output ([] when none is)
     _edits: list[tuple[Span, str]] = field(default_factory=list)  # spans and what replaces them ("{call}")
+    # The modules the call must find as they were (`module_checks`), reached from the function's `self`.
+    checks: list[ModuleCheck] = field(default_factory=list)
+    # Where each argument's text stands in the code (an expression of other ops the code computes there,
+    # `self.gate_proj(x)`), None for a name, a parameter or a number: the guarded form evaluates such an
+    # argument once, for the kernel's call or for the original code (`analysis/guarded.py`).
+    argument_spans: list[Span | None] = field(default_factory=list)
+    # A convolution whose bias add the cluster takes (its call's span): how the code spells that bias, and
+    # the convolution's spatial dims; and the statements binding such a convolution's whole result
+    # (statement span, call span, the name bound), which stay, calling it without its bias.
+    biases: dict[Span, tuple[str, int]] = field(default_factory=dict)
+    unbiased_statements: list[tuple[Span, Span, str]] = field(default_factory=list)
+    # The statements before the call that stay (such a convolution's among them), in order: the guarded
+    # form runs them ahead of asking the kernels.
+    ahead: list[Span] = field(default_factory=list)
+    taken: set[str] = field(default_factory=set)  # the names the function uses: new ones must differ
+
+    def rewrite_spans(
+        self, name: str, lines: list[str], within: Span, arguments: list[str] | None = None, skip: Sequence[Span] = ()
+    ) -> str:
+        """The whole lines of span `within` (inside the region) rewritten to call the kernel `name` with
+        `arguments` (the region's own by default): the edits inside it, less the statements `skip`."""
+        call = f"{name}({', '.join(self.arguments if arguments is None else arguments)})"
+        lo, hi = within[0], within[2]
+        edits = [(span, text.format(call=call)) for span, text in self._edits if _contains(within, span)]
+        edits = [(span, text) for span, text in edits if not any(_contains(s, span) for s in skip)]
+        edits += [(span, "") for span in skip if _contains(within, span)]
+        chunk: list[bytes | None] = [line.encode() for line in lines[lo - 1 : hi]]
+        for span, replacement in sorted(edits, key=lambda e: e[0], reverse=True):
+            chunk = _replaced(chunk, lo, span, replacement.encode())
+        return "".join(c.decode() + "\n" for c in chunk if c is not None)
+
+    @property
+    def in_place(self) -> Span | None:
+        """The span of the one expression the call stands in place of, when that is the whole rewrite (one
+        line, nothing else dropped or rebound)."""
+        if len(self._edits) != 1 or self.first != self.last or self.unbiased_statements:
+            return None
+        span, text = self._edits[0]
+        return span if text == "{call}" and span[0] == span[2] == self.first else None
 
     def call(self, name: str) -> str:
         return f"{name}({', '.join(self.arguments)})"
@@ -107,10 +147,26 @@ def find_region(
     block, statements = _statements(function, roots)
     unbiased = _unbiased_statements(roots, statements, block, spans, outputs)
     named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
-    arguments = [named.get(v) or _argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    placed = [(named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    arguments = [text for text, _ in placed]
     arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}
-    return _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file, rewritten)
+    region = _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file, rewritten)
+    region.argument_spans = [span for _, span in placed] + [None] * len(numbers)
+    region.biases = {span: _bias(span, roots, spans, graph, lines) for span in spans.unbiased}
+    region.unbiased_statements = [
+        (_span(block[statements[k]]) or (0, 0, 0, 0), _span(roots[k].node) or (0, 0, 0, 0), name)
+        for k, name in unbiased.items()
+    ]
+    has_self = bool(function.args.args) and function.args.args[0].arg == "self"
+    texts = [at[invocation] for _, at in numbers if invocation in at]
+    code = [_span(root.node) or (0, 0, 0, 0) for root in roots]
+    leaves = [_span(leaf) or (0, 0, 0, 0) for root in roots for leaf in root.leaves]
+    try:
+        region.checks = module_checks(graph, invocation, spans.owner, code, leaves, has_self, spans.skipped, texts)
+    except Unreachable as exc:
+        raise NoRegion(str(exc)) from exc
+    return region
 
 
 def _unbiased_statements(
@@ -135,6 +191,7 @@ class _Spans:
 
     def __init__(self, graph: Graph, members: set[int], invocation: int):
         self.of: dict[int, Span] = {}
+        self.skipped: set[str] = set()  # modules whose call the kernel's call leaves out (an `nn.Identity`)
         self.cluster: dict[Span, list[int]] = {}
         self.foreign: dict[Span, list[int]] = {}
         # The module path of the frame's `self`.
@@ -263,6 +320,7 @@ def _part_leaves(
         return [part]
     if module is not None:  # `self.drop_path(...)` where it is an nn.Identity: the value itself
         assert isinstance(part, ast.Call)
+        spans.skipped.add(module[len(spans.owner) + 1 :] if spans.owner else module)
         return _part_leaves(part.args[0], cluster, spans, ast_of, graph)
     # Syntax around cluster ops that runs no op: a tuple, a method looked up (`h.pow(2).mean`).
     if not isinstance(part, (ast.Tuple, ast.List, ast.Starred, ast.Slice, ast.Attribute)):
@@ -329,21 +387,22 @@ def _self_path(expr: ast.expr) -> str | None:
 
 def _argument(
     value: int, roots: list[_Root], spans: _Spans, members: set[int], graph: Graph, lines: list[str], invocation: int
-) -> str:
-    """The source text the call passes for cluster input `value`: the leaf expression that computes
-    it, the attribute path of a parameter, or the name the frame had for it when the cluster's own
-    ops read it (an earlier op may have read it under a name rebound since)."""
+) -> tuple[str, Span | None]:
+    """The source text the call passes for cluster input `value`, and where that text stands when it is
+    an expression of the code: the leaf expression that computes it, the attribute path of a
+    parameter, or the name the frame had for it when the cluster's own ops read it (an earlier op may
+    have read it under a name rebound since)."""
     node = graph[value]
     span = spans.of.get(value)
     if span is not None and spans.unbiased.get(span) == value:
-        return _without_bias(span, roots, spans, graph, lines)
+        return _without_bias(span, roots, spans, graph, lines), span
     if span is not None:
         for root in roots:
             for leaf in root.leaves:
                 if _span(leaf) == span:
-                    return _text(lines, span)
+                    return _text(lines, span), (span if _computes(leaf) else None)
     if node.op in ("param", "buffer"):
-        return _attribute_path(node, graph, roots, spans, invocation)
+        return _attribute_path(node, graph, roots, spans, invocation), None
     for member in sorted(set(graph.users(value)) & members):
         name = graph[member].names_at.get(invocation, {}).get(value)
         if name is not None:
@@ -353,18 +412,29 @@ def _argument(
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
 
 
-def _through_dropout(name: str, roots: list[_Root], lines: list[str]) -> str:
+def _computes(expr: ast.AST) -> bool:
+    """Whether evaluating `expr` does work worth doing once: a call or an operator, not a name, an
+    attribute, a constant or a subscript of them (`self.norm.weight`, `e[:, :, None]`)."""
+    return any(
+        isinstance(n, (ast.Call, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.NamedExpr))
+        for n in ast.walk(expr)
+    )
+
+
+def _through_dropout(name: str, roots: list[_Root], lines: list[str]) -> tuple[str, Span | None]:
     """`self.drop(h)` for input `h` when the replaced code reads it only through that dropout, which
-    returned it unchanged in eval mode: the call passes the dropout's result, so it drops in training."""
+    returned it unchanged in eval mode: the call passes the dropout's result, so it drops in training
+    (and its span, where the code calls it)."""
     dropped = [(root, leaf) for root in roots for leaf in root.dropouts if _wrapped_name(leaf) == name]
     if not dropped:
-        return name
-    texts = sorted({_text(lines, _span(leaf) or (0, 0, 0, 0)) for _, leaf in dropped})
+        return name, None
+    places = sorted({_span(leaf) or (0, 0, 0, 0) for _, leaf in dropped})
+    texts = sorted({_text(lines, span) for span in places})
     # A later statement may rebind the name; within one expression it is one value.
     bare = any(isinstance(leaf, ast.Name) and leaf.id == name for root, _ in dropped for leaf in root.leaves)
     if bare or len(texts) > 1:
         raise NoRegion(f"`{name}` is read through `{texts[0]}` and also otherwise: one kernel input cannot be both")
-    return texts[0]
+    return texts[0], places[0] if len(places) == 1 else None
 
 
 def _without_bias(span: Span, roots: list[_Root], spans: _Spans, graph: Graph, lines: list[str]) -> str:
@@ -391,6 +461,22 @@ def _without_bias(span: Span, roots: list[_Root], spans: _Spans, graph: Graph, l
     if ast.dump(unbiased) == ast.dump(call):
         raise NoRegion(f"{where} adds its bias in the cluster, but its bias argument is not spelled out")
     return ast.unparse(unbiased)
+
+
+def _bias(span: Span, roots: list[_Root], spans: _Spans, graph: Graph, lines: list[str]) -> tuple[str, int]:
+    """How the code spells the bias of the convolution called at `span` (`self.conv1.bias`, or the
+    functional call's bias argument), and the convolution's spatial dims."""
+    call = next((n for r in roots for n in ast.walk(r.node) if isinstance(n, ast.Call) and _span(n) == span), None)
+    spatial = int(graph[spans.unbiased[span]].op[4])  # conv1d, conv2d, conv3d
+    if call is None:
+        return "", spatial
+    path = _self_path(call.func)
+    if path:
+        return f"{_text(lines, _span(call.func) or span)}.bias", spatial
+    if len(call.args) > 2:
+        return _text(lines, _span(call.args[2]) or span), spatial
+    bias = next((k.value for k in call.keywords if k.arg == "bias"), None)
+    return (_text(lines, _span(bias) or span) if bias is not None else ""), spatial
 
 
 def _number_argument(text: str, at: dict[int, str], invocation: int, function: ast.AST) -> str:
@@ -536,10 +622,15 @@ def _rewrite(
     _check_reads_at_call(plan)
     _check_late_bindings(plan)
     _check_dropped_names(plan, outputs, function)
+    ahead = _statements_ahead(plan)
     first, last = block[min(statements)], block[max(statements)]
-    return Region(
+    region = Region(
         file, getattr(function, "name", ""), first.lineno, last.end_lineno or last.lineno, arguments, names, plan.edits
     )
+    region.ahead = ahead
+    region.taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
+    region.taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
+    return region
 
 
 def _call_in_place(plan: _Rewrite, output: tuple[_Root, int]) -> list[str]:
@@ -636,6 +727,22 @@ def _internal_names(plan: _Rewrite, i: int, reads: set[str]) -> set[str]:
                     internal.add(name)
                 break
     return internal
+
+
+def _statements_ahead(plan: _Rewrite) -> list[Span]:
+    """The statements that stay before the call, in order.  The guarded form (`analysis/guarded.py`)
+    runs them first, then asks whether the kernel runs, from the inputs its call takes, and else runs
+    the rest of the original lines.  That keeps what each computes: the statements that go compute
+    only the cluster's own values, which nothing ahead reads (`_check_dropped_names`), nor rebinds
+    between them and the call (`_check_reads_at_call`); a convolution that loses its bias to the
+    kernel is among them (the call reads its result)."""
+    if plan.unbiased and plan.call_at <= max(plan.unbiased):
+        raise NoRegion(
+            f"the cluster's result is bound on line {plan.block[plan.call_at].lineno}, before a convolution whose "
+            "bias the kernel adds: the convolution could not run first"
+        )
+    lo = min(plan.statements)
+    return [_span(statement) or (0, 0, 0, 0) for statement in plan.kept(lo, plan.call_at)]
 
 
 def _check_late_bindings(plan: _Rewrite) -> None:

@@ -133,19 +133,35 @@ def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = N
             chosen.append(cluster)
     if not chosen:
         return []
-    # An edit that includes another chosen cluster's (their code shares lines) writes both calls.
-    nested = {i for c in chosen if c.edit is not None for i in c.edit.includes}
-    by_id = {c.id: c for _, c in report.clusters()}
-    edits = [LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen if c.edit and c.id not in nested]
+    # An edit that includes another chosen cluster's (their code shares lines) writes both calls; kernels
+    # made for the same lines share one edit, which asks each in turn.
+    nested = {
+        i for c in chosen if c.edit is not None for i in c.edit.includes if _edit_of(by_id(report, i)) != _edit_of(c)
+    }
+    by_id_map = {c.id: c for _, c in report.clusters()}
+    edits = list(
+        dict.fromkeys(
+            LineEdit(c.edit.start_line, c.edit.end_line, c.edit.text) for c in chosen if c.edit and c.id not in nested
+        )
+    )
     names = [c.kernel.name for c in chosen if c.kernel and c.edit is not None]
     names += [
-        k.name for c in chosen if c.edit for i in c.edit.includes if (k := by_id[i].kernel) and k.name not in names
+        k.name for c in chosen if c.edit for i in c.edit.includes if (k := by_id_map[i].kernel) and k.name not in names
     ]
     if any(c.patch is not None for c in chosen):
         names.append(INSTALL)
     module_path = next(c.kernel.path for c in chosen if c.kernel)
     edits.append(import_edit(source, report.file, module_path, names))
     return edits
+
+
+def by_id(report: Report, cluster_id: str) -> Cluster | None:
+    return next((c for _, c in report.clusters() if c.id == cluster_id), None)
+
+
+def _edit_of(cluster: Cluster | None) -> tuple[int, int, str] | None:
+    edit = cluster.edit if cluster is not None else None
+    return (edit.start_line, edit.end_line, edit.text) if edit is not None else None
 
 
 @dataclass

@@ -122,7 +122,7 @@ def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[s
 
 def _domain_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
     """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape."""
-    return [f"d{i} = {size}" for i, size in enumerate(_size_exprs(plan, input_names))]
+    return [f"d{i} = {size}" for i, size in enumerate(domain_size_exprs(plan, input_names))]
 
 
 def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
@@ -150,7 +150,7 @@ def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[
     ]
 
 
-def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
+def domain_size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
     """Each domain dim as an expression over the inputs' run-time shapes (its analysis-time size
     when no input is loaded along it at that size)."""
     return [_size_expr(plan, names, i, size) or str(size) for i, size in enumerate(plan.domain)]

@@ -14,6 +14,7 @@ import re
 
 from fuselens.contracts.report import Edit, Report
 
+from . import admission
 from . import patches as patches_mod
 from .edits import natural_order
 from .emit import LOOP_BLOCK, MAX_BLOCK_ROW
@@ -495,7 +496,7 @@ def module_header(source_name: str) -> str:
         "everywhere else (CPU, no Triton, autograd, other dtypes) `clusterN` runs `_clusterN_reference`,\n"
         "the same operators as the model wrote them, so the model runs wherever it ran before.\n"
         "Regenerate with `fuselens apply`; edits to this file are overwritten.\n"
-        '"""\n\n' + LINTERS + RUNTIME.strip("\n") + "\n"
+        '"""\n\n' + LINTERS + RUNTIME.strip("\n") + "\n" + admission.RUNTIME.rstrip("\n") + "\n"
     )
 
 

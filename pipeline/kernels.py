@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ast
 import os
+from dataclasses import dataclass
 
 from fuselens.analysis import sourcemap
+from fuselens.analysis.guarded import Alternative, Guarded, guarded
 from fuselens.analysis.library import NotPatchable, library_function
-from fuselens.analysis.regions import Region
+from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
+from fuselens.codegen.admission import fits_text
 from fuselens.codegen.emit import emit
 from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.plan import ScalarSlot
@@ -32,6 +35,7 @@ def generate_kernels(
     """Number the clusters of the file, emit each kernel, and attach exact call-site edits."""
     module_path = edits_mod.kernel_module_path(report.file, out_dir)
     taken = _kernel_names_in_use(source.text, module_path)
+    placed: list[_Placed] = []
     n = 0
     for model, model_found in zip(report.models, found, strict=True):
         if model.status != "analyzed":
@@ -73,13 +77,19 @@ def generate_kernels(
                 cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
                 cluster.apply_detail = cluster.lowering
                 continue
+            region = instance.mapping.region
+            checks = region.checks if region is not None else []
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             if trained:
                 text += "\n\n\n" + trained.text
+            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trained.trains if trained else None, checks)
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
-            _attach_edit(report, cluster, instance, name, module_path, no_reference, source)
+            place = _place(cluster, instance, name, module_path)
+            if place is not None:
+                placed.append(place)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
+    _write_edits(report, placed, module_path, source)
     _nest_shared_lines(report, module_path)
 
 
@@ -93,6 +103,8 @@ def _nest_shared_lines(report: R.Report, module_path: str) -> None:
         for earlier in edited[:k]:
             if earlier.edit is None or later.edit is None or not _overlap(earlier.edit, later.edit):
                 continue
+            if later.id in earlier.edit.includes:
+                continue  # kernels made for the same lines: one edit asks each
             if not _carries(later.edit, earlier.edit):
                 later.edit, later.applies = None, "no"
                 later.apply_detail = f"its code shares line {later.lines[0]} with {earlier.id}'s"
@@ -171,77 +183,111 @@ def _refusing_reference(name: str, params: list[str], why: str) -> str:
     return "\n".join([f"def _{name}_reference({', '.join(params)}):", f"    raise NotImplementedError({message!r})"])
 
 
-def _attach_edit(
-    report: R.Report,
-    cluster: R.Cluster,
-    instance: Found,
-    name: str,
-    module_path: str,
-    no_reference: str,
-    source: sourcemap.SourceIndex,
-) -> None:
-    """How a cluster applies: the edit of the analyzed file, the patch of a library's code, or why
-    neither can be made."""
+@dataclass
+class _Placed:
+    """A cluster whose kernel can stand in for code: where that code is and how the code reaches the kernel."""
+
+    cluster: R.Cluster
+    region: Region
+    call: str  # `cluster0` in the user's file, `_fuselens_<module>.cluster0` in a library patch
+    lines: list[str]  # the lines of the region's file
+    function: R.LibraryFunction | None = None  # the library function a patch replaces
+
+
+def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> _Placed | None:
+    """Where the cluster's kernel can stand in for code: the analyzed file (an edit), a library's
+    function (a patch), or nowhere (the cluster says why)."""
     region = instance.mapping.region
-    named = all(i.name for i in cluster.inputs)
-    if no_reference:
-        cluster.apply_detail = f"the kernel could not fall back to torch code where it cannot run: {no_reference}"
-    elif region is None or not named:
+    if region is None or not all(i.name for i in cluster.inputs):
         cluster.apply_detail = cluster.mapping_detail
-    elif cluster.mapping == "exact":
-        _attach_source_edit(report, cluster, region, name, module_path, source)
-    elif in_library(region.file):
-        _attach_library_patch(cluster, region, name, module_path)
-    else:
+        return None
+    if cluster.mapping == "exact":
+        return _Placed(cluster, region, name, [])  # the analyzed file's lines
+    if not in_library(region.file):
         cluster.apply_detail = cluster.mapping_detail
-
-
-def _attach_source_edit(
-    report: R.Report,
-    cluster: R.Cluster,
-    region: Region,
-    name: str,
-    module_path: str,
-    source: sourcemap.SourceIndex,
-) -> None:
-    text = region.rewrite(name, source.lines)
-    import_line = edits_mod.import_statement(report.file, module_path, [name])
-    original = "".join(line + "\n" for line in source.lines[region.first - 1 : region.last])
-    replaces = region.stands_in_for(source.lines) or ""
-    cluster.edit = R.Edit(
-        region.first,
-        region.last,
-        text,
-        import_line,
-        region.statement(name),
-        original,
-        replaces,
-        region.call(name) if replaces else "",
-    )
-    cluster.applies = "edit"
-    cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
-
-
-def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_path: str) -> None:
-    """The library's lines rewritten to call the kernel through the kernel module, which the patch
-    puts in the library module's namespace under `kernel_alias`."""
+        return None
     index = sourcemap.source_of(region.file)
     node = index.function_at(region.first, cluster.function) if index is not None else None
     if index is None or node is None:
         cluster.apply_detail = f"{cluster.mapping_detail}; its source could not be read"
-        return
+        return None
     try:
         function = library_function(region.file, cluster.function, node, index.lines)
     except NotPatchable as exc:
         cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"
-        return
-    call = f"{kernel_alias(module_path)}.{name}"
-    edit = R.Edit(region.first, region.last, region.rewrite(call, index.lines), "", region.statement(call))
-    cluster.patch = R.LibraryPatch(function, edit)
+        return None
+    return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function)
+
+
+def _write_edits(report: R.Report, placed: list[_Placed], module_path: str, source: sourcemap.SourceIndex) -> None:
+    """The rewritten lines of each placed cluster: one text for the clusters whose kernels stand in for
+    the same lines (another rank, another shape), which asks each in turn and runs the lines where none
+    fits (`analysis.guarded`)."""
+    groups: dict[tuple[str, int, int], list[_Placed]] = {}
+    for p in placed:
+        groups.setdefault((os.path.abspath(p.region.file), p.region.first, p.region.last), []).append(p)
+    for group in groups.values():
+        first = group[0]
+        same = [p for p in group if p.region.arguments == first.region.arguments]
+        for p in group:
+            if p not in same:
+                p.cluster.apply_detail = (
+                    f"its code is {first.cluster.id}'s, called with other arguments: one rewrite cannot ask both kernels"
+                )
+        alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
+        lines = source.lines if first.function is None else first.lines
+        try:
+            written = guarded(first.region, alternatives, lines)
+        except NoRegion as exc:
+            for p in same:
+                p.cluster.apply_detail = f"{p.cluster.mapping_detail}; {exc}" if p.function else str(exc)
+            continue
+        for p in same:
+            others = [q.cluster.id for q in same if q is not p]
+            if p.function is None:
+                _attach_source_edit(report, p, written, others, module_path, source)
+            else:
+                _attach_library_patch(p, written, others)
+
+
+def _attach_source_edit(
+    report: R.Report,
+    placed: _Placed,
+    written: Guarded,
+    others: list[str],
+    module_path: str,
+    source: sourcemap.SourceIndex,
+) -> None:
+    cluster, region, name = placed.cluster, placed.region, placed.call
+    original = "".join(line + "\n" for line in source.lines[region.first - 1 : region.last])
+    names = [name, *(f"cluster{i[1:]}" for i in others)]
+    cluster.edit = R.Edit(
+        region.first,
+        region.last,
+        written.text,
+        edits_mod.import_statement(report.file, module_path, names),
+        region.statement(name),
+        original,
+        written.replaced,
+        written.expression,
+        list(others),
+    )
+    cluster.applies = "edit"
+    cluster.apply_detail = f"{_span(region)} `{region.statement(name)}` where the kernel fits, else the lines as written"
+
+
+def _attach_library_patch(placed: _Placed, written: Guarded, others: list[str]) -> None:
+    """The library's lines rewritten to call the kernel through the kernel module, which the patch
+    puts in the library module's namespace under `kernel_alias`."""
+    cluster, region, call = placed.cluster, placed.region, placed.call
+    assert placed.function is not None
+    edit = R.Edit(region.first, region.last, written.text, "", region.statement(call), includes=list(others))
+    cluster.patch = R.LibraryPatch(placed.function, edit)
     cluster.applies = "patch"
+    name = call.rsplit(".", 1)[-1]
     cluster.apply_detail = (
-        f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` in a patch of "
-        f"{function.qualname} that `install()` puts in place"
+        f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` where the kernel fits, in a patch of "
+        f"{placed.function.qualname} that `install()` puts in place"
     )
 
 

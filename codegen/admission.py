@@ -1,0 +1,155 @@
+"""When a kernel may stand in for the code it replaces: its `fits` function.
+
+The rewritten code (`analysis/guarded.py`) asks `clusterN.fits(<the call's arguments>, module=self)`
+before calling the kernel, and runs the original lines when the answer is no.  A kernel fits a call
+where it computes exactly what those lines compute:
+
+- every input is a tensor of the rank and dtype the kernel was made for, on a device it runs on,
+  wanting gradients only where its backward computes them (the module's `_kernel_runs`);
+- the sizes relate as they did: a dim the kernel reads along a domain dim has that dim's size (read
+  at call time from the input the launcher takes it from), and every other dim (a broadcast one, one
+  read through a fixed offset, one the kernel never indexes) has the size it had;
+- the numbers of the model's state are numbers of the type the kernel takes (and those it bakes in
+  have the value it baked);
+- the modules the lines call are of the same class, set up the same way, and in the same mode where
+  their computation depends on it (`analysis/module_checks.py`).
+
+Text only, like the rest of codegen: the function is printed into the kernel module.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from fuselens.analysis import settings
+from fuselens.analysis.module_checks import ModuleCheck
+
+from .launcher import domain_size_exprs
+from .lowering import dtype_tuple, literal, tuple_display
+from .plan import KernelPlan
+
+
+def fits_text(
+    plan: KernelPlan,
+    name: str,
+    input_names: list[str],
+    number_names: list[str],
+    trains: list[int] | None,
+    checks: list[ModuleCheck],
+) -> str:
+    """`_<name>_fits(inputs, numbers, module=None)` and its registration as `<name>.fits`."""
+    tensors = tuple_display(input_names)
+    ranks = tuple_display([str(len(slot.shape)) for slot in plan.inputs])
+    dtypes = dtype_tuple(slot.dtype for slot in plan.inputs)
+    trained = "" if trains is None else f", trains={tuple(trains)!r}"
+    numbers = [f"{n}={literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True)]
+    conditions = _size_conditions(plan, input_names) + _number_conditions(plan, number_names)
+    lines = []
+    if checks:
+        lines += [f"_{name}_modules = {_checks_literal(checks)}", "", ""]
+    if checks:
+        conditions.append(f"_modules_match(module, _{name}_modules)")
+    lines += [
+        f"def _{name}_fits({', '.join([*input_names, *numbers, 'module=None'])}):",
+        f'    """Whether {name} computes, for these arguments, what the lines it stands in for compute (else they run)."""',
+        f"    tensors = {tensors}",
+        f"    if not _tensors_of_ranks(tensors, {ranks}) or not _kernel_runs(tensors, {dtypes}{trained}):",
+        "        return False",
+    ]
+    if conditions:
+        lines.append("    return (")
+        lines += [f"        {'and ' if k else ''}{c}" for k, c in enumerate(conditions)]
+        lines.append("    )")
+    else:
+        lines.append("    return True")
+    lines += ["", "", f"{name}.fits = _{name}_fits"]
+    return "\n".join(lines)
+
+
+def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
+    """Each input dim's size: that of the domain dim it is read along (its size where the launcher
+    reads it), or the size it had when the kernel reads it any other way, or not at all."""
+    coords: dict[tuple[int, int], set[str]] = {}
+    for stmt in plan.stmts:
+        if stmt.load_input is not None:
+            for j, coord in enumerate(stmt.load_coords):
+                coords.setdefault((stmt.load_input, j), set()).add(coord)
+    sources = domain_size_exprs(plan, names)
+    conditions = []
+    for k, slot in enumerate(plan.inputs):
+        for j, size in enumerate(slot.shape):
+            own = f"{names[k]}.shape[{j}]"
+            read = coords.get((k, j), set())
+            along = next(iter(read)) if len(read) == 1 else ""
+            i = int(along[1:]) if along[:1] == "c" and along[1:].isdigit() else -1
+            if i >= 0 and plan.domain[i] == size:
+                if sources[i] != own:
+                    conditions.append(f"{own} == {sources[i]}")
+            else:
+                conditions.append(f"{own} == {size}")
+    return conditions
+
+
+def _number_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
+    """A number the kernel takes is a plain number of its type; one it bakes in has the baked value."""
+    conditions = []
+    taken = [(n, slot.type) for n, slot in zip(names, plan.scalars, strict=True) if slot.runtime]
+    if taken:
+        listed = tuple_display([n for n, _ in taken])
+        conditions.append(f"_numbers_fit({listed}, {tuple_display([repr(t) for _, t in taken])})")
+    conditions += [f"{n} == {literal(slot.value)}" for n, slot in zip(names, plan.scalars, strict=True) if not slot.runtime]
+    return conditions
+
+
+def _checks_literal(checks: list[ModuleCheck]) -> str:
+    """The module checks as the kernel module holds them: (path, class, settings, settings passed, mode) tuples."""
+    rows = [f"({c.path!r}, {c.type_name!r}, {c.settings!r}, {c.taken!r}, {c.mode!r})" for c in checks]
+    return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
+
+
+# The kernel module's helpers for the `fits` functions; `module_settings` is the analysis's own text, so
+# that the settings compared at run time are made as the recorded ones were.
+RUNTIME = (
+    '''
+
+def _tensors_of_ranks(tensors, ranks):
+    """Whether each of `tensors` is a tensor of its rank in `ranks`."""
+    return all([isinstance(t, torch.Tensor) and t.dim() == r for t, r in zip(tensors, ranks)])
+
+
+def _numbers_fit(numbers, kinds):
+    """Whether each of `numbers` is a plain number of its kind ("float" takes an int too), as the kernel takes it."""
+    for value, kind in zip(numbers, kinds):
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind == "float" else int):
+            return False
+    return True
+
+
+def _modules_match(module, checks):
+    """Whether the modules the replaced lines call, reached from `module` (their function's `self`), are
+    those the kernel was made for: each (path, class, settings, settings passed, mode) of `checks` holds (a
+    setting the call passes the kernel as a number may have any value)."""
+    if module is None:
+        return False
+    for path, type_name, settings, passed, mode in checks:
+        found = module
+        for part in path.split(".") if path else ():
+            found = getattr(found, part, None)
+            if found is None:
+                return False
+        if type_name and class_identity(type(found)) != type_name:
+            return False
+        if mode is not None and getattr(found, "training", None) is not mode:
+            return False
+        if type_name and {k: v for k, v in module_settings(found).items() if k not in passed} != settings:
+            return False
+    return True
+
+'''
+    + "from typing import Any\n\n\n"
+    + inspect.getsource(settings.module_settings)
+    + "\n\n"
+    + inspect.getsource(settings.setting_value)
+    + "\n\n"
+    + inspect.getsource(settings.class_identity)
+)
