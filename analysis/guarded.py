@@ -51,9 +51,11 @@ class Guarded:
     expression: str = ""
 
 
-def guarded(region: Region, alternatives: list[Alternative], lines: list[str]) -> Guarded:
+def guarded(region: Region, alternatives: list[Alternative], lines: list[str], carried: int = 0) -> Guarded:
     """Lines `region.first`..`region.last` of `lines` rewritten to ask each kernel of `alternatives`
-    in turn, and to run the original lines where none fits."""
+    in turn, and to run the original lines where none fits.  `carried`: the statements to run ahead
+    that end on a line up to it are left out (another rewrite that ends there writes them:
+    `carried_ahead`)."""
     if not alternatives:
         raise ValueError("no kernel to call")
     temps = _temporaries(region)
@@ -66,7 +68,39 @@ def guarded(region: Region, alternatives: list[Alternative], lines: list[str]) -
     span = region.in_place
     if span is not None:
         return _in_place(region, alternatives, questions, passed, temps, lines, span)
-    return _statements(region, alternatives, questions, passed, temps, lines)
+    return _statements(region, alternatives, questions, passed, temps, lines, carried)
+
+
+def carried_ahead(region: Region, line: int) -> str | None:
+    """The convolution module whose call without its bias is all the region runs ahead on `line` (its
+    first), when another rewrite ends on that line: that rewrite can carry the statement, made without
+    the bias in each of its branches (`unbiased_calls`), and this one leaves it out (`carried`)."""
+    on_line = [span for span in region.ahead if span[0] <= line]
+    unbiased = [(stmt, call) for stmt, call, _ in region.unbiased_statements if stmt[0] <= line]
+    if line != region.first or not on_line or len(unbiased) != 1 or on_line != [unbiased[0][0]]:
+        return None
+    bias, _ = region.biases.get(unbiased[0][1], ("", 0))
+    return bias.removesuffix(".bias") if bias.endswith(".bias") else None
+
+
+def unbiased_calls(text: str, conv: str) -> str:
+    """`text` (lines of code) with each call of the convolution module `conv` on one value
+    (`self.conv2(h)`) made without its bias, as the kernel after it adds the bias."""
+    prefix = "if True:\n"
+    tree = ast.parse(prefix + text)
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == conv and len(n.args) == 1 and not n.keywords
+    ]
+    lines = [line.encode() for line in text.splitlines()]
+    chunk: list[bytes | None] = list(lines)
+    for call in sorted(calls, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        arg = call.args[0]
+        span = (call.lineno - 1, call.col_offset, (call.end_lineno or call.lineno) - 1, call.end_col_offset or 0)
+        inner = _text([line.decode() for line in lines], (arg.lineno - 1, arg.col_offset, (arg.end_lineno or 0) - 1, arg.end_col_offset or 0))
+        chunk = _replaced(chunk, 1, span, f"{conv}._conv_forward({inner}, {conv}.weight, None)".encode())
+    return "".join(c.decode() + "\n" for c in chunk if c is not None)
 
 
 def _temporaries(region: Region) -> dict[int, str]:
@@ -93,8 +127,10 @@ def _name_for(text: str) -> str:
         return ""
     while isinstance(node, (ast.Call, ast.Subscript)):
         node = node.func if isinstance(node, ast.Call) else node.value
+    if isinstance(node, ast.Attribute) and node.attr == "_conv_forward":  # `self.skip._conv_forward(...)`: skip
+        node = node.value
     if isinstance(node, ast.Attribute):
-        return "_conv" if node.attr == "_conv_forward" else node.attr
+        return node.attr
     return node.id if isinstance(node, ast.Name) else ""
 
 
@@ -198,13 +234,14 @@ def _statements(
     passed: list[str],
     temps: dict[int, str],
     lines: list[str],
+    carried: int = 0,
 ) -> Guarded:
     first = lines[region.first - 1]
     indent = first[: len(first) - len(first.lstrip())]
     whole = (region.first, 0, region.last, len(lines[region.last - 1].encode()))
     # The statements that stay before the call run first, as the kernel's call needs them (a convolution
     # without its bias); then each kernel is asked, and else the rest of the lines run as written.
-    out = [region.rewrite_spans(alternatives[0].call, lines, span) for span in region.ahead]
+    out = [region.rewrite_spans(alternatives[0].call, lines, span) for span in region.ahead if span[2] > carried]
     for k, (alternative, question) in enumerate(zip(alternatives, questions, strict=True)):
         out.append(f"{indent}{'if' if k == 0 else 'elif'} {question}:\n")
         body = region.rewrite_spans(alternative.call, lines, whole, passed, region.ahead)

@@ -50,14 +50,19 @@ def module_checks(
     has_self: bool,
     skipped: Iterable[str] = (),
     number_texts: Iterable[str] = (),
+    skipped_in_eval: Iterable[str] = (),
 ) -> list[ModuleCheck]:
     """The checks for the code at spans `code` (less the `arguments` inside it, which the call still
     evaluates) in call `invocation` of a function whose `self` is the module at `owner` (`has_self`:
     the function has a `self`); `skipped`: modules the replaced code calls whose call the kernel leaves
     out (an `nn.Identity`); `number_texts`: the numbers the kernel takes from the caller, as the caller
-    spells them (`self.norm.eps`), which need no check."""
-    paths: set[str] = set(skipped)
-    moded: set[str] = set()
+    spells them (`self.norm.eps`), which need no check; `skipped_in_eval`: those it leaves out because in
+    eval mode they return their input (a dropout; "" for `self`, whose `training` a functional dropout
+    reads)."""
+    paths: set[str] = set(skipped) | {p for p in skipped_in_eval if p}
+    moded: set[str] = set(skipped_in_eval)
+    if "" in moded and not has_self:
+        raise Unreachable("it drops in training, and nothing its function holds says which mode the model is in")
     code, arguments = list(code), list(arguments)
     placed = [(node, depth) for node in graph if (depth := _depth_in(node, invocation, code, arguments)) is not None]
     # The module whose code was running when the function was called: its `self`, or for a function of

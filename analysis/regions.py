@@ -163,7 +163,9 @@ def find_region(
     code = [_span(root.node) or (0, 0, 0, 0) for root in roots]
     leaves = [_span(leaf) or (0, 0, 0, 0) for root in roots for leaf in root.leaves]
     try:
-        region.checks = module_checks(graph, invocation, spans.owner, code, leaves, has_self, spans.skipped, texts)
+        region.checks = module_checks(
+            graph, invocation, spans.owner, code, leaves, has_self, spans.skipped, texts, spans.moded
+        )
     except Unreachable as exc:
         raise NoRegion(str(exc)) from exc
     return region
@@ -192,6 +194,7 @@ class _Spans:
     def __init__(self, graph: Graph, members: set[int], invocation: int):
         self.of: dict[int, Span] = {}
         self.skipped: set[str] = set()  # modules whose call the kernel's call leaves out (an `nn.Identity`)
+        self.moded: set[str] = set()  # those it leaves out in eval mode only (a dropout): "" for `self`
         self.cluster: dict[Span, list[int]] = {}
         self.foreign: dict[Span, list[int]] = {}
         # The module path of the frame's `self`.
@@ -310,11 +313,20 @@ def _part_leaves(
     drops = _drops_in_training(part, spans, graph)
     if drops and not wraps_cluster_ops and _wrapped_name(part) is not None:
         return [part]  # `self.drop(h)`: the call runs before the kernel's, in training too, and passes its result
+    if drops and wraps_cluster_ops and isinstance(part, ast.Call) and part.args:
+        # In eval mode it returned its input: the kernel stands for it there, and in training (where it
+        # drops) the call runs the lines as written (the mode is checked on the module, or on `self`
+        # for `F.dropout(h, p, self.training)`).
+        where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
+        if module is not None:
+            spans.moded.add(module[len(spans.owner) + 1 :] if spans.owner else module)
+        elif _reads_self_training(part):
+            spans.moded.add("")
+        else:
+            raise NoRegion(f"{where} ran no op here, but may drop in training, and nothing here says when")
+        return _part_leaves(part.args[0], cluster, spans, ast_of, graph)
     if drops:
         where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
-        if module is not None and module not in graph.passthrough:
-            kind = graph.module_types[module].rsplit(".", 1)[-1]
-            raise NoRegion(f"{where} ran no op here, but its `{kind}` may in training: the kernel's call would skip it")
         raise NoRegion(f"{where} ran no op here, but drops in training: the kernel's call would skip it")
     if not wraps_cluster_ops:
         return [part]
@@ -327,6 +339,12 @@ def _part_leaves(
         where = f"`{ast.unparse(part)}` (line {getattr(part, 'lineno', 0)})"
         raise NoRegion(f"{where} wraps the cluster's ops in code outside it")
     return _leaves(part, cluster, spans, ast_of, graph)
+
+
+def _reads_self_training(call: ast.Call) -> bool:
+    """Whether a functional dropout's mode is `self.training` (`F.dropout(h, 0.1, self.training)`)."""
+    mode = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "training"), None)
+    return isinstance(mode, ast.Attribute) and mode.attr == "training" and _self_path(mode.value) == ""
 
 
 def _drops_in_training(part: ast.AST, spans: _Spans, graph: Graph) -> bool:

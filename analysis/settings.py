@@ -20,11 +20,13 @@ from typing import Any
 def module_settings(module: Any) -> dict[str, Any]:
     """The plain values among `module`'s own attributes (numbers, strings, flags, None, tuples of
     them, and functions or classes by name): what a module's code may branch on or compute with,
-    besides its tensors and submodules.  Private names and `training` are left out: the mode is
-    checked on its own, where the code depends on it."""
+    besides its tensors and submodules.  Private names and `training` are left out (the mode is
+    checked on its own, where the code depends on it), and so are the sizes of torch's modules."""
+    # The sizes torch's own modules keep besides their weights: a call's shapes are checked on their own.
+    sizes = ("num_embeddings", "embedding_dim", "in_features", "out_features", "normalized_shape", "num_features")
     settings = {}
     for name, value in vars(module).items():
-        if name.startswith("_") or name == "training":
+        if name.startswith("_") or name == "training" or name in sizes + ("num_channels", "in_channels", "out_channels"):
             continue
         kept = setting_value(value)
         if kept is not None or value is None:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from fuselens.analysis import sourcemap
-from fuselens.analysis.guarded import Alternative, Guarded, guarded
+from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, guarded, unbiased_calls
 from fuselens.analysis.library import NotPatchable, library_function
 from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
@@ -89,27 +89,55 @@ def generate_kernels(
                 placed.append(place)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
-    _write_edits(report, placed, module_path, source)
-    _nest_shared_lines(report, module_path)
+    carried = _write_edits(report, placed, module_path, source)
+    _nest_shared_lines(report, module_path, carried)
 
 
-def _nest_shared_lines(report: R.Report, module_path: str) -> None:
-    """Edits of two clusters that change the same line: the later carries the earlier's call where
-    its text has the expression that call replaces (`h = self.conv1(F.silu(self.norm1(x)))`, whose
-    convolution's bias add joined the next cluster), and applies it with its own; any other overlap
-    leaves the later one unapplied, with why."""
-    edited = [c for _, c in report.clusters() if c.edit is not None and c.applies == "edit"]
-    for k, later in enumerate(edited):
-        for earlier in edited[:k]:
-            if earlier.edit is None or later.edit is None or not _overlap(earlier.edit, later.edit):
+def _nest_shared_lines(report: R.Report, module_path: str, carried: dict[str, tuple[str, str]]) -> None:
+    """Edits of two clusters that change the same line: the later carries the earlier's where it can, and
+    applies it with its own; any other overlap leaves the later one unapplied, with why.  It can where
+    its text has the expression the earlier's call stands in place of (`h = self.conv1(F.silu(self.norm1(x)))`,
+    whose convolution's bias add joined the next cluster), or where all it runs ahead on that line is a
+    convolution without its bias (`carried`: cluster id -> (the convolution module, its text without
+    that statement)), which the earlier's text then runs so in each of its branches.  The same holds for
+    the patches of one library function."""
+    edited = [(c, c.edit) for _, c in report.clusters() if c.edit is not None and c.applies == "edit"]
+    _nest_overlapping(edited, report.file, module_path, carried)
+    by_function: dict[str, list[tuple[R.Cluster, R.Edit]]] = {}
+    for _, c in report.clusters():
+        if c.patch is not None:
+            f = c.patch.function
+            by_function.setdefault(f"{f.module}.{f.qualname}", []).append((c, c.patch.edit))
+    for patched in by_function.values():
+        _nest_overlapping(patched, "", "", carried)
+
+
+def _nest_overlapping(
+    edited: list[tuple[R.Cluster, R.Edit]], file: str, module_path: str, carried: dict[str, tuple[str, str]]
+) -> None:
+    """`_nest_shared_lines` over one file's edits, or one library function's patches (`file` "")."""
+    dropped: set[str] = set()
+    for k, (later, outer) in enumerate(edited):
+        for earlier, inner in edited[:k]:
+            if earlier.id in dropped or later.id in dropped or not _overlap(inner, outer):
                 continue
-            if later.id in earlier.edit.includes:
+            if later.id in inner.includes or earlier.id in outer.includes:
                 continue  # kernels made for the same lines: one edit asks each
-            if not _carries(later.edit, earlier.edit):
-                later.edit, later.applies = None, "no"
-                later.apply_detail = f"its code shares line {later.lines[0]} with {earlier.id}'s"
+            if _carries(outer, inner):
+                _nest(later, outer, earlier, inner, file, module_path)
+            elif later.id in carried and outer.start_line == inner.end_line and inner.start_line < outer.start_line:
+                _carry_statement(later, outer, earlier, inner, carried[later.id], file, module_path)
+            else:
+                _drop(later, f"its code shares line {later.lines[0]} with {earlier.id}'s")
+                dropped.add(later.id)
                 break
-            _nest(later, earlier, report.file, module_path)
+
+
+def _drop(cluster: R.Cluster, why: str) -> None:
+    cluster.edit = None
+    cluster.patch = None
+    cluster.applies = "no"
+    cluster.apply_detail = why
 
 
 def _overlap(a: R.Edit, b: R.Edit) -> bool:
@@ -126,10 +154,8 @@ def _carries(outer: R.Edit, inner: R.Edit) -> bool:
     return last_read.count(inner.replaces) == 1 and last_written == last_read.replace(inner.replaces, inner.expression)
 
 
-def _nest(later: R.Cluster, earlier: R.Cluster, file: str, module_path: str) -> None:
+def _nest(later: R.Cluster, outer: R.Edit, earlier: R.Cluster, inner: R.Edit, file: str, module_path: str) -> None:
     """`later`'s edit rewritten to carry `earlier`'s: from `earlier`'s first line, its call in place."""
-    outer, inner = later.edit, earlier.edit
-    assert outer is not None and inner is not None and later.kernel and earlier.kernel
     keep = "".join(inner.text.splitlines(keepends=True)[:-1])
     before = "".join(inner.original.splitlines(keepends=True)[:-1])
     outer.text = keep + outer.text.replace(inner.replaces, inner.expression)
@@ -138,9 +164,35 @@ def _nest(later: R.Cluster, earlier: R.Cluster, file: str, module_path: str) -> 
     outer.call = outer.call.replace(inner.replaces, inner.expression)
     if outer.expression:
         outer.expression = outer.expression.replace(inner.replaces, inner.expression)
-    outer.includes += [earlier.id, *inner.includes]
-    names = [later.kernel.name, earlier.kernel.name, *_names_in(inner.import_line, module_path)]
-    outer.import_line = edits_mod.import_statement(file, module_path, list(dict.fromkeys(names)))
+    _joined(later, outer, earlier, inner, file, module_path)
+
+
+def _carry_statement(
+    later: R.Cluster,
+    outer: R.Edit,
+    earlier: R.Cluster,
+    inner: R.Edit,
+    carry: tuple[str, str],
+    file: str,
+    module_path: str,
+) -> None:
+    """`later`'s edit rewritten to start with `earlier`'s, whose last line is the convolution `later`
+    runs ahead without its bias: that call is made so in each of `earlier`'s branches."""
+    conv, rest = carry
+    outer.text = unbiased_calls(inner.text, conv) + rest
+    outer.original = inner.original + "".join(outer.original.splitlines(keepends=True)[1:])
+    outer.start_line = inner.start_line
+    _joined(later, outer, earlier, inner, file, module_path)
+
+
+def _joined(later: R.Cluster, outer: R.Edit, earlier: R.Cluster, inner: R.Edit, file: str, module_path: str) -> None:
+    """What an edit that carries another's says and imports."""
+    assert later.kernel and earlier.kernel
+    outer.includes += [i for i in [earlier.id, *inner.includes] if i not in outer.includes]
+    if file:
+        names = [later.kernel.name, *_names_in(outer.import_line, module_path), earlier.kernel.name]
+        names += _names_in(inner.import_line, module_path)
+        outer.import_line = edits_mod.import_statement(file, module_path, list(dict.fromkeys(names)))
     lines = f"lines {outer.start_line}–{outer.end_line} become"
     later.apply_detail = f"{lines} `{outer.call}` (with {', '.join(outer.includes)}, whose code shares them)"
 
@@ -219,10 +271,14 @@ def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> 
     return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function)
 
 
-def _write_edits(report: R.Report, placed: list[_Placed], module_path: str, source: sourcemap.SourceIndex) -> None:
+def _write_edits(
+    report: R.Report, placed: list[_Placed], module_path: str, source: sourcemap.SourceIndex
+) -> dict[str, tuple[str, str]]:
     """The rewritten lines of each placed cluster: one text for the clusters whose kernels stand in for
     the same lines (another rank, another shape), which asks each in turn and runs the lines where none
-    fits (`analysis.guarded`)."""
+    fits (`analysis.guarded`).  Returns, for the clusters whose first line is only a convolution they
+    run ahead without its bias, what another edit ending on that line needs to carry them."""
+    carried: dict[str, tuple[str, str]] = {}
     groups: dict[tuple[str, int, int], list[_Placed]] = {}
     for p in placed:
         groups.setdefault((os.path.abspath(p.region.file), p.region.first, p.region.last), []).append(p)
@@ -242,12 +298,17 @@ def _write_edits(report: R.Report, placed: list[_Placed], module_path: str, sour
             for p in same:
                 p.cluster.apply_detail = f"{p.cluster.mapping_detail}; {exc}" if p.function else str(exc)
             continue
+        conv = carried_ahead(first.region, first.region.first)
+        rest = guarded(first.region, alternatives, lines, carried=first.region.first).text if conv else ""
         for p in same:
             others = [q.cluster.id for q in same if q is not p]
             if p.function is None:
                 _attach_source_edit(report, p, written, others, module_path, source)
             else:
                 _attach_library_patch(p, written, others)
+            if conv:
+                carried[p.cluster.id] = (conv, rest)
+    return carried
 
 
 def _attach_source_edit(

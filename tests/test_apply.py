@@ -119,7 +119,8 @@ def test_apply_never_touches_clusters_that_cannot_be_applied(tmp_path):
     result = apply_file(str(path), options, None, lambda r: True)
     assert result.applied == ["c1"]  # the other cluster, on its own line
     after = path.read_text().splitlines()
-    assert "        return cluster1(y), torch.tanh(z) * 3.0" in after and "        y, z = mix(x, self.w)" in after
+    assert "        return (cluster1(y) if cluster1.fits(y) else y * 0.5 + 1.0), torch.tanh(z) * 3.0" in after
+    assert "        y, z = mix(x, self.w)" in after
 
 
 def test_clusters_never_span_two_layers(tmp_path):
@@ -135,11 +136,17 @@ def test_clusters_never_span_two_layers(tmp_path):
     result = apply_file(str(path), options, None, lambda r: True)
     assert result.applied == ["c0", "c1"] and not result.skipped
     after = path.read_text().splitlines()
-    assert "        x = self.drop(cluster0(idx, self.tok.weight, pos, self.pos.weight))" in after
-    assert (
-        "        x, fused_1 = cluster1(x, self.attn(self.ln1(x)), self.ln2.weight, self.ln2.bias, self.ln2.eps)"
-        in after
-    )
+    embeddings = "cluster0(idx, self.tok.weight, pos, self.pos.weight)"
+    assert f"        x = self.drop({embeddings} if cluster0.fits(idx, self.tok.weight, pos, self.pos.weight, module=self) else self.tok(idx) + self.pos(pos))" in after
+    norm = "self.ln2.weight, self.ln2.bias, self.ln2.eps"
+    start = after.index(f"        if cluster1.fits(x, attn := self.attn(self.ln1(x)), {norm}, module=self):")
+    assert after[start + 1 : start + 6] == [
+        f"            x, fused_1 = cluster1(x, attn, {norm})",  # the attention runs once, either way
+        "            x = x + self.mlp(fused_1)",
+        "        else:",
+        "            x = x + attn",
+        "            x = x + self.mlp(self.ln2(x))",
+    ]
     assert "            x = block(x)" in after and "        x = self.ln_f(x)" in after
 
 
@@ -169,7 +176,8 @@ def test_restore_puts_back_the_lines_apply_replaced(tmp_path):
     original = (tmp_path / "llama_block.py").read_text()
     assert _cli("apply", "--yes", "llama_block.py", cwd=tmp_path).returncode == 0
     applied = (tmp_path / "llama_block.py").read_text()
-    assert "probs = cluster3(torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim))" in applied
+    assert "probs = cluster3(matmul, math.sqrt(self.head_dim))" in applied
+    assert "if cluster3.fits(matmul := torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim)):" in applied
     one = _cli("restore", "--yes", "--kernel", "cluster3", "llama_block.py", cwd=tmp_path)
     assert one.returncode == 0 and "restored cluster3" in one.stdout, one.stdout + one.stderr
     text = (tmp_path / "llama_block.py").read_text()
@@ -346,8 +354,15 @@ def test_a_replaced_statements_comment_stays_at_its_indentation(write_model):
     assert result.applied == ["c0"]
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().splitlines()
-    comment = lines.index("        # back to (N, C, H, W)")  # the statement's own indentation
-    assert lines[comment + 1] == "        return cluster0(x, self.gamma, y)"
+    comment = lines.index("            # back to (N, C, H, W)")  # the statement's own indentation
+    assert lines[comment - 1 : comment + 6] == [
+        "        if cluster0.fits(x, self.gamma, y):",
+        "            # back to (N, C, H, W)",
+        "            return cluster0(x, self.gamma, y)",
+        "        else:",
+        "            y = (self.gamma * y).permute(0, 3, 1, 2)  # back to (N, C, H, W)",
+        "            return x + y",
+    ]
 
 
 def test_an_apply_leaves_the_options_it_was_given_as_they_were(tmp_path):

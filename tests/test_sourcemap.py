@@ -43,7 +43,14 @@ def test_exact_mapping_names_inputs_and_outputs(write_model, analyze):
     c = by_chain(model)["mul → relu → add"]
     assert c.mapping == "exact" and c.lines == [line_of("y = x * 2.0"), line_of("torch.relu(y)")]
     assert [i.name for i in c.inputs] == ["x", "self.bias"]
-    assert c.edit.text == "        y = cluster0(x, self.bias)\n"
+    # the kernel where it fits the call, the lines as written everywhere else
+    assert c.edit.text == (
+        "        if cluster0.fits(x, self.bias):\n"
+        "            y = cluster0(x, self.bias)\n"
+        "        else:\n"
+        "            y = x * 2.0\n"
+        "            y = torch.relu(y) + self.bias\n"
+    )
 
 
 def test_a_statement_sharing_its_line_is_kept(write_model, analyze):
@@ -51,7 +58,8 @@ def test_a_statement_sharing_its_line_is_kept(write_model, analyze):
     c = by_chain(model)["tanh → add"]
     # `w = torch.tanh(z) + 1.0; u = self.proj(w)`: the first statement becomes the call, the second stays
     assert c.mapping == "exact" and c.lines == [line_of("torch.tanh(z)")] * 2
-    assert c.edit.text == f"        w = {c.kernel.name}(z); u = self.proj(w)\n"
+    k = c.kernel.name
+    assert c.edit.text == f"        w = {k}(z) if {k}.fits(z) else torch.tanh(z) + 1.0; u = self.proj(w)\n"
 
 
 def test_ops_in_a_helper_are_replaced_at_the_caller(write_model, analyze):
@@ -59,7 +67,8 @@ def test_ops_in_a_helper_are_replaced_at_the_caller(write_model, analyze):
     c = next(c for c in model.clusters if "sigmoid" in c.op_chain)
     assert c.lines == [line_of("helper(u) + u")] * 2  # where forward() calls helper(), not helper's own lines
     # the call of helper() goes with the ops it runs; the linear around them stays
-    assert c.mapping == "exact" and c.edit.text == f"        v = self.proj({c.kernel.name}(u))\n"
+    k = c.kernel.name
+    assert c.mapping == "exact" and c.edit.text == f"        v = self.proj({k}(u) if {k}.fits(u) else helper(u) + u)\n"
 
 
 def test_a_name_read_after_the_lines_keeps_them(write_model, analyze):
@@ -67,7 +76,8 @@ def test_a_name_read_after_the_lines_keeps_them(write_model, analyze):
     c = next(c for c in model.clusters if c.op_chain.startswith("exp"))
     # t is reassigned and its final value is what the lines leave behind: they become one call
     assert c.mapping == "exact" and c.lines == [line_of("torch.exp(v)"), line_of("t = t * 3.0")]
-    assert c.edit.text.strip() == f"t = {c.kernel.name}(v)"
+    k = c.kernel.name
+    assert c.edit.text.split() == f"if {k}.fits(v): t = {k}(v) else: t = torch.exp(v) t = t * 3.0".split()
 
 
 LAYERS = """
@@ -151,21 +161,27 @@ def test_an_identity_module_inside_the_cluster_is_replaced_with_it(write_model, 
         model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
         (c,) = model.clusters
         assert c.op_chain == "gelu → mul → add" and c.applies == "edit", (drop, c.apply_detail)
-        assert c.edit.text.strip() == f"return {c.kernel.name}(x, self.gamma, y)"
+        k = c.kernel.name
+        original = "x + self.drop_path(self.gamma * F.gelu(y))"
+        # asked with the module, whose drop_path must still be the module that was analyzed
+        assert c.edit.text.strip() == f"return {k}(x, self.gamma, y) if {k}.fits(x, self.gamma, y, module=self) else {original}"
 
 
-def test_a_module_that_drops_only_in_training_keeps_the_cluster_from_applying(write_model, analyze):
-    """In eval mode a dropout of rate 0.1 (or a DropPath) returns its input and runs no op; a kernel
-    call standing for the expression would train without it, so no edit is offered, and the reason
-    names the module."""
-    for drop, kind in (("nn.Dropout(0.1)", "Dropout"), ("DropPath(0.1)", "DropPath")):
+def test_a_module_that_drops_only_in_training_is_left_to_the_lines_in_training(write_model, analyze):
+    """In eval mode a dropout of rate 0.1 (or a DropPath) returns its input and runs no op: the kernel
+    stands for the expression there, and its `fits` holds the module to eval mode, so that in training
+    the lines run as written, dropping.  A functional dropout's mode is `self.training`."""
+    for drop in ("nn.Dropout(0.1)", "DropPath(0.1)"):
         model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
         (c,) = model.clusters
-        assert c.applies == "no" and c.edit is None
-        assert f"`self.drop_path(self.gamma * F.gelu(y))` (line 25) ran no op here, but its `{kind}`" in c.apply_detail
-        assert "in training" in c.apply_detail
+        assert c.applies == "edit", c.apply_detail
+        assert "_modules = (\n    ('drop_path'," in c.kernel.source and ", False),\n)" in c.kernel.source
     functional = LAYER_SCALE.replace("DROP", "nn.Identity()").replace(
         "self.drop_path(self.gamma * F.gelu(y))", "F.dropout(self.gamma * F.gelu(y), 0.1, self.training)"
     )
     (c,) = only_model(analyze(write_model(functional))).clusters
-    assert c.applies == "no" and "(line 25) ran no op here, but drops in training" in c.apply_detail
+    assert c.applies == "edit" and "module=self" in c.edit.text and "    ('', '', {}, (), False),\n" in c.kernel.source
+    # a dropout whose mode nothing in the code names stays out
+    fixed = functional.replace("0.1, self.training)", "0.1, self.fc.training)")
+    (c,) = only_model(analyze(write_model(fixed))).clusters
+    assert c.applies == "no" and "(line 25) ran no op here" in c.apply_detail
