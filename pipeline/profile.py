@@ -12,8 +12,11 @@ cluster kind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
+from collections.abc import Callable, Iterator
 from statistics import mean
 
 import torch
@@ -84,12 +87,48 @@ def _profile_model(
             real.train()
         inputs = loader.random_inputs(specs, device, options.seed)
         decisions = model.paths[0] if model.paths else []
-        measured = measure(
-            real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup, options.train
-        )
+        with _refusals(kernel_module) as refused:
+            measured = measure(
+                real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup, options.train
+            )
     except (capture.CaptureError, RuntimeError) as exc:
         return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=f"the forward could not be profiled: {exc}")
-    return attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)
+    profiled = attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)
+    # A kernel whose `fits` said no ran the lines it stands in for, as written: it did not run here.
+    profiled.fell_back = sorted(set(profiled.fell_back) | (refused - set(profiled.kernels)))
+    return profiled
+
+
+@contextlib.contextmanager
+def _refusals(kernel_module: str) -> Iterator[set[str]]:
+    """The kernels of the loaded `kernel_module` whose `fits` answers no while the block runs."""
+    refused: set[str] = set()
+    module = next(
+        (m for m in list(sys.modules.values()) if _same_file(getattr(m, "__file__", None), kernel_module)), None
+    )
+    watched = [(name, f) for name, f in vars(module).items() if callable(getattr(f, "fits", None))] if module else []
+
+    def watching(name: str, fits: Callable[..., bool]) -> Callable[..., bool]:
+        def watched_fits(*args: object, **kwargs: object) -> bool:
+            answer = fits(*args, **kwargs)
+            if not answer:
+                refused.add(name)
+            return answer
+
+        return watched_fits
+
+    originals = [(f, f.fits) for _, f in watched]
+    for name, f in watched:
+        f.fits = watching(name, f.fits)
+    try:
+        yield refused
+    finally:
+        for f, fits in originals:
+            f.fits = fits
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return bool(a) and os.path.abspath(a or "") == os.path.abspath(b)
 
 
 def _code_before_apply(path: str, text: str, kernel_module: str) -> str | None:
