@@ -60,6 +60,11 @@ def class_identity(cls: type) -> str:
     import os
     import sys
 
-    file = getattr(sys.modules.get(cls.__module__), "__file__", None) or cls.__module__
-    return f"{os.path.basename(file)}:{cls.__qualname__}"
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    for value in () if file else vars(cls).values():  # a module loaded without a place in sys.modules
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None:
+            file = code.co_filename
+            break
+    return f"{os.path.basename(file or cls.__module__)}:{cls.__qualname__}"
 

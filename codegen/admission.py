@@ -7,8 +7,9 @@ where it computes exactly what those lines compute:
 - every input is a tensor of the rank and dtype the kernel was made for, on a device it runs on,
   wanting gradients only where its backward computes them (the module's `_kernel_runs`);
 - the sizes relate as they did: a dim the kernel reads along a domain dim has that dim's size (read
-  at call time from the input the launcher takes it from), and every other dim (a broadcast one, one
-  read through a fixed offset, one the kernel never indexes) has the size it had;
+  at call time from the input the launcher takes it from), a table's rows read at the ids the kernel
+  loads may be any number, and every other dim (a broadcast one, one read through a fixed offset, one
+  the kernel never indexes) has the size it had;
 - the numbers of the model's state are numbers of the type the kernel takes (and those it bakes in
   have the value it baked);
 - the modules the lines call are of the same class, set up the same way, and in the same mode where
@@ -26,7 +27,7 @@ from fuselens.analysis.module_checks import ModuleCheck
 
 from .launcher import domain_size_exprs
 from .lowering import dtype_tuple, literal, tuple_display
-from .plan import KernelPlan
+from .plan import KernelPlan, is_loaded_index
 
 
 def fits_text(
@@ -85,6 +86,8 @@ def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
             if i >= 0 and plan.domain[i] == size:
                 if sources[i] != own:
                     conditions.append(f"{own} == {sources[i]}")
+            elif read and all(is_loaded_index(c) for c in read):
+                continue  # rows of a table read at the ids the kernel loads: any number of them
             else:
                 conditions.append(f"{own} == {size}")
     return conditions

@@ -204,14 +204,14 @@ def restore_edits(
     except SyntaxError:
         return Restore([], [], ["the file does not parse: fix it first"])
     module = _module_name(module_path)
-    statement, imported = next(
-        ((n, have) for n in tree.body if (have := _imported_from(n, module)) is not None), (None, [])
-    )
+    imported = next((have for n in tree.body if (have := _imported_from(n, module)) is not None), [])
     kept = kept_originals(module_text)
     wanted = [n for n in imported if n in kept] if names is None else names
     lines = source.splitlines(keepends=True)
     result = Restore([], [], [])
-    for name in wanted:
+    pending = list(wanted)
+    while pending:
+        name = pending.pop(0)
         if name in result.restored:
             continue  # restored with lines another kernel's call shares
         if name not in kept or name not in imported:
@@ -226,19 +226,55 @@ def restore_edits(
             continue
         carrier, at = found[0]
         call, original = kept[carrier]
-        result.edits.append(LineEdit(at, at + len(call.splitlines()) - 1, original))
-        calls = [k for k in imported if re.search(rf"\b{k}\(", call)]
+        lines[at - 1 : at - 1 + len(call.splitlines())] = original.splitlines(keepends=True)
+        # The kernels the written lines call and the lines they replace do not (an earlier fix's call, which
+        # those lines carried, stays: its own lines are then back in view, and restored next).
+        calls = [k for k in imported if re.search(rf"\b{k}\(", call) and not re.search(rf"\b{k}\(", original)]
         result.restored += [k for k in calls if k not in result.restored]
+        if name not in result.restored:
+            pending.insert(0, name)
     gone = set(result.restored)
     if names is None and INSTALL in imported:
         gone.add(INSTALL)
         result.restored.append(INSTALL)
-        result.edits += [LineEdit(n.lineno, n.end_lineno or n.lineno, "") for n in tree.body if _is_install_call(n)]
-    if statement is not None and gone:
-        left = [n for n in imported if n not in gone]
-        text = import_statement(model_file, module_path, left) + "\n" if left else ""
-        result.edits.append(LineEdit(statement.lineno, statement.end_lineno or statement.lineno, text))
+    restored = _without_imports("".join(lines), model_file, module_path, module, gone)
+    result.edits = _changed_lines(source, restored)
     return result
+
+
+def _without_imports(text: str, model_file: str, module_path: str, module: str, gone: set[str]) -> str:
+    """`text` without the names `gone` in its import of the kernel module (nor `install()`'s call)."""
+    if not gone:
+        return text
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    edits = []
+    if INSTALL in gone:
+        edits += [LineEdit(n.lineno, n.end_lineno or n.lineno, "") for n in tree.body if _is_install_call(n)]
+    statement, imported = next(
+        ((n, have) for n in tree.body if (have := _imported_from(n, module)) is not None), (None, [])
+    )
+    if statement is not None:
+        left = [n for n in imported if n not in gone]
+        kept = import_statement(model_file, module_path, left) + "\n" if left else ""
+        edits.append(LineEdit(statement.lineno, statement.end_lineno or statement.lineno, kept))
+    return apply_line_edits("".join(lines), edits)
+
+
+def _changed_lines(before: str, after: str) -> list[LineEdit]:
+    """One edit that turns `before` into `after`: the lines between what they share at both ends."""
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    if old and not old[-1].endswith("\n"):
+        old[-1] += "\n"
+    if old == new:
+        return []
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    return [LineEdit(head + 1, len(old) - tail, "".join(new[head : len(new) - tail]))]
 
 
 def _only_place(lines: list[str], block: list[str]) -> int | None:

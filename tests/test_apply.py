@@ -198,12 +198,23 @@ def test_a_convolutions_bias_joins_the_kernel_after_it_and_restores_with_it(tmp_
     assert done.applied == ["c0", "c1", "c2"], done.skipped
     body = [line.strip() for line in (tmp_path / "diffusion_block.py").read_text().splitlines()]
     start = body.index("def forward(self, x, emb):") + 1
-    norm = "self.norm{k}.weight, self.norm{k}.bias, self.norm{k}.eps, self.norm{k}.num_groups"
-    assert body[start : start + 3] == [
-        f"h = self.conv1._conv_forward(cluster0(x, {norm.format(k=1)}), self.conv1.weight, None)",
-        "h = self.conv2._conv_forward(self.dropout(cluster1(h, self.conv1.bias, "
-        f"self.emb_proj(F.silu(emb))[:, :, None, None], {norm.format(k=2)})), self.conv2.weight, None)",
-        "return cluster2(self.skip._conv_forward(x, self.skip.weight, None), self.skip.bias, h, self.conv2.bias)",
+    norm1, norm2 = (f"self.norm{k}.weight, self.norm{k}.bias, self.norm{k}.eps, self.norm{k}.num_groups" for k in (1, 2))
+    emb = "self.emb_proj(F.silu(emb))[:, :, None, None]"
+    assert body[start : start + 12] == [
+        f"h = self.conv1._conv_forward(cluster0(x, {norm1}) if cluster0.fits(x, {norm1}, module=self) "
+        "else F.silu(self.norm1(x)), self.conv1.weight, None)",
+        f"if cluster1.fits(h, self.conv1.bias, emb_proj := {emb}, {norm2}, module=self):",
+        f"h = self.conv2._conv_forward(self.dropout(cluster1(h, self.conv1.bias, emb_proj, {norm2})), "
+        "self.conv2.weight, None)",
+        "else:",  # where cluster1 does not fit: the lines, with the first convolution's bias added back
+        "h = h if self.conv1.bias is None else h + self.conv1.bias[:, None, None]",
+        "h = h + emb_proj",
+        "h = self.conv2._conv_forward(self.dropout(F.silu(self.norm2(h))), self.conv2.weight, None)",
+        "if cluster2.fits(skip := self.skip._conv_forward(x, self.skip.weight, None), self.skip.bias, h, self.conv2.bias):",
+        "return cluster2(skip, self.skip.bias, h, self.conv2.bias)",
+        "else:",
+        "h = h if self.conv2.bias is None else h + self.conv2.bias[:, None, None]",
+        "return (skip if self.skip.bias is None else skip + self.skip.bias[:, None, None]) + h",
     ]
     back = _cli("restore", "--yes", "--kernel", "cluster0", "diffusion_block.py", cwd=tmp_path)
     assert back.returncode == 0 and "restored cluster0, cluster1, cluster2" in back.stdout, back.stdout + back.stderr

@@ -106,7 +106,7 @@ class Applied:
     kernels: object  # the generated module
     applied: list[str]
     kernel_runs: Callable[..., bool]  # the module's own `_kernel_runs`
-    launched: list[bool] = field(default_factory=list)  # what `_kernel_runs` answered, call by call
+    launched: list[bool] = field(default_factory=list)  # what each call's `clusterN.fits` answered, in turn
 
     def models(self):
         """(original, patched) in eval mode, the patched one with the original's weights."""
@@ -157,12 +157,13 @@ def applied(tmp_path_factory, monkeypatch_module):
         decide = kernels._kernel_runs
         out = Applied(case, getattr(original, case.cls), getattr(patched, case.cls), kernels, result.applied, decide)
 
-        def recorded(*args, **kwargs):
-            answer = decide(*args, **kwargs)
+        def recorded(fits, *args, **kwargs):
+            answer = fits(*args, **kwargs)
             out.launched.append(answer)
             return answer
 
-        monkeypatch_module.setattr(kernels, "_kernel_runs", recorded)
+        for kernel in [f for f in vars(kernels).values() if callable(getattr(f, "fits", None))]:
+            monkeypatch_module.setattr(kernel, "fits", functools.partial(recorded, kernel.fits))
         done[key] = out
         return out
 
@@ -202,8 +203,8 @@ def test_kernels_in_the_interpreter_match_the_original(applied, name):
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
-def test_without_the_interpreter_the_reference_runs_exactly(applied, name, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read at call time: CPU tensors run the reference
+def test_without_the_interpreter_the_lines_run_exactly(applied, name, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read at call time: no kernel fits CPU tensors, the lines run
     ex = applied(name)
     a, b = (m.to(ex.case.dtype) for m in ex.models())
     xs = ex.inputs()
@@ -215,7 +216,7 @@ def test_without_the_interpreter_the_reference_runs_exactly(applied, name, monke
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
-def test_another_dtype_than_the_kernels_runs_the_reference_exactly(applied, name):
+def test_another_dtype_than_the_kernels_runs_the_lines_exactly(applied, name):
     ex = applied(name)
     other = torch.bfloat16 if ex.case.dtype == torch.float32 else torch.float32
     a, b = (m.to(other) for m in ex.models())
@@ -229,8 +230,8 @@ def test_another_dtype_than_the_kernels_runs_the_reference_exactly(applied, name
 
 
 def _assert_computed_as_the_model(got, want, ex):
-    """The references run the model's own ops: the same bits, except where a convolution's bias is
-    added after it (as on a GPU) rather than inside it (as a CPU's convolution does): one rounding."""
+    """The lines run as written: the same bits, except where a convolution's bias is added after it
+    (as on a GPU) rather than inside it (as a CPU's convolution does): one rounding."""
     with open(ex.patched.forward.__code__.co_filename, encoding="utf-8") as fh:
         applied_code = fh.read()
     if "._conv_forward(" not in applied_code:
@@ -349,9 +350,9 @@ def test_another_instance_computes_with_its_own_numbers(applied):
     assert _max_err(got, exact) <= 2 * _max_err(want, exact), (_max_err(got, exact), _max_err(want, exact))
 
 
-def test_a_group_count_the_kernel_was_not_made_for_runs_the_reference(applied, monkeypatch):
-    """A group norm's group count shapes the kernel: with another, the public function runs the
-    reference, and the result is the original's."""
+def test_a_group_count_the_kernel_was_not_made_for_runs_the_lines(applied, monkeypatch):
+    """A group norm's group count shapes the kernel: with another, its `fits` says no and the lines run
+    as written, and the result is the original's."""
     ex = applied("conv_block.py")
     launched = []
     for cid in ex.applied:
@@ -368,7 +369,7 @@ def test_a_group_count_the_kernel_was_not_made_for_runs_the_reference(applied, m
     chains = {
         c.id: c.op_chain for m in analyze_file(example("conv_block.py"), AnalyzeOptions()).models for c in m.clusters
     }
-    assert [chains[cid] for cid in launched] == ["add → add → mul"]  # the group norms ran the reference
+    assert [chains[cid] for cid in launched] == ["add → add → mul"]  # the group norms' lines ran
 
 
 def _recording(call, launched, cid, *args):

@@ -239,11 +239,12 @@ def test_the_results_view_lists_the_earlier_runs_of_the_file(session):
 def test_quick_fix_through_code_action(session):
     _no_errors(session, "quick fix")
     buffer = session["buffer"]
-    assert "        x = cluster0(x)" in buffer
-    assert "        x = x * 2.0" not in buffer
+    assert "        if cluster0.fits(x):" in buffer and "            x = cluster0(x)" in buffer
+    # the lines stay, for the calls the kernel does not fit
+    assert "        x = x * 2.0" not in buffer and "            x = x * 2.0" in buffer
     assert "    from .example_net_kernels import cluster0" in buffer
     assert "    from example_net_kernels import cluster0" in buffer
-    assert "        x = cluster0(x)" in session["model_on_disk"].splitlines()
+    assert "            x = cluster0(x)" in session["model_on_disk"].splitlines()
     module = session["module"]
     assert "def cluster0(x):" in module and "@triton.jit" in module
     # Neovim (0.7.2, 0.12-dev) announces no documentChanges, so the server writes the module
@@ -419,15 +420,11 @@ def gemma_session(tmp_path_factory):
 def diffusion_session(tmp_path_factory):
     """The diffusion ResBlock: GroupNorm -> SiLU -> conv on one line, each convolution's bias added in
     the kernel after it; every cluster fixed, then the last one restored (which restores all three)."""
-    fixes = [
-        ["one line", "h = self.conv1(F.silu(self.norm1(x)))", "^Fuse line", "cluster0("],
-        ["a convolution's bias", "h = h + self.emb_proj(F.silu(emb))", "^Fuse lines", "cluster1("],
-        ["the residual", "return self.skip(x) + h", "^Fuse line", "return cluster2("],
-    ]
-    # cluster2's edit carries cluster1's (the second convolution's call, its bias passed on), which
-    # carries cluster0's: restoring cluster2 restores the three lines; "every cluster" has nothing left.
+    fixes = [["the residual", "return self.skip(x) + h", "^Fuse lines 26", "return cluster2("]]
+    # cluster2's edit carries cluster1's (the second convolution's call, its bias passed on, in each of
+    # cluster1's branches), which carries cluster0's: restoring cluster0 restores the lines of all three.
     restore = {
-        "one": ["return cluster2(", "^Restore the original code of cluster2 %(and of", "return self.skip(x) + h"]
+        "one": ["cluster0(x", "^Restore the original code of cluster0 %(and of", "return self.skip(x) + h"],
     }
     return _kinds(tmp_path_factory, "diffusion_block.py", 3, fixes, restore)
 
@@ -473,7 +470,13 @@ def test_quick_fix_of_a_subexpression_keeps_the_matmul(kinds_session):
         "        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)",
         "        probs = F.softmax(scores.float(), dim=-1).type_as(q)",
     ]
-    assert added == ["        probs = cluster3(torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim))"]
+    assert added == [
+        "        if cluster3.fits(matmul := torch.matmul(q, k.transpose(2, 3)), math.sqrt(self.head_dim)):",
+        "            probs = cluster3(matmul, math.sqrt(self.head_dim))",  # the matmul runs once, either way
+        "        else:",
+        "            scores = matmul / math.sqrt(self.head_dim)",
+        "            probs = F.softmax(scores.float(), dim=-1).type_as(q)",
+    ]
 
 
 def test_quick_fix_across_a_helper_function(kinds_session):
@@ -481,7 +484,7 @@ def test_quick_fix_across_a_helper_function(kinds_session):
     before, after = kinds_session["fixes"]["expression"]["buffer"], kinds_session["fixes"]["helper"]["buffer"]
     assert _changed(before, after) == (
         ["        q = q * cos + rotate_half(q) * sin"],
-        ["        q = cluster1(q, cos, sin)"],
+        ["        q = cluster1(q, cos, sin) if cluster1.fits(q, cos, sin) else q * cos + rotate_half(q) * sin"],
     )
     assert "def rotate_half(x):" in after  # the helper stays: others may call it
 
@@ -489,9 +492,15 @@ def test_quick_fix_across_a_helper_function(kinds_session):
 def test_quick_fix_binding_the_sum_and_the_norm_of_a_submodule(kinds_session):
     _no_errors(kinds_session, "fix helper", "fix outputs")
     before, after = kinds_session["fixes"]["helper"]["buffer"], kinds_session["fixes"]["outputs"]["buffer"]
+    norm = "self.mlp_norm.weight, self.mlp_norm.eps"
     assert _changed(before, after) == (
         ["        x = x + self.wo(attn)", "        h = self.mlp_norm(x)"],
-        ["        x, h = cluster4(x, self.wo(attn), self.mlp_norm.weight, self.mlp_norm.eps)"],
+        [
+            f"        if cluster4.fits(x, wo := self.wo(attn), {norm}, module=self):",
+            f"            x, h = cluster4(x, wo, {norm})",
+            "            x = x + wo",
+            "            h = self.mlp_norm(x)",
+        ],  # (`else:` is a line the file had already)
     )
 
 
@@ -500,7 +509,7 @@ def test_restore_one_cluster_then_every_cluster(kinds_session):
     assert "Restore the original code of cluster3" in kinds_session["restore_titles"]
     one = kinds_session["restored_one"]
     assert "scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)" in one
-    assert "q = cluster1(q, cos, sin)" in one  # the others stay fused
+    assert "q = cluster1(q, cos, sin) if" in one  # the others stay fused
     assert kinds_session["restored_all"] == kinds_session["original"]
     assert kinds_session["model_on_disk"] == kinds_session["original"]
 
@@ -508,30 +517,41 @@ def test_restore_one_cluster_then_every_cluster(kinds_session):
 def test_quick_fix_of_a_norm_that_rebinds_its_input(gemma_session):
     _no_errors(gemma_session, "diagnostics", "fix rebinding")
     removed, added = _changed(gemma_session["original"], gemma_session["fixes"]["rebinding"]["buffer"])
+    norm = "self.post_attention_layernorm.weight, self.post_attention_layernorm.eps"
     assert removed == [
         "        hidden_states = residual + self.attn_out(hidden_states)",
+        "        residual = hidden_states",
         "        hidden_states = self.post_attention_layernorm(hidden_states)",
     ]
     assert added == [
-        "        hidden_states, fused_1 = cluster0(residual, self.attn_out(hidden_states), "
-        "self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)",
-        "        hidden_states = fused_1",
+        f"        if cluster0.fits(residual, attn_out := self.attn_out(hidden_states), {norm}, module=self):",
+        f"            hidden_states, fused_1 = cluster0(residual, attn_out, {norm})",
+        "            residual = hidden_states",  # the sum, as before
+        "            hidden_states = fused_1",
+        "        else:",
+        "            hidden_states = residual + attn_out",
+        "            residual = hidden_states",
+        "            hidden_states = self.post_attention_layernorm(hidden_states)",
     ]
-    assert "        residual = hidden_states" in gemma_session["fixes"]["rebinding"]["buffer"]  # the sum, as before
 
 
 def test_quick_fixes_on_a_line_of_three_calls_and_their_restore(diffusion_session):
-    _no_errors(diffusion_session, "diagnostics", "fix one line", "fix a convolution's bias", "fix the residual")
-    fixed = diffusion_session["fixes"]
-    removed, added = _changed(diffusion_session["original"], fixed["one line"]["buffer"])
-    assert removed == ["        h = self.conv1(F.silu(self.norm1(x)))"]
-    assert len(added) == 1 and "cluster0(x, self.norm1.weight" in added[0], added
-    after = fixed["the residual"]["buffer"]
-    assert "self.conv1._conv_forward(cluster0(" in after, after  # the convolution, its bias in cluster1
-    assert "cluster1(h, self.conv1.bias" in after, after
-    assert "return cluster2(self.skip._conv_forward(x, self.skip.weight, None), self.skip.bias" in after, after
+    _no_errors(diffusion_session, "diagnostics", "fix the residual")
+    removed, added = _changed(diffusion_session["original"], diffusion_session["fixes"]["the residual"]["buffer"])
+    assert removed == [
+        "        h = self.conv1(F.silu(self.norm1(x)))",
+        "        h = h + self.emb_proj(F.silu(emb))[:, :, None, None]",
+        "        h = self.conv2(self.dropout(F.silu(self.norm2(h))))",
+        "        return self.skip(x) + h",
+    ]
+    # the first convolution without its bias, its argument cluster0's call where it fits
+    assert added[0].startswith("        h = self.conv1._conv_forward(cluster0(x, self.norm1.weight"), added
+    assert "else F.silu(self.norm1(x)), self.conv1.weight, None)" in added[0], added
+    # the second convolution without its bias in both of cluster1's branches, then cluster2 or the lines
+    assert sum("self.conv2._conv_forward(self.dropout(" in line for line in added) == 2, added
+    assert "            return cluster2(skip, self.skip.bias, h, self.conv2.bias)" in added, added
     _no_errors(diffusion_session, "restore one")
     titles = diffusion_session["restore_titles"]
-    assert "Restore the original code of cluster2 (and of cluster0, cluster1, whose code shares its lines)" in titles
+    assert "Restore the original code of cluster0 (and of cluster1, cluster2, whose code shares its lines)" in titles
     assert diffusion_session["restored_one"] == diffusion_session["original"]
     assert diffusion_session["model_on_disk"] == diffusion_session["original"]
