@@ -15,9 +15,13 @@ library module's namespace.  Text only: the language server builds these section
 from __future__ import annotations
 
 import ast
+import dataclasses
+import inspect
 import os
 import re
+import types
 
+from fuselens.analysis import code_identity
 from fuselens.contracts.report import Cluster, LibraryFunction
 
 from .edits import natural_order
@@ -74,7 +78,8 @@ def _copy(function: LibraryFunction, text: str) -> str:
     """The patched function as the kernel module defines it: a method inside a class (so that
     `super()` finds a `__class__` cell, as in the library), a function at top level; no decorators
     (the library's stay on its function), no defaults or annotations (the library's function keeps
-    its own: only the code is swapped), then its registration."""
+    its own: only the code is swapped), closing over the names the library's function closes over;
+    then its registration."""
     lines = text.splitlines(keepends=True)
     indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())]
     flat = "".join(line[len(indent) :] if line.startswith(indent) else line for line in lines)
@@ -83,6 +88,9 @@ def _copy(function: LibraryFunction, text: str) -> str:
     body = flat.splitlines(keepends=True)[node.body[0].lineno - 1 :]
     if node.body[0].lineno == node.lineno:  # `def f(x): return x`
         body = ["    " + ast.unparse(stmt) + "\n" for stmt in node.body]
+    free = function.fingerprint.free_variables
+    if free:
+        body = [_closure_reference(free, body[0]), *body]
     header = f"def {node.name}({_parameters(node.args)}):\n"
     owner, _, _ = function.qualname.rpartition(".")
     where = f"{function.file.rsplit(os.sep, 1)[-1]} line {function.first_line}"
@@ -91,12 +99,43 @@ def _copy(function: LibraryFunction, text: str) -> str:
         replacement = node.name
     else:
         wrapper = f"_Patched_{owner.replace('.', '_')}"
-        copy = f"class {wrapper}:  # {function.qualname} as in {where}\n" + "".join(
-            "    " + line if line.strip() else line for line in [header, *body]
-        )
+        copy = f"class {wrapper}:  # {function.qualname} as in {where}\n" + _indented([header, *body])
         replacement = f"{wrapper}.{node.name}"
-    registration = f"_library_patch({function.module!r}, {function.qualname!r}, {function.first_line}, {replacement})"
-    return f"{copy.rstrip()}\n\n\n{registration}\n"
+    # A method's `__class__` cell is its class's; any other name the copy closes over is a local of a
+    # function around it, as the library's function's are of the function around that.
+    enclosing = [name for name in free if not (owner and name == "__class__")]
+    if enclosing:
+        factory = "_closure_of_" + replacement.replace(".", "_")
+        names = " = ".join(enclosing)
+        copy = (
+            f"def {factory}():\n    {names} = None  # the names {function.qualname} closes over\n"
+            f"{_indented(copy.splitlines(keepends=True))}\n    return {replacement}\n"
+        )
+        replacement = f"{factory}()"
+    return f"{copy.rstrip()}\n\n\n{_registration(function, replacement)}"
+
+
+def _closure_reference(free: list[str], first: str) -> str:
+    """A line that never runs, naming the variables the library's function closes over (its first
+    statement's indentation is `first`'s): the copy's code object then has those free variables, in
+    the same order (CPython orders them by name), where the rewritten lines no longer name one (a
+    `super()` call a kernel replaced); so the library's function keeps its own cells when its code is
+    swapped, and its `__class__` is the library's class."""
+    pad = first[: len(first) - len(first.lstrip())]
+    return f"{pad}if False: {', '.join(free)}  # the names the library's code closes over\n"
+
+
+def _indented(lines: list[str]) -> str:
+    return "".join("    " + line if line.strip() else line for line in lines)
+
+
+def _registration(function: LibraryFunction, replacement: str) -> str:
+    """The call that hands `install()` the copy, where it goes and the code it was made for."""
+    made_for = dataclasses.asdict(function.fingerprint)
+    return (
+        f"_library_patch(\n    {function.module!r}, {function.qualname!r}, {function.first_line}, {replacement},\n"
+        f"    made_for={made_for!r},\n)\n"
+    )
 
 
 def _parameters(args: ast.arguments) -> str:
@@ -114,27 +153,27 @@ def _parameters(args: ast.arguments) -> str:
 
 
 RUNTIME = '''
+import functools
+import hashlib
 import importlib
 import inspect
+import os
 import sys
+import types
 import warnings
 
-_PATCHES = []  # (module, qualname, first line, code) of each library function patched below
+_PATCHES = []  # (module, qualname, first line, the code it was made for, the patched code) of each function below
 _INSTALLED = {}  # (module, qualname) -> (the library's function, its own code)
 _ALIAS = "ALIAS"  # the name patched code reaches this module by, in the library's namespace
 
 
-def _library_patch(module, qualname, first_line, replacement):
-    _PATCHES.append((module, qualname, first_line, replacement.__code__))
+def _library_patch(module, qualname, first_line, replacement, made_for=None):
+    _PATCHES.append((module, qualname, first_line, made_for, replacement.__code__))
 
 
-def _library_function(module, qualname):
-    owner = importlib.import_module(module)
-    for part in qualname.split("."):
-        owner = vars(owner).get(part)
-        if owner is None:
-            return None
-    return inspect.unwrap(getattr(owner, "__func__", owner))
+# Finding a library function and saying what its code is: fuselens's own analysis/code_identity.py,
+# the functions the analysis recorded `made_for` with.
+CODE_IDENTITY
 
 
 def _stands_in(code, own):
@@ -149,6 +188,27 @@ def _stands_in(code, own):
     )
 
 
+def _refusal(module, qualname, first_line, made_for, code):
+    """(the library's function, None) when `code` may replace its code, else (None, why not)."""
+    try:
+        function = find_function(importlib.import_module(module), qualname)
+    except ImportError as exc:
+        return None, f"cannot be imported ({exc})"
+    if function is None:
+        return None, "is not reachable by that name"
+    own = function.__code__
+    if made_for is None:  # a patch written before patches recorded the code they were made for
+        return None, "has a patch that does not record the code it was made for"
+    changed = code_differences(made_for, fingerprint(own))
+    if own.co_firstlineno != first_line:
+        changed.insert(0, f"its first line ({first_line} → {own.co_firstlineno})")
+    if changed:
+        return None, f"is not the code its fused kernels were made for: {', '.join(changed)} differ"
+    if not _stands_in(code, own):
+        return None, "does not take the parameters or close over the names of its patched copy"
+    return function, None
+
+
 def _this_module():
     """This module as a module object (also when it was loaded without a place in sys.modules)."""
     module = sys.modules.get(__name__)
@@ -160,20 +220,21 @@ def _this_module():
 
 def install():
     """Run the fused kernels inside the library functions patched below, in every model that calls
-    them (built before or after).  A function that is not the code its patch was made from (another
-    version of the library) runs unpatched, with a warning.  Returns the functions patched."""
-    for module, qualname, first_line, code in _PATCHES:
+    them (built before or after).  A function whose code is not the code its patch was made for
+    (another version of the library) runs unpatched, with a warning that says what differs.  Returns
+    the functions patched."""
+    for module, qualname, first_line, made_for, code in _PATCHES:
         if (module, qualname) in _INSTALLED:
             continue
-        function = _library_function(module, qualname)
-        own = getattr(function, "__code__", None)
-        if own is None or own.co_firstlineno != first_line or not _stands_in(code, own):
+        function, refusal = _refusal(module, qualname, first_line, made_for, code)
+        if function is None:
             warnings.warn(
-                f"{module}.{qualname} is not the code its fused kernels were made for (another version "
-                "of the library?): it runs unpatched; run `fuselens apply` again",
+                f"{module}.{qualname} {refusal} (another version of the library?): it runs unpatched; "
+                "run `fuselens apply` again",
                 stacklevel=2,
             )
             continue
+        own = function.__code__
         function.__globals__[_ALIAS] = _this_module()
         function.__code__ = code.replace(co_qualname=own.co_qualname)
         _INSTALLED[(module, qualname)] = (function, own)
@@ -190,7 +251,17 @@ def uninstall():
 '''
 
 
+def code_identity_source() -> str:
+    """The functions of `analysis/code_identity.py`, as their own text: what the kernel module carries."""
+    functions = [
+        value
+        for value in vars(code_identity).values()
+        if isinstance(value, types.FunctionType) and value.__module__ == code_identity.__name__
+    ]
+    return "\n\n".join(inspect.getsource(f).rstrip("\n") + "\n" for f in functions)
+
+
 def runtime(alias: str) -> str:
     """`install()`, `uninstall()` and what they need, for a module whose kernels patched code reaches as `alias`."""
-    text = RUNTIME.replace('"ALIAS"', repr(alias))
+    text = RUNTIME.replace('"ALIAS"', repr(alias)).replace("CODE_IDENTITY\n", code_identity_source())
     return f"# ---- library patches: install() runs the fused kernels inside a library's code\n{text}"
