@@ -22,7 +22,7 @@ import re
 import types
 
 from fuselens.analysis import code_identity
-from fuselens.contracts.report import Cluster, LibraryFunction
+from fuselens.contracts.report import CalledCode, Cluster, LibraryFunction
 
 from .edits import natural_order
 
@@ -54,7 +54,7 @@ def patched_kernels(module_text: str) -> dict[str, list[str]]:
 def _section(key: str, clusters: list[Cluster]) -> str:
     function = clusters[0].patch.function  # type: ignore[union-attr]
     names = sorted((c.kernel.name for c in clusters if c.kernel), key=natural_order)
-    copy = _copy(function, _applied(clusters, function))
+    copy = _copy(function, _applied(clusters, function), _calls(clusters))
     return f"{MARKER}{key}: {', '.join(names)}\n\n{copy}"
 
 
@@ -74,7 +74,16 @@ def _applied(clusters: list[Cluster], function: LibraryFunction) -> str:
     return "".join(lines)
 
 
-def _copy(function: LibraryFunction, text: str) -> str:
+def _calls(clusters: list[Cluster]) -> list[CalledCode]:
+    """The functions whose code the clusters' kernels compute, each once."""
+    found: dict[tuple[str, str], CalledCode] = {}
+    for c in clusters:
+        for called in c.patch.calls if c.patch else []:
+            found.setdefault((called.module, called.qualname), called)
+    return [found[key] for key in sorted(found)]
+
+
+def _copy(function: LibraryFunction, text: str, calls: list[CalledCode]) -> str:
     """The patched function as the kernel module defines it: a method inside a class (so that
     `super()` finds a `__class__` cell, as in the library), a function at top level; no decorators
     (the library's stay on its function), no defaults or annotations (the library's function keeps
@@ -112,7 +121,7 @@ def _copy(function: LibraryFunction, text: str) -> str:
             f"{_indented(copy.splitlines(keepends=True))}\n    return {replacement}\n"
         )
         replacement = f"{factory}()"
-    return f"{copy.rstrip()}\n\n\n{_registration(function, replacement)}"
+    return f"{copy.rstrip()}\n\n\n{_registration(function, replacement, calls)}"
 
 
 def _closure_reference(free: list[str], first: str) -> str:
@@ -129,13 +138,21 @@ def _indented(lines: list[str]) -> str:
     return "".join("    " + line if line.strip() else line for line in lines)
 
 
-def _registration(function: LibraryFunction, replacement: str) -> str:
-    """The call that hands `install()` the copy, where it goes and the code it was made for."""
-    made_for = dataclasses.asdict(function.fingerprint)
-    return (
-        f"_library_patch(\n    {function.module!r}, {function.qualname!r}, {function.first_line}, {replacement},\n"
-        f"    made_for={made_for!r},\n)\n"
-    )
+def _registration(function: LibraryFunction, replacement: str, calls: list[CalledCode]) -> str:
+    """The call that hands `install()` the copy, where it goes, the code it was made for and the code
+    of the functions its kernels compute."""
+    lines = [
+        f"    {function.module!r}, {function.qualname!r}, {function.first_line}, {replacement},",
+        f"    made_for={dataclasses.asdict(function.fingerprint)!r},",
+    ]
+    if calls:
+        lines.append("    calls=[")
+        lines += [
+            f"        ({c.module!r}, {c.qualname!r}, {c.first_line}, {dataclasses.asdict(c.fingerprint)!r}),"
+            for c in calls
+        ]
+        lines.append("    ],")
+    return "_library_patch(\n" + "\n".join(lines) + "\n)\n"
 
 
 def _parameters(args: ast.arguments) -> str:
@@ -162,13 +179,13 @@ import sys
 import types
 import warnings
 
-_PATCHES = []  # (module, qualname, first line, the code it was made for, the patched code) of each function below
+_PATCHES = []  # (module, qualname, first line, the code it was made for, the code its kernels compute, the copy's code)
 _INSTALLED = {}  # (module, qualname) -> (the library's function, its own code)
 _ALIAS = "ALIAS"  # the name patched code reaches this module by, in the library's namespace
 
 
-def _library_patch(module, qualname, first_line, replacement, made_for=None):
-    _PATCHES.append((module, qualname, first_line, made_for, replacement.__code__))
+def _library_patch(module, qualname, first_line, replacement, made_for=None, calls=()):
+    _PATCHES.append((module, qualname, first_line, made_for, tuple(calls), replacement.__code__))
 
 
 # Finding a library function and saying what its code is: fuselens's own analysis/code_identity.py,
@@ -188,25 +205,46 @@ def _stands_in(code, own):
     )
 
 
-def _refusal(module, qualname, first_line, made_for, code):
-    """(the library's function, None) when `code` may replace its code, else (None, why not)."""
+def _library_code(module, qualname):
+    """(the library's function, its own code), also while a patch of this module is in it; (None, None)
+    when it cannot be found."""
+    if (module, qualname) in _INSTALLED:
+        return _INSTALLED[(module, qualname)]
     try:
         function = find_function(importlib.import_module(module), qualname)
-    except ImportError as exc:
-        return None, f"cannot be imported ({exc})"
-    if function is None:
-        return None, "is not reachable by that name"
-    own = function.__code__
+    except ImportError:
+        return None, None
+    return function, getattr(function, "__code__", None)
+
+
+def _changes(own, first_line, made_for):
+    """How the code `own` differs from the code a patch was made for, in words ("" when it does not)."""
+    if own is None:
+        return "it is not reachable by that name"
     if made_for is None:  # a patch written before patches recorded the code they were made for
-        return None, "has a patch that does not record the code it was made for"
+        return "its patch does not record the code it was made for"
     changed = code_differences(made_for, fingerprint(own))
     if own.co_firstlineno != first_line:
         changed.insert(0, f"its first line ({first_line} → {own.co_firstlineno})")
-    if changed:
-        return None, f"is not the code its fused kernels were made for: {', '.join(changed)} differ"
+    return f"{', '.join(changed)} {'differ' if len(changed) > 1 else 'differs'}" if changed else ""
+
+
+def _refusal(module, qualname, first_line, made_for, calls, code):
+    """(the library's function, "") when the patch's `code` may replace its code, else (None, why not)."""
+    function, own = _library_code(module, qualname)
+    why = _changes(own, first_line, made_for)
+    if why:
+        return None, f"{module}.{qualname} is not the code its fused kernels were made for: {why}"
+    for called_module, called_qualname, called_first_line, called_made_for in calls:
+        why = _changes(_library_code(called_module, called_qualname)[1], called_first_line, called_made_for)
+        if why:
+            return None, (
+                f"{module}.{qualname} has fused kernels that compute {called_module}.{called_qualname}, which "
+                f"is not the code they were made for: {why}"
+            )
     if not _stands_in(code, own):
-        return None, "does not take the parameters or close over the names of its patched copy"
-    return function, None
+        return None, f"{module}.{qualname} does not take the parameters or close over the names of its patched copy"
+    return function, ""
 
 
 def _this_module():
@@ -220,17 +258,16 @@ def _this_module():
 
 def install():
     """Run the fused kernels inside the library functions patched below, in every model that calls
-    them (built before or after).  A function whose code is not the code its patch was made for
-    (another version of the library) runs unpatched, with a warning that says what differs.  Returns
-    the functions patched."""
-    for module, qualname, first_line, made_for, code in _PATCHES:
+    them (built before or after).  A function whose code is not the code its patch was made for, or
+    whose kernels compute the code of a function that is not (another version of the library), runs
+    unpatched, with a warning that says what differs.  Returns the functions patched."""
+    for module, qualname, first_line, made_for, calls, code in _PATCHES:
         if (module, qualname) in _INSTALLED:
             continue
-        function, refusal = _refusal(module, qualname, first_line, made_for, code)
+        function, refusal = _refusal(module, qualname, first_line, made_for, calls, code)
         if function is None:
             warnings.warn(
-                f"{module}.{qualname} {refusal} (another version of the library?): it runs unpatched; "
-                "run `fuselens apply` again",
+                f"{refusal} (another version of the library?): it runs unpatched; run `fuselens apply` again",
                 stacklevel=2,
             )
             continue

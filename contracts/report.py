@@ -23,7 +23,7 @@ from .profile import Profile
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
-# rejection reason; 9: a library function's fingerprint
+# rejection reason; 9: the fingerprints of a library patch's code
 SCHEMA_VERSION = 9
 
 # Stable reason codes for ops that could have been fused but were not.
@@ -154,12 +154,25 @@ class LibraryFunction:
 
 
 @dataclass
+class CalledCode:
+    """A function whose code a patched cluster's kernel computes in place of calling it (the norm a
+    decoder layer's residual add is fused with): the patch is installed only while it is this code."""
+
+    module: str
+    qualname: str
+    first_line: int
+    fingerprint: CodeFingerprint
+
+
+@dataclass
 class LibraryPatch:
     """How a cluster in a library's code is applied: `function`, with `edit` (on the library file's
     lines) and those of the other patched clusters in it, runs in place of the library's own."""
 
     function: LibraryFunction
     edit: Edit  # its `import_line` is "": the kernels are reached through the kernel module
+    # The functions below `function` (called from it) whose code the kernel computes, each once.
+    calls: list[CalledCode] = field(default_factory=list)
 
 
 # A cluster's backward "strategy" when its gradients are its outputs' own, passed on (a residual sum's,

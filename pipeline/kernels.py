@@ -12,7 +12,7 @@ import ast
 import os
 
 from fuselens.analysis import sourcemap
-from fuselens.analysis.library import NotPatchable, library_function
+from fuselens.analysis.library import NotPatchable, called_code, library_function
 from fuselens.analysis.regions import Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.emit import emit
@@ -191,7 +191,7 @@ def _attach_edit(
     elif cluster.mapping == "exact":
         _attach_source_edit(report, cluster, region, name, module_path, source)
     elif in_library(region.file):
-        _attach_library_patch(cluster, region, name, module_path)
+        _attach_library_patch(cluster, instance, name, module_path)
     else:
         cluster.apply_detail = cluster.mapping_detail
 
@@ -222,9 +222,12 @@ def _attach_source_edit(
     cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
 
 
-def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_path: str) -> None:
+def _attach_library_patch(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> None:
     """The library's lines rewritten to call the kernel through the kernel module, which the patch
-    puts in the library module's namespace under `kernel_alias`."""
+    puts in the library module's namespace under `kernel_alias`, made for the code of the library's
+    function and of the functions it calls whose ops the kernel computes."""
+    region = instance.mapping.region
+    assert region is not None
     index = sourcemap.source_of(region.file)
     node = index.function_at(region.first, cluster.function) if index is not None else None
     if index is None or node is None:
@@ -232,12 +235,13 @@ def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_
         return
     try:
         function = library_function(region.file, cluster.function, node, index.lines)
+        calls = called_code(instance.graph, instance.plan.compute, region.file, cluster.function)
     except NotPatchable as exc:
         cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"
         return
     call = f"{kernel_alias(module_path)}.{name}"
     edit = R.Edit(region.first, region.last, region.rewrite(call, index.lines), "", region.statement(call))
-    cluster.patch = R.LibraryPatch(function, edit)
+    cluster.patch = R.LibraryPatch(function, edit, calls)
     cluster.applies = "patch"
     cluster.apply_detail = (
         f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` in a patch of "
