@@ -114,7 +114,7 @@ def _copy(function: LibraryFunction, text: str, calls: list[CalledCode]) -> str:
     # function around it, as the library's function's are of the function around that.
     enclosing = [name for name in free if not (owner and name == "__class__")]
     if enclosing:
-        factory = "_closure_of_" + replacement.replace(".", "_")
+        factory = "_closure_of_" + replacement.replace(".", "_").lstrip("_")
         names = " = ".join(enclosing)
         copy = (
             f"def {factory}():\n    {names} = None  # the names {function.qualname} closes over\n"

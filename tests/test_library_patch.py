@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fuselens.codegen.module import existing_patches
-from fuselens.codegen.patches import patched_kernels
+from fuselens.codegen.patches import MARKER, patched_kernels
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.pipeline.apply import ApplyResult, apply_file
 
@@ -224,7 +224,8 @@ def test_a_library_that_changed_is_left_alone_with_a_warning(tmp_path):
         text = fh.read()
     # As if transformers had moved LlamaRMSNorm.forward: the line the patch was made from is elsewhere.
     target = "'LlamaRMSNorm.forward', "
-    at = text.index(target) + len(target)
+    at = text.index(target, text.index(MARKER + "transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"))
+    at += len(target)
     line = int(text[at:].split(",")[0])
     with open(module, "w", encoding="utf-8") as fh:
         fh.write(text[:at] + str(line + 1) + text[at + len(str(line)) :])

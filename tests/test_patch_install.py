@@ -9,6 +9,7 @@ the library is edited on disk after `apply`, and a fresh process runs the user's
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import inspect
@@ -23,7 +24,9 @@ import pytest
 
 from fuselens.analysis import code_identity
 from fuselens.analysis.code_identity import code_differences, find_function, fingerprint
-from fuselens.codegen.patches import patched_kernels, runtime
+from fuselens.codegen.patches import _copy, patched_kernels, runtime
+from fuselens.contracts.plain import from_plain
+from fuselens.contracts.report import CodeFingerprint, LibraryFunction
 
 
 def _module(folder, name: str, text: str) -> types.ModuleType:
@@ -178,9 +181,9 @@ def test_the_function_is_found_behind_the_kernels_hub_decorator(tmp_path):
     assert library.rotate(2.0, 3.0, 4.0) == function(2.0, 3.0, 4.0) == 14.0
 
 
-def _other_python() -> str | None:
-    """An interpreter of another minor version than this one that fuselens supports (3.11 on), if the
-    machine has one."""
+def _other_python(minimum: int = 11) -> str | None:
+    """An interpreter of another minor version than this one, 3.`minimum` or later (fuselens supports 3.11
+    on), if the machine has one."""
     candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
     candidates += [f"/usr/bin/python3.{minor}" for minor in range(11, 16)]
     for exe in candidates:
@@ -188,7 +191,7 @@ def _other_python() -> str | None:
             continue
         done = subprocess.run([exe, "-c", "import sys; print(sys.version_info.minor)"], capture_output=True, text=True)
         minor = done.stdout.strip()
-        if done.returncode == 0 and minor.isdigit() and int(minor) >= 11 and int(minor) != sys.version_info.minor:
+        if done.returncode == 0 and minor.isdigit() and int(minor) >= minimum and int(minor) != sys.version_info.minor:
             return exe
     return None
 
@@ -228,6 +231,59 @@ def test_under_another_python_the_source_decides(tmp_path):
     assert code_differences(made_for, there["library"]) == []
     assert code_differences(made_for, there["edited"]) == ["its source text"]
     assert code_differences(made_for, there["unread"])[0].startswith("its source (unreadable, and Python 3.")
+
+
+GENERIC = """
+class Scale[T]:
+    def forward(self, x):
+        return x * 2, T.__name__
+"""
+
+# In a Python that runs a library `generic_lib` (3.12 on): what its `Scale.forward` is, as the kernel
+# module's runtime says; then, with the kernel module `patched_lib` beside it, what install() does.
+DESCRIBE = """
+import json, sys
+sys.path.insert(0, ".")
+import generic_lib
+namespace = {"__name__": "model_kernels"}
+exec(sys.stdin.read(), namespace)
+print(json.dumps(namespace["fingerprint"](generic_lib.Scale.forward.__code__)))
+"""
+INSTALL = """
+import json, sys, warnings
+sys.path.insert(0, ".")
+import generic_lib, patched_lib
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    installed = patched_lib.install()
+patched = generic_lib.Scale().forward(5)
+patched_lib.uninstall()
+print(json.dumps([installed, [str(w.message) for w in caught], patched, generic_lib.Scale().forward(5)]))
+"""
+
+
+def test_a_method_that_closes_over_its_type_parameter_keeps_its_cell(tmp_path):
+    """Python 3.12's generic classes: a method closes over its class's type parameter.  The patched copy
+    closes over the same name, and reads the library's own cell once installed."""
+    exe = _other_python(minimum=12)
+    if exe is None:
+        pytest.skip("no Python 3.12 or later on this machine")
+    library = tmp_path / "generic_lib.py"
+    library.write_text(GENERIC.lstrip("\n"))
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=tmp_path)
+    done = run([exe, "-c", DESCRIBE], input=runtime("_fuselens_patched_lib"))
+    assert done.returncode == 0, done.stderr
+    made_for = from_plain(CodeFingerprint, json.loads(done.stdout))
+    assert made_for.free_variables == ["T"]
+    source = GENERIC.lstrip("\n").split("\n", 1)[1]
+    function = LibraryFunction("generic_lib", "Scale.forward", str(library), 2, 3, source, made_for)
+    copy = _copy(function, source.replace("x * 2", "x * 3"), [])  # what a kernel call would stand for
+    (tmp_path / "patched_lib.py").write_text(runtime("_fuselens_patched_lib") + "\n\n" + copy)
+    done = run([exe, "-c", INSTALL])
+    assert done.returncode == 0, done.stderr
+    installed, warned, patched, library_result = json.loads(done.stdout)
+    assert (installed, warned) == (["generic_lib.Scale.forward"], [])
+    assert patched == [15, "T"] and library_result == [10, "T"]
 
 
 # A small library in the shape of transformers' modeling code: a norm module, and a function that a
