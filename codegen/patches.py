@@ -5,8 +5,12 @@ with those clusters' lines rewritten to call the kernels, and registers it.  `in
 copy's code object in the library function (`function.__code__`), which keeps the function's
 globals, defaults, closure and decorators: every caller of it, in every model built before or
 after, runs the kernels; the kernels fall back to the library's own operators wherever they
-cannot run.  It first checks that the function is still the code the copy was made from (another
-version of the library is left alone, with a warning).  `uninstall()` puts the library's code back.
+cannot run.  The copy closes over the same names as the library's function, so that the function
+keeps its own closure cells.  `install()` first finds the function as the analysis did, and checks
+that its code, and that of the functions whose code the kernels compute, is still the code the copy
+was made for (the registration carries each one's fingerprint; the kernel module carries the
+analysis's own `analysis/code_identity.py` to find and compare them): another version of the library
+is left alone, with a warning that says what differs.  `uninstall()` puts the library's code back.
 
 The copies reach the kernels through one name (`kernel_alias`) that `install()` binds in the
 library module's namespace.  Text only: the language server builds these sections from a report.
