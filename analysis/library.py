@@ -2,21 +2,28 @@
 
 A cluster whose code is a library's is applied by a patch: at run time the library function's
 code object is replaced by one that calls the kernels (`codegen/patches.py`).  That works for a
-function the patch can find again by its module and qualified name, whose code object is the one
-on disk (not a wrapper made elsewhere), and that closes over nothing a new code object could not
-close over too.  The model ran in this process, so its library modules are imported: they are
-looked up in `sys.modules`, never imported here.
+function the patch can find again from its module's name for it (`code_identity.find_function`,
+through the wrappers a decorator puts in its place), whose code object is the one on disk, made
+once rather than on each call of another function.  The patched copy closes over the same names
+as the library's function, so that the function keeps its own closure cells when its code is
+swapped.  What the function's code is (`code_identity.fingerprint`) is recorded, and so is the code
+of every function below it whose ops a kernel computes (`called_code`), so that a patch is
+installed only over the code it was made for.  The model ran in this process, so its library modules are
+imported: they are looked up in `sys.modules`, never imported here.
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 import os
 import sys
 import types
 
-from fuselens.contracts.report import LibraryFunction
+from fuselens.contracts.plain import from_plain
+from fuselens.contracts.report import CalledCode, CodeFingerprint, LibraryFunction
+
+from .code_identity import find_function, fingerprint, named_object
+from .graph import Graph
 
 
 class NotPatchable(Exception):
@@ -35,18 +42,46 @@ def library_function(
         raise NotPatchable(f"{qualname} is made inside another function, so no patch can reach it")
     if isinstance(node, ast.AsyncFunctionDef):
         raise NotPatchable(f"{where} is a coroutine")
-    function = _find(module, qualname)
-    if function is None:
+    if named_object(module, qualname) is None:
         raise NotPatchable(f"{where} is not reachable by that name")
+    function = find_function(module, qualname)
+    if function is None:
+        raise NotPatchable(f"{where} is wrapped by code that does not keep the library's function")
     first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
     code = function.__code__
-    if os.path.abspath(code.co_filename) != os.path.abspath(file) or code.co_firstlineno != first:
-        raise NotPatchable(f"{where} is wrapped by code that is not its own")
-    if set(code.co_freevars) - {"__class__"}:
-        raise NotPatchable(f"{where} closes over {', '.join(code.co_freevars)}")
+    if code.co_firstlineno != first:  # the file changed on disk since the module was imported
+        raise NotPatchable(f"{where} is not the code of its lines in {os.path.basename(file)}")
     last = node.end_lineno or node.lineno
     source = "".join(line + "\n" for line in lines[first - 1 : last])
-    return LibraryFunction(module.__name__, qualname, os.path.abspath(file), first, last, source)
+    made_for = from_plain(CodeFingerprint, fingerprint(code))
+    return LibraryFunction(module.__name__, qualname, os.path.abspath(file), first, last, source, made_for)
+
+
+def called_code(graph: Graph, node_ids: list[int], file: str, qualname: str) -> list[CalledCode]:
+    """The functions that `qualname` of `file` calls, directly or not, in which the ops `node_ids` of
+    `graph` ran: a kernel replacing those ops computes their code, so its patch is made for it too."""
+    home = os.path.abspath(file)
+    found: dict[tuple[str, str], CalledCode] = {}
+    for i in node_ids:
+        stack = graph[i].stack
+        depth = next((k for k, f in enumerate(stack) if f.function == qualname and os.path.abspath(f.file) == home), 0)
+        for frame in stack[:depth]:
+            # A comprehension's or an inner function's code is its enclosing function's (a constant of it).
+            function = frame.function.split(".<locals>.")[0]
+            same_file = os.path.abspath(frame.file) == home
+            if (frame.file, function) not in found and not (function == qualname and same_file):
+                found[(frame.file, function)] = _called(frame.file, function)
+    return list(found.values())
+
+
+def _called(file: str, qualname: str) -> CalledCode:
+    module = _module_of(file)
+    function = find_function(module, qualname) if module is not None and "<" not in qualname else None
+    if module is None or function is None:
+        where = f"{module.__name__}.{qualname}" if module is not None else f"{qualname} of {os.path.basename(file)}"
+        raise NotPatchable(f"its kernel computes the code of {where}, which no patch can find again to check")
+    code = function.__code__
+    return CalledCode(module.__name__, qualname, code.co_firstlineno, from_plain(CodeFingerprint, fingerprint(code)))
 
 
 def _module_of(file: str) -> types.ModuleType | None:
@@ -56,19 +91,3 @@ def _module_of(file: str) -> types.ModuleType | None:
         if isinstance(known, str) and os.path.abspath(known) == path:
             return module
     return None
-
-
-def _find(module: types.ModuleType, qualname: str) -> types.FunctionType | None:
-    """The function `qualname` defines in `module` (a method from its class's own namespace, not an
-    inherited one), unwrapped from decorators that say what they wrap."""
-    owner: object = module
-    for part in qualname.split("."):
-        owner = vars(owner).get(part) if hasattr(owner, "__dict__") else None
-        if owner is None:
-            return None
-    owner = getattr(owner, "__func__", owner)  # staticmethod, classmethod
-    try:
-        function = inspect.unwrap(owner)  # type: ignore[arg-type]
-    except ValueError:
-        return None
-    return function if isinstance(function, types.FunctionType) else None

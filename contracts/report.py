@@ -23,8 +23,8 @@ from .profile import Profile
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
-# rejection reason
-SCHEMA_VERSION = 8
+# rejection reason; 9: the fingerprints of a library patch's code
+SCHEMA_VERSION = 9
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -126,6 +126,21 @@ class Edit:
 
 
 @dataclass
+class CodeFingerprint:
+    """What a library function's code was when its patch was made (`analysis/code_identity.py` makes it,
+    and the kernel module's `install()` compares it with the code there at run time): digests of its
+    source text, bytecode, constants and names (through its nested code objects), and the variables it
+    closes over."""
+
+    python: str  # "3.11": the version whose bytecode the digests are of (another compares the source only)
+    source: str  # "" where the source could not be read
+    bytecode: str
+    constants: str
+    names: str
+    free_variables: list[str]  # its closure's names, in its code object's order: ["__class__"]
+
+
+@dataclass
 class LibraryFunction:
     """A function of an installed library that holds clusters: what a library patch replaces."""
 
@@ -135,6 +150,18 @@ class LibraryFunction:
     first_line: int  # its first line (its first decorator's), as the library's code object says
     last_line: int
     source: str  # its text as it reads in the library
+    fingerprint: CodeFingerprint  # its code: a patch is installed only over this code
+
+
+@dataclass
+class CalledCode:
+    """A function whose code a patched cluster's kernel computes in place of calling it (the norm a
+    decoder layer's residual add is fused with): the patch is installed only while it is this code."""
+
+    module: str
+    qualname: str
+    first_line: int
+    fingerprint: CodeFingerprint
 
 
 @dataclass
@@ -144,6 +171,8 @@ class LibraryPatch:
 
     function: LibraryFunction
     edit: Edit  # its `import_line` is "": the kernels are reached through the kernel module
+    # The functions below `function` (called from it) whose code the kernel computes, each once.
+    calls: list[CalledCode] = field(default_factory=list)
 
 
 # A cluster's backward "strategy" when its gradients are its outputs' own, passed on (a residual sum's,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ast
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fuselens.analysis import sourcemap
 from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, guarded, unbiased_calls
-from fuselens.analysis.library import NotPatchable, library_function
+from fuselens.analysis.library import NotPatchable, called_code, library_function
 from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.admission import fits_text
@@ -244,6 +244,8 @@ class _Placed:
     call: str  # `cluster0` in the user's file, `_fuselens_<module>.cluster0` in a library patch
     lines: list[str]  # the lines of the region's file
     function: R.LibraryFunction | None = None  # the library function a patch replaces
+    # The functions below it whose code the kernel computes: the patch is made for their code too.
+    calls: list[R.CalledCode] = field(default_factory=list)
 
 
 def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> _Placed | None:
@@ -265,10 +267,11 @@ def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> 
         return None
     try:
         function = library_function(region.file, cluster.function, node, index.lines)
+        calls = called_code(instance.graph, instance.plan.compute, region.file, cluster.function)
     except NotPatchable as exc:
         cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"
         return None
-    return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function)
+    return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function, calls)
 
 
 def _write_edits(
@@ -339,11 +342,12 @@ def _attach_source_edit(
 
 def _attach_library_patch(placed: _Placed, written: Guarded, others: list[str]) -> None:
     """The library's lines rewritten to call the kernel through the kernel module, which the patch
-    puts in the library module's namespace under `kernel_alias`."""
+    puts in the library module's namespace under `kernel_alias`, made for the code of the library's
+    function and of the functions it calls whose ops the kernel computes."""
     cluster, region, call = placed.cluster, placed.region, placed.call
     assert placed.function is not None
     edit = R.Edit(region.first, region.last, written.text, "", region.statement(call), includes=list(others))
-    cluster.patch = R.LibraryPatch(placed.function, edit)
+    cluster.patch = R.LibraryPatch(placed.function, edit, list(placed.calls))
     cluster.applies = "patch"
     name = call.rsplit(".", 1)[-1]
     cluster.apply_detail = (
