@@ -13,6 +13,7 @@ import os
 
 from fuselens.analysis import sourcemap
 from fuselens.analysis.library import NotPatchable, library_function
+from fuselens.analysis.packages import Package, model_library, not_a_package
 from fuselens.analysis.regions import Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.emit import emit
@@ -20,7 +21,6 @@ from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.plan import ScalarSlot
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
-from fuselens.contracts.units import in_library, library_path
 
 from .backward import Backward, NoBackwardKernel, backward_for, saved_by_autograd
 from .findings import Found
@@ -190,10 +190,10 @@ def _attach_edit(
         cluster.apply_detail = cluster.mapping_detail
     elif cluster.mapping == "exact":
         _attach_source_edit(report, cluster, region, name, module_path, source)
-    elif in_library(region.file):
-        _attach_library_patch(cluster, region, name, module_path)
-    else:
-        cluster.apply_detail = cluster.mapping_detail
+    elif (library := model_library(region.file, report.file)) is not None:
+        _attach_library_patch(cluster, region, name, module_path, library)
+    else:  # another of the user's files, or code no module was imported from
+        cluster.apply_detail = f"{cluster.mapping_detail}; {not_a_package(region.file, report.file)}"
 
 
 def _attach_source_edit(
@@ -222,7 +222,7 @@ def _attach_source_edit(
     cluster.apply_detail = f"{_span(region)} `{region.statement(name)}`"
 
 
-def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_path: str) -> None:
+def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_path: str, library: Package) -> None:
     """The library's lines rewritten to call the kernel through the kernel module, which the patch
     puts in the library module's namespace under `kernel_alias`."""
     index = sourcemap.source_of(region.file)
@@ -240,7 +240,7 @@ def _attach_library_patch(cluster: R.Cluster, region: Region, name: str, module_
     cluster.patch = R.LibraryPatch(function, edit)
     cluster.applies = "patch"
     cluster.apply_detail = (
-        f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` in a patch of "
+        f"{library.shown(region.file)} {_span(region)} `{region.statement(name)}` in a patch of "
         f"{function.qualname} that `install()` puts in place"
     )
 
