@@ -401,6 +401,7 @@ BREADTH: list[Case] = [
         model = FalconForCausalLM(config)  # fuselens: input=(2, 16)
         """,
         "transformers.models.falcon.modeling_falcon",
+        shared=("masking_utils.py",),
         decoder=True,
     ),
     Case(
@@ -414,6 +415,7 @@ BREADTH: list[Case] = [
         model = GPT2LMHeadModel(config)  # fuselens: input=(2, 16)
         """,
         "transformers.models.gpt2.modeling_gpt2",
+        shared=("activations.py",),  # GPT-2's tanh GELU, spelled out in its activation module
         decoder=True,
     ),
     Case(
@@ -719,13 +721,8 @@ BREADTH: list[Case] = [
                               up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32),
                               layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16)
         """,
-        "diffusers.models.autoencoders.autoencoder_kl",
-        shared=(
-            "models/resnet.py",
-            "models/attention_processor.py",
-            "models/autoencoders/vae.py",
-            "models/unets/unet_2d_blocks.py",
-        ),
+        "diffusers.models.autoencoders.vae",  # the encoder's and decoder's own code; AutoencoderKL only calls them
+        shared=("models/resnet.py", "models/attention_processor.py"),
         library="diffusers",
         repeats=1,
         pyproject="""
