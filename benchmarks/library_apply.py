@@ -69,7 +69,6 @@ def child(case_id: str, folder: str) -> dict[str, Any]:
 
 
 def _run(case: Case, folder: str, out: dict[str, Any]) -> None:
-    import torch
 
     from fuselens.contracts.options import AnalyzeOptions
     from fuselens.pipeline.analyze import analyze_file
@@ -102,22 +101,11 @@ def _run(case: Case, folder: str, out: dict[str, Any]) -> None:
     counter = _LaunchCounter(kernels) if kernels is not None else None
     model = _model(user, case)
 
-    out["step"] = "run"
-    inputs = _inputs(model_report.inputs, torch.Generator().manual_seed(0))
-    other = _inputs(_other_shape(model_report.inputs), torch.Generator().manual_seed(1))
-    out["other_inputs"] = [list(t.shape) for t in other]
-    patched = _runs(model, inputs, other)
-    if kernels is not None:
-        kernels.uninstall()
-    original = _runs(model, inputs, other)
-    out["eval"] = _compare(patched["eval"], original["eval"])
-    out["train"] = _compare(patched["train"], original["train"])
-    out["other"] = _compare(patched["other"], original["other"])
-    if counter is not None:
-        out["launches"] = counter.launches
-        out["backward_launches"] = counter.backward_launches
-        out["calls"] = counter.calls
-        out["calls_without_kernel"] = counter.without_kernel
+    try:
+        _check(model, model_report, kernels, counter, out)
+    except Exception as exc:  # said in the row; the file is still restored
+        out["error"] = f"run: {type(exc).__name__}: {exc}"
+        out["traceback"] = traceback.format_exc()[-3000:]
 
     out["step"] = "restore"
     done = subprocess.run(
@@ -132,6 +120,32 @@ def _run(case: Case, folder: str, out: dict[str, Any]) -> None:
     if done.returncode != 0:
         out["restore_error"] = (done.stdout + done.stderr)[-500:]
     out.pop("step")
+
+
+def _check(model, model_report, kernels, counter: _LaunchCounter | None, out: dict[str, Any]) -> None:
+    """The model with the patches installed against the library's own code, on the same weights (and
+    buffers: training mode moves a batch norm's running statistics) and inputs."""
+    import copy
+
+    import torch
+
+    inputs = _inputs(model_report.inputs, torch.Generator().manual_seed(0))
+    other = _inputs(_other_shape(model_report.inputs), torch.Generator().manual_seed(1))
+    out["other_inputs"] = [list(t.shape) for t in other]
+    state = copy.deepcopy(model.state_dict())
+    patched = _runs(model, inputs, other)
+    if counter is not None:
+        out["launches"] = counter.launches
+        out["backward_launches"] = counter.backward_launches
+        out["calls"] = counter.calls
+        out["calls_without_kernel"] = counter.without_kernel
+    if kernels is not None:
+        kernels.uninstall()
+    model.load_state_dict(state)
+    original = _runs(model, inputs, other)
+    out["eval"] = _compare(patched["eval"], original["eval"])
+    out["train"] = _compare(patched["train"], original["train"])
+    out["other"] = _compare(patched["other"], original["other"])
 
 
 def _import(path: str):
@@ -215,11 +229,12 @@ def _runs(model, inputs: list, other: list) -> dict[str, list]:
         at_other = _outputs(model(*other))
     model.train()
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(3)  # what a model draws in training mode (Wav2Vec2's time masks) is drawn alike both times
     outputs = _outputs(model(*inputs))
     generator = torch.Generator().manual_seed(2)
     loss = sum((o * torch.randn(o.shape, generator=generator)).sum() for o in outputs)
     loss.backward()
-    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros(()) for p in model.parameters()]
+    grads = [(name, p.grad.detach().clone() if p.grad is not None else None) for name, p in model.named_parameters()]
     model.zero_grad(set_to_none=True)
     model.eval()
     return {"eval": evaluated, "train": [o.detach() for o in outputs] + grads, "other": at_other}
@@ -242,6 +257,16 @@ def _compare(patched: list, original: list) -> dict[str, Any]:
         return {"same": False, "max_diff": None, "why": f"{len(patched)} values against {len(original)}"}
     worst, same = 0.0, True
     for a, b in zip(patched, original, strict=True):
+        if isinstance(a, tuple):  # a parameter's gradient: (its name, the gradient or None)
+            (name, a), (_, b) = a, b
+            if (a is None) != (b is None):
+                return {
+                    "same": False,
+                    "max_diff": None,
+                    "why": f"{name} {'gets no' if a is None else 'gets a'} gradient",
+                }
+            if a is None:
+                continue
         if a.shape != b.shape:
             return {"same": False, "max_diff": None, "why": f"shape {tuple(a.shape)} against {tuple(b.shape)}"}
         if a.numel():
@@ -423,14 +448,25 @@ def main() -> int:
     parser.add_argument("--child", nargs=2, metavar=("CASE", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--only", action="append", help="case ids to run (default: all)")
     parser.add_argument("--json", metavar="OUT", help="also write every model's results as JSON")
+    parser.add_argument(
+        "--merge", metavar="JSON", help="an earlier run's --json: the models --only leaves out are its (one table)"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
     cases = [c for c in ALL_CASES if not args.only or c.id in args.only]
+    earlier: dict[str, dict[str, Any]] = {}
+    if args.merge:
+        with open(args.merge, encoding="utf-8") as fh:
+            earlier = {r["id"]: r for r in json.load(fh)["models"]}
+        cases = [c for c in ALL_CASES if c.id in earlier or c in cases]
     results = []
     with tempfile.TemporaryDirectory(prefix="fuselens-apply-") as tmp:
         for case in cases:
+            if case.id in earlier and not (args.only and case.id in args.only):
+                results.append(earlier[case.id])
+                continue
             print(f"… {case.id}", file=sys.stderr, flush=True)
             result = measure(case, tmp)
             if result.get("error"):

@@ -565,13 +565,14 @@ BREADTH: list[Case] = [
     Case(
         "mobilevit",
         "MobileViT",
-        "image 32, hidden sizes [16, 24, 32], neck 16, channels 8-32, patch 2; " + _IMAGE,
+        # batch 2: in training mode its batch norms need more than one value a channel after the pooling
+        "image 32, hidden sizes [16, 24, 32], neck 16, channels 8-32, patch 2; input (2, 3, 32, 32)",
         """
         from transformers import MobileViTConfig, MobileViTModel
 
         config = MobileViTConfig(image_size=32, patch_size=2, hidden_sizes=[16, 24, 32],
                                  neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)
-        model = MobileViTModel(config)  # fuselens: input=(1, 3, 32, 32)
+        model = MobileViTModel(config)  # fuselens: input=(2, 3, 32, 32)
         """,
         "transformers.models.mobilevit.modeling_mobilevit",
     ),
