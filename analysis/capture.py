@@ -37,6 +37,7 @@ from fuselens.contracts.report import GraphBreak, SourceRef
 from .graph import Frame, Graph, Node, Ref, TensorMeta
 from .normalise import bind, dtype_name, norm_dim, normalise
 from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
+from .packages import package_of
 from .scalars import ScalarSources
 from .settings import class_identity, module_settings
 
@@ -45,7 +46,6 @@ _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SYSTEM_DIRS = tuple(
     {p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}
 )
-_PACKAGE_DIRS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("purelib", "platlib")) if p})
 
 
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
@@ -69,8 +69,9 @@ class _StopTrace(Exception):
 
 @dataclass
 class UserCode:
-    """Decides which source files are the user's (vs torch, the stdlib, site-packages), and which
-    are a model library's (an installed package other than torch and its toolchain)."""
+    """Decides which source files are the user's (vs torch, the stdlib, installed packages), and which
+    are a model library's (an installed package other than torch and its toolchain, wherever it was
+    imported from: `packages.py`)."""
 
     roots: tuple[str, ...] = ()
     home: str = ""  # the analyzed file, for the line of it that reaches code elsewhere
@@ -93,13 +94,16 @@ class UserCode:
             return False
         if self.roots and any(path.startswith(r) for r in self.roots):
             return True
-        return not any(path.startswith(d) for d in _SYSTEM_DIRS)
+        if any(path.startswith(d) for d in _SYSTEM_DIRS):
+            return False
+        return package_of(path, self.home) is None
 
     def library(self, filename: str) -> bool:
         """Model code of an installed library: transformers' modeling files, timm's layers, ..."""
         hit = self._library.get(filename)
         if hit is None:
-            hit = self._library[filename] = _is_library(filename)
+            found = package_of(filename, self.home)
+            hit = self._library[filename] = found is not None and not found.toolchain
         return hit
 
     def model_code(self, filename: str) -> bool:
@@ -123,18 +127,6 @@ def _conv_bias(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 # Methods that cast a tensor; called with the dtype it has, they return it as it is.
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "long", "int", "bool", "type", "type_as"})
-_TOOLCHAIN = ("torch", "triton", "numpy", "fuselens", "typing_extensions", "_pytest", "pytest")
-
-
-def _is_library(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False
-    path = os.path.abspath(filename)
-    for packages in _PACKAGE_DIRS:
-        if path.startswith(packages + os.sep):
-            top = path[len(packages) + 1 :].split(os.sep, 1)[0]
-            return top.split(".")[0] not in _TOOLCHAIN
-    return False
 
 
 def _callable_name(func: Callable) -> str:

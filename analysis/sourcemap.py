@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fuselens.contracts.report import Mapping as MappingQuality
-from fuselens.contracts.units import library_path
 
 from .graph import Graph
+from .packages import model_library
 from .places import common_place
 from .regions import NoRegion, Region, find_region
 
@@ -93,7 +93,8 @@ def map_cluster(
     base = Mapping("pointer", "", place.file, place.function, place.lines)
     here = source is not None and os.path.abspath(place.file) == source.path
     index = source if here and source is not None else source_of(place.file)
-    elsewhere = "" if here else f"its code is in {_shown(place.file)} ({place.function}), not in this file"
+    home = source.path if source is not None else ""
+    elsewhere = "" if here else f"its code is in {_shown(place.file, home)} ({place.function}), not in this file"
     fn = index.function_at(base.lines[0], place.function) if index is not None else None
     if index is None or fn is None:
         return _with(base, elsewhere or "the function holding it could not be found in the source")
@@ -123,10 +124,10 @@ def source_of(path: str) -> SourceIndex | None:
         return None
 
 
-def _shown(file: str) -> str:
+def _shown(file: str, home: str) -> str:
     """A file as a message names it: a library's from its package down, another of the user's by name."""
-    shown = library_path(file)
-    return shown if shown != file else os.path.basename(file)
+    library = model_library(file, home)
+    return library.shown(file) if library is not None else os.path.basename(file)
 
 
 def _with(mapping: Mapping, detail: str) -> Mapping:

@@ -44,7 +44,7 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
             json.dump(data, fh, indent=2)
             fh.write("\n")
     if report.profile is not None and (args.markdown or args.html):
-        view = profile_view(report.file, report.profile)
+        view = profile_view(report.file, report.profile, report.libraries)
         if args.markdown:
             with open(args.markdown, "w", encoding="utf-8") as fh:
                 fh.write(view_markdown(view))
@@ -86,7 +86,7 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
     for column in columns:
         lines.add_column(column, justify="left" if column in ("line", "ops", "clusters") else "right")
     for line in model.lines[:top]:
-        where = f"{shown_path(line.file, report.file)}:{line.line}"
+        where = f"{shown_path(line.file, report.file, report.libraries)}:{line.line}"
         if line.entry_line is not None:
             where += f" (from line {line.entry_line})"
         cells = [where, _ms(line.us), *([_ms(line.backward_us)] if training else []), f"{line.share:.1%}"]

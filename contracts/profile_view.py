@@ -8,15 +8,19 @@ cell is text, as in a validation's view.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from .chart import profile_figure
 from .profile import ModelProfile, Profile
+from .report import Library
 from .results_view import HistoryTable, ModelResults, ResultsView
+from .units import library_path
 
 TOP_LINES = 15
 
 
-def profile_view(file: str, profile: Profile) -> ResultsView:
+def profile_view(file: str, profile: Profile, libraries: Sequence[Library] = ()) -> ResultsView:
+    """The profile as a results view; `libraries` (the report's) name their files from the package down."""
     where = f"on {profile.device}" if profile.mode == "cuda" else "on the CPU (each op's CPU time)"
     training = profile.step != "forward"
     share = f"% of the {'step' if training else 'forward'}"
@@ -25,7 +29,7 @@ def profile_view(file: str, profile: Profile) -> ResultsView:
         ModelResults(
             name=m.name,
             heading=f"{m.name}: where the time of a {profile.step} goes, {where}",
-            rows=[] if m.problem else _rows(m, file, training),
+            rows=[] if m.problem else _rows(m, file, training, libraries),
             whole_model=m.problem or _totals(m, profile.step),
             chart={"data": [], "layout": {}} if m.problem else profile_figure(m, profile.step, where),
             history=HistoryTable(),
@@ -51,10 +55,10 @@ def profile_view(file: str, profile: Profile) -> ResultsView:
     )
 
 
-def _rows(model: ModelProfile, file: str, training: bool) -> list[list[str]]:
+def _rows(model: ModelProfile, file: str, training: bool, libraries: Sequence[Library]) -> list[list[str]]:
     rows = []
     for line in model.lines[:TOP_LINES]:
-        where = f"{shown_path(line.file, file)}:{line.line}" + (
+        where = f"{shown_path(line.file, file, libraries)}:{line.line}" + (
             f" (from line {line.entry_line})" if line.entry_line is not None else ""
         )
         backward = [time_text(line.backward_us)] if training else []
@@ -81,9 +85,9 @@ def time_text(us: float) -> str:
     return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def shown_path(path: str, home: str) -> str:
+def shown_path(path: str, home: str, libraries: Sequence[Library] = ()) -> str:
     """A line's file as a table names it: the profiled file by name, a library's from its package down."""
     if os.path.abspath(path) == os.path.abspath(home):
         return os.path.basename(path)
-    marker = f"{os.sep}site-packages{os.sep}"
-    return path.split(marker, 1)[1] if marker in path else os.path.basename(path)
+    shown = library_path(path, libraries)
+    return shown if shown != path else os.path.basename(path)

@@ -23,8 +23,9 @@ from .profile import Profile
 
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
-# rejection reason; 9: the fingerprints of a library patch's code
-SCHEMA_VERSION = 9
+# rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
+# report names, wherever they are installed
+SCHEMA_VERSION = 10
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -335,6 +336,17 @@ class Model:
 
 
 @dataclass
+class Library:
+    """An installed package whose code the report names: its files are those under `root`/`name`,
+    named from `root` down ("diffusers/models/resnet.py"), wherever it was installed."""
+
+    name: str  # its import name: "diffusers"
+    root: str  # the folder it was imported from: site-packages, a `pip install --target` folder, a checkout
+    distribution: str = ""  # the distribution that installed it, from its metadata ("" for a plain folder)
+    version: str = ""
+
+
+@dataclass
 class DeviceInfo:
     name: str
     peak_gbps: float
@@ -352,6 +364,9 @@ class Report:
     torch_version: str = ""
     tool_version: str = ""
     profile: Profile | None = None  # measured by `fuselens profile`; None from an analysis alone
+    # The installed packages whose code a cluster, rejection, pattern or graph break is in: a reader that
+    # never imports them (the language server) names their files from them (`contracts/units.library_path`).
+    libraries: list[Library] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+
+from .report import Library
 
 
 def bytes_label(n: int | None) -> str:
@@ -16,17 +19,18 @@ def bytes_label(n: int | None) -> str:
     return f"{n} B"
 
 
-def in_library(path: str) -> bool:
-    """Whether `path` is a file of an installed library (under site-packages)."""
-    return library_path(path) != path
+def in_library(path: str, libraries: Iterable[Library]) -> bool:
+    """Whether `path` is a file of one of the installed `libraries` (a report's)."""
+    return library_path(path, libraries) != path
 
 
-def library_path(path: str) -> str:
+def library_path(path: str, libraries: Iterable[Library]) -> str:
     """An installed library's file as people name it, from the package down
-    (".../site-packages/transformers/models/llama/modeling_llama.py" -> "transformers/models/llama/modeling_llama.py");
-    any other path unchanged."""
-    for marker in ("site-packages", "dist-packages"):
-        _, sep, tail = path.rpartition(os.sep + marker + os.sep)
-        if sep:
-            return tail
+    (".../site-packages/transformers/models/llama/modeling_llama.py" -> "transformers/models/llama/modeling_llama.py",
+    wherever the library was installed); any other path unchanged."""
+    for library in libraries:
+        root = library.root.rstrip("/\\")
+        for sep in {os.sep, "/"}:
+            if path.startswith(root + sep + library.name + sep) or path == root + sep + library.name + ".py":
+                return path[len(root) + 1 :].replace(os.sep, "/")
     return path

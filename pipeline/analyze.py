@@ -17,14 +17,14 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from fuselens.analysis import capture, cost, discover, loader, sourcemap
+from fuselens.analysis import capture, cost, discover, loader, packages, sourcemap
 from fuselens.analysis.config import ModelClass, resolve_model
 from fuselens.analysis.ops import OpClass
 from fuselens.contracts import report as R
@@ -98,7 +98,19 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
         found.append(model_found)
     _note_parents(report, candidates.classes)
     generate_kernels(report, found, source, options.out_dir)
+    report.libraries = packages.libraries(_files_named(report), path)
     return analyzed
+
+
+def _files_named(report: R.Report) -> Iterator[str]:
+    """Every file a cluster, rejection, pattern or graph break of the report is in."""
+    for model in report.models:
+        for cluster in model.clusters:
+            yield cluster.file
+            yield from (op.file for op in cluster.ops)
+        yield from (r.file for r in model.rejections)
+        yield from (p.file for p in model.patterns)
+        yield from (b.file for b in model.graph_breaks)
 
 
 def _no_such_model(report: R.Report, options: AnalyzeOptions, models: list[loader.ModelSource]) -> bool:

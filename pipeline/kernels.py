@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fuselens.analysis import sourcemap
 from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, guarded, unbiased_calls
 from fuselens.analysis.library import NotPatchable, called_code, library_function
+from fuselens.analysis.packages import Package, model_library, not_a_package
 from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.admission import fits_text
@@ -23,7 +24,6 @@ from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.plan import ScalarSlot
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
-from fuselens.contracts.units import in_library, library_path
 
 from .backward import Backward, NoBackwardKernel, backward_for, saved_by_autograd
 from .findings import Found
@@ -84,7 +84,7 @@ def generate_kernels(
                 text += "\n\n\n" + trained.text
             text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trained.trains if trained else None, checks)
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
-            place = _place(cluster, instance, name, module_path)
+            place = _place(cluster, instance, name, module_path, report.file)
             if place is not None:
                 placed.append(place)
         for pattern in model.patterns:  # indexes into model.clusters become cluster ids
@@ -246,9 +246,10 @@ class _Placed:
     function: R.LibraryFunction | None = None  # the library function a patch replaces
     # The functions below it whose code the kernel computes: the patch is made for their code too.
     calls: list[R.CalledCode] = field(default_factory=list)
+    library: Package | None = None  # the installed package whose code the patch replaces
 
 
-def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> _Placed | None:
+def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str, file: str) -> _Placed | None:
     """Where the cluster's kernel can stand in for code: the analyzed file (an edit), a library's
     function (a patch), or nowhere (the cluster says why)."""
     region = instance.mapping.region
@@ -257,8 +258,9 @@ def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> 
         return None
     if cluster.mapping == "exact":
         return _Placed(cluster, region, name, [])  # the analyzed file's lines
-    if not in_library(region.file):
-        cluster.apply_detail = cluster.mapping_detail
+    library = model_library(region.file, file)
+    if library is None:  # another of the user's files, or code no module was imported from
+        cluster.apply_detail = f"{cluster.mapping_detail}; {not_a_package(region.file, file)}"
         return None
     index = sourcemap.source_of(region.file)
     node = index.function_at(region.first, cluster.function) if index is not None else None
@@ -271,7 +273,7 @@ def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str) -> 
     except NotPatchable as exc:
         cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"
         return None
-    return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function, calls)
+    return _Placed(cluster, region, f"{kernel_alias(module_path)}.{name}", index.lines, function, calls, library)
 
 
 def _write_edits(
@@ -351,8 +353,9 @@ def _attach_library_patch(placed: _Placed, written: Guarded, others: list[str]) 
     cluster.applies = "patch"
     name = call.rsplit(".", 1)[-1]
     cluster.apply_detail = (
-        f"{library_path(region.file)} {_span(region)} `{region.statement(name)}` where the kernel fits, in a patch of "
-        f"{placed.function.qualname} that `install()` puts in place"
+        f"{placed.library.shown(region.file) if placed.library else region.file} {_span(region)} "
+        f"`{region.statement(name)}` where the kernel fits, in a patch of {placed.function.qualname} that "
+        "`install()` puts in place"
     )
 
 

@@ -21,7 +21,7 @@ from statistics import mean
 
 import torch
 
-from fuselens.analysis import capture, loader
+from fuselens.analysis import capture, loader, packages
 from fuselens.codegen import edits, files
 from fuselens.contracts.config import InputSpec
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, Progress, no_progress
@@ -71,6 +71,12 @@ def profile_file(
                 _compare_with(after, _profile_model(earlier, original, device, options, kernel_module), original)
     progress("done", 1.0)
     analyzed.report.profile = profile
+    # The profile's lines name libraries' files no cluster is in (a GEMM's line in a modeling file).
+    lines = [line.file for m in profile.models for line in m.lines]
+    known = {(library.name, library.root) for library in analyzed.report.libraries}
+    analyzed.report.libraries += [
+        library for library in packages.libraries(lines, path) if (library.name, library.root) not in known
+    ]
     return analyzed.report
 
 

@@ -224,7 +224,7 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
     summary = _profile_summary(report.profile)
     ls.log_line(f"profile of {name}: {summary}")
     ls.tell(f"fuselens: {summary}", lsp.MessageType.Info)
-    view = profile_view(path, report.profile)
+    view = profile_view(path, report.profile, report.libraries)
     return {
         "profile": to_plain(report.profile),
         "results_view": to_plain(view),

@@ -1,26 +1,32 @@
-"""Library models, written as users write them: transformers' own model classes at tiny sizes.
+"""Library models, written as users write them: transformers' and diffusers' own model classes at tiny sizes.
 
-For each architecture of `library_corpus.CORPUS` (decoder LLMs, mixtures of experts, an encoder, an
-encoder-decoder, vision models, an audio encoder), a user's file binds the model at module level
-(or wraps it in a class) with its inputs in a `# fuselens:` comment or in `pyproject.toml`.  What
-the user relies on is checked: the model is analyzed; its clusters are placed in transformers'
-modeling file, not in the user's; repeated layers fold; decoders have no graph break; the experts
-of a mixture of experts are analyzed; every cluster has a kernel, and every instance of every
-cluster verifies against eager in the Triton interpreter.
+For each architecture of `library_corpus.ALL_CASES` (decoder LLMs, state-space models, mixtures of
+experts, encoders, encoder-decoders, vision models, audio encoders, diffusion UNets, a DiT and a VAE), a
+user's file binds the model at module level (or wraps it in a class) with its inputs in a `# fuselens:`
+comment or in `pyproject.toml`.  What the user relies on is checked: the model is analyzed; every op of
+its clusters is placed at a line of the library's own files, not the user's; `fuselens apply` then
+`fuselens restore` gives the file back byte for byte.  For the architectures of `library_corpus.CORPUS`,
+more: repeated layers fold; decoders have no graph break; the experts of a mixture of experts are
+analyzed; every cluster has a kernel, and every instance of every cluster verifies against eager in the
+Triton interpreter.  (Whether each patched model computes what the library does is measured for the whole
+corpus by `benchmarks/library_apply.py`.)
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 
 import pytest
 
 from fuselens.contracts import report as R
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.analyze import analyze_file
+from fuselens.pipeline.apply import apply_file
 
-from library_corpus import CORPUS, Case
+from library_corpus import ALL_CASES, CORPUS, Case
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing comes from the hub: every model is built from its config
 # Importing transformers imports triton: its @jit helpers (tl.sigmoid, ...) are interpretable only if this
@@ -32,8 +38,12 @@ transformers = pytest.importorskip("transformers")
 # where eager computes the same values.
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
+pytest.importorskip("diffusers")  # the corpus's diffusion models (the `test` extra installs it)
+
 LIBRARY = os.path.dirname(os.path.abspath(transformers.__file__))
 CASES = [pytest.param(case, id=case.id) for case in CORPUS]
+EVERY_CASE = [pytest.param(case, id=case.id) for case in ALL_CASES]
+ACTIVATIONS = {"transformers": "activations.py", "diffusers": "models/activations.py"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +70,56 @@ def _only_model(report: R.Report) -> R.Model:
 
 def _modeling_file(case: Case) -> str:
     return os.path.abspath(importlib.import_module(case.modeling).__file__ or "")
+
+
+def _library_folder(case: Case) -> str:
+    return os.path.dirname(os.path.abspath(importlib.import_module(case.library).__file__ or ""))
+
+
+@pytest.mark.parametrize("case", EVERY_CASE)
+def test_every_op_of_a_library_model_is_at_a_line_of_its_library(case: Case, analyzed):
+    """Each op of each cluster is at a line of the model's modeling file (or of the library files it
+    shares), which the report names from the package down, and that line is code."""
+    _, report = analyzed(case)
+    model = _only_model(report)
+    assert model.clusters
+    library = _library_folder(case)
+    allowed = {_modeling_file(case)} | {os.path.join(library, *f.split("/")) for f in case.shared}
+    # An activation is the library's activation module's (`ACT2FN[...]`): its op is at a line there.
+    activations = os.path.join(library, *ACTIVATIONS[case.library].split("/"))
+    for cluster in model.clusters:
+        where = f"{cluster.id} {cluster.op_chain}"
+        assert cluster.file in allowed, (where, os.path.relpath(cluster.file, library))
+        for op in cluster.ops:
+            assert op.file in allowed | {activations}, (where, op.target, os.path.relpath(op.file, library))
+            with open(op.file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+            assert 1 <= op.line <= len(lines) and lines[op.line - 1].strip(), (where, op.target, op.line)
+    (named,) = [lib for lib in report.libraries if lib.name == case.library]
+    assert os.path.join(named.root, case.library) == library
+    assert (named.distribution, named.version) == (case.library, importlib.import_module(case.library).__version__)
+    assert any(c.file == _modeling_file(case) for c in model.clusters)
+
+
+@pytest.mark.parametrize("case", EVERY_CASE)
+def test_apply_then_restore_gives_back_the_users_file(case: Case, tmp_path):
+    """`fuselens apply` patches what it can (each other cluster says why not), and `fuselens restore`
+    puts the file back byte for byte."""
+    path = case.write(str(tmp_path))
+    with open(path, "rb") as fh:
+        written = fh.read()
+    result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert not result.refused, result.refused
+    assert all(": " in line and not line.endswith(": ") for line in result.skipped), result.skipped
+    if not result.applied:
+        return
+    with open(path, encoding="utf-8") as fh:
+        assert fh.read().count("\ninstall()") == 1
+    restore = [sys.executable, "-m", "fuselens.cli.main", "restore", "--yes", path]
+    done = subprocess.run(restore, capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(path, "rb") as fh:
+        assert fh.read() == written
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -7,7 +7,17 @@ import os
 from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import UnmatchedFusion
-from fuselens.contracts.report import Cluster, GraphBreak, Model, Pattern, Problem, Rejection, Report, SourceRef
+from fuselens.contracts.report import (
+    Cluster,
+    GraphBreak,
+    Library,
+    Model,
+    Pattern,
+    Problem,
+    Rejection,
+    Report,
+    SourceRef,
+)
 from fuselens.contracts.units import bytes_label, library_path
 from fuselens.worker.protocol import Failure
 
@@ -22,7 +32,7 @@ SEVERITY = {
 }
 
 
-def cluster_message(c: Cluster) -> str:
+def cluster_message(c: Cluster, libraries: list[Library]) -> str:
     saved = ""
     if c.bytes_unfused and c.bytes_fused is not None:
         saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}% DRAM traffic)"
@@ -34,11 +44,11 @@ def cluster_message(c: Cluster) -> str:
     if c.branch:
         text += f" — {c.branch}"
     if c.applies == "patch" and c.patch is not None:
-        where = f"{library_path(c.patch.function.file)}:{c.lines[0]}"
+        where = f"{library_path(c.patch.function.file, libraries)}:{c.lines[0]}"
         text += f"; applies as a patch of {c.patch.function.qualname} ({where}), installed at run time"
     elif c.applies == "no" and c.apply_detail:
         text += f"; not applicable: {c.apply_detail}"
-        shown = library_path(c.file)
+        shown = library_path(c.file, libraries)
         if shown != c.file and shown not in c.apply_detail:  # say where a library's code is
             text += f" (its code: {shown}:{c.lines[0]})"
     elif c.mapping != "exact":
@@ -70,16 +80,18 @@ def diagnostics(
         if "problems" in show:
             out += _model_problems(model, path, lines)
         if "breaks" in show:
-            out += [d for brk in model.graph_breaks if (d := _graph_break(brk, model, path, lines))]
+            out += [d for brk in model.graph_breaks if (d := _graph_break(brk, model, path, lines, report.libraries))]
         if "clusters" in show:
-            out += [d for c in model.clusters if (d := _cluster(c, model, path, lines, cluster_severity))]
+            out += [
+                d for c in model.clusters if (d := _cluster(c, model, path, lines, cluster_severity, report.libraries))
+            ]
         if "patterns" in show:
             shown_as = SEVERITY.get(pattern_severity, lsp.DiagnosticSeverity.Hint)
-            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines, shown_as))]
+            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines, shown_as, report.libraries))]
             if model.inductor is not None:
                 out += [d for f in model.inductor.unmatched if (d := _inductor_only(f, path, lines))]
         if "rejections" in show:
-            out += [d for r in model.rejections if (d := _rejection(r, model, path, lines))]
+            out += [d for r in model.rejections if (d := _rejection(r, model, path, lines, report.libraries))]
     return out
 
 
@@ -110,9 +122,11 @@ def _model_problems(model: Model, path: str, lines: list[str]) -> list[lsp.Diagn
     return []
 
 
-def _elsewhere(file: str, lines: list[int], function: str = "") -> lsp.DiagnosticRelatedInformation:
+def _elsewhere(
+    file: str, lines: list[int], libraries: list[Library], function: str = ""
+) -> lsp.DiagnosticRelatedInformation:
     """The link from a user's line to the library lines it reaches."""
-    where = f"{library_path(file)}:{lines[0]}" + (f"–{lines[1]}" if lines[1] != lines[0] else "")
+    where = f"{library_path(file, libraries)}:{lines[0]}" + (f"–{lines[1]}" if lines[1] != lines[0] else "")
     return lsp.DiagnosticRelatedInformation(
         location=lsp.Location(path_to_uri(file), lsp.Range(lsp.Position(lines[0] - 1, 0), lsp.Position(lines[1], 0))),
         message=f"in {where}" + (f" ({function})" if function else ""),
@@ -120,18 +134,26 @@ def _elsewhere(file: str, lines: list[int], function: str = "") -> lsp.Diagnosti
 
 
 def _placed(
-    file: str, lines: list[int], reached_from: SourceRef | None, model: Model, path: str, doc: list[str]
+    file: str,
+    lines: list[int],
+    reached_from: SourceRef | None,
+    model: Model,
+    path: str,
+    doc: list[str],
+    libraries: list[Library],
 ) -> tuple[lsp.Range, list[lsp.DiagnosticRelatedInformation]] | None:
     """Where an item shows in this document, and the link to its code when that is elsewhere."""
     shown = shown_at(file, lines, reached_from, model, path)
     if shown is None:
         return None
-    related = [] if same_file(file, path) or not file else [_elsewhere(file, lines)]
+    related = [] if same_file(file, path) or not file else [_elsewhere(file, lines, libraries)]
     return lines_range(doc, shown[0], shown[1]), related
 
 
-def _graph_break(brk: GraphBreak, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
-    placed = _placed(brk.file, [brk.line, brk.line], brk.reached_from, model, path, lines)
+def _graph_break(
+    brk: GraphBreak, model: Model, path: str, lines: list[str], libraries: list[Library]
+) -> lsp.Diagnostic | None:
+    placed = _placed(brk.file, [brk.line, brk.line], brk.reached_from, model, path, lines, libraries)
     if placed is None:
         return None
     rng, related = placed
@@ -146,14 +168,19 @@ def _graph_break(brk: GraphBreak, model: Model, path: str, lines: list[str]) -> 
 
 
 def _cluster(
-    c: Cluster, model: Model, path: str, lines: list[str], severity: lsp.DiagnosticSeverity
+    c: Cluster,
+    model: Model,
+    path: str,
+    lines: list[str],
+    severity: lsp.DiagnosticSeverity,
+    libraries: list[Library],
 ) -> lsp.Diagnostic | None:
-    placed = _placed(c.file, c.lines, c.reached_from, model, path, lines)
+    placed = _placed(c.file, c.lines, c.reached_from, model, path, lines, libraries)
     if placed is None:
         return None
     rng, related = placed
     if related:
-        related = [_elsewhere(c.file, c.lines, c.function)]
+        related = [_elsewhere(c.file, c.lines, libraries, c.function)]
     for op in c.ops:
         if op.file and op.line:
             here = same_file(op.file, path)
@@ -171,19 +198,24 @@ def _cluster(
         severity=severity,
         source=SOURCE,
         code=c.kind,
-        message=cluster_message(c),
+        message=cluster_message(c, libraries),
         related_information=related,
         data={"cluster": c.id},
     )
 
 
 def _pattern(
-    p: Pattern, model: Model, path: str, lines: list[str], severity: lsp.DiagnosticSeverity
+    p: Pattern,
+    model: Model,
+    path: str,
+    lines: list[str],
+    severity: lsp.DiagnosticSeverity,
+    libraries: list[Library],
 ) -> lsp.Diagnostic | None:
     est = p.estimate
     if not est.speedup_bound or est.speedup_bound <= 1.0:
         return None
-    placed = _placed(p.file, p.lines, p.reached_from, model, path, lines)
+    placed = _placed(p.file, p.lines, p.reached_from, model, path, lines, libraries)
     if placed is None:
         return None
     rng, related = placed
@@ -218,8 +250,10 @@ def _inductor_only(fusion: UnmatchedFusion, path: str, lines: list[str]) -> lsp.
     )
 
 
-def _rejection(r: Rejection, model: Model, path: str, lines: list[str]) -> lsp.Diagnostic | None:
-    placed = _placed(r.file, r.lines, r.reached_from, model, path, lines)
+def _rejection(
+    r: Rejection, model: Model, path: str, lines: list[str], libraries: list[Library]
+) -> lsp.Diagnostic | None:
+    placed = _placed(r.file, r.lines, r.reached_from, model, path, lines, libraries)
     if placed is None:
         return None
     rng, related = placed

@@ -11,7 +11,7 @@ from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.profile import Profile
-from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Model, Report
+from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Library, Model, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
@@ -35,7 +35,7 @@ def _shape(shape) -> str:
     return "×".join(map(str, shape)) if shape else "scalar"
 
 
-def describe(model: Model, c: Cluster, uri: str = "", profile: Profile | None = None) -> str:
+def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", profile: Profile | None = None) -> str:
     """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, whether
     its backward is a kernel, what torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
     the ops next to it were left out)."""
@@ -58,8 +58,8 @@ def describe(model: Model, c: Cluster, uri: str = "", profile: Profile | None = 
         parts.append(_measured_line(profile, measured))
     if c.branch:
         parts.append(f"_{c.branch}_")
-    if in_library(c.file):
-        parts.append(_library_section(c))
+    if in_library(c.file, libraries):
+        parts.append(_library_section(c, libraries))
     parts.append(_ops_line(c))
     ins = ", ".join(f"`{i.name or '?'}` {_shape(i.shape)} {i.dtype}" for i in c.inputs)
     outs = ", ".join(f"{_shape(o.shape)} {o.dtype}" for o in c.outputs)
@@ -142,7 +142,7 @@ def _measured_line(profile: Profile, c) -> str:
 
 def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile | None = None) -> lsp.Hover | None:
     hits = clusters_at(report, path, line)
-    parts = [describe(m, c, uri, profile) for m, c in hits]
+    parts = [describe(m, c, report.libraries, uri, profile) for m, c in hits]
     measure = measured_lines(profile, path).get(line) if profile is not None else None
     if profile is not None and measure is not None:
         ran = ", ".join(f"`{op}`" for op in measure.ops[:5])
@@ -158,11 +158,11 @@ def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile 
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
 
 
-def _library_section(c: Cluster) -> str:
+def _library_section(c: Cluster, libraries: list[Library]) -> str:
     """Where a cluster of a library's code is, and its lines as they read there."""
     span = f"line {c.lines[0]}" if c.lines[0] == c.lines[1] else f"lines {c.lines[0]}–{c.lines[1]}"
     function = f" (`{c.function}`)" if c.function else ""
-    text = f"in **`{library_path(c.file)}`** {span}{function}"
+    text = f"in **`{library_path(c.file, libraries)}`** {span}{function}"
     if c.code:
         text += "\n```python\n" + textwrap.dedent("\n".join(c.code)) + "\n```"
     return text
