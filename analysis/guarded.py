@@ -98,7 +98,10 @@ def unbiased_calls(text: str, conv: str) -> str:
     for call in sorted(calls, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         arg = call.args[0]
         span = (call.lineno - 1, call.col_offset, (call.end_lineno or call.lineno) - 1, call.end_col_offset or 0)
-        inner = _text([line.decode() for line in lines], (arg.lineno - 1, arg.col_offset, (arg.end_lineno or 0) - 1, arg.end_col_offset or 0))
+        inner = _text(
+            [line.decode() for line in lines],
+            (arg.lineno - 1, arg.col_offset, (arg.end_lineno or 0) - 1, arg.end_col_offset or 0),
+        )
         chunk = _replaced(chunk, 1, span, f"{conv}._conv_forward({inner}, {conv}.weight, None)".encode())
     return "".join(c.decode() + "\n" for c in chunk if c is not None)
 
@@ -184,7 +187,9 @@ def _in_place(
 ) -> Guarded:
     original = _text(lines, span)
     fallback = _rebased_fallback(region, temps, lines, span)
-    chosen = " else ".join(f"{a.call}({', '.join(passed)}) if {q}" for a, q in zip(alternatives, questions, strict=True))
+    chosen = " else ".join(
+        f"{a.call}({', '.join(passed)}) if {q}" for a, q in zip(alternatives, questions, strict=True)
+    )
     expression = f"{chosen} else {fallback}"
     line = lines[span[0] - 1].encode()
     line_text = lines[span[0] - 1]
@@ -213,7 +218,7 @@ def _is_whole_value(line: str, span: Span) -> bool:
     value = getattr(statement, "value", None)
     if not isinstance(statement, (ast.Assign, ast.AnnAssign, ast.Return)) or value is None:
         return False
-    return (value.col_offset + offset, value.end_col_offset + offset) == (span[1], span[3]) and (  # type: ignore[operator]
+    return (value.col_offset + offset, value.end_col_offset + offset) == (span[1], span[3]) and (
         value.lineno == value.end_lineno == 1
     )
 

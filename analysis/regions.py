@@ -147,7 +147,10 @@ def find_region(
     block, statements = _statements(function, roots)
     unbiased = _unbiased_statements(roots, statements, block, spans, outputs)
     named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
-    placed = [(named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation) for v in inputs]
+    placed = [
+        (named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation)
+        for v in inputs
+    ]
     arguments = [text for text, _ in placed]
     arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}

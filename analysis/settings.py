@@ -23,10 +23,11 @@ def module_settings(module: Any) -> dict[str, Any]:
     besides its tensors and submodules.  Private names and `training` are left out (the mode is
     checked on its own, where the code depends on it), and so are the sizes of torch's modules."""
     # The sizes torch's own modules keep besides their weights: a call's shapes are checked on their own.
-    sizes = ("num_embeddings", "embedding_dim", "in_features", "out_features", "normalized_shape", "num_features")
+    sizes = {"num_embeddings", "embedding_dim", "in_features", "out_features", "normalized_shape", "num_features"}
+    sizes |= {"num_channels", "in_channels", "out_channels"}
     settings = {}
     for name, value in vars(module).items():
-        if name.startswith("_") or name == "training" or name in sizes + ("num_channels", "in_channels", "out_channels"):
+        if name.startswith("_") or name == "training" or name in sizes:
             continue
         kept = setting_value(value)
         if kept is not None or value is None:
@@ -43,7 +44,7 @@ def setting_value(value: Any) -> Any:
         return value if value == value and abs(value) != float("inf") else f"float:{value!r}"
     if isinstance(value, (tuple, list)):
         items = [setting_value(v) for v in value]
-        if all(kept is not None or v is None for kept, v in zip(items, value)):
+        if all(kept is not None or v is None for kept, v in zip(items, value, strict=True)):
             return tuple(items)
         return None
     if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
@@ -67,4 +68,3 @@ def class_identity(cls: type) -> str:
             file = code.co_filename
             break
     return f"{os.path.basename(file or cls.__module__)}:{cls.__qualname__}"
-

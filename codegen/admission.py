@@ -100,7 +100,9 @@ def _number_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
     if taken:
         listed = tuple_display([n for n, _ in taken])
         conditions.append(f"_numbers_fit({listed}, {tuple_display([repr(t) for _, t in taken])})")
-    conditions += [f"{n} == {literal(slot.value)}" for n, slot in zip(names, plan.scalars, strict=True) if not slot.runtime]
+    conditions += [
+        f"{n} == {literal(slot.value)}" for n, slot in zip(names, plan.scalars, strict=True) if not slot.runtime
+    ]
     return conditions
 
 

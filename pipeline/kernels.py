@@ -82,7 +82,9 @@ def generate_kernels(
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             if trained:
                 text += "\n\n\n" + trained.text
-            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trained.trains if trained else None, checks)
+            text += "\n\n\n" + fits_text(
+                instance.plan, name, params, numbers, trained.trains if trained else None, checks
+            )
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
             place = _place(cluster, instance, name, module_path, report.file)
             if place is not None:
@@ -292,9 +294,7 @@ def _write_edits(
         same = [p for p in group if p.region.arguments == first.region.arguments]
         for p in group:
             if p not in same:
-                p.cluster.apply_detail = (
-                    f"its code is {first.cluster.id}'s, called with other arguments: one rewrite cannot ask both kernels"
-                )
+                p.cluster.apply_detail = f"its code is {first.cluster.id}'s, called with other arguments: one rewrite cannot ask both kernels"
         alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
         lines = source.lines if first.function is None else first.lines
         try:
@@ -339,7 +339,9 @@ def _attach_source_edit(
         list(others),
     )
     cluster.applies = "edit"
-    cluster.apply_detail = f"{_span(region)} `{region.statement(name)}` where the kernel fits, else the lines as written"
+    cluster.apply_detail = (
+        f"{_span(region)} `{region.statement(name)}` where the kernel fits, else the lines as written"
+    )
 
 
 def _attach_library_patch(placed: _Placed, written: Guarded, others: list[str]) -> None:

@@ -137,7 +137,10 @@ def test_clusters_never_span_two_layers(tmp_path):
     assert result.applied == ["c0", "c1"] and not result.skipped
     after = path.read_text().splitlines()
     embeddings = "cluster0(idx, self.tok.weight, pos, self.pos.weight)"
-    assert f"        x = self.drop({embeddings} if cluster0.fits(idx, self.tok.weight, pos, self.pos.weight, module=self) else self.tok(idx) + self.pos(pos))" in after
+    assert (
+        f"        x = self.drop({embeddings} if cluster0.fits(idx, self.tok.weight, pos, self.pos.weight, module=self) else self.tok(idx) + self.pos(pos))"
+        in after
+    )
     norm = "self.ln2.weight, self.ln2.bias, self.ln2.eps"
     start = after.index(f"        if cluster1.fits(x, attn := self.attn(self.ln1(x)), {norm}, module=self):")
     assert after[start + 1 : start + 6] == [
@@ -198,7 +201,9 @@ def test_a_convolutions_bias_joins_the_kernel_after_it_and_restores_with_it(tmp_
     assert done.applied == ["c0", "c1", "c2"], done.skipped
     body = [line.strip() for line in (tmp_path / "diffusion_block.py").read_text().splitlines()]
     start = body.index("def forward(self, x, emb):") + 1
-    norm1, norm2 = (f"self.norm{k}.weight, self.norm{k}.bias, self.norm{k}.eps, self.norm{k}.num_groups" for k in (1, 2))
+    norm1, norm2 = (
+        f"self.norm{k}.weight, self.norm{k}.bias, self.norm{k}.eps, self.norm{k}.num_groups" for k in (1, 2)
+    )
     emb = "self.emb_proj(F.silu(emb))[:, :, None, None]"
     assert body[start : start + 12] == [
         f"h = self.conv1._conv_forward(cluster0(x, {norm1}) if cluster0.fits(x, {norm1}, module=self) "

@@ -164,7 +164,10 @@ def test_an_identity_module_inside_the_cluster_is_replaced_with_it(write_model, 
         k = c.kernel.name
         original = "x + self.drop_path(self.gamma * F.gelu(y))"
         # asked with the module, whose drop_path must still be the module that was analyzed
-        assert c.edit.text.strip() == f"return {k}(x, self.gamma, y) if {k}.fits(x, self.gamma, y, module=self) else {original}"
+        assert (
+            c.edit.text.strip()
+            == f"return {k}(x, self.gamma, y) if {k}.fits(x, self.gamma, y, module=self) else {original}"
+        )
 
 
 def test_a_module_that_drops_only_in_training_is_left_to_the_lines_in_training(write_model, analyze):
