@@ -7,7 +7,8 @@ still legal.  Legality, in the order it is checked:
 
 - `aliasing`    an in-place write whose buffer other views can observe;
 - `no-lowering` an op (or op/dtype combination) without a Triton lowering;
-- `reduction`   a reduction over something other than trailing dims of its input;
+- `reduction`   a reduction of a whole tensor to one value;
+- `aliasing`    (also) a norm that updates running statistics in place (training-mode batch norm);
 - `graph-break` members would sit on both sides of a data-dependent break;
 - `layer-boundary` members would run in two layers of a module list (`blocks.3`, `blocks.4`), or in
   one and outside it: the layers would no longer run the same code, and no edit of one layer's code
@@ -37,9 +38,9 @@ from .places import common_place
 # A planner answers: can one kernel compute `members` of `graph`?  (ok, reason, detail)
 Planner = Callable[[Graph, frozenset[int]], tuple[bool, str, str]]
 
-# View steps a kernel can follow with index arithmetic (reshape needs the sizes of both
-# sides at run time, so it ends a cluster instead).
-KERNEL_VIEW_STEPS = {"permute", "unsqueeze", "squeeze", "expand", "slice", "select"}
+# View steps a kernel can follow with index arithmetic.  A reshape's coordinates divide by the sizes
+# it splits or merges, which the kernel takes as the analyzed ones (the launcher holds the inputs to them).
+KERNEL_VIEW_STEPS = {"permute", "unsqueeze", "squeeze", "expand", "slice", "select", "reshape"}
 
 
 @dataclass
@@ -221,17 +222,17 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
     if node.cls is OpClass.REDUCTION:
         if node.params.get("scan"):
             return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
+        if node.params.get("updates"):
+            return (
+                "aliasing",
+                f"{describe(node)} normalises with the batch's statistics and also updates the running mean "
+                "and variance in place, which a kernel that returns values would leave stale; it fuses in eval "
+                "mode (a scale and shift per channel) or built with track_running_stats=False",
+            )
         x = graph[node.inputs[0]] if node.inputs else None
         dims = node.params.get("dims", [])
-        if x is not None and x.meta is not None and node.op != "group_norm":
+        if x is not None and x.meta is not None and node.op != "group_norm" and not node.params.get("window"):
             ndim = len(x.meta.shape)
-            trailing = list(range(ndim - len(dims), ndim))
-            if dims != trailing:
-                return (
-                    "reduction",
-                    f"{describe(node)} reduces dim {', '.join(map(str, dims))} of a "
-                    f"{shape_text(x)} tensor; a row-per-program kernel reduces trailing dims only",
-                )
             if ndim and len(dims) == ndim and x.meta.numel > 1:
                 return (
                     "reduction",

@@ -157,7 +157,12 @@ def _size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
 
 
 def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | None:
-    """`<input>.shape[j]` of the first load that reads domain dim `i` as its dim `j` at the domain's size."""
+    """`<input>.shape[j]` of the first load that reads domain dim `i` as its dim `j` at the domain's size;
+    for the positions of a pooling window's output, how many windows fit in the dim that load reads."""
+    for w in plan.windows:
+        if w.out == i and w.read is not None:
+            k, j = w.read
+            return f"({names[k]}.shape[{j}] - {w.span}) // {w.stride} + 1"
     for s in plan.stmts:
         if s.load_input is None:
             continue
@@ -246,7 +251,9 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         return (
             f"torch.empty({tuple_display([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
         )
-    if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
+    if out.row_only and out.row_at is not None:  # the row dims where the output has them, 1 elsewhere
+        dims = [f"d{i}" if i >= 0 else "1" for i in out.row_at]
+    elif out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
     else:
         dims = [f"d{i}" for i in range(n)]
@@ -444,7 +451,12 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
     rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
-    switches = (("rows_only", rows_only), ("gathers", gathers(plan)), ("totals", bool(column_totals(plan))))
+    switches = (
+        ("rows_only", rows_only),
+        ("gathers", gathers(plan)),
+        ("totals", bool(column_totals(plan))),
+        ("windows", bool(plan.windows)),
+    )
     flags = "".join(f", {flag}=True" for flag, on in switches if on)
     tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"]
     if plan.groups:
