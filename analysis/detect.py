@@ -178,7 +178,7 @@ def _views_inside(graph: Graph, compute: list[int], members: set[int]) -> set[in
         grew = False
         for operand in sorted({o for m in members | taken for o in graph[m].inputs} - members - taken):
             node = graph[operand]
-            if node.cls is not OpClass.VIEW or not followable(node) or not node.inputs:
+            if node.cls is not OpClass.VIEW or not followable(node) or not node.inputs or _regroups(node):
                 continue
             frame = next((f for f in node.stack if f.invocation == place.invocation), None)
             if frame is None or frame.span not in spans:
@@ -278,6 +278,12 @@ def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> 
         if cid not in producers:
             producers.append(cid)
     return glue, producers
+
+
+def _regroups(node: Node) -> bool:
+    """A view that reshapes: read through it, an input would be held to the analyzed sizes of the dims
+    it regroups (`q_proj(x).view(b, t, heads, dim)`), where read as the view it takes any."""
+    return any(step[0] == "reshape" for step in node.params.get("steps", []))
 
 
 def followable(node: Node) -> bool:

@@ -302,7 +302,11 @@ def values_and_indices(canon, func, args, kwargs, out) -> list[tuple[str, OpClas
     if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or isinstance(dim, bool):
         return None
     params = {"dims": [norm_dim(dim, max(x.dim(), 1))], "keepdim": bool(bound.get("keepdim", False))}
-    return [(canon, OpClass.REDUCTION, [x], dict(params)), ("arg" + canon, OpClass.REDUCTION, [x], dict(params))]
+    # `pair`: which of the call's results the node is (a call site gives both at once).
+    return [
+        (canon, OpClass.REDUCTION, [x], dict(params, pair=0)),
+        ("arg" + canon, OpClass.REDUCTION, [x], dict(params, pair=1)),
+    ]
 
 
 def _normalise_binary(canon, func, args, kwargs, swapped):

@@ -1323,7 +1323,9 @@ def _reshape_back(before: tuple[int, ...], after: tuple[int, ...], coords: list[
     of the kernel; a load through such a coordinate holds its input to them (`InputSlot.guarded_dims`)."""
     out = [ZERO] * len(before)
     for run_before, run_after in _reshape_runs(before, after):
-        terms, axes, guards = [], set(), set()
+        terms: list[str] = []
+        axes: set[str] = set()
+        guards: set[str] = set()
         for a in run_after:
             c = coords[a]
             if c.text == "0":
@@ -1374,6 +1376,16 @@ def _reshape_runs(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple
     if i < len(left) or j < len(right):
         raise PlanError("shape", f"a reshape of {_shape(before)} to {_shape(after)} has no runs of equal size")
     return runs
+
+
+def reduced_dims(plan: KernelPlan) -> list[int]:
+    """The dims of the reduced tensor a row plan reduces: the last ones, those `order` puts last, or
+    the pooled ones."""
+    if plan.windows:
+        return [w.dim for w in plan.windows]
+    if plan.order is not None:
+        return list(plan.order[plan.row_dims :])
+    return list(range(plan.row_dims, len(plan.domain)))
 
 
 def identity_inputs(plan: KernelPlan) -> list[int]:
