@@ -26,6 +26,7 @@ from .plan import (
     gathers,
     identity_inputs,
     mergeable_row_end,
+    padded_windows,
     permuted_outputs,
     returned_outputs,
     row_layouts,
@@ -121,8 +122,20 @@ def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[s
 
 
 def _domain_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
-    """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape."""
-    return [f"d{i} = {size}" for i, size in enumerate(_size_exprs(plan, input_names))]
+    """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape;
+    `e<k>`: the pooled tensor's size along each padded window's dim, where the kernels mask the padding."""
+    sizes = [f"d{i} = {size}" for i, size in enumerate(_size_exprs(plan, input_names))]
+    return sizes + [f"e{k} = {_pooled_size(plan, input_names, k)}" for k in padded_windows(plan)]
+
+
+def _pooled_size(plan: KernelPlan, names: list[str], k: int) -> str:
+    """The size of the pooled dim of window `k`: of the input a load reads it from, else the analyzed one
+    (the loads hold their inputs to it)."""
+    w = plan.windows[k]
+    if w.read is None:
+        return str(w.size)
+    slot, j = w.read
+    return f"{names[slot]}.shape[{j}]"
 
 
 def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
@@ -162,7 +175,8 @@ def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | N
     for w in plan.windows:
         if w.out == i and w.read is not None:
             k, j = w.read
-            return f"({names[k]}.shape[{j}] - {w.span}) // {w.stride} + 1"
+            padded = f"{names[k]}.shape[{j}] + {2 * w.padding}" if w.padding else f"{names[k]}.shape[{j}]"
+            return f"({padded} - {w.span}) // {w.stride} + 1"
     for s in plan.stmts:
         if s.load_input is None:
             continue
@@ -336,6 +350,7 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
             args.append("*out_strides")
     if plan.groups:
         args.append("G")
+    args += [f"e{k}" for k in padded_windows(plan)]
     if divisors:
         args.append("*magic")
     args += [slot.name for slot in plan.scalars if slot.runtime]

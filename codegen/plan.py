@@ -141,8 +141,10 @@ class OutputSlot:
 class Window:
     """A pooling window along one dim of the pooled tensor (`max_pool2d(x, 2)`'s height): the output's
     position `o` along it (domain dim `out`) and the window's offset `k` (domain dim `offset`, a
-    column) read the pooled tensor at `o * stride + k * dilation`.  Without padding or ceil mode
-    every window lies inside the tensor, so no read is masked.  `read`: (input slot, dim) of a load
+    column) read the pooled tensor at `o * stride + k * dilation - padding`.  Without padding every
+    window lies inside the tensor; with it, the positions outside (before 0 or from `e<k>`, the pooled
+    dim's size, a kernel argument) are masked: no load there, and the pool leaves them out (a max)
+    or counts them as zeros (a mean with count_include_pad).  `read`: (input slot, dim) of a load
     along it, from whose size the launcher finds the output's at call time; None where none reads it
     at any size (a slice's coordinate: the launcher holds that input to the analyzed size)."""
 
@@ -152,6 +154,8 @@ class Window:
     kernel: int
     stride: int
     dilation: int
+    padding: int = 0
+    size: int = 0  # the pooled dim's, at analysis
     read: tuple[int, int] | None = None
 
     @property
@@ -609,10 +613,10 @@ class _Planner:
         if space.window:
             lead = n - len(space.window)
             self.windows = [
-                Window(lead + p, lead + p, n + p, kernel, stride, dilation)
-                for p, (kernel, stride, dilation) in enumerate(space.window)
+                Window(lead + p, lead + p, n + p, kernel, stride, dilation, padding, space.shape[lead + p])
+                for p, (kernel, stride, dilation, padding) in enumerate(space.window)
             ]
-            outs = tuple((space.shape[w.dim] - w.span) // w.stride + 1 for w in self.windows)
+            outs = tuple((space.shape[w.dim] + 2 * w.padding - w.span) // w.stride + 1 for w in self.windows)
             return (*space.shape[:lead], *outs, *(w.kernel for w in self.windows)), n
         kept = [d for d in range(n) if d not in space.dims]
         order = (*kept, *space.dims)
@@ -630,7 +634,9 @@ class _Planner:
                 at, offset = self.full[w.out].text, self.full[w.offset].text
                 step = f"{at} * {w.stride}" if w.stride != 1 else at
                 reach = f"{offset} * {w.dilation}" if w.dilation != 1 else offset
-                coords[w.dim] = Coord(f"({step} + {reach})", frozenset({"r", "c"}), any_size=True, window=k)
+                text = f"({step} + {reach} - {w.padding})" if w.padding else f"({step} + {reach})"
+                guard = f"({text} >= 0) & ({text} < e{k})" if w.padding else ""
+                coords[w.dim] = Coord(text, frozenset({"r", "c"}), guard, any_size=True, window=k)
             self.natural, self.natural_dims = tuple(coords), None
             return
         if self.order is None:
@@ -949,6 +955,8 @@ class _Planner:
         if xs.kind != FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} on {x_meta.dtype} values")
         comment = self._comment(node)
+        if node.params.get("window") and any(w.padding for w in self.windows):
+            return self._padded_pool(node, op, xs, comment)
         n = "C"  # the runtime number of elements per row
         r = self._reduce
         if op == "sum":
@@ -1004,6 +1012,26 @@ class _Planner:
             y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
+
+    def _padded_pool(self, node: Node, op: str, xs: Stmt, comment: str) -> Stmt:
+        """A pool whose windows reach past the tensor's edges (`max_pool2d(x, 3, 2, padding=1)`): the
+        positions outside are left out of a max; a mean counts them as zeros and divides by the whole
+        window (count_include_pad) or by the positions inside (`count_include_pad=False`)."""
+        inside = " & ".join(c.guard for c in self.natural if c.guard)
+        axes = frozenset({"r", "c"})
+        window = node.params["window"]
+        if op == "amax":
+            kept = self._emit(f"tl.where({inside}, {xs.name}, float('-inf'))", FLOAT, [xs], axes=axes)
+            return self._reduce("max", kept, comment)
+        kept = self._emit(f"tl.where({inside}, {xs.name}, 0.0)", FLOAT, [xs], axes=axes)
+        total = self._reduce("sum", kept, comment + " (sum)")
+        if window.get("divisor_override"):
+            return self._emit(f"{total.name} / {literal(float(window['divisor_override']))}", FLOAT, [total], comment)
+        if window.get("count_include_pad", True):
+            return self._emit(f"{total.name} / C", FLOAT, [total], comment)
+        ones = self._emit(f"tl.where({inside}, 1.0, 0.0)", FLOAT, [], axes=axes)
+        count = self._reduce("sum", ones, comment + " (positions inside)")
+        return self._emit(f"{total.name} / {count.name}", FLOAT, [total, count], comment)
 
     def _first_index(self, node: Node, xs: Stmt, comment: str) -> Stmt:
         """argmax / argmin (and the indices of `torch.max(x, dim)`): the row's extreme, then the least
@@ -1221,11 +1249,11 @@ class _Space:
 
     shape: tuple[int, ...]
     dims: tuple[int, ...]
-    window: tuple[tuple[int, int, int], ...] = ()
+    window: tuple[tuple[int, int, int, int], ...] = ()  # (kernel, stride, dilation, padding) per pooled dim
 
     def describe(self) -> str:
         if self.window:
-            sizes = " x ".join(str(kernel) for kernel, _, _ in self.window)
+            sizes = " x ".join(str(kernel) for kernel, _, _, _ in self.window)
             return f"{_shape(self.shape)} in {sizes} windows"
         return f"{_shape(self.shape)} over dim {', '.join(map(str, self.dims))}"
 
@@ -1244,13 +1272,14 @@ def _space(node: Node, shape: tuple[int, ...]) -> _Space:
     window = node.params.get("window")
     if window is None:
         return _Space(shape, dims)
-    if any(window["padding"]) or window["ceil_mode"]:
+    if window["ceil_mode"]:
         raise PlanError(
             "no-lowering",
-            f"{_describe(node)} pads its windows (padding {window['padding']}, ceil_mode {window['ceil_mode']}): "
-            "the window kernel reads only windows inside the tensor; with padding=0 and ceil_mode=False it fuses",
+            f"{_describe(node)} rounds its output size up (ceil_mode=True), so its last windows start past "
+            "the padding and are cut short: the window kernel takes whole windows; with ceil_mode=False it fuses",
         )
-    return _Space(shape, dims, tuple(zip(window["kernel"], window["stride"], window["dilation"], strict=True)))
+    per_dim = zip(window["kernel"], window["stride"], window["dilation"], window["padding"], strict=True)
+    return _Space(shape, dims, tuple(per_dim))
 
 
 def _at_index(index: Stmt, size: str, any_size: bool) -> Coord:
@@ -1376,6 +1405,12 @@ def _reshape_runs(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple
     if i < len(left) or j < len(right):
         raise PlanError("shape", f"a reshape of {_shape(before)} to {_shape(after)} has no runs of equal size")
     return runs
+
+
+def padded_windows(plan: KernelPlan) -> list[int]:
+    """The windows (their index) that reach past the pooled tensor's edges: the kernels take that
+    dim's size (`e<k>`) to mask the positions outside."""
+    return [k for k, w in enumerate(plan.windows) if w.padding]
 
 
 def reduced_dims(plan: KernelPlan) -> list[int]:

@@ -245,27 +245,42 @@ def test_a_batch_norm_that_updates_its_running_statistics_is_left_out_by_name(wr
 
 POOLS = """
     class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(4)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            with torch.no_grad():
+                self.bn.running_mean.uniform_(-1, 1)
+                self.bn.running_var.uniform_(0.5, 2)
+
         def forward(self, x):
             a = F.max_pool2d(F.relu(x), 2)
             b = F.avg_pool2d(x * 2, 2) + 1
             c = F.max_pool2d(torch.sigmoid(x), 3, stride=2) - 0.5
             d = F.adaptive_avg_pool2d(torch.tanh(x), 1).flatten(1) * 3
             e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
-            return a, b, c, d, e
+            stem = self.pool(F.relu(self.bn(x)))
+            f = F.avg_pool2d(torch.exp(x), 3, stride=1, padding=1, count_include_pad=False) - x
+            return a, b, c, d, e, stem, f
 """
 
 
 def test_pooling_windows_and_spatial_means_are_kernels_whose_output_is_the_pooled_tensor(write_model, launches):
     """Each window (or the whole image) is a row of the kernel: the ops before the pool are computed
     at every position of every window, those after it on the pooled values, and only those are
-    written.  The windows' count follows the input's size at call time (here 9 x 11 pools to 4 x 5
-    and, in 3 x 3 windows 2 apart, 4 x 5), so one kernel pools any image."""
+    written.  Padding is masked: a max leaves it out, a mean counts it as zeros or, without
+    count_include_pad, divides by the positions inside (a ResNet stem's eval-mode batch norm, ReLU
+    and 3 x 3 max pool are one kernel).  The windows' count follows the input's size at call time
+    (here 9 x 11 pools, in 3 x 3 windows 2 apart, to 4 x 5; 12 x 7 to 5 x 3), so one kernel pools
+    any image."""
     chains = [
         "relu → max_pool2d",
         "mul → avg_pool2d → add",
         "sigmoid → max_pool2d → sub",
         "tanh → adaptive_avg_pool2d → mul",
         "relu → mean → sigmoid → mul",
+        "batch_norm → relu → max_pool2d",
+        "exp → avg_pool2d → sub",
     ]
     report, model = _validated(write_model, POOLS, [("2,4,9,11", "float32")], chains, launches, trains=False)
     fused = _kernel(report, model, "sigmoid → max_pool2d → sub", launches)
@@ -273,6 +288,9 @@ def test_pooling_windows_and_spatial_means_are_kernels_whose_output_is_the_poole
     got = fused(x)
     assert got.shape == (3, 4, 5, 3)
     torch.testing.assert_close(got, F.max_pool2d(torch.sigmoid(x), 3, stride=2) - 0.5)
+    padded = _kernel(report, model, "exp → avg_pool2d → sub", launches)
+    want = F.avg_pool2d(torch.exp(x), 3, stride=1, padding=1, count_include_pad=False) - x
+    torch.testing.assert_close(padded(x), want)
 
 
 def test_a_global_average_pool_trains_through_one_kernel(write_model, launches):
@@ -289,13 +307,13 @@ def test_pools_no_window_kernel_computes_say_why(write_model):
         """
         class M(nn.Module):
             def forward(self, x):
-                return F.max_pool2d(F.relu(x), 3, stride=2, padding=1) * 2, F.adaptive_avg_pool2d(x * 2, 2) + 1
+                return F.max_pool2d(F.relu(x), 3, stride=2, ceil_mode=True) * 2, F.adaptive_avg_pool2d(x * 2, 2) + 1
         """
     ).lstrip("\n")
     _, model, _ = _analyzed(write_model(source), [("2,4,9,11", "float32")])
     rejected = _rejected(model)
     reason, detail = rejected["max_pool2d"]
-    assert reason == "no-lowering" and "padding=0" in detail
+    assert reason == "no-lowering" and "ceil_mode=False" in detail
     reason, detail = rejected["adaptive_avg_pool2d"]
     assert reason == "no-lowering" and "output_size=1" in detail
 
