@@ -189,6 +189,23 @@ def test_a_softmax_over_channels_trains_through_one_backward_kernel(write_model,
     _validated(write_model, source, [("2,6,5,7", "float32")], ["mul → softmax"], launches)
 
 
+def test_rows_too_wide_for_registers_are_walked_in_column_blocks(write_model, launches):
+    """9000 channels a pixel, 9000 pixels a channel: the looped kernel walks each row in blocks, its
+    loads and stores by the tensors' own strides, forward and backward."""
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bn = nn.BatchNorm2d(4, track_running_stats=False)
+
+            def forward(self, x, y):
+                return torch.softmax(x * 2, dim=1), F.relu(self.bn(y))
+    """
+    inputs = [("1,9000,2,3", "float32"), ("3,4,50,60", "float32")]
+    _validated(write_model, source, inputs, ["mul → softmax", "batch_norm → relu"], launches)
+    assert sum(n for name, n in launches.items() if name.endswith("_kernel_loop")) >= 4, launches
+
+
 # ---- instance norm, group norm, batch statistics ---------------------------------------------------------
 
 NORMS = """
