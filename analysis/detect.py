@@ -5,10 +5,10 @@ fusing compiler does: each absorbable op tries to join the clusters that produce
 operands (through any views between them); the join happens if the grown group is
 still legal.  Legality, in the order it is checked:
 
-- `aliasing`    an in-place write whose buffer other views can observe;
-- `no-lowering` an op (or op/dtype combination) without a Triton lowering;
+- `aliasing`    an in-place write whose buffer other views can observe, or a norm that also
+  updates its running statistics in place (a batch norm in training);
+- `no-lowering` a scan (cumsum), which no row kernel computes;
 - `reduction`   a reduction of a whole tensor to one value;
-- `aliasing`    (also) a norm that updates running statistics in place (training-mode batch norm);
 - `graph-break` members would sit on both sides of a data-dependent break;
 - `layer-boundary` members would run in two layers of a module list (`blocks.3`, `blocks.4`), or in
   one and outside it: the layers would no longer run the same code, and no edit of one layer's code
@@ -17,7 +17,8 @@ still legal.  Legality, in the order it is checked:
 - `convexity`   a dependency path leaves the group and re-enters it;
 - `fan-out` / `shape` / `reduction` / `no-lowering` from the kernel planner (injected
   by the caller, so analysis knows what codegen can express without importing it):
-  an escaping value one kernel cannot write, two iteration spaces, two row spaces.
+  an escaping value one kernel cannot write, two iteration spaces, two row spaces (reductions over
+  different dims, or windows, of one tensor), an op or pooling the kernels do not lower.
 
 No silent drops: every absorbable op ends in exactly one cluster (of two or more
 compute ops) or in exactly one rejection with a reason code and a sentence.  A failed
@@ -223,11 +224,12 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
         if node.params.get("scan"):
             return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
         if node.params.get("updates"):
+            whose = "each sample's" if node.op == "instance_norm" else "the batch's"
             return (
                 "aliasing",
-                f"{describe(node)} normalises with the batch's statistics and also updates the running mean "
-                "and variance in place, which a kernel that returns values would leave stale; it fuses in eval "
-                "mode (a scale and shift per channel) or built with track_running_stats=False",
+                f"{describe(node)} normalises with {whose} statistics and also updates the running mean and "
+                "variance in place, which a kernel that returns values would leave stale; it fuses in eval mode "
+                "(a scale and shift per channel) or built with track_running_stats=False",
             )
         x = graph[node.inputs[0]] if node.inputs else None
         dims = node.params.get("dims", [])
@@ -236,8 +238,8 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
             if ndim and len(dims) == ndim and x.meta.numel > 1:
                 return (
                     "reduction",
-                    f"{describe(node)} reduces all of {shape_text(x)} to one value; "
-                    "a row-per-program kernel would run it in a single program",
+                    f"{describe(node)} reduces all of {shape_text(x)} to one value, which a row-per-program "
+                    "kernel would compute in a single program; a reduction over some of its dims (`dim=...`) fuses",
                 )
     return None
 
