@@ -244,7 +244,20 @@ class KernelPlan:
     # statistics over (N, H, W)): the dim of the reduced tensor each domain dim runs along, its other
     # dims first, then the reduced ones.  Its rows are those other dims and its columns the reduced
     # ones, in whatever memory order the tensor has them: each value is loaded and stored through its
-    # own strides at its own coordinates.  None: the domain is the tensor's own dims.
+    # own strides at its own coordinates (a full-size output as a permuted one, `OutputSlot.dims`, in
+    # the tensor's own shape).  None: the domain is the tensor's own dims.
+    #
+    # How the kernels walk memory on a GPU: where the tensor's stride-1 dim is a column (channels-last
+    # under a softmax over C, a batch norm's pixels), a row's columns are runs of memory across a
+    # warp's lanes, as for a reduction over the last dim.  Where it is the last row dim (NCHW's W under
+    # a softmax over C), the across row kernel (`emit._across_row_head`) takes a block of W positions
+    # down its tile and the channels across: each channel's block of pixels is one run of memory,
+    # which Triton sees (the block is an `arange` down the tile) and reads with its lanes along it,
+    # then the reductions run across the tile's columns and the results are stored the same way.
+    # Rows too wide for registers (more than 8192 columns) are walked one row a program in column
+    # blocks (the looped kernel), where few rows keep few multiprocessors busy: a batch norm over 64
+    # channels of a large batch, a sum down the rows of a tall matrix (`benchmarks/axis_reductions.py`
+    # times both against torch.compile, which splits such reductions over many programs).
     order: tuple[int, ...] | None = None
     # Pooling: a reduction over each window (`Window`); the domain is the tensor's dims before the
     # pooled ones, the output's positions along those, then each window's offsets (the columns).
