@@ -63,6 +63,7 @@ def _model(forward: str, init: str = "", example: str = "torch.randn(2, 8, 6, 10
 
 
 _IMAGE = ((32, 64, 128, 128),)  # 33.5 M elements: 67 MB in bf16, 134 MB in fp32
+_CHANNELS_64 = "torch.randn(2, 64, 6, 10, dtype=DTYPE)"  # the small example of a model with 64 channels
 CASES: dict[str, Case] = {
     "softmax-over-channels": Case(
         "softmax over NCHW channels (dim 1)", _model("return torch.softmax(x * 0.5, dim=1)"), _IMAGE
@@ -84,13 +85,15 @@ CASES: dict[str, Case] = {
     ),
     "instance-norm": Case(
         "InstanceNorm2d (affine) + ReLU",
-        _model("return F.relu(self.norm(x))", "self.norm = nn.InstanceNorm2d(8, affine=True)"),
-        ((32, 8, 256, 256),),
+        _model("return F.relu(self.norm(x))", "self.norm = nn.InstanceNorm2d(64, affine=True)", _CHANNELS_64),
+        _IMAGE,
     ),
     "batch-statistics": Case(
         "BatchNorm2d with the batch's statistics + ReLU",
-        _model("return F.relu(self.norm(x))", "self.norm = nn.BatchNorm2d(8, track_running_stats=False)"),
-        ((32, 8, 256, 256),),
+        _model(
+            "return F.relu(self.norm(x))", "self.norm = nn.BatchNorm2d(64, track_running_stats=False)", _CHANNELS_64
+        ),
+        _IMAGE,
     ),
     "squeeze-excitation": Case(
         "spatial mean, keepdim, then a gate (squeeze-excitation)",
@@ -101,9 +104,11 @@ CASES: dict[str, Case] = {
     "resnet-stem-pool": Case(
         "eval BatchNorm2d + ReLU + MaxPool2d(3, 2, 1)",
         _model(
-            "return self.pool(F.relu(self.bn(x)))", "self.bn = nn.BatchNorm2d(8)\nself.pool = nn.MaxPool2d(3, 2, 1)"
+            "return self.pool(F.relu(self.bn(x)))",
+            "self.bn = nn.BatchNorm2d(64)\nself.pool = nn.MaxPool2d(3, 2, 1)",
+            _CHANNELS_64,
         ),
-        ((32, 8, 224, 224),),
+        ((32, 64, 112, 112),),
     ),
     "avg-pool": Case("avg_pool2d(2) between two ops", _model("return F.avg_pool2d(x * 2, 2) + 1"), _IMAGE),
     "global-average-pool": Case(
