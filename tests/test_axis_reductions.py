@@ -233,29 +233,35 @@ def test_instance_norm_and_batch_statistics_train_through_one_kernel_each(write_
     _validated(write_model, NORMS, inputs, ["mul → instance_norm → relu", "add → batch_norm → sigmoid"], launches)
 
 
-def test_a_batch_norm_that_updates_its_running_statistics_is_left_out_by_name(write_model):
+def test_a_norm_that_updates_its_running_statistics_is_left_out_by_name(write_model, launches):
     """In training, `nn.BatchNorm2d` normalises with the batch's statistics and updates its running
-    mean and variance in place: a kernel returning values would leave them stale, so the batch norm
-    stays out of the cluster, named, and its neighbours still fuse.  In eval mode it is a scale and
-    shift per channel inside the cluster."""
-    source = HEADER + textwrap.dedent(
-        """
+    mean and variance in place (an `nn.InstanceNorm2d` that tracks them, with each sample's): a kernel
+    returning values would leave them stale, so the norm stays out of the cluster, named, and its
+    neighbours still fuse.  In eval mode each is a scale and shift per channel inside the cluster."""
+    source = """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.bn = nn.BatchNorm2d(8)
+                self.inorm = nn.InstanceNorm2d(8, affine=True, track_running_stats=True)
+                with torch.no_grad():
+                    for norm in (self.bn, self.inorm):
+                        norm.running_mean.uniform_(-1, 1)
+                        norm.running_var.uniform_(0.5, 2)
 
-            def forward(self, x):
-                return torch.sigmoid(self.bn(x * 2 + 1)) - 1
-        """
-    ).lstrip("\n")
-    path = write_model(source)
-    _, trained, _ = _analyzed(path, [("2,8,5,7", "float32")], train=True)
-    reason, detail = _rejected(trained)["batch_norm"]
-    assert reason == "aliasing" and "running mean and variance" in detail and "eval mode" in detail
-    assert sorted(c.op_chain for c in trained.clusters) == ["mul → add", "sigmoid → sub"]
-    _, evaluated, _ = _analyzed(path, [("2,8,5,7", "float32")])
-    assert [c.op_chain for c in evaluated.clusters] == ["mul → add → batch_norm → sigmoid → sub"]
+            def forward(self, x, y):
+                return torch.sigmoid(self.bn(x * 2 + 1)) - 1, F.gelu(self.inorm(y * 2)) + 1
+    """
+    path = write_model(HEADER + textwrap.dedent(source).lstrip("\n"))
+    inputs = [("2,8,5,7", "float32"), ("2,8,4,6", "float32")]
+    _, trained, _ = _analyzed(path, inputs, train=True)
+    for norm, whose in (("batch_norm", "the batch's"), ("instance_norm", "each sample's")):
+        reason, detail = _rejected(trained)[norm]
+        assert reason == "aliasing" and f"{whose} statistics" in detail, detail
+        assert "running mean and variance" in detail and "eval mode" in detail, detail
+    assert sorted(c.op_chain for c in trained.clusters) == ["gelu → add", "mul → add", "sigmoid → sub"]
+    chains = ["mul → add → batch_norm → sigmoid → sub", "mul → instance_norm → gelu → add"]
+    _validated(write_model, source, inputs, chains, launches, trains=False)
 
 
 # ---- spatial means and pooling windows ---------------------------------------------------------------
