@@ -1,16 +1,17 @@
 """Kernel planning: a cluster of graph nodes -> a `KernelPlan`, or why one kernel can't do it.
 
 A kernel iterates over a *domain*: the shape every escaping output has (elementwise), or
-the shape its reductions read, split into rows (leading dims) and columns (the reduced
-trailing dims).  Programs own a [BLOCK_R, BLOCK_C] tile of (row, column) positions;
-domain coordinates `c0..c{n-1}` are derived from them.
+the shape its reductions read, split into rows (the dims they keep) and columns (the dims they
+reduce, put last: `KernelPlan.order`; a pool's, the offsets in each window: `KernelPlan.windows`).
+Programs own a [BLOCK_R, BLOCK_C] tile of (row, column) positions; domain coordinates
+`c0..c{n-1}` are derived from them.
 
 Values are pulled from the outputs backwards: evaluating node N at coordinates C
 evaluates its operands at the coordinates they broadcast or view to (`permute`, `slice`,
-`unsqueeze`, ... are index arithmetic), down to loads of external inputs through their
-run-time strides.  Every value becomes one `Stmt`; reductions split into primitive
-sum/max statements, so a plan can be emitted straight-line (whole row in registers) or
-as one loop per reduction level (wide rows).
+`unsqueeze`, a `reshape` on its analyzed sizes, ... are index arithmetic), down to loads of
+external inputs through their run-time strides.  Every value becomes one `Stmt`; reductions
+split into primitive sum/max statements, so a plan can be emitted straight-line (whole row in
+registers) or as one loop per reduction level (wide rows).
 
 The same code answers the detector's question "can one kernel do this?": `check()`
 turns a `PlanError` into a (reason, detail) verdict.
@@ -192,17 +193,16 @@ class ScalarSlot:
         return "float" if isinstance(self.value, float) else "int"
 
 
-_POOL_REDUCTIONS = {"max": "amax", "avg": "mean", "adaptive_max": "amax", "adaptive_avg": "mean"}
-
 # The narrowest row whose statistics (a norm's mean and reciprocal deviation) the forward keeps for
 # the backward: 8 bytes a row are under 1% of what a bfloat16 forward reads and writes from 256
 # columns, while below that the backward recomputes them from a row it holds on chip anyway.
 _KEEP_ROW_STATISTICS_FROM = 256
 
-# What a reduction computes, where its name says another thing: a pool of windows (or of whole dims)
-# their max or mean, torch.max(x, dim)'s values their max.
+# What a reduction computes, where its name says another thing: a pool its windows' (or its whole
+# dims') max or mean, torch.max(x, dim)'s values their max.
+_POOLS_COMPUTE = {"max": "amax", "avg": "mean", "adaptive_max": "amax", "adaptive_avg": "mean"}
 _COMPUTES_AS = {
-    **{f"{kind}_pool{n}d": how for kind, how in _POOL_REDUCTIONS.items() for n in (1, 2, 3)},
+    **{f"{kind}_pool{n}d": how for kind, how in _POOLS_COMPUTE.items() for n in (1, 2, 3)},
     "max": "amax",
     "min": "amin",
 }
