@@ -23,6 +23,7 @@ from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD
 from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.validate import validate_file
+from fuselens.validate.runner import load_kernel_module  # (the `launches` fixture wraps the runner's)
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
@@ -122,11 +123,9 @@ def _validated(
 
 def _kernel(report, model, chain: str, counts: Counter):
     """The public function of the cluster `chain`, from the kernel module of `report`, kernels only."""
-    from fuselens.validate import runner
-
     (cluster,) = [c for c in model.clusters if c.op_chain == chain]
     folder = os.path.dirname(report.file)
-    module = runner.load_kernel_module(report, os.path.join(folder, f"kernels_{cluster.kernel.name}.py"))
+    module = load_kernel_module(report, os.path.join(folder, f"kernels_{cluster.kernel.name}.py"))
     return getattr(_kernels_only(module, counts), cluster.kernel.name)
 
 
@@ -163,6 +162,8 @@ def test_a_softmax_over_channels_reads_each_run_of_pixels_down_the_tiles(write_m
 
 
 def test_sums_means_extremes_and_variances_over_a_leading_dim_join_their_neighbours(write_model, launches):
+    """Each reduction over dim 1 of [3, 33, 20] has rows (3, 20) and 33 columns, 20 apart in memory; a
+    sum over dim 0 of [40, 24] has 24 rows, each a column of the matrix."""
     source = """
         class M(nn.Module):
             def forward(self, x, y):
@@ -317,6 +318,8 @@ def test_pooling_windows_and_spatial_means_are_kernels_whose_output_is_the_poole
 
 
 def test_a_global_average_pool_trains_through_one_kernel(write_model, launches):
+    """`adaptive_avg_pool2d(x, 1)` is a mean over the pixels: its gradient, the upstream one spread over
+    them, is one kernel too."""
     source = """
         class M(nn.Module):
             def forward(self, x):
@@ -367,7 +370,20 @@ def test_torch_max_and_min_over_a_dim_give_their_values_and_first_indices(write_
     assert torch.equal(got[torch.float32], want.values + 1)
 
 
+def test_amax_and_argmax_written_apart_are_one_kernel_that_applies(write_model, launches):
+    source = """
+        class M(nn.Module):
+            def forward(self, x):
+                h = x * 2
+                return torch.amax(h, 1) + 1, torch.argmax(h, 1), torch.argmin(torch.tanh(x), 0)
+    """
+    chains = ["mul → amax → add → argmax", "tanh → argmin"]
+    _validated(write_model, source, [("6,33", "float32")], chains, launches, trains=False)
+
+
 def test_a_view_between_two_ops_stays_in_the_cluster_and_trains(write_model, launches):
+    """A view of a value the cluster computes is index arithmetic on the sizes it regroups (the
+    launcher holds the input to them): splitting the last dim into 4 x 8, merging two into one."""
     source = """
         class M(nn.Module):
             def forward(self, x, y):
