@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from fuselens.contracts.report import GraphBreak, SourceRef
 
 from .graph import Frame, Graph, Node, Ref, TensorMeta
-from .normalise import bind, dtype_name, norm_dim, normalise
+from .normalise import bind, dtype_name, norm_dim, normalise, values_and_indices
 from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
 from .packages import package_of
 from .scalars import ScalarSources
@@ -602,6 +602,11 @@ class Recorder(TorchFunctionMode):
             if cls.free:
                 return  # returned its input unchanged: nothing happened
             inplace = cls.absorbable  # F.relu(x, inplace=True) and friends
+        pair = values_and_indices(canon, func, args, kwargs, out)
+        if pair is not None:  # torch.max(x, dim): a reduction for the values, another for the indices
+            for (op, cls, op_args, params), tensor in zip(pair, out, strict=True):
+                self._output(tensor, op, cls, [self._arg(a) for a in op_args], params, call)
+            return
         normalised = normalise(canon, func, args, kwargs, out, swapped)
         if normalised is None:
             self._record_opaque(func, name, args, kwargs, out)

@@ -5,9 +5,10 @@ fusing compiler does: each absorbable op tries to join the clusters that produce
 operands (through any views between them); the join happens if the grown group is
 still legal.  Legality, in the order it is checked:
 
-- `aliasing`    an in-place write whose buffer other views can observe;
-- `no-lowering` an op (or op/dtype combination) without a Triton lowering;
-- `reduction`   a reduction over something other than trailing dims of its input;
+- `aliasing`    an in-place write whose buffer other views can observe, or a norm that also
+  updates its running statistics in place (a batch norm in training);
+- `no-lowering` a scan (cumsum), which no row kernel computes;
+- `reduction`   a reduction of a whole tensor to one value;
 - `graph-break` members would sit on both sides of a data-dependent break;
 - `layer-boundary` members would run in two layers of a module list (`blocks.3`, `blocks.4`), or in
   one and outside it: the layers would no longer run the same code, and no edit of one layer's code
@@ -16,7 +17,8 @@ still legal.  Legality, in the order it is checked:
 - `convexity`   a dependency path leaves the group and re-enters it;
 - `fan-out` / `shape` / `reduction` / `no-lowering` from the kernel planner (injected
   by the caller, so analysis knows what codegen can express without importing it):
-  an escaping value one kernel cannot write, two iteration spaces, two row spaces.
+  an escaping value one kernel cannot write, two iteration spaces, two row spaces (reductions over
+  different dims, or windows, of one tensor), an op or pooling the kernels do not lower.
 
 No silent drops: every absorbable op ends in exactly one cluster (of two or more
 compute ops) or in exactly one rejection with a reason code and a sentence.  A failed
@@ -37,9 +39,9 @@ from .places import common_place
 # A planner answers: can one kernel compute `members` of `graph`?  (ok, reason, detail)
 Planner = Callable[[Graph, frozenset[int]], tuple[bool, str, str]]
 
-# View steps a kernel can follow with index arithmetic (reshape needs the sizes of both
-# sides at run time, so it ends a cluster instead).
-KERNEL_VIEW_STEPS = {"permute", "unsqueeze", "squeeze", "expand", "slice", "select"}
+# View steps a kernel can follow with index arithmetic.  A reshape's coordinates divide by the sizes
+# it splits or merges, which the kernel takes as the analyzed ones (the launcher holds the inputs to them).
+KERNEL_VIEW_STEPS = {"permute", "unsqueeze", "squeeze", "expand", "slice", "select", "reshape"}
 
 
 @dataclass
@@ -177,7 +179,7 @@ def _views_inside(graph: Graph, compute: list[int], members: set[int]) -> set[in
         grew = False
         for operand in sorted({o for m in members | taken for o in graph[m].inputs} - members - taken):
             node = graph[operand]
-            if node.cls is not OpClass.VIEW or not followable(node) or not node.inputs:
+            if node.cls is not OpClass.VIEW or not followable(node) or not node.inputs or _regroups(node):
                 continue
             frame = next((f for f in node.stack if f.invocation == place.invocation), None)
             if frame is None or frame.span not in spans:
@@ -221,22 +223,23 @@ def _intrinsic_blocker(graph: Graph, node: Node, functionalised: list[int]) -> t
     if node.cls is OpClass.REDUCTION:
         if node.params.get("scan"):
             return "no-lowering", f"{describe(node)} is a scan (prefix op), not a reduction a row kernel computes"
+        if node.params.get("updates"):
+            whose = "each sample's" if node.op == "instance_norm" else "the batch's"
+            return (
+                "aliasing",
+                f"{describe(node)} normalises with {whose} statistics and also updates the running mean and "
+                "variance in place, which a kernel that returns values would leave stale; it fuses in eval mode "
+                "(a scale and shift per channel) or built with track_running_stats=False",
+            )
         x = graph[node.inputs[0]] if node.inputs else None
         dims = node.params.get("dims", [])
-        if x is not None and x.meta is not None and node.op != "group_norm":
+        if x is not None and x.meta is not None and node.op != "group_norm" and not node.params.get("window"):
             ndim = len(x.meta.shape)
-            trailing = list(range(ndim - len(dims), ndim))
-            if dims != trailing:
-                return (
-                    "reduction",
-                    f"{describe(node)} reduces dim {', '.join(map(str, dims))} of a "
-                    f"{shape_text(x)} tensor; a row-per-program kernel reduces trailing dims only",
-                )
             if ndim and len(dims) == ndim and x.meta.numel > 1:
                 return (
                     "reduction",
-                    f"{describe(node)} reduces all of {shape_text(x)} to one value; "
-                    "a row-per-program kernel would run it in a single program",
+                    f"{describe(node)} reduces all of {shape_text(x)} to one value, which a row-per-program "
+                    "kernel would compute in a single program; a reduction over some of its dims (`dim=...`) fuses",
                 )
     return None
 
@@ -277,6 +280,12 @@ def _producer_clusters(graph: Graph, node: Node, cluster_of: dict[int, int]) -> 
         if cid not in producers:
             producers.append(cid)
     return glue, producers
+
+
+def _regroups(node: Node) -> bool:
+    """A view that reshapes: read through it, an input would be held to the analyzed sizes of the dims
+    it regroups (`q_proj(x).view(b, t, heads, dim)`), where read as the view it takes any."""
+    return any(step[0] == "reshape" for step in node.params.get("steps", []))
 
 
 def followable(node: Node) -> bool:

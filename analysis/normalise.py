@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .graph import keep_float, keep_int
-from .ops import CASTS, OpClass, op_class
+from .ops import CASTS, POOLS, OpClass, op_class
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -112,6 +112,10 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
         return canon, OpClass.IDENTITY, [args[0]], {}
     if canon == "batch_norm":
         return _normalise_batch_norm(func, args, kwargs, out_t)
+    if canon == "instance_norm":
+        return _normalise_instance_norm(func, args, kwargs, out_t)
+    if canon in POOLS:
+        return _normalise_pool(canon, func, args, kwargs, out_t)
     if canon == "contiguous":
         x = args[0]
         if x.is_contiguous():
@@ -192,10 +196,117 @@ def _normalise_batch_norm(func, args, kwargs, out_t):
     mean, var = bound.get("running_mean"), bound.get("running_var")
     operands = [x, mean, var, bound.get("weight"), bound.get("bias")]
     eps = keep_float(bound.get("eps", 1e-5))
-    if not bound.get("training", False) and isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
+    tracked = isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)
+    if not bound.get("training", False) and tracked:
         return "batch_norm", OpClass.CHANNEL, operands, {"eps": eps}
     dims = [0, *range(2, x.dim())]
-    return "batch_norm", OpClass.REDUCTION, operands, {"dims": dims, "keepdim": True, "eps": eps, "training": True}
+    # In training with running statistics it also updates them in place (`updates`), by `momentum`.
+    params = {"dims": dims, "keepdim": True, "eps": eps, "training": True, "updates": tracked}
+    return "batch_norm", OpClass.REDUCTION, operands, params
+
+
+def _normalise_instance_norm(func, args, kwargs, out_t):
+    """`F.instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)`:
+    each (sample, channel) normalised over its spatial dims, then the per-channel weight and bias, a
+    reduction over every dim past the channel.  With running statistics and `use_input_stats` it also
+    updates them in place (`updates`); without `use_input_stats` (eval mode, tracking statistics) it
+    normalises with the running ones: an affine map per channel, as eval-mode batch norm."""
+    names = ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"]
+    bound = bind(func, args, kwargs, names)
+    x = bound.get("input")
+    if out_t is None or not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return None
+    mean, var = bound.get("running_mean"), bound.get("running_var")
+    operands = [x, mean, var, bound.get("weight"), bound.get("bias")]
+    eps = keep_float(bound.get("eps", 1e-5))
+    tracked = isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)
+    if not bound.get("use_input_stats", True):
+        if not tracked:
+            return None  # torch refuses it: nothing to normalise with
+        return "instance_norm", OpClass.CHANNEL, operands, {"eps": eps}
+    dims = list(range(2, x.dim()))
+    return "instance_norm", OpClass.REDUCTION, operands, {"dims": dims, "keepdim": True, "eps": eps, "updates": tracked}
+
+
+# A pooling call's arguments, in torch's order.
+_POOL_ARGS = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
+_AVG_POOL_ARGS = ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+
+
+def _spatial(value: Any, n: int, default: Any = None) -> list[int] | None:
+    """A pooling argument as one int per pooled dim (`2` and `(2, 2)` alike)."""
+    if value is None:
+        return default
+    if isinstance(value, int):
+        return [value] * n
+    items = list(value)
+    if len(items) == 1:
+        items = items * n
+    return [int(v) for v in items] if len(items) == n and all(isinstance(v, int) for v in items) else None
+
+
+def _normalise_pool(canon, func, args, kwargs, out_t):
+    """`max_pool2d`, `avg_pool2d` (1d, 3d): each output element the max (mean) of one window of the
+    last 1-3 dims, a reduction over it (`window`: each pooled dim's kernel, stride, padding and
+    dilation).  `adaptive_*_pool` to one element a dim (`adaptive_avg_pool2d(x, 1)`, a global
+    average) is a reduction over the whole of those dims; to more, its windows' sizes follow the
+    input's, and it stays opaque (reported with a reason).  `return_indices` returns a tuple:
+    opaque."""
+    n = int(canon[-2])
+    kind = canon.split("_pool")[0]
+    if out_t is None:
+        return None
+    if kind.startswith("adaptive"):
+        # By position: F.max_pool2d and friends are dispatchers whose signature is (*args, **kwargs).
+        bound = bind(None, args, kwargs, ["input", "output_size", "return_indices"])
+        x, size = bound.get("input"), bound.get("output_size")
+        if not isinstance(x, torch.Tensor) or bound.get("return_indices") or x.dim() < n + 1:
+            return None
+        sizes = [1 if s is None else s for s in ([size] * n if not isinstance(size, (list, tuple)) else size)]
+        dims = list(range(x.dim() - n, x.dim()))
+        params = {"dims": dims, "keepdim": True, "output_size": [int(s) for s in sizes]}
+        return canon, OpClass.REDUCTION, [x], params
+    bound = bind(None, args, kwargs, _POOL_ARGS if kind == "max" else _AVG_POOL_ARGS)
+    x = bound.get("input")
+    if not isinstance(x, torch.Tensor) or bound.get("return_indices") or x.dim() < n + 1:
+        return None
+    kernel = _spatial(bound.get("kernel_size"), n)
+    stride = _spatial(bound.get("stride"), n, kernel) or kernel
+    padding = _spatial(bound.get("padding", 0), n, [0] * n)
+    dilation = _spatial(bound.get("dilation", 1), n, [1] * n)
+    if kernel is None or stride is None or padding is None or dilation is None:
+        return None
+    window = {
+        "kernel": kernel,
+        "stride": stride,
+        "padding": padding,
+        "dilation": dilation,
+        "ceil_mode": bool(bound.get("ceil_mode", False)),
+    }
+    if kind == "avg":
+        window["count_include_pad"] = bool(bound.get("count_include_pad", True))
+        divisor = bound.get("divisor_override")
+        window["divisor_override"] = int(divisor) if divisor else None
+    dims = list(range(x.dim() - n, x.dim()))
+    return canon, OpClass.REDUCTION, [x], {"dims": dims, "keepdim": True, "window": window}
+
+
+def values_and_indices(canon, func, args, kwargs, out) -> list[tuple[str, OpClass, list, dict]] | None:
+    """`torch.max(x, dim)` / `torch.min(x, dim)` (and their methods), which return (values, indices):
+    one reduction for each, `max` (`min`) for the values and `argmax` (`argmin`) for the indices of
+    their first occurrence, or None for any other call."""
+    if canon not in ("max", "min") or not isinstance(out, tuple) or len(out) != 2:
+        return None
+    bound = bind(func, args, kwargs, ["input", "dim", "keepdim"])
+    x, dim = bound.get("input"), bound.get("dim")
+    if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or isinstance(dim, bool):
+        return None
+    params = {"dims": [norm_dim(dim, max(x.dim(), 1))], "keepdim": bool(bound.get("keepdim", False))}
+    # `pair`: which of the call's results the node is (a call site gives both at once).
+    return [
+        (canon, OpClass.REDUCTION, [x], dict(params, pair=0)),
+        ("arg" + canon, OpClass.REDUCTION, [x], dict(params, pair=1)),
+    ]
 
 
 def _normalise_binary(canon, func, args, kwargs, swapped):

@@ -147,6 +147,10 @@ CHANNEL = frozenset({"batch_norm"})
 # is W[ids[...], :] (out[..., d] = W[ids[...], d]).
 LOOKUP = frozenset({"embedding", "one_hot"})
 
+# Pooling: a reduction over each window of the last one to three dims (`max_pool2d(x, 2)`), or over
+# the whole of them (`adaptive_avg_pool2d(x, 1)`).
+POOLS = frozenset(f"{kind}_pool{n}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg") for n in (1, 2, 3))
+
 REDUCTION = frozenset(
     {
         "sum",
@@ -169,6 +173,13 @@ REDUCTION = frozenset(
         "any",
         "cumsum",
         "cumprod",
+        "instance_norm",
+        # `torch.max(x, dim)` / `torch.min(x, dim)` record their values under these names (their
+        # indices as `argmax` / `argmin`): the values' gradient goes to the first index of the extreme,
+        # not shared among ties as `amax`'s is.
+        "max",
+        "min",
+        *POOLS,
     }
 )
 

@@ -550,7 +550,7 @@ def _softmax(graph: Graph) -> list[Match]:
         before = _bytes(graph, nodes)
         after = _io_bytes(graph, reads, [tail])
         label = " and ".join(sorted(set(kinds))) or "plain"
-        summary = f"{label} {node.op} over the last dim"
+        summary = f"{label} {node.op} over {_which_dim(graph, node)}"
         if pick or node.op == "cross_entropy":
             summary = "cross-entropy: log-softmax and each row's target picked; no log-probabilities written"
         out.append(
@@ -565,6 +565,15 @@ def _softmax(graph: Graph) -> list[Match]:
             )
         )
     return out
+
+
+def _which_dim(graph: Graph, node: Node) -> str:
+    """ "the last dim", or which one a softmax normalises over (`softmax(x, dim=1)` of NCHW: the channels)."""
+    dims = node.params.get("dims", [])
+    x = graph[node.inputs[0]].meta if node.inputs else None
+    if x is None or len(dims) != 1 or dims[0] == len(x.shape) - 1:
+        return "the last dim"
+    return f"dim {dims[0]} of {len(x.shape)}"
 
 
 def _target_pick(graph: Graph, log_softmax: Node) -> list[int]:

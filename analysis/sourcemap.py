@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from fuselens.contracts.report import Mapping as MappingQuality
 
-from .graph import Graph
+from .graph import Graph, Node
 from .packages import model_library
 from .places import common_place
 from .regions import NoRegion, Region, find_region
@@ -98,6 +98,9 @@ def map_cluster(
     fn = index.function_at(base.lines[0], place.function) if index is not None else None
     if index is None or fn is None:
         return _with(base, elsewhere or "the function holding it could not be found in the source")
+    paired = next((graph[m] for m in compute if "pair" in graph[m].params), None)
+    if paired is not None:
+        return _with(base, _pair_call(paired))
     try:
         region = find_region(
             graph, compute, members, inputs, outputs, place.invocation, fn, index.lines, place.file, numbers
@@ -111,6 +114,18 @@ def map_cluster(
     base.quality = "exact"
     base.detail = "the lines can be replaced by one kernel call"
     return base
+
+
+def _pair_call(node: Node) -> str:
+    """Why a cluster that takes in `torch.max(x, dim)` (`min`) has no region: its call returns the values
+    and the indices as one tuple, and a kernel's call would stand in for one of them."""
+    name = node.op.removeprefix("arg")
+    where = f" (line {node.line})" if node.line else ""
+    return (
+        f"`torch.{name}(x, dim)`{where} returns its values and indices as one pair, which one kernel call "
+        f"cannot stand in for where the code reads them; written as `torch.a{name}(x, dim)` and "
+        f"`torch.arg{name}(x, dim)` it applies"
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -118,8 +118,8 @@ def _render_totals(console: Console, report: Report, model: Model) -> None:
     )
     if model.training:
         console.print(
-            "  training mode: dropout draws a random mask and BatchNorm normalises with the batch's "
-            "statistics, so neither is fused"
+            "  training mode: dropout draws a random mask and BatchNorm updates its running statistics, "
+            "so neither is fused"
         )
 
 

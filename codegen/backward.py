@@ -28,7 +28,7 @@ from fuselens.analysis.graph import Graph, Node, Ref
 from fuselens.analysis.ops import OpClass
 
 from .lowering import dtype_tuple, tuple_display
-from .plan import KernelPlan, saved_counts
+from .plan import KernelPlan, reduced_dims, saved_counts
 from .reference import forward_lines
 
 
@@ -456,8 +456,9 @@ class _Writer:
         self.add(arg.node, text)
 
     def _row_dims_reduced(self, operand: Node) -> list[int]:
-        """The trailing (row) dims along which `operand` (a member, not an input) is 1 where the op
-        using it is not: the dims its gradient must be summed over inside the kernel."""
+        """The reduced dims (the row's: the last ones, or those the plan reduces) along which `operand`
+        (a member, not an input) is 1 where the op using it is not: the dims its gradient must be
+        summed over inside the kernel."""
         if operand.id in {s.node for s in self.plan.inputs} or operand.meta is None:
             return []
         if self.at is None or self.at.meta is None:
@@ -465,7 +466,7 @@ class _Writer:
         shape, used = operand.meta.shape, self.at.meta.shape
         if len(shape) != len(used):
             return []
-        return [d for d in range(self.plan.row_dims, len(used)) if shape[d] == 1 and used[d] != 1]
+        return [d for d in reduced_dims(self.plan) if d < len(used) and shape[d] == 1 and used[d] != 1]
 
 
 def _shape(node: Node) -> tuple[int, ...]:
@@ -605,22 +606,12 @@ def _reduced(node: Node, g: str) -> str:
     return f"{g}[{', '.join('None' if d in dims else ':' for d in range(max(dims) + 1))}]"
 
 
-def _row_reduction(node: Node, w: _Writer) -> None:
-    """Refuses a reduction that is not over the cluster's row (its trailing dims)."""
-    dims = node.params.get("dims", [])
-    x = w.graph[_operands(node)[0].node]
-    if x.meta is None or sorted(dims) != list(range(len(x.meta.shape) - len(dims), len(x.meta.shape))):
-        raise NoBackward(f"`{node.op}` over other dims than the last")
-
-
 def _sum(w: _Writer, node: Node) -> None:
-    _row_reduction(node, w)
     x = _operands(node)[0]
     w.to(x, _reduced(node, w.grad(node)), over_row=False)
 
 
 def _mean(w: _Writer, node: Node) -> None:
-    _row_reduction(node, w)
     x = _operands(node)[0]
     n = 1
     meta = w.graph[x.node].meta
@@ -635,7 +626,6 @@ def _last_dims(node: Node) -> list[int]:
 
 
 def _softmax(w: _Writer, node: Node) -> None:
-    _row_reduction(node, w)
     y, g, dims = w.names[node.id], w.grad(node), _last_dims(node)
     total = w.let(f"({g} * {y}).sum(dim={dims}, keepdim=True)")
     w.to(_operands(node)[0], f"{y} * ({g} - {total})", over_row=False)
@@ -645,7 +635,6 @@ def _log_softmax(w: _Writer, node: Node) -> None:
     """g - softmax * (g summed over the row).  Where the forward kept the row's log-sum-exp (the
     log-probabilities are only picked from), the softmax comes from it, and a pick's gradient
     brings its own row sum (`_pick`): one pass over the logits."""
-    _row_reduction(node, w)
     x, g, dims = _operands(node)[0], w.grad(node), _last_dims(node)
     total = w.row_totals.get(node.id) or w.let(f"{g}.sum(dim={dims}, keepdim=True)")
     lse = w.saved.get((node.id, "lse"))
@@ -677,7 +666,6 @@ def _pick(w: _Writer, node: Node) -> None:
 def _norm(w: _Writer, node: Node, centered: bool) -> None:
     """LayerNorm (`centered`) or RMSNorm over the row: y = xhat * weight (+ bias) with
     xhat = (x - mean) * rstd, in float32 as torch computes it."""
-    _row_reduction(node, w)
     x, weight = _operands(node)[:2]
     dims, eps, g = node.params["dims"], float(node.params["eps"]), w.grad(node)
     xv = w.value(x)
@@ -708,6 +696,41 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
         bias = _operands(node)[2]
         # Through float32 (a value the kernel computes, so it can sum it over the rows itself).
         w.to(bias, w.narrow(gf, "float32", w.value(bias), w.dtype(bias)), over_row=False)
+
+
+def _channel_norm(w: _Writer, node: Node) -> None:
+    """Instance norm (each sample's channel normalised over its spatial dims) or batch norm with the
+    batch's statistics (each channel over the batch and its spatial dims): y = xhat * weight + bias
+    with xhat = (x - mean) * rstd over `dims`, weight and bias per channel (dim 1), in float32 as
+    torch computes it.  The weight's and bias's gradients are summed over `dims` in the kernel
+    (one number a row); an instance norm's still has a number a sample, which the caller sums
+    (`leads`: the weight's dim runs along dim 1)."""
+    x, _, _, weight, bias = [*_operands(node), None, None, None, None][:5]
+    dims, eps, g = list(node.params["dims"]), float(node.params["eps"]), w.grad(node)
+    ndim = len(_shape(node))
+    xv = w.value(x)
+    xf = w.let(w.wide(xv, w.dtype(x)))
+    xc = w.let(f"{xf} - {xf}.mean(dim={dims}, keepdim=True)")
+    rstd = w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
+    xhat = w.let(f"{xc} * {rstd}")
+    gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
+    gxhat = gf
+    if isinstance(weight, Ref):
+        gxhat = w.let(f"{gf} * {_per_channel(w.wide(w.value(weight), w.dtype(weight)), ndim)}")
+    inner = (
+        f"{gxhat} - {gxhat}.mean(dim={dims}, keepdim=True) - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
+    )
+    w.to(x, w.narrow(f"{rstd} * ({inner})", "float32", xv, w.dtype(x)), over_row=False)
+    for arg, grad in ((weight, f"({gf} * {xhat})"), (bias, gf)):
+        if isinstance(arg, Ref):
+            summed = f"{grad}.sum(dim={dims}, keepdim=True)"
+            w.to(arg, w.narrow(summed, "float32", w.value(arg), w.dtype(arg)), over_row=False)
+            w.leads[arg.node] = 1
+
+
+def _per_channel(value: str, ndim: int) -> str:
+    """A [C] value read along dim 1 of an `ndim`-dim tensor."""
+    return value if ndim == 2 else f"{value}[:, {', '.join(['None'] * (ndim - 2))}]"
 
 
 def _group_norm(w: _Writer, node: Node) -> None:
@@ -790,6 +813,10 @@ def _view(w: _Writer, node: Node) -> None:
     if len(steps) == 1 and steps[0][0] == "slice" and steps[0][3] == 1:
         w.slices.setdefault(x.node, []).append((steps[0][1], steps[0][2], node))
         _join_slices(w, x.node)
+        return
+    if not of_input and all(s[0] in ("unsqueeze", "squeeze", "reshape") for s in steps):
+        # A view of a value the cluster computes, that only regroups its dims: the gradient regrouped back.
+        w.to(x, f"{w.grad(node)}.reshape({list(_shape(w.graph[x.node]))})", over_row=False)
         return
     raise NoBackward(f"the gradient through a `{node.op}` view")
 
@@ -911,6 +938,9 @@ _RULES = {
     "layer_norm": lambda w, node: _norm(w, node, centered=True),
     "rms_norm": lambda w, node: _norm(w, node, centered=False),
     "group_norm": _group_norm,
+    "instance_norm": lambda w, node: _channel_norm(w, node) if node.cls is OpClass.REDUCTION else _no_rule(w, node),
+    "batch_norm": lambda w, node: _channel_norm(w, node) if node.cls is OpClass.REDUCTION else _no_rule(w, node),
+    **{f"adaptive_avg_pool{n}d": _mean for n in (1, 2, 3)},
     "cat": _cat,
     "embedding": _embedding,
     **{op: _view for op in ("getitem", "slice", "narrow", "unsqueeze", "squeeze", "view", "reshape", "expand")},

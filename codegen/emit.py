@@ -33,6 +33,7 @@ from .plan import (
     full_rank_loads,
     identity_inputs,
     is_loaded_index,
+    padded_windows,
     permuted_outputs,
     row_layouts,
     row_views,
@@ -172,6 +173,7 @@ def _signature(
             args += [f"o{i}" for i in range(plan.row_dims)] + ["oc"]
     if plan.groups:
         args += ["G"]
+    args += [f"e{k}" for k in padded_windows(plan)]
     args += [f"q{j}" for j in range(len(divs.exprs))]
     args += [slot.name for slot in plan.scalars if slot.runtime] + list(scalars)
     width = "WIDTH: tl.constexpr" if plan.fixed_width else "ALIGN: tl.constexpr"

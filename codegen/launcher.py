@@ -26,6 +26,7 @@ from .plan import (
     gathers,
     identity_inputs,
     mergeable_row_end,
+    padded_windows,
     permuted_outputs,
     returned_outputs,
     row_layouts,
@@ -121,8 +122,20 @@ def _shape_guards(plan: KernelPlan, name: str, input_names: list[str]) -> list[s
 
 
 def _domain_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
-    """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape."""
-    return [f"d{i} = {size}" for i, size in enumerate(domain_size_exprs(plan, input_names))]
+    """`d<i> = ...`: each domain dim read from the inputs at call time, so one kernel serves every shape;
+    `e<k>`: the pooled tensor's size along each padded window's dim, where the kernels mask the padding."""
+    sizes = [f"d{i} = {size}" for i, size in enumerate(domain_size_exprs(plan, input_names))]
+    return sizes + [f"e{k} = {_pooled_size(plan, input_names, k)}" for k in padded_windows(plan)]
+
+
+def _pooled_size(plan: KernelPlan, names: list[str], k: int) -> str:
+    """The size of the pooled dim of window `k`: of the input a load reads it from, else the analyzed one
+    (the loads hold their inputs to it)."""
+    w = plan.windows[k]
+    if w.read is None:
+        return str(w.size)
+    slot, j = w.read
+    return f"{names[slot]}.shape[{j}]"
 
 
 def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[str]:
@@ -157,7 +170,13 @@ def domain_size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
 
 
 def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | None:
-    """`<input>.shape[j]` of the first load that reads domain dim `i` as its dim `j` at the domain's size."""
+    """`<input>.shape[j]` of the first load that reads domain dim `i` as its dim `j` at the domain's size;
+    for the positions of a pooling window's output, how many windows fit in the dim that load reads."""
+    for w in plan.windows:
+        if w.out == i and w.read is not None:
+            k, j = w.read
+            padded = f"{names[k]}.shape[{j}] + {2 * w.padding}" if w.padding else f"{names[k]}.shape[{j}]"
+            return f"({padded} - {w.span}) // {w.stride} + 1"
     for s in plan.stmts:
         if s.load_input is None:
             continue
@@ -246,7 +265,9 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         return (
             f"torch.empty({tuple_display([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
         )
-    if out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
+    if out.row_only and out.row_at is not None:  # the row dims where the output has them, 1 elsewhere
+        dims = [f"d{i}" if i >= 0 else "1" for i in out.row_at]
+    elif out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))
     else:
         dims = [f"d{i}" for i in range(n)]
@@ -329,6 +350,7 @@ def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[s
             args.append("*out_strides")
     if plan.groups:
         args.append("G")
+    args += [f"e{k}" for k in padded_windows(plan)]
     if divisors:
         args.append("*magic")
     args += [slot.name for slot in plan.scalars if slot.runtime]
@@ -444,7 +466,12 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         layout = ", CL=cl, CG=d1 // G"
     item = _widest_item(plan)
     rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
-    switches = (("rows_only", rows_only), ("gathers", gathers(plan)), ("totals", bool(column_totals(plan))))
+    switches = (
+        ("rows_only", rows_only),
+        ("gathers", gathers(plan)),
+        ("totals", bool(column_totals(plan))),
+        ("windows", bool(plan.windows)),
+    )
     flags = "".join(f", {flag}=True" for flag, on in switches if on)
     tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"]
     if plan.groups:

@@ -443,7 +443,7 @@ def _total_tile(rows, block_r, warps, full_inputs):
 
 
 @functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
-def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False):
+def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False, windows=False):
     """(BLOCK_R, BLOCK_C, num_warps, whole_row) for a row kernel, from the row length and the
     widest element: tiles of at least 1024 elements, 32 bytes a thread as in the elementwise
     tiles, or 64 in tiles past 2 KB of elements narrower than 4 bytes.  Measured at DRAM size
@@ -463,8 +463,16 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False
     whose programs walk many row blocks).  ConvNeXt's LayerNorms over channels-last bf16 on an H100:
     96 channels of [32, 56, 56] 13.8 µs with 8 rows and one warp, against 23.5 with 8 rows and two
     (two and four warps ran 23-42 µs at every height tried; eight, 12.5-15.0); 192 of [32, 28, 28]
-    6.4 against 9.0; 384 of [32, 14, 14] 4.8 against 5.1."""
+    6.4 against 9.0; 384 of [32, 14, 14] 4.8 against 5.1.
+    A pooling's rows are its windows (`windows`: 4 columns for 2 x 2, 9 for 3 x 3), each a few
+    elements: 2048 elements a tile with 4 warps, so that a warp reads the windows of a run of output
+    positions, whole input rows of memory (not yet measured on a GPU: `benchmarks/axis_reductions.py`)."""
     width = _next_pow2(cols)
+    if windows and width <= 64:
+        block_r = max(1, min(_next_pow2(rows), 2048 // width))
+        while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():
+            block_r //= 2
+        return block_r, width, 4 if block_r * width >= 512 else 1, True
     if width <= 512 and not totals:
         block_r = max(1, min(_next_pow2(rows), 2048 // width, 8))
         while block_r > 1 and (rows + block_r - 1) // block_r < 2 * _sm_count():

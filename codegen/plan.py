@@ -1,16 +1,17 @@
 """Kernel planning: a cluster of graph nodes -> a `KernelPlan`, or why one kernel can't do it.
 
 A kernel iterates over a *domain*: the shape every escaping output has (elementwise), or
-the shape its reductions read, split into rows (leading dims) and columns (the reduced
-trailing dims).  Programs own a [BLOCK_R, BLOCK_C] tile of (row, column) positions;
-domain coordinates `c0..c{n-1}` are derived from them.
+the shape its reductions read, split into rows (the dims they keep) and columns (the dims they
+reduce, put last: `KernelPlan.order`; a pool's, the offsets in each window: `KernelPlan.windows`).
+Programs own a [BLOCK_R, BLOCK_C] tile of (row, column) positions; domain coordinates
+`c0..c{n-1}` are derived from them.
 
 Values are pulled from the outputs backwards: evaluating node N at coordinates C
 evaluates its operands at the coordinates they broadcast or view to (`permute`, `slice`,
-`unsqueeze`, ... are index arithmetic), down to loads of external inputs through their
-run-time strides.  Every value becomes one `Stmt`; reductions split into primitive
-sum/max statements, so a plan can be emitted straight-line (whole row in registers) or
-as one loop per reduction level (wide rows).
+`unsqueeze`, a `reshape` on its analyzed sizes, ... are index arithmetic), down to loads of
+external inputs through their run-time strides.  Every value becomes one `Stmt`; reductions
+split into primitive sum/max statements, so a plan can be emitted straight-line (whole row in
+registers) or as one loop per reduction level (wide rows).
 
 The same code answers the detector's question "can one kernel do this?": `check()`
 turns a `PlanError` into a (reason, detail) verdict.
@@ -18,6 +19,7 @@ turns a `PlanError` into a (reason, detail) verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ class Coord:
     # The guard checks the coordinate against the dim's run-time size (a picked index), so the dim
     # may have any size; a `cat` piece's guard holds the analyzed sizes, which the launcher checks.
     any_size: bool = False
+    window: int = -1  # a pooled dim's coordinate: the index of its `Window` (the load that reads it sizes it)
 
     @staticmethod
     def const(value: int) -> Coord:
@@ -124,11 +127,42 @@ class OutputSlot:
     to_convolution: bool = False
     # A `cat`'s result, contiguous as eager's (Phi-3's RoPE, whose q is a permuted slice).
     cat: bool = False
+    # A row output (`row_only`) of a reduction over dims that are not the last (`KernelPlan.order`): the
+    # domain row dim each of its dims runs along, -1 for a reduced dim it keeps as 1 (`x.sum(1,
+    # keepdim=True)` of NCHW, [N, 1, H, W]).  None: the row dims, then a 1 for each reduced dim kept.
+    row_at: tuple[int, ...] | None = None
     # Kept for the backward only, never returned to the caller: a loss's row log-sum-exp ("lse"),
     # which its gradient reads instead of a second pass over a 32k-256k wide row, or a norm's row
     # "mean" and "rstd", or a hand-written one's row value ("row", `_row_values_read_along_rows`).
     # The op returns these after the cluster's outputs (`returned_outputs` are the others).
     saved: str | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """A pooling window along one dim of the pooled tensor (`max_pool2d(x, 2)`'s height): the output's
+    position `o` along it (domain dim `out`) and the window's offset `k` (domain dim `offset`, a
+    column) read the pooled tensor at `o * stride + k * dilation - padding`.  Without padding every
+    window lies inside the tensor; with it, the positions outside (before 0 or from `e<k>`, the pooled
+    dim's size, a kernel argument) are masked: no load there, and the pool leaves them out (a max)
+    or counts them as zeros (a mean with count_include_pad).  `read`: (input slot, dim) of a load
+    along it, from whose size the launcher finds the output's at call time; None where none reads it
+    at any size (a slice's coordinate: the launcher holds that input to the analyzed size)."""
+
+    dim: int  # the pooled tensor's dim
+    out: int
+    offset: int
+    kernel: int
+    stride: int
+    dilation: int
+    padding: int = 0
+    size: int = 0  # the pooled dim's, at analysis
+    read: tuple[int, int] | None = None
+
+    @property
+    def span(self) -> int:
+        """How many positions of the pooled dim one window covers."""
+        return self.dilation * (self.kernel - 1) + 1
 
 
 @dataclass
@@ -164,6 +198,23 @@ class ScalarSlot:
 # columns, while below that the backward recomputes them from a row it holds on chip anyway.
 _KEEP_ROW_STATISTICS_FROM = 256
 
+# What a reduction computes, where its name says another thing: a pool its windows' (or its whole
+# dims') max or mean, torch.max(x, dim)'s values their max.
+_POOLS_COMPUTE = {"max": "amax", "avg": "mean", "adaptive_max": "amax", "adaptive_avg": "mean"}
+_COMPUTES_AS = {
+    **{f"{kind}_pool{n}d": how for kind, how in _POOLS_COMPUTE.items() for n in (1, 2, 3)},
+    "max": "amax",
+    "min": "amin",
+}
+
+# Reductions whose result is as large as their input (each element normalised by its row's values).
+_FULL_SIZE = frozenset(
+    {"softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm"}
+)
+
+# The most columns an argmax counts exactly: it counts them in float32.
+_MAX_INDEXED_COLUMNS = 1 << 24
+
 # Ops whose lowering writes a number operand as it is into the expression, so that it can be an argument.
 _NUMBER_ARGUMENTS = frozenset({"add", "sub", "rsub", "mul", "div", "maximum", "minimum", "where", "masked_fill"})
 
@@ -189,6 +240,28 @@ class KernelPlan:
     # A backward elementwise kernel whose outputs take the layout of the forward input they are the
     # gradients of (the launcher's `layout`), not the upstream gradient's (`codegen.backward`).
     grad_layout: bool = False
+    # A reduction over dims that are not the last ones (a softmax over NCHW's channels, a batch norm's
+    # statistics over (N, H, W)): the dim of the reduced tensor each domain dim runs along, its other
+    # dims first, then the reduced ones.  Its rows are those other dims and its columns the reduced
+    # ones, in whatever memory order the tensor has them: each value is loaded and stored through its
+    # own strides at its own coordinates (a full-size output as a permuted one, `OutputSlot.dims`, in
+    # the tensor's own shape).  None: the domain is the tensor's own dims.
+    #
+    # How the kernels walk memory on a GPU: where the tensor's stride-1 dim is a column (channels-last
+    # under a softmax over C, a batch norm's pixels), a row's columns are runs of memory across a
+    # warp's lanes, as for a reduction over the last dim.  Where it is the last row dim (NCHW's W under
+    # a softmax over C), the across row kernel (`emit._across_row_head`) takes a block of W positions
+    # down its tile and the channels across: each channel's block of pixels is one run of memory,
+    # which Triton sees (the block is an `arange` down the tile) and reads with its lanes along it,
+    # then the reductions run across the tile's columns and the results are stored the same way.
+    # Rows too wide for registers (more than 8192 columns) are walked one row a program in column
+    # blocks (the looped kernel), where few rows keep few multiprocessors busy: a batch norm over 64
+    # channels of a large batch, a sum down the rows of a tall matrix (`benchmarks/axis_reductions.py`
+    # times both against torch.compile, which splits such reductions over many programs).
+    order: tuple[int, ...] | None = None
+    # Pooling: a reduction over each window (`Window`); the domain is the tensor's dims before the
+    # pooled ones, the output's positions along those, then each window's offsets (the columns).
+    windows: list[Window] = field(default_factory=list)
 
     @property
     def levels(self) -> int:
@@ -243,6 +316,17 @@ class _Planner:
         self.row_lse: dict[int, Stmt] = {}  # cross-entropy (or picked log-softmax) node -> its row's log-sum-exp
         self.norm_stats: dict[int, dict[str, Stmt]] = {}  # norm node -> its row's "mean" and "rstd"
         self.escaping: list[int] = []  # the members read outside the group
+        self.reduced: dict[tuple[str, str], Stmt] = {}  # (how, operand) -> its reduction statement
+        self.order: tuple[int, ...] | None = None  # `KernelPlan.order`
+        self.windows: list[Window] = []  # `KernelPlan.windows`
+        # The reduced tensor's shape, and the coordinates at which the kernel's position reads it: the
+        # domain's own, but for a reduction over other dims than the last (`order`: permuted) or over
+        # windows (each pooled dim's from the output's position and the window's offset).
+        self.natural_shape: tuple[int, ...] = ()
+        self.natural: tuple[Coord, ...] = ()
+        # The domain dim each of that tensor's dims runs along (None for windows: no value of its size
+        # is written).
+        self.natural_dims: tuple[int, ...] | None = None
 
     # ---- structure --------------------------------------------------------------------
     def plan(self) -> KernelPlan:
@@ -278,12 +362,14 @@ class _Planner:
         if self.groups and n > 1:  # the channel coordinate mixes the group (row) and the column
             full = (*full[:1], Coord("c1", frozenset({"r", "c"})), *full[2:])
         self.full = full
+        self._natural_coords()
         out_slots = []
         for o in outputs:
             node = g[o]
             meta = _meta(node)
             shape = meta.shape
             dims: tuple[int, ...] | None = None  # the domain's own layout
+            row_at: tuple[int, ...] | None = None
             if shape == self.domain:
                 dims = self._output_dims(o)
                 if dims == tuple(range(len(shape))):
@@ -294,6 +380,7 @@ class _Planner:
             elif kind == "reduction" and self._is_row_shape(shape):
                 stmt = self.value(o, self._row_coords_for(shape))
                 row_only = True
+                row_at = self._row_at(shape) if self.order is not None else None
             elif kind == "reduction" and node.op == "cross_entropy" and node.params["reduction"] != "none":
                 shape = tuple(self.domain[: self.row_dims])
                 stmt = self.value(o, self._row_coords_for(shape))
@@ -323,6 +410,7 @@ class _Planner:
             dtype = "float32" if total else meta.dtype  # the per-row losses, totalled in float32
             out_slot = OutputSlot(o, stmt.name, shape, dtype, row_only, self._read_by_gemms_only(o), total, dims)
             out_slot.cat = self.g[o].op == "cat"
+            out_slot.row_at = row_at
             out_slot.to_convolution = self._read_by_convolutions_only(o)
             out_slots.append(out_slot)
         out_slots += self._saved_for_backward()
@@ -339,6 +427,8 @@ class _Planner:
             self.groups,
             self.scalars,
             self._width_is_the_models(),
+            order=self.order,
+            windows=self.windows,
         )
 
     def _width_is_the_models(self) -> bool:
@@ -346,7 +436,7 @@ class _Planner:
         the launcher already holds to the analyzed size (`InputSlot.guarded_dims`: RoPE's head,
         read at `c3 + 48`): a size that does not change from call to call, so that a kernel
         specialised to it is compiled once."""
-        if self.groups or len(self.domain) - self.row_dims != 1 or self.domain[-1] <= 1:
+        if self.groups or self.order or self.windows or len(self.domain) - self.row_dims != 1 or self.domain[-1] <= 1:
             return False
         width = self.domain[-1]
         if any(self.g[s.node].op in ("param", "buffer") and s.shape[-1:] == (width,) for s in self.inputs):
@@ -387,7 +477,7 @@ class _Planner:
         """The members that are one number a row, reduced from the row inside the group and read
         along it (a hand-written norm's `torch.rsqrt(variance + eps)`, multiplied into `x`): kept for
         the backward, which reads them where it would reduce the row again."""
-        if not self.row_dims or self.groups:
+        if not self.row_dims or self.groups or self.order or self.windows:
             return []
         reduced: dict[int, bool] = {}
 
@@ -453,12 +543,14 @@ class _Planner:
                 dims = None if dims is None else tuple(dims[p] for p in step[1])
             return dims
         if node.cls is OpClass.REDUCTION:  # the reductions' rows are the domain's
-            return tuple(range(len(shape))) if shape == self.domain else None
+            return self.natural_dims if shape == self.natural_shape else None
         for i in node.inputs:  # an elementwise op: along an operand of its own shape
             if i in self.members and _meta(self.g[i]).shape == shape:
                 dims = self._output_dims(i)
                 if dims is not None:
                     return dims
+        if shape == self.natural_shape and self.natural_dims is not None:
+            return self.natural_dims
         return tuple(range(len(shape))) if shape == self.domain else None
 
     def _read_by_gemms_only(self, node_id: int) -> bool:
@@ -505,8 +597,9 @@ class _Planner:
         return node.cls.absorbable
 
     def _row_space(self, reductions: list[int]) -> tuple[tuple[int, ...], int]:
+        """The domain and its row dims, from the space every reduction runs over (one for them all)."""
         g = self.g
-        spaces = set()
+        spaces: dict[_Space, int] = {}
         for r in reductions:
             node = g[r]
             x = _meta(g[node.inputs[0]])
@@ -521,26 +614,77 @@ class _Planner:
                 if x.shape[1] % groups:
                     raise PlanError("reduction", f"{_describe(node)}: channels are not divisible by groups")
                 self.groups = groups
+                self.natural_shape = x.shape
                 return x.shape, 1
-            dims = node.params["dims"]
-            spaces.add((x.shape, len(x.shape) - len(dims)))
+            spaces.setdefault(_space(node, x.shape), r)
         if len(spaces) > 1:
-            listed = ", ".join(f"{_shape(s)} over its last {len(s) - k} dim(s)" for s, k in sorted(spaces))
+            listed = ", ".join(sorted(space.describe() for space in spaces))
             raise PlanError("reduction", f"the reductions run over different rows ({listed})")
-        return next(iter(spaces))
+        (space,) = spaces
+        self.natural_shape = space.shape
+        n = len(space.shape)
+        if space.window:
+            lead = n - len(space.window)
+            self.windows = [
+                Window(lead + p, lead + p, n + p, kernel, stride, dilation, padding, space.shape[lead + p])
+                for p, (kernel, stride, dilation, padding) in enumerate(space.window)
+            ]
+            outs = tuple((space.shape[w.dim] + 2 * w.padding - w.span) // w.stride + 1 for w in self.windows)
+            return (*space.shape[:lead], *outs, *(w.kernel for w in self.windows)), n
+        kept = [d for d in range(n) if d not in space.dims]
+        order = (*kept, *space.dims)
+        self.order = None if order == tuple(range(n)) else order
+        return tuple(space.shape[d] for d in order), len(kept)
+
+    def _natural_coords(self) -> None:
+        """`natural` and `natural_dims` (see `__init__`), once the domain's coordinates are known."""
+        n = len(self.domain)
+        if not self.natural_shape:  # an elementwise plan: its domain is its values' own shape
+            self.natural_shape = self.domain
+        if self.windows:
+            coords = list(self.full[: len(self.natural_shape)])
+            for k, w in enumerate(self.windows):
+                at, offset = self.full[w.out].text, self.full[w.offset].text
+                step = f"{at} * {w.stride}" if w.stride != 1 else at
+                reach = f"{offset} * {w.dilation}" if w.dilation != 1 else offset
+                text = f"({step} + {reach} - {w.padding})" if w.padding else f"({step} + {reach})"
+                guard = f"({text} >= 0) & ({text} < e{k})" if w.padding else ""
+                coords[w.dim] = Coord(text, frozenset({"r", "c"}), guard, any_size=True, window=k)
+            self.natural, self.natural_dims = tuple(coords), None
+            return
+        if self.order is None:
+            self.natural, self.natural_dims = self.full, tuple(range(n))
+            return
+        dims = tuple(self.order.index(j) for j in range(n))  # the domain dim each of the tensor's runs along
+        self.natural, self.natural_dims = tuple(self.full[d] for d in dims), dims
+
+    def _row_at(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """For a value of one number a row (a reduction's result, its reduced dims dropped or kept as 1):
+        the domain row dim each of its dims runs along, -1 for a reduced dim it keeps; None for a value
+        of any other shape."""
+        if self.groups:
+            return None
+        k, n = self.row_dims, len(self.domain)
+        lead = tuple(self.domain[:k])
+        if self.order is not None and self.natural_dims is not None and len(shape) == n:
+            reduced = set(self.order[k:])
+            kept_as_one = tuple(1 if j in reduced else self.natural_shape[j] for j in range(n))
+            if shape == kept_as_one:
+                return tuple(-1 if j in reduced else self.natural_dims[j] for j in range(n))
+        if shape == lead:
+            return tuple(range(k))
+        if shape == lead + (1,) * (n - k):
+            return tuple(range(k)) + (-1,) * (n - k)
+        return None
 
     def _is_row_shape(self, shape: tuple[int, ...]) -> bool:
-        k = self.row_dims
-        lead = tuple(self.domain[:k])
-        if self.groups:
-            return False
-        return shape == lead or shape == lead + (1,) * (len(self.domain) - k)
+        return self._row_at(shape) is not None
 
     def _row_coords_for(self, shape) -> tuple[Coord, ...]:
-        k = self.row_dims
-        coords = list(self.full[:k])
-        coords += [ZERO] * (len(shape) - k)
-        return tuple(coords)
+        at = self._row_at(tuple(shape))
+        if at is None:  # a loss's total: its rows, as one number each
+            return tuple(self.full[: self.row_dims]) + (ZERO,) * (len(shape) - self.row_dims)
+        return tuple(ZERO if i < 0 else self.full[i] for i in at)
 
     # ---- evaluation -------------------------------------------------------------------
     def value(self, node_id: int, coords: tuple[Coord, ...]) -> Stmt:
@@ -604,6 +748,8 @@ class _Planner:
         for j, c in enumerate(coords):
             if c.text == "0":  # a broadcast dim (its stride is 0 at run time if it is one of size 1)
                 continue
+            if c.window >= 0 and self.windows[c.window].read is None:  # sizes the pooled output
+                self.windows[c.window] = dataclasses.replace(self.windows[c.window], read=(slot_index, j))
             slot.strides_used.add(j)
             terms.append(f"{c.text} * in{slot_index}_s{j}")
             axes |= c.axes
@@ -801,34 +947,43 @@ class _Planner:
         if node.op == "cross_entropy":
             return self._cross_entropy(node, coords)
         x = self.g[node.inputs[0]]
-        op = node.op
-        k = self.row_dims
-        if op in ("softmax", "log_softmax") and self._same_row(coords):
+        op = _COMPUTES_AS.get(node.op, node.op)
+        shape = _meta(node).shape
+        if op in ("softmax", "log_softmax") and (
+            self._same_row(coords) or self._same_place(coords, self.natural, shape)
+        ):
             return self._softmax_at(node, coords)
-        full_out = op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
-        if full_out:
-            if not self._same_place(coords, self.full):
+        if op in _FULL_SIZE:
+            if not self._same_place(coords, self.natural, shape):
                 raise PlanError("shape", f"{_describe(node)} is read through a view that reorders its rows")
-        elif not self._same_place(coords[:k], self.full[:k]) or any(c.text != "0" for c in coords[k:]):
+        elif not self._is_row_shape(shape) or not self._same_place(coords, self._row_coords_for(shape), shape):
             raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
         x_meta = _meta(x)
-        if x_meta.shape != self.domain:
+        if x_meta.shape != self.natural_shape:
             raise PlanError(
                 "reduction",
-                f"{_describe(node)} reads {_shape(x_meta.shape)}, not the kernel's rows {_shape(self.domain)}",
+                f"{_describe(node)} reads {_shape(x_meta.shape)}, not the kernel's rows {_shape(self.natural_shape)}",
             )
-        xs = self.value(x.id, self.full)
+        xs = self.value(x.id, self.natural)
         if xs.kind != FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} on {x_meta.dtype} values")
         comment = self._comment(node)
+        if node.params.get("window") and any(w.padding for w in self.windows):
+            return self._padded_pool(node, op, xs, comment)
         n = "C"  # the runtime number of elements per row
         r = self._reduce
         if op == "sum":
             return r("sum", xs, comment)
         if op == "mean":
+            divisor = (node.params.get("window") or {}).get("divisor_override")
+            if divisor:  # avg_pool's divisor_override
+                total = r("sum", xs, comment + " (sum)")
+                return self._emit(f"{total.name} / {literal(float(divisor))}", FLOAT, [total], comment)
             return self._mean(xs, comment)
         if op in ("amax", "amin"):
             return r("max" if op == "amax" else "min", xs, comment)
+        if op in ("argmax", "argmin"):
+            return self._first_index(node, xs, comment)
         if op in ("var", "std"):
             mean = self._mean(xs, comment + " (mean)")
             _, ss = self._centered_squares(xs, mean, comment + " (squares)")
@@ -850,7 +1005,7 @@ class _Planner:
                 a = self._emit(f"tl.abs({xs.name})", FLOAT, [xs])
                 return r("sum" if p == 1.0 else "max", a, comment)
             raise PlanError("no-lowering", f"{_describe(node)}: p={p} norm")
-        if op in ("layer_norm", "group_norm"):
+        if op in ("layer_norm", "group_norm", "instance_norm", "batch_norm"):
             mean = self._mean(xs, comment + " (mean)")
             d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
             var = self._emit(f"{ss.name} / C", FLOAT, [ss], comment + " (variance)")
@@ -858,6 +1013,8 @@ class _Planner:
             if op == "layer_norm" and self._over_whole_rows(node):
                 self.norm_stats[node.id] = {"mean": mean, "rstd": inv}
             y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
+            if op in ("instance_norm", "batch_norm"):  # (x, running mean, running var, weight, bias)
+                return self._per_channel_affine(node, y, node.args[3:5], comment)
             return self._affine(node, y, comment)
         if op == "rms_norm":
             sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
@@ -869,6 +1026,59 @@ class _Planner:
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
 
+    def _padded_pool(self, node: Node, op: str, xs: Stmt, comment: str) -> Stmt:
+        """A pool whose windows reach past the tensor's edges (`max_pool2d(x, 3, 2, padding=1)`): the
+        positions outside are left out of a max; a mean counts them as zeros and divides by the whole
+        window (count_include_pad) or by the positions inside (`count_include_pad=False`)."""
+        inside = " & ".join(c.guard for c in self.natural if c.guard)
+        axes = frozenset({"r", "c"})
+        window = node.params["window"]
+        if op == "amax":
+            kept = self._emit(f"tl.where({inside}, {xs.name}, float('-inf'))", FLOAT, [xs], axes=axes)
+            return self._reduce("max", kept, comment)
+        kept = self._emit(f"tl.where({inside}, {xs.name}, 0.0)", FLOAT, [xs], axes=axes)
+        total = self._reduce("sum", kept, comment + " (sum)")
+        if window.get("divisor_override"):
+            return self._emit(f"{total.name} / {literal(float(window['divisor_override']))}", FLOAT, [total], comment)
+        if window.get("count_include_pad", True):
+            return self._emit(f"{total.name} / C", FLOAT, [total], comment)
+        ones = self._emit(f"tl.where({inside}, 1.0, 0.0)", FLOAT, [], axes=axes)
+        count = self._reduce("sum", ones, comment + " (positions inside)")
+        return self._emit(f"{total.name} / {count.name}", FLOAT, [total, count], comment)
+
+    def _first_index(self, node: Node, xs: Stmt, comment: str) -> Stmt:
+        """argmax / argmin (and the indices of `torch.max(x, dim)`): the row's extreme, then the least
+        column that holds it, so that ties go to the first index, as torch's do.  The columns are
+        counted in float32, exact up to 2**24 of them (`_MAX_INDEXED_COLUMNS`)."""
+        dims = node.params["dims"]
+        if len(dims) != 1:
+            raise PlanError("no-lowering", f"{_describe(node)} over {len(dims)} dims at once")
+        if self.domain[-1] > _MAX_INDEXED_COLUMNS or len(self.domain) - self.row_dims != 1:
+            raise PlanError("no-lowering", f"{_describe(node)} over more than {_MAX_INDEXED_COLUMNS} columns")
+        extreme = self._reduce("max" if node.op in ("argmax", "max") else "min", xs, comment + " (extreme)")
+        column = self.natural[dims[0]]
+        at = self._emit(
+            f"tl.where({xs.name} == {extreme.name}, {column.text}.to(tl.float32), float('inf'))",
+            FLOAT,
+            [xs, extreme],
+            axes=frozenset(xs.axes | column.axes),
+        )
+        first = self._reduce("min", at, comment + " (first index)")
+        return self._emit(f"{first.name}.to(tl.int64)", INT, [first], comment)
+
+    def _per_channel_affine(self, node: Node, y: Stmt, operands: list, comment: str) -> Stmt:
+        """`y` times the weight and plus the bias of a norm per channel (instance norm, batch norm), each
+        read at the element's channel, dim 1 of the normalised tensor."""
+        out = y
+        channel = self.natural[1]
+        for arg, sym in zip(operands, ("*", "+"), strict=False):
+            if not isinstance(arg, Ref):
+                continue
+            ws = self.value(arg.node, (channel,))
+            out = self._emit(f"{out.name} {sym} {convert(Operand(ws.name, ws.kind), FLOAT)}", FLOAT, [out, ws])
+        out.comment = comment
+        return out
+
     def _over_whole_rows(self, node: Node) -> bool:
         """A norm over the kernel's whole rows: its statistics are one number a row."""
         return len(node.params["dims"]) == len(self.domain) - self.row_dims
@@ -876,16 +1086,17 @@ class _Planner:
     def _same_row(self, coords) -> bool:
         """`coords` are the kernel's row coordinates and any column of that row (rows are whole last dims)."""
         k = self.row_dims
-        return k == len(self.domain) - 1 and self._same_place(coords[:k], self.full[:k])
+        plain = self.order is None and not self.windows
+        return plain and k == len(self.domain) - 1 and self._same_place(coords[:k], self.full[:k])
 
     def _softmax_at(self, node: Node, coords) -> Stmt:
         """softmax / log_softmax over the row, at `coords` (the kernel's element, or the one element of
         each row a pick reads): the row's max and exp-sum once per node, then the element's value."""
         x = self.g[node.inputs[0]]
-        if _meta(x).shape != self.domain:
+        if _meta(x).shape != self.natural_shape:
             raise PlanError(
                 "reduction",
-                f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.domain)}",
+                f"{_describe(node)} reads {_shape(_meta(x).shape)}, not the kernel's rows {_shape(self.natural_shape)}",
             )
         comment = self._comment(node)
         m, total = self._row_max_and_exp_sum(node, x, comment)
@@ -893,7 +1104,7 @@ class _Planner:
         shifted = self._emit(f"{here.name} - {m.name}", FLOAT, [here, m])
         if node.op == "softmax":
             return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
-        if node.id not in self.escaping:  # log-probabilities only picked from (a loss): keep the row's
+        if node.id not in self.escaping and self.order is None:  # only picked from (a loss): keep the row's
             lse = self.row_lse.get(node.id)  # log-sum-exp for the backward (`_saved_for_backward`)
             if lse is None:
                 lse = self.row_lse[node.id] = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
@@ -937,7 +1148,7 @@ class _Planner:
         """The max of `x`'s row and the sum of exp(x - max), once per node that needs them."""
         stats = self.row_stats.get(node.id)
         if stats is None:
-            xs = self.value(x.id, self.full)
+            xs = self.value(x.id, self.natural)
             if xs.kind != FLOAT:
                 raise PlanError("no-lowering", f"{_describe(node)} on {_meta(x).dtype} values")
             m = self._reduce("max", xs, comment + " (row max)")
@@ -970,10 +1181,12 @@ class _Planner:
         eps = node.params["eps"]
         return self._number(eps if is_named(eps) else float(eps), runtime=True)
 
-    def _same_place(self, coords, target) -> bool:
-        """Same coordinates, where a size-1 domain dim's coordinate may also be written as 0."""
+    def _same_place(self, coords, target, shape=None) -> bool:
+        """Same coordinates of a value of `shape` (the domain's by default), where a coordinate along a
+        dim of size 1 may also be written as 0."""
+        shape = self.domain if shape is None else shape
         return len(coords) == len(target) and all(
-            a.text == b.text or (a.text == "0" and self.domain[i] == 1)
+            a.text == b.text or (shape[i] == 1 and "0" in (a.text, b.text))
             for i, (a, b) in enumerate(zip(coords, target, strict=True))
         )
 
@@ -987,7 +1200,7 @@ class _Planner:
             if node.op == "group_norm":
                 coords = (self.full[1],)  # weight/bias are per channel
             else:
-                coords = self._broadcast(self.full, self.domain, _meta(w).shape)
+                coords = self._broadcast(self.natural, self.natural_shape, _meta(w).shape)
             ws = self.value(arg.node, coords)
             wv = convert(Operand(ws.name, ws.kind), FLOAT)
             out = self._emit(f"{out.name} {sym} {wv}", FLOAT, [out, ws])
@@ -1019,9 +1232,14 @@ class _Planner:
     def _reduce(self, how: str, operand: Stmt, comment: str) -> Stmt:
         if "c" not in operand.axes:
             raise PlanError("reduction", "the reduced value does not vary along the row")
-        return self._emit(
+        done = self.reduced.get((how, operand.name))
+        if done is not None:  # the same reduction of the same values (torch.max(x, dim)'s values and indices)
+            return done
+        stmt = self._emit(
             operand.name, FLOAT, [operand], comment=comment, reduce=how, axes=frozenset(operand.axes - {"c"})
         )
+        self.reduced[(how, operand.name)] = stmt
+        return stmt
 
     def _stmt(self, name: str) -> Stmt:
         return self.stmts[int(name[1:])]
@@ -1035,6 +1253,46 @@ class _Planner:
     def _comment(self, node: Node) -> str:
         where = f"line {node.line}: " if node.line else ""
         return f"{where}{node.op}"
+
+
+@dataclass(frozen=True)
+class _Space:
+    """What a reduction runs over: the dims `dims` of a tensor of `shape`, whole or (`window`: each
+    pooled dim's kernel, stride and dilation) in windows.  Reductions share a kernel only over one."""
+
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+    window: tuple[tuple[int, int, int, int], ...] = ()  # (kernel, stride, dilation, padding) per pooled dim
+
+    def describe(self) -> str:
+        if self.window:
+            sizes = " x ".join(str(kernel) for kernel, _, _, _ in self.window)
+            return f"{_shape(self.shape)} in {sizes} windows"
+        return f"{_shape(self.shape)} over dim {', '.join(map(str, self.dims))}"
+
+
+def _space(node: Node, shape: tuple[int, ...]) -> _Space:
+    """The space `node`, a reduction of a tensor of `shape`, runs over; a pooling the kernels cannot
+    compute raises a `PlanError` that says what would fuse."""
+    dims = tuple(node.params["dims"])
+    if node.op.startswith("adaptive_") and any(size != 1 for size in node.params["output_size"]):
+        raise PlanError(
+            "no-lowering",
+            f"{_describe(node)} pools to {_shape(node.params['output_size'])}, in windows whose size depends on "
+            "the input's: fused to one element a dim (a global pool, `output_size=1`), or as a pool with a fixed "
+            "kernel and stride (`avg_pool2d(x, k)`)",
+        )
+    window = node.params.get("window")
+    if window is None:
+        return _Space(shape, dims)
+    if window["ceil_mode"]:
+        raise PlanError(
+            "no-lowering",
+            f"{_describe(node)} rounds its output size up (ceil_mode=True), so its last windows start past "
+            "the padding and are cut short: the window kernel takes whole windows; with ceil_mode=False it fuses",
+        )
+    per_dim = zip(window["kernel"], window["stride"], window["dilation"], window["padding"], strict=True)
+    return _Space(shape, dims, tuple(per_dim))
 
 
 def _at_index(index: Stmt, size: str, any_size: bool) -> Coord:
@@ -1065,6 +1323,8 @@ def _step_shape(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
     if kind == "select":
         del s[step[1]]
         return tuple(s)
+    if kind == "reshape":
+        return tuple(step[1])
     raise PlanError("shape", f"a `{kind}` view changes the iteration space")
 
 
@@ -1092,7 +1352,88 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
         return out
     if kind == "select":
         return [*coords[: step[1]], Coord.const(step[2]), *coords[step[1] :]]
+    if kind == "reshape":
+        return _reshape_back(before, tuple(step[1]), coords)
     raise PlanError("shape", f"a `{kind}` view changes the iteration space")
+
+
+def _reshape_back(before: tuple[int, ...], after: tuple[int, ...], coords: list[Coord]) -> list[Coord]:
+    """The coordinates in `before` of the element a reshape to `after` has at `coords`.  Dims are
+    matched in runs whose sizes multiply to the same (`_reshape_runs`): a dim split in two is the
+    outer coordinate times the inner size plus the inner coordinate, dims merged into one are that
+    coordinate divided and wrapped by the sizes inside it.  The sizes are the analyzed ones, a constant
+    of the kernel; a load through such a coordinate holds its input to them (`InputSlot.guarded_dims`)."""
+    out = [ZERO] * len(before)
+    for run_before, run_after in _reshape_runs(before, after):
+        terms: list[str] = []
+        axes: set[str] = set()
+        guards: set[str] = set()
+        for a in run_after:
+            c = coords[a]
+            if c.text == "0":
+                continue
+            inner = math.prod(after[b] for b in run_after if b > a)
+            terms.append(c.text if inner == 1 else f"{c.text} * {inner}")
+            axes |= c.axes
+            guards |= {c.guard} if c.guard else set()
+        if not terms:
+            continue
+        linear = " + ".join(terms)
+        guard = " & ".join(sorted(guards))
+        if len(run_before) == 1 and len(run_after) == 1:
+            out[run_before[0]] = coords[run_after[0]]
+            continue
+        for b in run_before:
+            inner = math.prod(before[d] for d in run_before if d > b)
+            text = linear if inner == 1 else f"({linear}) // {inner}"
+            if b != run_before[0]:
+                text = f"({text}) % {before[b]}"
+            out[b] = Coord(f"({text})", frozenset(axes), guard)
+    return out
+
+
+def _reshape_runs(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The dims of `before` and of `after` (of more than one element) in runs of equal products, in
+    order: ([6, 32] to [6, 4, 8] is ([0], [0]), ([1], [1, 2]))."""
+    left = [d for d, n in enumerate(before) if n != 1]
+    right = [d for d, n in enumerate(after) if n != 1]
+    runs: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        run_before, run_after = [left[i]], [right[j]]
+        size_before, size_after = before[left[i]], after[right[j]]
+        i, j = i + 1, j + 1
+        while size_before != size_after:
+            if size_before < size_after and i < len(left):
+                size_before *= before[left[i]]
+                run_before.append(left[i])
+                i += 1
+            elif size_after < size_before and j < len(right):
+                size_after *= after[right[j]]
+                run_after.append(right[j])
+                j += 1
+            else:
+                raise PlanError("shape", f"a reshape of {_shape(before)} to {_shape(after)} has no runs of equal size")
+        runs.append((run_before, run_after))
+    if i < len(left) or j < len(right):
+        raise PlanError("shape", f"a reshape of {_shape(before)} to {_shape(after)} has no runs of equal size")
+    return runs
+
+
+def padded_windows(plan: KernelPlan) -> list[int]:
+    """The windows (their index) that reach past the pooled tensor's edges: the kernels take that
+    dim's size (`e<k>`) to mask the positions outside."""
+    return [k for k, w in enumerate(plan.windows) if w.padding]
+
+
+def reduced_dims(plan: KernelPlan) -> list[int]:
+    """The dims of the reduced tensor a row plan reduces: the last ones, those `order` puts last, or
+    the pooled ones."""
+    if plan.windows:
+        return [w.dim for w in plan.windows]
+    if plan.order is not None:
+        return list(plan.order[plan.row_dims :])
+    return list(range(plan.row_dims, len(plan.domain)))
 
 
 def identity_inputs(plan: KernelPlan) -> list[int]:

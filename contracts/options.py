@@ -35,7 +35,7 @@ class AnalyzeOptions:
     models: dict[str, ModelSettings] = field(default_factory=dict)  # per-class settings from the editor
     branch_paths: int = MAX_BRANCH_PATHS
     # Analyze the models as they train (`model.train()`): dropout draws random masks and BatchNorm
-    # normalises with the batch's own statistics, so neither is fused across.
+    # updates its running statistics in place, so neither is fused across.
     train: bool = False
 
 

@@ -1221,12 +1221,11 @@ REDUCTIONS = [
                         (h > 0).any(-1))
         """,
         [("33,100", "float32"), ("33,100", "int64")],
-        [["mul", "mul", "gt"]],
+        [["mul", "mul", "gt"], ["argmax", "add"]],  # argmax has a lowering: the first index of the row's max
         rejects=[
             ("prod", "no-lowering"),
             ("add", "no-lowering"),
             ("cumsum", "no-lowering"),
-            ("argmax", "no-lowering"),
             ("sum", "no-lowering"),
             ("mul", "no-lowering"),
             ("any", "no-lowering"),
@@ -1564,23 +1563,23 @@ BATCH_NORM = [
         [["batch_norm", "silu", "mul"]],
     ),
     case(
-        "batch-norm-batch-statistics-not-fused",
+        "batch-norm-batch-statistics",
         BN_INIT
         + """
 
         class M(nn.Module):
             # Without running statistics even eval mode normalises with the batch's own: a reduction
-            # over batch and space per channel, which no row kernel computes.
+            # over batch and space per channel, each channel a row of the kernel.
             def __init__(self):
                 super().__init__()
                 self.bn = nn.BatchNorm2d(8, track_running_stats=False)
+                self.seq = nn.BatchNorm1d(16, affine=False, track_running_stats=False)
 
-            def forward(self, x):
-                return F.relu(self.bn(x * 2 + 1))
+            def forward(self, x, s):
+                return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
         """,
-        [("2,8,5,7", "float32")],
-        [["mul", "add"]],
-        rejects=[("batch_norm", "reduction")],
+        [("2,8,5,7", "float32"), ("5,16", "float32")],
+        [["mul", "add", "batch_norm", "relu"], ["sub", "batch_norm", "mul"]],
     ),
 ]
 

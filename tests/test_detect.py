@@ -107,15 +107,56 @@ def test_all_legal_sub_clusters_survive_a_failing_component():
     assert_no_silent_drops(b.graph, det)
 
 
-def test_reductions_over_leading_dims_are_rejected():
+def test_a_reduction_over_a_leading_dim_joins_its_producer():
     b = Builder()
     x = b.input([64, 32])
     y = b.op("exp", x)
     s = b.op("sum", y, shape=[32], params={"dims": [0], "keepdim": False})
+    b.output(b.op("mul", s, 2.0))
+    det = run(b)
+    assert [ops_of(b.graph, g) for g in det.clusters] == [["exp", "sum", "mul"]]
+    assert_no_silent_drops(b.graph, det)
+
+
+def test_a_reduction_of_a_whole_tensor_is_rejected():
+    b = Builder()
+    x = b.input([64, 32])
+    y = b.op("exp", x)
+    s = b.op("sum", y, shape=[], params={"dims": [0, 1], "keepdim": False})
     b.output(s)
     det = run(b)
     assert {b.graph[r.node].op: r.reason for r in det.rejected} == {"sum": "reduction", "exp": "no-neighbour"}
-    assert "dim 0" in next(r for r in det.rejected if b.graph[r.node].op == "sum").detail
+    assert "to one value" in next(r for r in det.rejected if b.graph[r.node].op == "sum").detail
+
+
+def test_two_reductions_over_different_dims_of_one_tensor_do_not_share_a_kernel():
+    b = Builder()
+    x = b.input([8, 16, 32])
+    y = b.op("exp", x)
+    over_channels = b.op("sum", y, shape=[8, 32], params={"dims": [1], "keepdim": False})
+    over_rows = b.op("sum", y, shape=[8, 16], params={"dims": [2], "keepdim": False})
+    b.output(over_channels, over_rows)
+    det = run(b)
+    assert [ops_of(b.graph, g) for g in det.clusters] == [["exp", "sum"]]
+    (refused,) = det.rejected
+    assert refused.reason == "reduction" and "different rows" in refused.detail
+    assert_no_silent_drops(b.graph, det)
+
+
+def test_a_norm_that_updates_running_statistics_is_refused_as_aliasing():
+    b = Builder()
+    x = b.input([4, 8, 5, 7])
+    mean, var = b.param([8], name="running_mean"), b.param([8], name="running_var")
+    h = b.op("mul", x, 2.0)
+    params = {"dims": [0, 2, 3], "keepdim": True, "eps": 1e-5, "training": True, "updates": True}
+    bn = b.op("batch_norm", h, mean, var, None, None, params=params)
+    b.graph[bn].cls = OpClass.REDUCTION  # with batch statistics (capture records it so)
+    b.output(b.op("relu", bn))
+    det = run(b)
+    refused = {b.graph[r.node].op: r for r in det.rejected}
+    assert refused["batch_norm"].reason == "aliasing"
+    assert "running mean and variance" in refused["batch_norm"].detail
+    assert_no_silent_drops(b.graph, det)
 
 
 def test_two_row_spaces_do_not_share_a_kernel():
