@@ -151,6 +151,7 @@ def find_region(
         (named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation)
         for v in inputs
     ]
+    _check_one_value_each(placed)
     arguments = [text for text, _ in placed]
     arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}
@@ -421,6 +422,8 @@ def _argument(
         for root in roots:
             for leaf in root.leaves:
                 if _span(leaf) == span:
+                    if isinstance(leaf, (*_CONTAINERS, ast.Starred)):
+                        raise NoRegion(f"`{_text(lines, span)}` holds several values, where the kernel takes one tensor")
                     return _text(lines, span), (span if _computes(leaf) else None)
     if node.op in ("param", "buffer"):
         return _attribute_path(node, graph, roots, spans, invocation), None
@@ -431,6 +434,18 @@ def _argument(
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
+
+
+def _check_one_value_each(placed: list[tuple[str, Span | None]]) -> None:
+    """Each input of the kernel is one expression of the code: one that makes several of them (a list
+    comprehension of slices, which a `cat` takes) cannot be passed for each."""
+    spans = [span for _, span in placed if span is not None]
+    for text, span in placed:
+        if span is not None and spans.count(span) > 1:
+            raise NoRegion(f"`{text}` makes several of the kernel's inputs at once: no call can pass each of them")
+
+
+_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def _computes(expr: ast.AST) -> bool:

@@ -489,7 +489,7 @@ COLUMN_SUM = """
         def forward(self, x):
             h = x * 2.0
             h = torch.relu(h)
-            return h.sum(dim=0)
+            return h.sum()  # to one value: no kernel of ours reduces a whole tensor
 
 
     class TwoReductions(nn.Module):  # fuselens: input=(64, 256) float32
@@ -521,7 +521,7 @@ def test_reductions_over_two_axes_make_inductor_split_our_cluster(write_model, a
     assert model.clusters[0].op_chain == "tanh → sum → sub"
     capture = capture_inductor(_load(path).TwoReductions(), [torch.randn(64, 256)])
     result = compare_with_inductor(model, capture)
-    (c0,) = result.clusters
+    c0 = result.clusters[0]  # (the amax over the other axis and the last sub are a cluster of their own)
     assert c0.status == "inductor-splits"
     shares = c0.instances[0].kernels
     assert len(shares) >= 2

@@ -1,0 +1,239 @@
+"""An applied fix runs a kernel only where it computes what the lines it replaced compute.
+
+Each test applies a user's file, then runs the applied model beside the original, with the kernels
+in the Triton interpreter: the kernels must run where they fit (every kernel launch is counted) and
+the original lines everywhere else (another rank, another module set up otherwise, training mode),
+and the outputs, gradients and running statistics must be the original's.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+
+from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.apply import apply_file
+
+# The generated modules import triton: its @jit helpers are interpretable only if this is set first.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernels run in the Triton interpreter"),
+]
+
+
+@dataclass
+class Applied:
+    original: object  # the user's module as written
+    patched: object  # the same file after `fuselens apply`
+    kernels: object  # its kernel module
+    text: str  # the applied file's text
+    fits: dict[str, list[bool]] = field(default_factory=dict)  # kernel -> what each call's `fits` answered
+    launches: dict[str, int] = field(default_factory=dict)  # kernel -> launches of its forward kernel
+
+    def reset(self) -> None:
+        for answers in self.fits.values():
+            answers.clear()
+        self.launches.clear()
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def apply_source(tmp_path, source: str, stem: str, **options) -> Applied:
+    """`source` written as `<stem>.py`, applied, and loaded beside its original, with its kernels watched."""
+    text = textwrap.dedent(source).lstrip()
+    (tmp_path / f"original_{stem}.py").write_text(text)
+    path = tmp_path / f"{stem}.py"
+    path.write_text(text)
+    result = apply_file(str(path), AnalyzeOptions(**options), None, lambda r: True)
+    assert result.applied and not result.refused, (result.refused, result.skipped)
+    original = _load(str(tmp_path / f"original_{stem}.py"), f"original_{stem}")
+    sys.modules.pop(f"{stem}_kernels", None)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        patched = _load(str(path), f"patched_{stem}")
+    finally:
+        sys.path.remove(str(tmp_path))
+    kernels = sys.modules.pop(f"{stem}_kernels")
+    applied = Applied(original, patched, kernels, path.read_text())
+    for name, kernel in list(vars(kernels).items()):
+        if callable(getattr(kernel, "fits", None)):
+            kernel.fits = functools.partial(_answer, kernel.fits, applied.fits.setdefault(name, []))
+            call = getattr(kernels, f"_{name}_call")  # what the public function runs its kernel through
+            setattr(kernels, f"_{name}_call", functools.partial(_count, applied.launches, name, call))
+    return applied
+
+
+def _answer(fits, answers: list[bool], *args, **kwargs) -> bool:
+    answer = fits(*args, **kwargs)
+    answers.append(answer)
+    return answer
+
+
+def _count(launches: dict[str, int], name: str, call, *args):
+    launches[name] = launches.get(name, 0) + 1
+    return call(*args)
+
+
+def _pair(applied: Applied, cls: str, *args, **kwargs):
+    """The original's model and the applied file's, with the same weights."""
+    torch.manual_seed(0)
+    a = getattr(applied.original, cls)(*args, **kwargs)
+    b = getattr(applied.patched, cls)(*args, **kwargs)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+NORMS = """
+import torch
+import torch.nn as nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h.type_as(x) * self.weight
+
+
+class Attention(nn.Module):  # fuselens: input=(2, 16, 64)
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm = RMSNorm(dim)
+        self.q_norm = RMSNorm(dim // heads)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.norm(x)
+        q = self.proj(h).view(b, s, self.heads, d // self.heads)
+        q = self.q_norm(q)
+        return q.reshape(b, s, d) + h
+"""
+
+
+def test_one_function_called_at_two_ranks_asks_each_kernel(tmp_path):
+    """The norm's lines run on the hidden states (rank 3) and on each head (rank 4): one kernel for
+    each, asked in turn, both running; a rank neither was made for runs the lines."""
+    applied = apply_source(tmp_path, NORMS, "norms")
+    assert "        if cluster0.fits(" in applied.text and "        elif cluster1.fits(" in applied.text
+    a, b = _pair(applied, "Attention")
+    for shape in [(2, 16, 64), (3, 5, 64)]:  # the analyzed shape, and another batch and length
+        x = torch.randn(*shape)
+        applied.reset()
+        with torch.no_grad():
+            want, got = a(x), b(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert applied.launches == {"cluster0": 1, "cluster1": 1}, applied.launches
+    applied.reset()
+    flat = torch.randn(7, 64)  # rank 2: no kernel was made for it
+    with torch.no_grad():
+        assert torch.equal(b.norm(flat), a.norm(flat))
+    assert applied.launches == {} and applied.fits == {"cluster0": [False], "cluster1": [False]}
+
+
+BATCH_NORM = """
+import torch
+import torch.nn as nn
+
+
+class ConvBN(nn.Module):  # fuselens: input=(4, 8, 12, 12)
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = self.bn(x)
+        return torch.relu(x) * 2.0
+"""
+
+
+def test_a_batch_norm_kernel_runs_in_eval_mode_and_the_lines_in_training(tmp_path):
+    """Analyzed in eval mode, the batch norm is the running statistics' scale and shift: in training
+    the lines run, normalising by the batch and updating the running statistics as eager does."""
+    applied = apply_source(tmp_path, BATCH_NORM, "convbn")
+    a, b = _pair(applied, "ConvBN")
+    x = torch.randn(4, 8, 12, 12)
+    with torch.no_grad():
+        a.eval(), b.eval()
+        torch.testing.assert_close(b(x), a(x), rtol=1e-5, atol=1e-5)
+    assert applied.launches == {"cluster0": 1}
+    applied.reset()
+    a.train(), b.train()
+    for step in range(2):
+        x = torch.randn(4, 8, 12, 12)
+        want, got = a(x), b(x)
+        assert torch.equal(got, want), step
+        (want.square().sum() + got.square().sum()).backward()
+    assert applied.launches == {} and applied.fits == {"cluster0": [False, False]}
+    assert torch.equal(b.conv.weight.grad, a.conv.weight.grad) and torch.equal(b.bn.weight.grad, a.bn.weight.grad)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(b.bn, name), getattr(a.bn, name)), name
+    assert int(b.bn.num_batches_tracked) == 2
+
+
+MLP = """
+import torch
+import torch.nn as nn
+
+
+class MLP(nn.Module):  # fuselens: input=(4, 32)
+    def __init__(self, act: str = "silu", dim: int = 32, hidden: int = 64):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden)
+        self.up = nn.Linear(dim, hidden)
+        self.act = {"silu": nn.SiLU(), "gelu": nn.GELU(), "tanh-gelu": nn.GELU(approximate="tanh")}[act]
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.drop(self.act(self.gate(x))) * self.up(x)
+"""
+
+
+def test_another_configuration_of_the_same_class_runs_its_own_lines(tmp_path):
+    """The kernel was made for the analyzed MLP (SiLU, dropout in eval mode).  In the same process an
+    MLP built with a GELU, or with a GELU set up otherwise, is left to the lines; so is the analyzed
+    one in training, where its dropout drops."""
+    applied = apply_source(tmp_path, MLP, "mlp")
+    assert "module=self" in applied.text
+    x = torch.randn(4, 32)
+    for act in ("silu", "gelu", "tanh-gelu"):
+        a, b = _pair(applied, "MLP", act=act)
+        a.eval(), b.eval()
+        applied.reset()
+        with torch.no_grad():
+            want, got = a(x), b(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert applied.launches == ({"cluster0": 1} if act == "silu" else {}), (act, applied.launches)
+    a, b = _pair(applied, "MLP")
+    a.train(), b.train()
+    applied.reset()
+    torch.manual_seed(1)
+    got = b(x)
+    torch.manual_seed(1)
+    want = a(x)
+    assert torch.equal(got, want) and applied.launches == {}
+    assert (got == 0).any()  # it dropped
