@@ -446,3 +446,83 @@ def test_the_kernel_module_leaves_the_users_linter_quiet(tmp_path):
     unmarked.write_text(kernels.read_text().replace("# ruff: noqa\n", "").replace("# flake8: noqa\n", ""))
     checked = subprocess.run([*lint[:-1], str(unmarked)], capture_output=True, text=True, cwd=work)
     assert checked.returncode != 0
+
+
+MODULE_NUMBERS = """
+import torch
+import torch.nn as nn
+
+min_value, max_value = 0.0, 1.0
+scale = 0.5
+
+
+class M(nn.Module):  # fuselens: input=(4, 33) float32
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(33, 33)
+
+    def forward(self, x):
+        h = torch.clamp(x, min=min_value, max=max_value) * scale + 1.0
+        h = self.proj(h)
+        gain = 2.0
+
+        def shifted(t):
+            return t * gain - scale
+
+        return shifted(torch.relu(h))
+"""
+
+
+def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(write_model, kernel_launches, monkeypatch):
+    """The clamp's bounds and the scale are module globals, the gain a closure's: the applied calls pass
+    them (`cluster0(x, scale, min_value, max_value)`), so a model whose globals change after it is built
+    computes what the original does with the new values: with a new scale in the kernels, with new
+    bounds (which shape its kernel) in the reference."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "1") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels run on CPU tensors, in the interpreter
+    path = write_model(MODULE_NUMBERS, "globals_model.py")
+    with open(path, encoding="utf-8") as fh:
+        original_text = fh.read()
+    result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert len(result.applied) == 2, (result.refused, result.skipped)
+    with open(path, encoding="utf-8") as fh:
+        applied_text = fh.read()
+    assert "cluster0(x, scale, min_value, max_value)" in applied_text
+    assert "cluster1(h, gain, scale)" in applied_text
+
+    def load(name, text):
+        file = os.path.join(os.path.dirname(path), f"{name}.py")
+        with open(file, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(path))  # the applied file imports its kernels from beside it
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(os.path.dirname(path))
+        return module
+
+    original, applied = load("original_globals", original_text), load("applied_globals", applied_text)
+    launched = kernel_launches(sys.modules.pop("globals_model_kernels"))
+    a, b = original.M(), applied.M()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0)) * 2
+    for changed, kernels in (
+        ({}, ["cluster0", "cluster1"]),
+        ({"scale": 0.25}, ["cluster0", "cluster1"]),
+        ({"min_value": -0.5, "max_value": 2.0}, ["cluster1"]),
+    ):
+        for module in (original, applied):
+            vars(module).update(changed)
+        launched.clear()
+        with torch.no_grad():
+            want, got = a(x), b(x)
+        assert sorted({k.split("_")[1] for k in launched}) == kernels, (changed, launched)
+        torch.testing.assert_close(got, want, msg=f"with {changed}")

@@ -1001,28 +1001,21 @@ NUMBERS = [
 
 @pytest.mark.parametrize("source, inputs, others, kernel", NUMBERS)
 def test_gradients_compute_with_the_numbers_the_forward_was_called_with(
-    write_model, monkeypatch, source, inputs, others, kernel
+    write_model, monkeypatch, kernel_launches, source, inputs, others, kernel
 ):
     """The public function called with the analyzed numbers runs its kernels both ways; called with
     others, it runs them with those (`kernel`) or the reference, and either way every gradient is eager
     autograd's for the numbers it was called with, not for the analyzed ones."""
     import inspect
 
-    from triton.runtime.jit import KernelInterface
-
     module, cluster = _generated(write_model, source, inputs)
     assert cluster.backward, cluster.backward_detail
     assert set(others) <= {n.name for n in cluster.numbers}, cluster.numbers
-    launched: list[str] = []
-    launchers = [  # the cluster's kernels, not the helpers they call
-        name for name, fn in vars(module).items() if isinstance(fn, KernelInterface) and name.startswith("_cluster0")
-    ]
-    for name in launchers:
-        monkeypatch.setattr(module, name, _Launches(getattr(module, name), name, launched))
+    launched = kernel_launches(module)
     referenced: list[str] = []
     for name in ("_cluster0_reference", "_cluster0_backward_reference"):
         monkeypatch.setattr(module, name, _Called(getattr(module, name), name, referenced))
-    trained_by_kernels = any("backward" in name for name in launchers)
+    trained_by_kernels = any(name.startswith("_cluster0_backward") and "_kernel" in name for name in vars(module))
     public = module.cluster0
     defaults = {p.name: p.default for p in inspect.signature(public).parameters.values() if p.default is not p.empty}
     gen = torch.Generator().manual_seed(4)
@@ -1055,17 +1048,6 @@ def _gradients(fn, tensors, numbers):
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
     out.backward(upstream)
     return [leaf.grad for leaf in leaves if leaf.requires_grad]
-
-
-class _Launches:
-    """A Triton kernel of the module that records its name at each launch."""
-
-    def __init__(self, kernel, name: str, launched: list[str]):
-        self.kernel, self.name, self.launched = kernel, name, launched
-
-    def __getitem__(self, grid):
-        self.launched.append(self.name)
-        return self.kernel[grid]
 
 
 class _Called:
