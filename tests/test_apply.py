@@ -526,3 +526,87 @@ def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(wri
             want, got = a(x), b(x)
         assert sorted({k.split("_")[1] for k in launched}) == kernels, (changed, launched)
         torch.testing.assert_close(got, want, msg=f"with {changed}")
+
+
+TOY_LIBRARY = """
+import torch
+import torch.nn as nn
+
+floor, ceiling = 0.0, 1.0
+scale = 0.5
+
+
+class Squash(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x * scale, min=floor, max=ceiling) + 1.0
+"""
+
+TOY_USER = """
+import torch.nn as nn
+
+from toylib_numbers.layers import Squash
+
+
+class M(nn.Module):  # fuselens: input=(4, 33) float32
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(33, 33)
+        self.squash = Squash()
+
+    def forward(self, x):
+        return self.squash(self.proj(x))
+"""
+
+
+def test_a_library_patch_passes_the_numbers_the_library_reads_from_its_module(tmp_path, kernel_launches, monkeypatch):
+    """A cluster in an installed library's code whose numbers are that library module's globals: the
+    patched copy of the library function passes them (it runs with the library's globals), so a change
+    of them after `install()` reaches the kernel as it reaches the library's own code."""
+    import importlib
+    import sys
+
+    import torch
+
+    from fuselens.analysis import capture
+
+    if os.environ.get("TRITON_INTERPRET", "1") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    packages = tmp_path / "site-packages"  # an installed library: where fuselens looks for one
+    (packages / "toylib_numbers").mkdir(parents=True)
+    (packages / "toylib_numbers" / "__init__.py").write_text("")
+    (packages / "toylib_numbers" / "layers.py").write_text(TOY_LIBRARY)
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.setattr(capture, "_PACKAGE_DIRS", (*capture._PACKAGE_DIRS, str(packages)))
+    for name in ("toylib_numbers", "toylib_numbers.layers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    path = project / "toy_user.py"
+    path.write_text(TOY_USER)
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    assert result.applied == ["c0"], (result.refused, result.skipped)
+    module_text = (project / "toy_user_kernels.py").read_text()
+    assert "cluster0(x, scale, floor, ceiling)" in module_text  # the patched copy of Squash.forward
+    monkeypatch.syspath_prepend(str(project))
+    user = importlib.import_module("toy_user")  # its `install()` patches the library
+    kernels = sys.modules["toy_user_kernels"]
+    monkeypatch.delitem(sys.modules, "toy_user")
+    monkeypatch.delitem(sys.modules, "toy_user_kernels")
+    library = sys.modules["toylib_numbers.layers"]
+    launched = kernel_launches(kernels)
+    model = user.M()
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0))
+    try:
+        for changed, kernel in (({}, True), ({"scale": 2.0}, True), ({"floor": -0.5, "ceiling": 0.25}, False)):
+            vars(library).update(changed)
+            launched.clear()
+            with torch.no_grad():
+                got = model(x)
+                assert bool(launched) == kernel, (changed, launched)
+                kernels.uninstall()
+                want = model(x)  # the library's own code, with its globals as they are now
+                kernels.install()
+            torch.testing.assert_close(got, want, msg=f"with {changed}")
+    finally:
+        kernels.uninstall()
