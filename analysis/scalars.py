@@ -209,16 +209,18 @@ class ScalarSources:
     def _model_module(self, module_name: str) -> bool:
         """Whether the module `module_name` (as imported: its first part is enough) is model code."""
         module = sys.modules.get(module_name) or sys.modules.get(module_name.split(".")[0])
+        return self._in_model_code(module)
+
+    def _in_model_code(self, module: Any) -> bool:
         file = getattr(module, "__file__", None)
-        return bool(file) and self._model_code(file)
+        return isinstance(file, str) and self._model_code(file)
 
     def _of_model_code(self, held: Any) -> bool:
         """A global's value that may change: data (a number, a config object), or a module, function or
         class of the model's own code (whose attributes or results may be).  Modules, functions and
         classes of libraries (`torch`, `math`) are constants."""
         if isinstance(held, types.ModuleType):
-            file = getattr(held, "__file__", None)
-            return bool(file) and self._model_code(file)
+            return self._in_model_code(held)
         if isinstance(held, _CODE):
             return self._model_module(getattr(held, "__module__", "") or "")
         return True
