@@ -16,7 +16,8 @@ the model is built.  What each frame calls it:
 - an outer frame: the same expression where every name it reads is the same there: `self`
   reached through that frame's `self` (`self.eps` inside `RMSNorm.forward` is `self.mlp_norm.eps`
   in the block), a global of the same module (or of a module the frame imports: `norms.EPS`), a
-  free variable as the enclosing function that holds it calls it;
+  free variable as the enclosing function that holds it calls it, an argument the frame's call
+  leaves at its default as the function it calls holds it (`rms_norm.__defaults__[0]`);
 - an outer frame, for a float read from locals: a local or an attribute of its `self` holding the
   very same object (a `scaling` argument is `self.scaling` in the caller that passed it).
 """
@@ -238,9 +239,11 @@ class ScalarSources:
                 if reached is None:
                     return None
                 replacements[name] = reached
-            elif name in frame.f_locals:
-                if not _same_cell(name, frame, f):
+            elif name in frame.f_locals and not _same_cell(name, frame, f):
+                default = self._default_in(name, frame, f)
+                if default is None:
                     return None
+                replacements[name] = default
             elif name in frame.f_globals:
                 spelled = _global_in(name, frame, f)
                 if spelled is None:
@@ -249,6 +252,39 @@ class ScalarSources:
             elif name in f.f_locals or name in f.f_globals:
                 return None  # a builtin that `f` shadows
         return _rebase(expr, replacements)
+
+    def _default_in(self, name: str, frame: types.FrameType, f: types.FrameType) -> str | None:
+        """A parameter `name` of `frame`'s function that the call `f` makes of it leaves at its default:
+        the default, as `f` reaches it through what it calls (`rms_norm.__defaults__[0]`, of
+        `rms_norm(x, self.weight)` for `def rms_norm(x, weight, eps=1e-6)`); None otherwise."""
+        call = self._call_node(f) if frame.f_back is f else None
+        if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
+        if len(keywords) != len(call.keywords):  # a `**kwargs` passed on
+            return None
+        function = _callee(call.func, f)
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        if function is None or code is not frame.f_code:
+            return None
+        try:
+            passed = inspect.signature(function).bind_partial(*call.args, **keywords)
+        except (TypeError, ValueError):
+            return None
+        if name in passed.arguments:
+            return None
+        callee = ast.unparse(call.func)
+        defaults = getattr(function, "__defaults__", None) or ()
+        positional = code.co_varnames[: code.co_argcount]
+        if name in positional[len(positional) - len(defaults) :]:
+            k = positional.index(name) - (len(positional) - len(defaults))
+            spelled, default = f"{callee}.__defaults__[{k}]", defaults[k]
+        else:
+            keyword = getattr(function, "__kwdefaults__", None) or {}
+            if name not in keyword:
+                return None
+            spelled, default = f"{callee}.__kwdefaults__[{name!r}]", keyword[name]
+        return spelled if default is frame.f_locals[name] else None
 
     def _source(self, filename: str) -> _Source:
         source = self._sources.get(filename)
@@ -375,6 +411,27 @@ def _same_cell(name: str, frame: types.FrameType, f: types.FrameType) -> bool:
         and name in f.f_code.co_cellvars
         and f.f_locals.get(name) is frame.f_locals[name]
     )
+
+
+def _callee(expr: ast.expr, frame: types.FrameType) -> Any:
+    """The function a call's `expr` names in `frame` (`rms_norm`, `self.norm_fn`, `helpers.rms_norm`),
+    looked up without running code (no properties, no `__getattr__`); None where it is not found."""
+    if isinstance(expr, ast.Name):
+        scopes = (frame.f_locals, frame.f_globals, vars(builtins))
+        return next((scope[expr.id] for scope in scopes if expr.id in scope), None)
+    if isinstance(expr, ast.Attribute):
+        owner = _callee(expr.value, frame)
+        if owner is None:
+            return None
+        try:
+            found = inspect.getattr_static(owner, expr.attr)
+        except AttributeError:
+            return None
+        # A method found on the class: bound to the instance, as the call binds it.
+        if isinstance(found, types.FunctionType) and not isinstance(owner, (type, types.ModuleType)):
+            return types.MethodType(found, owner)
+        return found
+    return None
 
 
 def _global_in(name: str, frame: types.FrameType, f: types.FrameType) -> str | None:

@@ -456,6 +456,10 @@ min_value, max_value = 0.0, 1.0
 scale = 0.5
 
 
+def amplified(t, by=3.0):
+    return t.clamp(min=-1.0) * by
+
+
 class M(nn.Module):  # fuselens: input=(4, 33) float32
     def __init__(self):
         super().__init__()
@@ -469,15 +473,16 @@ class M(nn.Module):  # fuselens: input=(4, 33) float32
         def shifted(t):
             return t * gain - scale
 
-        return shifted(torch.relu(h))
+        return amplified(shifted(torch.relu(h)))
 """
 
 
 def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(write_model, kernel_launches, monkeypatch):
-    """The clamp's bounds and the scale are module globals, the gain a closure's: the applied calls pass
-    them (`cluster0(x, scale, min_value, max_value)`), so a model whose globals change after it is built
-    computes what the original does with the new values: with a new scale in the kernels, with new
-    bounds (which shape its kernel) in the reference."""
+    """The clamp's bounds and the scale are module globals, the gain a closure's, the amplification a
+    helper's default: the applied calls pass them (`cluster0(x, scale, min_value, max_value)`), so a
+    model whose numbers change after it is built computes what the original does with the new values:
+    with a new scale or default in the kernels, with new bounds (which shape their kernel) in the
+    reference."""
     import importlib.util
     import sys
 
@@ -494,7 +499,7 @@ def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(wri
     with open(path, encoding="utf-8") as fh:
         applied_text = fh.read()
     assert "cluster0(x, scale, min_value, max_value)" in applied_text
-    assert "cluster1(h, gain, scale)" in applied_text
+    assert "cluster1(h, gain, scale, amplified.__defaults__[0])" in applied_text
 
     def load(name, text):
         file = os.path.join(os.path.dirname(path), f"{name}.py")
@@ -514,18 +519,20 @@ def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(wri
     a, b = original.M(), applied.M()
     b.load_state_dict(a.state_dict())
     x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0)) * 2
-    for changed, kernels in (
-        ({}, ["cluster0", "cluster1"]),
-        ({"scale": 0.25}, ["cluster0", "cluster1"]),
-        ({"min_value": -0.5, "max_value": 2.0}, ["cluster1"]),
-    ):
+    changes = {  # what changes in both modules -> the clusters whose kernels then run
+        "nothing": (lambda module: None, ["cluster0", "cluster1"]),
+        "the scale": (lambda module: setattr(module, "scale", 0.25), ["cluster0", "cluster1"]),
+        "the default": (lambda module: setattr(module.amplified, "__defaults__", (0.5,)), ["cluster0", "cluster1"]),
+        "the bounds": (lambda module: vars(module).update(min_value=-0.5, max_value=2.0), ["cluster1"]),
+    }
+    for changed, (change, kernels) in changes.items():
         for module in (original, applied):
-            vars(module).update(changed)
+            change(module)
         launched.clear()
         with torch.no_grad():
             want, got = a(x), b(x)
         assert sorted({k.split("_")[1] for k in launched}) == kernels, (changed, launched)
-        torch.testing.assert_close(got, want, msg=f"with {changed}")
+        torch.testing.assert_close(got, want, msg=f"with another value of {changed}")
 
 
 TOY_LIBRARY = """

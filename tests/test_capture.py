@@ -263,7 +263,7 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
         ("mul", "gain", ["gain", "gain"]),  # a free variable, and the method's own that it is
         ("clamp", "LO", ["LO", "LO"]),  # a global, in the function and in the method of the same module
         ("clamp", "HI", ["HI", "HI"]),
-        ("sub", "by", ["by"]),  # an argument left at its default: the caller does not name it
+        ("sub", "by", ["bounded.__defaults__[0]", "by"]),  # an argument left at its default, as the caller reaches it
         ("group_norm", "self.num_groups", ["self.gn.num_groups"]),  # torch's own module
         ("group_norm", "self.eps", ["self.gn.eps"]),
     ]  # `3 * h`, `2.0 * pi`, `pow(2)`, `mean(-1)`, `2.0`: literals and constants of libraries stay in the kernel
