@@ -21,9 +21,11 @@ still legal.  Legality, in the order it is checked:
 No silent drops: every absorbable op ends in exactly one cluster (of two or more
 compute ops) or in exactly one rejection with a reason code and a sentence, and so does
 every op that reduces, selects or orders along dims but that no kernel here computes
-(`torch.max(x, dim)`, `topk`, pooling: `unlowered.py`).  A failed join never discards
-work: the op starts its own cluster, and every legal sub-group survives.  Views and identities (eval dropout, `contiguous` on a contiguous tensor,
-same-dtype casts) move no data: they join clusters as glue but never count as ops.
+(`torch.max(x, dim)`, `topk`, pooling: `unlowered.py`).  An op left alone next to a
+fusable one it meets through a view a kernel does not follow (a reshape) says so (`view`).
+A failed join never discards work: the op starts its own cluster, and every legal
+sub-group survives.  Views and identities (eval dropout, `contiguous` on a contiguous
+tensor, same-dtype casts) move no data: they join clusters as glue but never count as ops.
 """
 
 from __future__ import annotations

@@ -542,7 +542,7 @@ def _pow(w: _Writer, node: Node) -> None:
     if isinstance(exponent, Ref) or not isinstance(base, Ref):
         raise NoBackward("`pow` with a tensor exponent")
     g, x = w.grad(node), w.value(base)
-    if is_named(exponent):  # the model's own, which the caller passes: no case of its analyzed value
+    if is_named(exponent):  # the model's, passed by the caller: written for any value, not the analyzed one's
         p = w.number(exponent)
         w.to(base, f"{g} * {p} * {x}.pow({p} - 1)")
     elif exponent == 2:
@@ -779,7 +779,7 @@ def _cross_entropy(w: _Writer, node: Node) -> None:
     share = f"{g} / {w.saved[(node.id, 'count')]}" if reduction == "mean" else g
     row = w.let(f"torch.where({valid}, {share}, 0.0).unsqueeze(-1)")
     hot = w.let(f"torch.nn.functional.one_hot(torch.where({valid}, {t}, 0), {classes})")
-    if is_named(smoothing):  # the model's own, which the caller passes: no case of its analyzed value
+    if is_named(smoothing):  # the model's, passed by the caller: written for any value, not the analyzed one's
         e = w.number(smoothing)
         aim = f"(1.0 - {e}) * {hot} + {e} / {classes}"
     else:
