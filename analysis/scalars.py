@@ -245,7 +245,7 @@ class ScalarSources:
                     return None
                 replacements[name] = default
             elif name in frame.f_globals:
-                spelled = _global_in(name, frame, f)
+                spelled = _global_in(name, frame, f, constant=not self._reads_state(name, frame))
                 if spelled is None:
                     return None
                 replacements[name] = spelled
@@ -434,12 +434,15 @@ def _callee(expr: ast.expr, frame: types.FrameType) -> Any:
     return None
 
 
-def _global_in(name: str, frame: types.FrameType, f: types.FrameType) -> str | None:
+def _global_in(name: str, frame: types.FrameType, f: types.FrameType, constant: bool) -> str | None:
     """The global `name` of `frame`'s module as `f` reaches it: the name itself in the same module
-    (where no local of `f` hides it), the module's name and the global's in one that imports it
-    (`norms.EPS`); None where `f` cannot reach it."""
-    if f.f_globals is frame.f_globals:
-        return name if name not in f.f_locals else None
+    (where no local of `f` hides it), or, for a `constant` (`math`), in one that binds the same
+    object to it; the module's name and the global's in one that imports it (`norms.EPS`); None where
+    `f` cannot reach it."""
+    if name not in f.f_locals and (
+        f.f_globals is frame.f_globals or (constant and f.f_globals.get(name) is frame.f_globals[name])
+    ):
+        return name
     for alias, held in f.f_globals.items():
         if isinstance(held, types.ModuleType) and vars(held) is frame.f_globals and alias not in f.f_locals:
             return f"{alias}.{name}"

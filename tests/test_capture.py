@@ -269,6 +269,40 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
     ]  # `3 * h`, `2.0 * pi`, `pow(2)`, `mean(-1)`, `2.0`: literals and constants of libraries stay in the kernel
 
 
+def test_a_global_of_another_module_is_reached_through_the_module(write_model):
+    """A helper in another file of the model's reads its module's global: the caller, which imports
+    that module, reaches it as the module's attribute; a library's constant (`math`) is the caller's own."""
+    write_model(
+        """
+        import math
+        import torch
+
+        EPS = 1e-5
+
+        def norm(x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * math.sqrt(EPS)
+        """,
+        "norms.py",
+    )
+    path = write_model(
+        """
+        import math
+        import torch.nn as nn
+
+        import norms
+
+        class M(nn.Module):
+            def forward(self, x):
+                return norms.norm(x) + 1.0
+        """
+    )
+    t = _trace(path, "M", [InputSpec([2, 8])])
+    assert _numbers(t.graph) == [
+        ("add", "EPS", ["EPS", "norms.EPS"]),
+        ("mul", "math.sqrt(EPS)", ["math.sqrt(EPS)", "math.sqrt(norms.EPS)"]),
+    ]
+
+
 def test_a_cluster_with_named_numbers_replays_as_one_compiled_graph(write_model):
     """Validation times torch.compile on the cluster's recorded calls: the named numbers reach it as
     plain constants, so the comparison is against one fused graph, not a graph broken at `self.eps`."""
