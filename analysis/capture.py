@@ -113,7 +113,11 @@ class UserCode:
 
 # Ops whose numbers can be the model's state (`x * self.scale`, `F.group_norm(x, self.groups, eps=self.eps)`).
 _TAKES_NUMBERS = frozenset({OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY})
-_NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm"})
+# Other ops whose numbers can be the model's state: a norm's eps and group count, a loss's ignored class
+# and label smoothing, an embedding's padding row.
+_NUMBERS_OF_STATE = frozenset(
+    {"layer_norm", "rms_norm", "group_norm", "batch_norm", "cross_entropy", "nll_loss", "embedding"}
+)
 
 # Convolutions, by name, with the number of their spatial dims.
 _CONVS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
@@ -298,7 +302,7 @@ class Recorder(TorchFunctionMode):
     def _tagged(self, func, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         alias = ALIASES.get(name, name)
         canon = (alias[0] if isinstance(alias, tuple) else alias).rstrip("_")
-        if op_class(canon) not in _TAKES_NUMBERS and canon not in _NORMS:
+        if op_class(canon) not in _TAKES_NUMBERS and canon not in _NUMBERS_OF_STATE:
             return args, kwargs
         return self._scalars.tag(func, sys._getframe(2), args, kwargs)
 

@@ -21,10 +21,13 @@ still legal.  Legality, in the order it is checked:
   different dims, or windows, of one tensor), an op or pooling the kernels do not lower.
 
 No silent drops: every absorbable op ends in exactly one cluster (of two or more
-compute ops) or in exactly one rejection with a reason code and a sentence.  A failed
-join never discards work: the op starts its own cluster, and every legal sub-group
-survives.  Views and identities (eval dropout, `contiguous` on a contiguous tensor,
-same-dtype casts) move no data: they join clusters as glue but never count as ops.
+compute ops) or in exactly one rejection with a reason code and a sentence, and so does
+every op that reduces, selects or orders along dims but that no kernel here computes
+(`torch.max(x, dim)`, `topk`, pooling: `unlowered.py`).  An op left alone next to a
+fusable one it meets through a view a kernel does not follow (a reshape) says so (`view`).
+A failed join never discards work: the op starts its own cluster, and every legal
+sub-group survives.  Views and identities (eval dropout, `contiguous` on a contiguous
+tensor, same-dtype casts) move no data: they join clusters as glue but never count as ops.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from .graph import Graph, Node
 from .ops import OpClass
 from .places import common_place
+from .unlowered import reductive, why_unlowered
 
 # A planner answers: can one kernel compute `members` of `graph`?  (ok, reason, detail)
 Planner = Callable[[Graph, frozenset[int]], tuple[bool, str, str]]
@@ -125,7 +129,13 @@ def detect(graph: Graph, planner: Planner) -> Detection:
     failed_join: dict[int, tuple[str, str]] = {}
 
     for node in graph:
-        if not node.cls.absorbable or node.meta is None:
+        if reductive(node):
+            rejected.append(Rejected(node.id, *why_unlowered(graph, node, describe)))
+            continue
+        if not node.cls.absorbable:
+            continue
+        if node.meta is None:
+            rejected.append(Rejected(node.id, *_several_results(node)))
             continue
         blocker = _intrinsic_blocker(graph, node, functionalised)
         if blocker:
@@ -374,8 +384,21 @@ def _layers(graph: Graph, members: set[int]) -> dict[str, int]:
     return found
 
 
+def _several_results(node: Node) -> tuple[str, str]:
+    """Why an op that returns several tensors stays out: a kernel here computes one value per op."""
+    count = len(node.params.get("outputs", [])) or "several"
+    return (
+        "no-lowering",
+        f"{describe(node)} returns {count} tensors; a kernel here computes one value per op: "
+        "an op for each result would fuse",
+    )
+
+
 def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:
     node = graph[node_id]
+    across = _across_a_view(graph, node)
+    if across is not None:
+        return across
     neighbours = [graph[graph.view_root(i)] for i in node.inputs] + [
         graph[u] for u in _users_through_free(graph, node_id)
     ]
@@ -387,6 +410,46 @@ def _why_alone(graph: Graph, node_id: int) -> tuple[str, str]:
             f"{describe(node)} sits between ops that cannot be fused ({names}); nothing to fuse it with",
         )
     return "no-neighbour", f"{describe(node)} has no adjacent fusable op"
+
+
+def _across_a_view(graph: Graph, node: Node) -> tuple[str, str] | None:
+    """A fusable neighbour that `node` reads, or that reads it, through a view a kernel does not
+    follow (a `view` or `reshape` that regroups dims, whose sizes on both sides only the run knows):
+    that view, not the lack of a neighbour, is what kept them apart."""
+    for operand in node.inputs:
+        chain, current = [], graph[operand]
+        while current.cls.free and current.inputs:
+            chain.append(current)
+            current = graph[current.inputs[0]]
+        blocking = next((v for v in chain if not followable(v)), None)
+        if blocking is not None and current.cls.absorbable:
+            return _view_between(graph, current, blocking, node)
+    for user, blocking in _users_across_views(graph, node.id, None):
+        if blocking is not None:
+            return _view_between(graph, node, blocking, user)
+    return None
+
+
+def _users_across_views(graph: Graph, node_id: int, blocking: Node | None) -> list[tuple[Node, Node | None]]:
+    """The fusable ops that read `node_id` through views and identities, each with the first view on
+    the way that a kernel does not follow (None: none)."""
+    out = []
+    for u in graph.users(node_id):
+        user = graph[u]
+        if user.cls.free:
+            out += _users_across_views(graph, u, blocking or (None if followable(user) else user))
+        elif user.cls.absorbable:
+            out.append((user, blocking))
+    return out
+
+
+def _view_between(graph: Graph, producer: Node, view: Node, reader: Node) -> tuple[str, str]:
+    return (
+        "view",
+        f"{describe(reader)} reads {describe(producer)} through {describe(view)} to {shape_text(view)}, "
+        "a regrouping of dims that a kernel does not follow (it follows permutes, slices, (un)squeezes "
+        "and expands); taking the view before the first op or after the last lets them fuse",
+    )
 
 
 def _users_through_free(graph: Graph, node_id: int) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .graph import keep_float, keep_int
+from .graph import is_named, keep_float, keep_int
 from .ops import CASTS, POOLS, OpClass, op_class
 
 
@@ -358,10 +358,18 @@ def _normalise_embedding(func, args, kwargs, out_t):
     # how often they are looked up.
     padding = bound.get("padding_idx")
     params = {
-        "padding_idx": -1 if padding is None else int(padding) % weight.shape[0],
+        "padding_idx": -1 if padding is None else _row_index(padding, weight.shape[0]),
         "scale_grad_by_freq": bool(bound.get("scale_grad_by_freq", False)),
     }
     return "embedding", OpClass.LOOKUP, [weight, ids], params
+
+
+def _row_index(index, rows: int) -> int:
+    """A row of a table counted from its start; one the model's state holds (`self.padding_idx`, already
+    counted so by `nn.Embedding`) keeps its provenance."""
+    if is_named(index) and index >= 0:
+        return index
+    return int(index) % rows
 
 
 def _normalise_one_hot(func, args, kwargs, out_t):

@@ -423,7 +423,9 @@ def _argument(
             for leaf in root.leaves:
                 if _span(leaf) == span:
                     if isinstance(leaf, (*_CONTAINERS, ast.Starred)):
-                        raise NoRegion(f"`{_text(lines, span)}` holds several values, where the kernel takes one tensor")
+                        raise NoRegion(
+                            f"`{_text(lines, span)}` holds several values, where the kernel takes one tensor"
+                        )
                     return _text(lines, span), (span if _computes(leaf) else None)
     if node.op in ("param", "buffer"):
         return _attribute_path(node, graph, roots, spans, invocation), None

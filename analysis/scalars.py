@@ -3,14 +3,21 @@
 `x + self.eps` reaches torch as `Tensor.__add__(x, 1e-06)`: the value alone would be baked into
 the kernel, and another instance of the layer (another eps, another head size) would silently
 compute with the analyzed one's.  At the moment of the call the frame that made it is live: its
-source, at the call's span, says how each argument is spelled.  A literal (`2`, `-1e-6`,
-`math.pi`, a module-level constant) is the same for every call and stays in the kernel.
-Anything read from the frame's locals (`self.eps`, `scale`, `math.sqrt(self.head_dim)`) becomes a
-`NamedFloat`/`NamedInt` that knows what each frame of model code calls it:
+source, at the call's span, says how each argument is spelled.  A literal (`2`, `-1e-6`) and a true
+constant (`math.pi`, `torch.finfo(torch.float32).eps`: read from a library's modules, or imported
+from one) are the same for every call and stay in the kernel.  Anything else the code reads
+becomes a `NamedFloat`/`NamedInt` that knows what each frame of model code calls it: the frame's
+locals (`self.eps`, `scale`, `math.sqrt(self.head_dim)`; its arguments, those left at their
+defaults too; a nested function's free variables) and, in model code, its module's globals
+(`min_value`, `config.EPS` of a config module of the model's own), which code may change after
+the model is built.  What each frame calls it:
 
 - the calling frame itself: the expression as written;
-- an outer frame, for an expression over `self` only: the same expression reached through that
-  frame's `self` (`self.eps` inside `RMSNorm.forward` is `self.mlp_norm.eps` in the block);
+- an outer frame: the same expression where every name it reads is the same there: `self`
+  reached through that frame's `self` (`self.eps` inside `RMSNorm.forward` is `self.mlp_norm.eps`
+  in the block), a global of the same module (or of a module the frame imports: `norms.EPS`), a
+  free variable as the enclosing function that holds it calls it, an argument the frame's call
+  leaves at its default as the function it calls holds it (`rms_norm.__defaults__[0]`);
 - an outer frame, for a float read from locals: a local or an attribute of its `self` holding the
   very same object (a `scaling` argument is `self.scaling` in the caller that passed it).
 """
@@ -22,6 +29,7 @@ import builtins
 import inspect
 import linecache
 import os
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,17 +46,29 @@ _WRAPPER_FILES = tuple(
 
 Span = tuple[int, int, int, int]
 
+# What a global holds that is code, not data: constant unless the model's own code defines it.
+_CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType)
+
 
 class _Source:
-    """A file's syntax tree, its expressions (and statements) by span."""
+    """A file's syntax tree, its expressions (and statements) by span, and the names its module-level
+    imports bind (name -> the module it comes from: `np` -> numpy, `pi` of `from math import pi` -> math)."""
 
     def __init__(self, text: str):
         self.text = text
         self.by_span: dict[Span, ast.AST] = {}
+        self.imported: dict[str, str] = {}
         try:
             tree = ast.parse(text)
         except SyntaxError:
             return
+        for statement in tree.body:
+            if isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    self.imported[alias.asname or alias.name.split(".")[0]] = alias.name
+            elif isinstance(statement, ast.ImportFrom) and not statement.level and statement.module:
+                for alias in statement.names:
+                    self.imported[alias.asname or alias.name] = statement.module
         for node in ast.walk(tree):
             if getattr(node, "end_lineno", None) is None or not hasattr(node, "lineno"):
                 continue
@@ -73,6 +93,7 @@ class ScalarSources:
         self._made_at = made_at  # the span, in a frame, of the expression whose op made a tensor
         self._sources: dict[str, _Source] = {}
         self._positions: dict[types.CodeType, list] = {}
+        self._named_before: dict[tuple, NamedFloat | NamedInt] = {}
 
     def tag(self, func: Callable, start: types.FrameType | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """`args`, `kwargs` with each number read from the caller's state replaced by a named one."""
@@ -134,10 +155,7 @@ class ScalarSources:
         return None
 
     def _call_node(self, frame: types.FrameType) -> ast.AST | None:
-        filename = frame.f_code.co_filename
-        source = self._sources.get(filename)
-        if source is None:
-            source = self._sources[filename] = _Source("".join(linecache.getlines(filename)))
+        source = self._source(frame.f_code.co_filename)
         code = frame.f_code
         positions = self._positions.get(code)
         if positions is None:
@@ -150,30 +168,129 @@ class ScalarSources:
     def _named(self, value: Any, expr: ast.expr | None, frame: types.FrameType) -> Any:
         if not _number(value) or expr is None:
             return value
-        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
-        local = {n for n in names if n in frame.f_locals}
-        if not local:
-            return value  # a literal or a module-level constant: the same in every call
+        names = _names_read(expr)
+        if not any(self._reads_state(name, frame) for name in names):
+            return value  # a literal or a true constant: the same in every call
         text = ast.unparse(expr)
         at: dict[int, str] = {}
-        owner = frame.f_locals.get("self") if "self" in local else None
+        owner = frame.f_locals.get("self") if "self" in names else None
         owner_path = self._module_path(owner) if owner is not None else None
-        over_self = local == {"self"} and owner_path is not None
         for f in self._model_frames(frame):
             invocation, _ = self._invocation(f)
-            path = self._module_path(f.f_locals.get("self"))  # None in a plain function
             if f is frame:
                 at[invocation] = text
-            elif over_self and path is not None:
-                reached = _reach(expr, owner_path or "", path)
-                if reached is not None:
-                    at[invocation] = reached
-            elif isinstance(value, float):
+                continue
+            same = self._as_written_in(expr, names, frame, owner_path, f)
+            if same is None and isinstance(value, float):
                 same = _holding(value, f)
-                if same is not None:
-                    at[invocation] = same
+            if same is not None:
+                at[invocation] = same
         kind = NamedFloat if isinstance(value, float) else NamedInt
-        return kind(value, text, at)
+        # One object for every read of the same number by the same code (`scale`, twice in a cluster):
+        # a kernel takes it once.
+        key = (kind, value, text, tuple(sorted(at.items())))
+        named = self._named_before.get(key)
+        if named is None:
+            named = self._named_before[key] = kind(value, text, at)
+        return named
+
+    def _reads_state(self, name: str, frame: types.FrameType) -> bool:
+        """Whether `name`, read in `frame`, may hold another value in another call or instance: a local
+        (an argument, a free variable), or in model code a global of its module other than a true
+        constant (a library's module, or what was imported from one: `math`, `from math import pi`)."""
+        if name in frame.f_locals:
+            return True
+        if name not in frame.f_globals or not self._model_code(frame.f_code.co_filename):
+            return False  # a builtin (`float`), or torch's own code reading its own tables
+        imported = self._source(frame.f_code.co_filename).imported.get(name)
+        if imported is not None:
+            return self._model_module(imported)
+        return self._of_model_code(frame.f_globals[name])
+
+    def _model_module(self, module_name: str) -> bool:
+        """Whether the module `module_name` (as imported: its first part is enough) is model code."""
+        module = sys.modules.get(module_name) or sys.modules.get(module_name.split(".")[0])
+        return self._in_model_code(module)
+
+    def _in_model_code(self, module: Any) -> bool:
+        file = getattr(module, "__file__", None)
+        return isinstance(file, str) and self._model_code(file)
+
+    def _of_model_code(self, held: Any) -> bool:
+        """A global's value that may change: data (a number, a config object), or a module, function or
+        class of the model's own code (whose attributes or results may be).  Modules, functions and
+        classes of libraries (`torch`, `math`) are constants."""
+        if isinstance(held, types.ModuleType):
+            return self._in_model_code(held)
+        if isinstance(held, _CODE):
+            return self._model_module(getattr(held, "__module__", "") or "")
+        return True
+
+    def _as_written_in(
+        self, expr: ast.expr, names: set[str], frame: types.FrameType, owner_path: str | None, f: types.FrameType
+    ) -> str | None:
+        """`expr`, read in `frame`, as the outer frame `f` reaches the same values: each name it reads
+        rebased (`_rebase`); None where some name is out of `f`'s reach."""
+        replacements: dict[str, str] = {}
+        for name in names:
+            if name == "self" and name in frame.f_locals:
+                path = self._module_path(f.f_locals.get("self"))  # None in a plain function
+                reached = _reached_self(owner_path, path) if owner_path is not None and path is not None else None
+                if reached is None:
+                    return None
+                replacements[name] = reached
+            elif name in frame.f_locals and not _same_cell(name, frame, f):
+                default = self._default_in(name, frame, f)
+                if default is None:
+                    return None
+                replacements[name] = default
+            elif name in frame.f_globals:
+                spelled = _global_in(name, frame, f, constant=not self._reads_state(name, frame))
+                if spelled is None:
+                    return None
+                replacements[name] = spelled
+            elif name in f.f_locals or name in f.f_globals:
+                return None  # a builtin that `f` shadows
+        return _rebase(expr, replacements)
+
+    def _default_in(self, name: str, frame: types.FrameType, f: types.FrameType) -> str | None:
+        """A parameter `name` of `frame`'s function that the call `f` makes of it leaves at its default:
+        the default, as `f` reaches it through what it calls (`rms_norm.__defaults__[0]`, of
+        `rms_norm(x, self.weight)` for `def rms_norm(x, weight, eps=1e-6)`); None otherwise."""
+        call = self._call_node(f) if frame.f_back is f else None
+        if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
+        if len(keywords) != len(call.keywords):  # a `**kwargs` passed on
+            return None
+        function = _callee(call.func, f)
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        if function is None or code is not frame.f_code:
+            return None
+        try:
+            passed = inspect.signature(function).bind_partial(*call.args, **keywords)
+        except (TypeError, ValueError):
+            return None
+        if name in passed.arguments:
+            return None
+        callee = ast.unparse(call.func)
+        defaults = getattr(function, "__defaults__", None) or ()
+        positional = code.co_varnames[: code.co_argcount]
+        if name in positional[len(positional) - len(defaults) :]:
+            k = positional.index(name) - (len(positional) - len(defaults))
+            spelled, default = f"{callee}.__defaults__[{k}]", defaults[k]
+        else:
+            keyword = getattr(function, "__kwdefaults__", None) or {}
+            if name not in keyword:
+                return None
+            spelled, default = f"{callee}.__kwdefaults__[{name!r}]", keyword[name]
+        return spelled if default is frame.f_locals[name] else None
+
+    def _source(self, filename: str) -> _Source:
+        source = self._sources.get(filename)
+        if source is None:
+            source = self._sources[filename] = _Source("".join(linecache.getlines(filename)))
+        return source
 
     def _model_frames(self, frame: types.FrameType) -> Iterator[types.FrameType]:
         f: types.FrameType | None = frame
@@ -259,22 +376,77 @@ def _within(span: Span, expr: ast.expr) -> bool:
     return (outer[0], outer[1]) <= (span[0], span[1]) and (span[2], span[3]) <= (outer[2], outer[3])
 
 
-def _reach(expr: ast.expr, from_path: str, to_path: str) -> str | None:
-    """`expr`, an expression over `self` in a method of the module at `from_path`, as written in a
-    method of the module at `to_path` (an ancestor): `self.eps` -> `self.mlp_norm.eps`."""
+def _names_read(expr: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+
+
+def _reached_self(from_path: str, to_path: str) -> str | None:
+    """The `self` of a method of the module at `from_path` as a method of the module at `to_path` (an
+    ancestor) reaches it: `self.mlp_norm` from the block; None from elsewhere."""
     if to_path and from_path != to_path and not from_path.startswith(to_path + "."):
         return None
-    if not to_path and not from_path:
-        return ast.unparse(expr)
     rest = from_path[len(to_path) + 1 :] if to_path else from_path
-    reached = "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest.split(".") if p)
-    replacement = ast.parse(reached, mode="eval").body
+    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest.split(".") if p)
+
+
+def _rebase(expr: ast.expr, replacements: dict[str, str]) -> str:
+    """`expr` with each name of `replacements` replaced by its expression: `self.eps` -> `self.mlp_norm.eps`."""
+    if not replacements or all(name == text for name, text in replacements.items()):
+        return ast.unparse(expr)
+    parsed = {name: ast.parse(text, mode="eval").body for name, text in replacements.items()}
 
     class _Rebase(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:
-            return replacement if node.id == "self" else node
+            return parsed.get(node.id, node)
 
     return ast.unparse(_Rebase().visit(ast.parse(ast.unparse(expr), mode="eval")).body)
+
+
+def _same_cell(name: str, frame: types.FrameType, f: types.FrameType) -> bool:
+    """Whether the local `name` of `frame` is the very variable `f` calls `name`: a free variable of a
+    function nested in `f`'s, which `f` holds as a cell (the closure's `scale` in the method that
+    defined it)."""
+    return (
+        name in frame.f_code.co_freevars
+        and name in f.f_code.co_cellvars
+        and f.f_locals.get(name) is frame.f_locals[name]
+    )
+
+
+def _callee(expr: ast.expr, frame: types.FrameType) -> Any:
+    """The function a call's `expr` names in `frame` (`rms_norm`, `self.norm_fn`, `helpers.rms_norm`),
+    looked up without running code (no properties, no `__getattr__`); None where it is not found."""
+    if isinstance(expr, ast.Name):
+        scopes = (frame.f_locals, frame.f_globals, vars(builtins))
+        return next((scope[expr.id] for scope in scopes if expr.id in scope), None)
+    if isinstance(expr, ast.Attribute):
+        owner = _callee(expr.value, frame)
+        if owner is None:
+            return None
+        try:
+            found = inspect.getattr_static(owner, expr.attr)
+        except AttributeError:
+            return None
+        # A method found on the class: bound to the instance, as the call binds it.
+        if isinstance(found, types.FunctionType) and not isinstance(owner, (type, types.ModuleType)):
+            return types.MethodType(found, owner)
+        return found
+    return None
+
+
+def _global_in(name: str, frame: types.FrameType, f: types.FrameType, constant: bool) -> str | None:
+    """The global `name` of `frame`'s module as `f` reaches it: the name itself in the same module
+    (where no local of `f` hides it), or, for a `constant` (`math`), in one that binds the same
+    object to it; the module's name and the global's in one that imports it (`norms.EPS`); None where
+    `f` cannot reach it."""
+    if name not in f.f_locals and (
+        f.f_globals is frame.f_globals or (constant and f.f_globals.get(name) is frame.f_globals[name])
+    ):
+        return name
+    for alias, held in f.f_globals.items():
+        if isinstance(held, types.ModuleType) and vars(held) is frame.f_globals and alias not in f.f_locals:
+            return f"{alias}.{name}"
+    return None
 
 
 def _holding(value: float, frame: types.FrameType) -> str | None:

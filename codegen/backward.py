@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from fuselens.analysis.graph import Graph, Node, Ref
+from fuselens.analysis.graph import Graph, Node, Ref, is_named, plain
 from fuselens.analysis.ops import OpClass
 
 from .lowering import dtype_tuple, tuple_display
@@ -103,8 +103,9 @@ def backward_text(
     saved |= {(plan.outputs[k].node, "count"): results[len(plan.outputs) + j] for j, k in enumerate(counts)}
     body, names = forward_lines(graph, plan, params, number_params, given)
     grads = _fresh([f"grad{k}" for k in range(returned_by_op)], params + number_params)
-    staging = _group_staging(graph, plan, body, names, grads) if plan.groups else None
-    writer = _Writer(graph, plan, names, saved=saved, staging=staging)
+    numbers = {id(slot.value): p for slot, p in zip(plan.scalars, number_params, strict=True)}
+    staging = _group_staging(graph, plan, body, names, grads, numbers) if plan.groups else None
+    writer = _Writer(graph, plan, names, numbers, saved=saved, staging=staging)
     for k, out in enumerate(plan.outputs):
         if out.saved is None:
             writer.add(out.node, grads[k])
@@ -197,7 +198,7 @@ class _Staging:
 
 
 def _group_staging(
-    graph: Graph, plan: KernelPlan, body: list[str], names: dict[int, str], grads: list[str]
+    graph: Graph, plan: KernelPlan, body: list[str], names: dict[int, str], grads: list[str], numbers: dict[int, str]
 ) -> _Staging:
     """Replace the group norm's recomputed output in `body` by one from per-channel statistics (a
     kernel's reductions over a channel, not a group) and the group statistics torch gathers from
@@ -212,7 +213,7 @@ def _group_staging(
     if len(meta.shape) < 3:  # no spatial dims to reduce a channel over (and `dim=[]` means every dim)
         raise NoBackward("a group norm over [N, C] alone")
     dims = list(range(2, len(meta.shape)))
-    v, groups, eps = f"v{gn.id}", int(gn.params["groups"]), float(gn.params["eps"])
+    v, groups, eps = f"v{gn.id}", spelled(gn.params["groups"], numbers), spelled(gn.params["eps"], numbers, float)
     xv = names[x.node]
     xf = xv if meta.dtype in ("float32", "float64") else f"{xv}.float()"
 
@@ -225,7 +226,7 @@ def _group_staging(
         f"    {v}x = {xf}",
         f"    {v}m = {v}x.mean(dim={dims}, keepdim=True)",
         f"    {v}v = (({v}x - {v}m) * ({v}x - {v}m)).mean(dim={dims}, keepdim=True)",
-        f"    {v}t = _group_statistics({v}m, {v}v, {groups}, {eps!r}, {operand(weight)}, {operand(bias)})",
+        f"    {v}t = _group_statistics({v}m, {v}v, {groups}, {eps}, {operand(weight)}, {operand(bias)})",
         f"    {v}scale = {v}t[0]",
         f"    {v}shift = {v}t[1]",
         f"    {v}mean = {v}t[2]",
@@ -379,11 +380,27 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
+def spelled(value, numbers: dict[int, str], kind: type | None = None) -> str:
+    """A number an op took, as the gradients' code writes it: for one of the model's state (`eps`, a
+    head width's scale), the parameter the cluster's functions take it as (`numbers`: its id -> the
+    parameter), so the gradients compute with the value the forward ran with, never the analyzed
+    one; any other as its literal (`kind` converts it first: an int bound written as a float)."""
+    if is_named(value) and id(value) in numbers:
+        return numbers[id(value)]
+    value = plain(value)
+    if kind is not None:
+        value = kind(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NoBackward("a derivative through a non-finite constant")
+    return repr(value)
+
+
 @dataclass
 class _Writer:
     graph: Graph
     plan: KernelPlan
     names: dict[int, str]  # node -> its name in the recomputed forward
+    numbers: dict[int, str]  # a number of the model's state (by id) -> its parameter (`spelled`)
     adjoint: dict[int, str] = field(default_factory=dict)  # node -> the variable holding its gradient
     lines: list[str] = field(default_factory=list)
     slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
@@ -397,12 +414,13 @@ class _Writer:
     staging: _Staging | None = None  # a group norm's backward in stages
 
     def value(self, arg) -> str:
-        """An operand as the recomputed forward names it, or a number's literal."""
+        """An operand as the recomputed forward names it, or a number as `spelled`."""
         if isinstance(arg, Ref):
             return self.names[arg.node]
-        if isinstance(arg, float) and not math.isfinite(arg):
-            raise NoBackward("a derivative through a non-finite constant")
-        return repr(float(arg) if isinstance(arg, float) else arg)
+        return self.number(arg)
+
+    def number(self, value, kind: type | None = None) -> str:
+        return spelled(value, self.numbers, kind)
 
     def dtype(self, arg) -> str:
         """The dtype of an operand's value (a number's: float32, as a kernel computes it)."""
@@ -485,20 +503,22 @@ def _operands(node: Node) -> list:
 
 def _add(w: _Writer, node: Node) -> None:
     a, b = _operands(node)[:2]
-    if node.params.get("alpha", 1) != 1:
-        raise NoBackward("`add` with alpha")
     g = w.grad(node)
     w.to(a, g)
-    w.to(b, g)
+    w.to(b, _times_alpha(w, node, g))
 
 
 def _sub(w: _Writer, node: Node) -> None:
     a, b = _operands(node)[:2]
-    if node.params.get("alpha", 1) != 1:
-        raise NoBackward("`sub` with alpha")
     g = w.grad(node)
     w.to(a, g)
-    w.to(b, f"(-{g})")
+    w.to(b, f"(-{_times_alpha(w, node, g)})")
+
+
+def _times_alpha(w: _Writer, node: Node, g: str) -> str:
+    """`g` times the `alpha` of `add(a, b, alpha=...)` (b's factor); `g` itself for a literal 1."""
+    alpha = node.params.get("alpha", 1)
+    return g if alpha == 1 and not is_named(alpha) else f"({g} * {w.number(alpha)})"
 
 
 def _mul(w: _Writer, node: Node) -> None:
@@ -523,7 +543,10 @@ def _pow(w: _Writer, node: Node) -> None:
     if isinstance(exponent, Ref) or not isinstance(base, Ref):
         raise NoBackward("`pow` with a tensor exponent")
     g, x = w.grad(node), w.value(base)
-    if exponent == 2:
+    if is_named(exponent):  # the model's, passed by the caller: written for any value, not the analyzed one's
+        p = w.number(exponent)
+        w.to(base, f"{g} * {p} * {x}.pow({p} - 1)")
+    elif exponent == 2:
         w.to(base, f"{g} * 2.0 * {x}")
     elif exponent != 0:
         w.to(base, f"{g} * {float(exponent)!r} * {x}.pow({float(exponent) - 1!r})")
@@ -667,7 +690,7 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
     """LayerNorm (`centered`) or RMSNorm over the row: y = xhat * weight (+ bias) with
     xhat = (x - mean) * rstd, in float32 as torch computes it."""
     x, weight = _operands(node)[:2]
-    dims, eps, g = node.params["dims"], float(node.params["eps"]), w.grad(node)
+    dims, eps, g = node.params["dims"], w.number(node.params["eps"], float), w.grad(node)
     xv = w.value(x)
     xf = w.let(w.wide(xv, w.dtype(x)))
     # The row statistics the forward kept (`OutputSlot.saved`), one number a row: put back the
@@ -679,10 +702,10 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
     }
     if centered:
         xc = w.let(f"{xf} - {kept.get('mean') or f'{xf}.mean(dim={dims}, keepdim=True)'}")
-        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
+        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps})")
     else:
         xc = xf
-        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps!r})")
+        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps})")
     xhat = w.let(f"{xc} * {rstd}")
     gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
     gxhat = w.let(f"{gf} * {w.wide(w.value(weight), w.dtype(weight))}") if isinstance(weight, Ref) else gf
@@ -751,7 +774,7 @@ def _group_norm(w: _Writer, node: Node) -> None:
         w.let(f"{gf}.sum(dim={dims}, keepdim=True)"),
     ]
     weight_value = w.value(weight) if isinstance(weight, Ref) else "None"
-    groups = int(node.params["groups"])
+    groups = w.number(node.params["groups"], int)
     t = w.let(f"_group_coefficients({s.sums[0]}, {s.sums[1]}, {s.mean}, {s.rstd}, {weight_value}, {groups}, {s.count})")
     alpha, beta, gamma, dweight, dbias = (w.let(f"{t}[{k}]") for k in range(5))
     s.glue |= {t, alpha, beta, gamma, dweight, dbias}
@@ -772,14 +795,19 @@ def _cross_entropy(w: _Writer, node: Node) -> None:
     lse = w.saved.get((node.id, "lse"))
     if lse is None:
         raise NoBackward("a cross-entropy whose forward kept no row log-sum-exp")
-    reduction, ignored = node.params["reduction"], int(node.params["ignore_index"])
-    smoothing, classes = float(node.params["label_smoothing"]), _shape(w.graph[x.node])[-1]
+    reduction, ignored = node.params["reduction"], w.number(node.params["ignore_index"], int)
+    smoothing, classes = node.params["label_smoothing"], _shape(w.graph[x.node])[-1]
     t, g = w.value(target), w.grad(node)
     valid = w.let(f"{t} != {ignored}")
     share = f"{g} / {w.saved[(node.id, 'count')]}" if reduction == "mean" else g
     row = w.let(f"torch.where({valid}, {share}, 0.0).unsqueeze(-1)")
     hot = w.let(f"torch.nn.functional.one_hot(torch.where({valid}, {t}, 0), {classes})")
-    aim = f"{1.0 - smoothing!r} * {hot} + {smoothing / classes!r}" if smoothing else hot
+    if is_named(smoothing):  # the model's, passed by the caller: written for any value, not the analyzed one's
+        e = w.number(smoothing)
+        aim = f"(1.0 - {e}) * {hot} + {e} / {classes}"
+    else:
+        smoothing = float(smoothing)
+        aim = f"{1.0 - smoothing!r} * {hot} + {smoothing / classes!r}" if smoothing else hot
     p = _softmax_from(w, x, lse)
     w.to(x, w.narrow(f"({p} - {aim}) * {row}", "float32", w.value(x), w.dtype(x)), over_row=False)
 
@@ -848,16 +876,16 @@ def _bounded(w: _Writer, node: Node) -> None:
     lo = node.params.get("min", node.params.get("min_val"))
     hi = node.params.get("max", node.params.get("max_val"))
     inside = " & ".join(
-        [f"({w.value(x)} >= {float(lo)!r})" for _ in [0] if lo is not None]
-        + [f"({w.value(x)} <= {float(hi)!r})" for _ in [0] if hi is not None]
+        [f"({w.value(x)} >= {w.number(lo, float)})" for _ in [0] if lo is not None]
+        + [f"({w.value(x)} <= {w.number(hi, float)})" for _ in [0] if hi is not None]
     )
     w.to(x, f"torch.where({inside}, {w.grad(node)}, 0.0)" if inside else w.grad(node))
 
 
 def _leaky_relu(w: _Writer, node: Node) -> None:
-    x, slope = _operands(node)[0], float(node.params.get("negative_slope", 0.01))
+    x, slope = _operands(node)[0], w.number(node.params.get("negative_slope", 0.01), float)
     g = w.grad(node)
-    w.to(x, f"torch.where({w.value(x)} > 0, {g}, {g} * {slope!r})")
+    w.to(x, f"torch.where({w.value(x)} > 0, {g}, {g} * {slope})")
 
 
 def _abs(w: _Writer, node: Node) -> None:
@@ -884,7 +912,8 @@ def _embedding(w: _Writer, node: Node) -> None:
     autograd computes it (`embedding_dense_backward`); a scatter, so torch runs it, not a kernel."""
     table, ids = _operands(node)[:2]
     rows = _shape(w.graph[table.node])[0]
-    padding, by_freq = int(node.params.get("padding_idx", -1)), bool(node.params.get("scale_grad_by_freq", False))
+    padding = w.number(node.params.get("padding_idx", -1), int)
+    by_freq = bool(node.params.get("scale_grad_by_freq", False))
     # The lookup's gradient as large as the lookup (a position embedding is broadcast over the batch).
     g = f"{w.grad(node)}.sum_to_size({list(_shape(node))})"
     w.to(

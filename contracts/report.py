@@ -24,8 +24,8 @@ from .profile import Profile
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
-# report names, wherever they are installed
-SCHEMA_VERSION = 10
+# report names, wherever they are installed; 11: the `view` rejection reason
+SCHEMA_VERSION = 11
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -34,6 +34,7 @@ REJECTION_REASONS = {
     "layer-boundary": "the group would span two layers, a layer and the code around it, or a copy made elsewhere",
     "convexity": "a dependency path leaves the group and re-enters it",
     "shape": "the group would need two different iteration spaces",
+    "view": "the ops meet through a view a kernel does not follow (a reshape that regroups dims)",
     "aliasing": "an in-place write that other views of the buffer would observe",
     "reduction": "a reduction a row-per-program kernel cannot express",
     "no-lowering": "no Triton lowering exists for this op",

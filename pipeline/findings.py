@@ -79,9 +79,12 @@ def findings(
             matches += path_matches
             seen_signatures = {_signature(f) for f in found}
             continue
-        # Other branch paths add only what the main path did not already show.
+        # Other branch paths add only what the main path did not already show: the clusters, and the
+        # ops left out of one (those only a branch the main path does not take runs, too).
         found += [f for f in path_found if _signature(f) not in seen_signatures]
         seen_signatures |= {_signature(f) for f in found}
+        shown = {_rejection_signature(r) for r in rejected}
+        rejected += [r for r in path_rejected if _rejection_signature(r) not in shown]
     _refuse_regions_other_calls_need(found)
     groups = group_repeats(found, _signature)
     model.clusters = [_cluster(group, profile, source) for group in groups]

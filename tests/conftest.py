@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import textwrap
 
@@ -76,6 +77,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         with open(os.path.join(folder, file), encoding="utf-8") as fh:
             data = json.load(fh)
         terminalreporter.write_line(f"{file[: -len('.json')]}: {json.dumps(data, sort_keys=True)}")
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch):
+    """kernel_launches(module) -> a list that records, from then on, the name of each Triton kernel of a
+    generated kernel module (`_cluster3_kernel_tile`, `_cluster3_backward_kernel_block`, not the helpers
+    they call) at each launch: what shows that a kernel ran, not the reference code."""
+    from triton.runtime.jit import KernelInterface
+
+    def record(module) -> list[str]:
+        launched: list[str] = []
+        for name, kernel in list(vars(module).items()):
+            if isinstance(kernel, KernelInterface) and re.match(r"_cluster\d+_", name):
+                monkeypatch.setattr(module, name, _Launched(kernel, name, launched))
+        return launched
+
+    return record
+
+
+class _Launched:
+    """A Triton kernel that records its name in `launched` when launched (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel, name: str, launched: list[str]):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
 
 
 def example(name: str) -> str:

@@ -477,3 +477,174 @@ def test_the_kernel_module_leaves_the_users_linter_quiet(tmp_path):
     unmarked.write_text(kernels.read_text().replace("# ruff: noqa\n", "").replace("# flake8: noqa\n", ""))
     checked = subprocess.run([*lint[:-1], str(unmarked)], capture_output=True, text=True, cwd=work)
     assert checked.returncode != 0
+
+
+MODULE_NUMBERS = """
+import torch
+import torch.nn as nn
+
+min_value, max_value = 0.0, 1.0
+scale = 0.5
+
+
+def amplified(t, by=3.0):
+    return t.clamp(min=-1.0) * by
+
+
+class M(nn.Module):  # fuselens: input=(4, 33) float32
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(33, 33)
+
+    def forward(self, x):
+        h = torch.clamp(x, min=min_value, max=max_value) * scale + 1.0
+        h = self.proj(h)
+        gain = 2.0
+
+        def shifted(t):
+            return t * gain - scale
+
+        return amplified(shifted(torch.relu(h)))
+"""
+
+
+def test_numbers_the_model_reads_from_its_module_come_from_there_after_apply(write_model, kernel_launches, monkeypatch):
+    """The clamp's bounds and the scale are module globals, the gain a closure's, the amplification a
+    helper's default: the applied calls pass them (`cluster0(x, scale, min_value, max_value)`), so a
+    model whose numbers change after it is built computes what the original does with the new values:
+    with a new scale or default in the kernels, with new bounds (which shape their kernel) in the
+    reference."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "1") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels run on CPU tensors, in the interpreter
+    path = write_model(MODULE_NUMBERS, "globals_model.py")
+    with open(path, encoding="utf-8") as fh:
+        original_text = fh.read()
+    result = apply_file(path, AnalyzeOptions(), None, lambda r: True)
+    assert len(result.applied) == 2, (result.refused, result.skipped)
+    with open(path, encoding="utf-8") as fh:
+        applied_text = fh.read()
+    assert "cluster0(x, scale, min_value, max_value)" in applied_text
+    assert "cluster1(h, gain, scale, amplified.__defaults__[0])" in applied_text
+
+    def load(name, text):
+        file = os.path.join(os.path.dirname(path), f"{name}.py")
+        with open(file, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, os.path.dirname(path))  # the applied file imports its kernels from beside it
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(os.path.dirname(path))
+        return module
+
+    original, applied = load("original_globals", original_text), load("applied_globals", applied_text)
+    launched = kernel_launches(sys.modules.pop("globals_model_kernels"))
+    a, b = original.M(), applied.M()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0)) * 2
+    changes = {  # what changes in both modules -> the clusters whose kernels then run
+        "nothing": (lambda module: None, ["cluster0", "cluster1"]),
+        "the scale": (lambda module: setattr(module, "scale", 0.25), ["cluster0", "cluster1"]),
+        "the default": (lambda module: setattr(module.amplified, "__defaults__", (0.5,)), ["cluster0", "cluster1"]),
+        "the bounds": (lambda module: vars(module).update(min_value=-0.5, max_value=2.0), ["cluster1"]),
+    }
+    for changed, (change, kernels) in changes.items():
+        for module in (original, applied):
+            change(module)
+        launched.clear()
+        with torch.no_grad():
+            want, got = a(x), b(x)
+        assert sorted({k.split("_")[1] for k in launched}) == kernels, (changed, launched)
+        torch.testing.assert_close(got, want, msg=f"with another value of {changed}")
+
+
+TOY_LIBRARY = """
+import torch
+import torch.nn as nn
+
+floor, ceiling = 0.0, 1.0
+scale = 0.5
+
+
+class Squash(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x * scale, min=floor, max=ceiling) + 1.0
+"""
+
+TOY_USER = """
+import torch.nn as nn
+
+from toylib_numbers.layers import Squash
+
+
+class M(nn.Module):  # fuselens: input=(4, 33) float32
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(33, 33)
+        self.squash = Squash()
+
+    def forward(self, x):
+        return self.squash(self.proj(x))
+"""
+
+
+def test_a_library_patch_passes_the_numbers_the_library_reads_from_its_module(tmp_path, kernel_launches, monkeypatch):
+    """A cluster in an installed library's code whose numbers are that library module's globals: the
+    patched copy of the library function passes them (it runs with the library's globals), so a change
+    of them after `install()` reaches the kernel as it reaches the library's own code."""
+    import importlib
+    import sys
+
+    import torch
+
+    from fuselens.analysis import capture
+
+    if os.environ.get("TRITON_INTERPRET", "1") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    packages = tmp_path / "site-packages"  # an installed library: where fuselens looks for one
+    (packages / "toylib_numbers").mkdir(parents=True)
+    (packages / "toylib_numbers" / "__init__.py").write_text("")
+    (packages / "toylib_numbers" / "layers.py").write_text(TOY_LIBRARY)
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.setattr(capture, "_PACKAGE_DIRS", (*capture._PACKAGE_DIRS, str(packages)))
+    for name in ("toylib_numbers", "toylib_numbers.layers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    path = project / "toy_user.py"
+    path.write_text(TOY_USER)
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    assert result.applied == ["c0"], (result.refused, result.skipped)
+    module_text = (project / "toy_user_kernels.py").read_text()
+    assert "cluster0(x, scale, floor, ceiling)" in module_text  # the patched copy of Squash.forward
+    monkeypatch.syspath_prepend(str(project))
+    user = importlib.import_module("toy_user")  # its `install()` patches the library
+    kernels = sys.modules["toy_user_kernels"]
+    monkeypatch.delitem(sys.modules, "toy_user")
+    monkeypatch.delitem(sys.modules, "toy_user_kernels")
+    library = sys.modules["toylib_numbers.layers"]
+    launched = kernel_launches(kernels)
+    model = user.M()
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0))
+    try:
+        for changed, kernel in (({}, True), ({"scale": 2.0}, True), ({"floor": -0.5, "ceiling": 0.25}, False)):
+            vars(library).update(changed)
+            launched.clear()
+            with torch.no_grad():
+                got = model(x)
+                assert bool(launched) == kernel, (changed, launched)
+                kernels.uninstall()
+                want = model(x)  # the library's own code, with its globals as they are now
+                kernels.install()
+            torch.testing.assert_close(got, want, msg=f"with {changed}")
+    finally:
+        kernels.uninstall()

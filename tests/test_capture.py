@@ -212,10 +212,12 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
     path = write_model(
         """
         import math
+        from math import pi
         import torch
         import torch.nn as nn
 
         EPS = 1e-5
+        LO, HI = -2.0, 2.0
 
         class Norm(nn.Module):
             def __init__(self, eps):
@@ -228,6 +230,9 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
         def scaled(x, scaling):
             return x * scaling
 
+        def bounded(x, by=0.25):
+            return x.clamp(LO, HI) - by
+
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -238,8 +243,14 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
 
             def forward(self, x, y):
                 h = self.norm(x) / math.sqrt(self.head_dim)
-                h = 3 * h + EPS + 2.0
+                h = 3 * h + EPS + 2.0 * pi
                 h = scaled(h, self.scaling)
+                gain = self.scaling * 3
+
+                def gained(t):
+                    return t * gain
+
+                h = bounded(gained(h))
                 return h, self.gn(y)
         """
     )
@@ -247,10 +258,49 @@ def test_numbers_read_from_the_model_carry_what_each_frame_calls_them(write_mode
     assert _numbers(t.graph) == [
         ("add", "self.eps", ["self.eps", "self.norm.eps"]),  # in the norm, and as the block reaches it
         ("div", "math.sqrt(self.head_dim)", ["math.sqrt(self.head_dim)"]),
+        ("add", "EPS", ["EPS"]),  # a global of the module, which code may change after the model is built
         ("mul", "scaling", ["scaling", "self.scaling"]),  # the argument, and what the caller passed
+        ("mul", "gain", ["gain", "gain"]),  # a free variable, and the method's own that it is
+        ("clamp", "LO", ["LO", "LO"]),  # a global, in the function and in the method of the same module
+        ("clamp", "HI", ["HI", "HI"]),
+        ("sub", "by", ["bounded.__defaults__[0]", "by"]),  # an argument left at its default, as the caller reaches it
         ("group_norm", "self.num_groups", ["self.gn.num_groups"]),  # torch's own module
         ("group_norm", "self.eps", ["self.gn.eps"]),
-    ]  # `3 * h`, `EPS`, `2.0`, `pow(2)`, `mean(-1)`: literals and module constants stay in the kernel
+    ]  # `3 * h`, `2.0 * pi`, `pow(2)`, `mean(-1)`, `2.0`: literals and constants of libraries stay in the kernel
+
+
+def test_a_global_of_another_module_is_reached_through_the_module(write_model):
+    """A helper in another file of the model's reads its module's global: the caller, which imports
+    that module, reaches it as the module's attribute; a library's constant (`math`) is the caller's own."""
+    write_model(
+        """
+        import math
+        import torch
+
+        EPS = 1e-5
+
+        def norm(x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * math.sqrt(EPS)
+        """,
+        "norms.py",
+    )
+    path = write_model(
+        """
+        import math
+        import torch.nn as nn
+
+        import norms
+
+        class M(nn.Module):
+            def forward(self, x):
+                return norms.norm(x) + 1.0
+        """
+    )
+    t = _trace(path, "M", [InputSpec([2, 8])])
+    assert _numbers(t.graph) == [
+        ("add", "EPS", ["EPS", "norms.EPS"]),
+        ("mul", "math.sqrt(EPS)", ["math.sqrt(EPS)", "math.sqrt(norms.EPS)"]),
+    ]
 
 
 def test_a_cluster_with_named_numbers_replays_as_one_compiled_graph(write_model):

@@ -838,3 +838,224 @@ def test_generating_backward_kernels_leaves_no_files_behind(write_model, tmp_pat
     report = analyze_file(path, AnalyzeOptions(input_shapes=["3,5,1000"], dtypes=["float32"]))
     assert any(c.backward for m in report.models for c in m.clusters)
     assert list(scratch.iterdir()) == []
+
+
+# Clusters that take numbers of the model's state, each with other values than the analyzed instance's
+# for them.  A number the kernels take as an argument (`kernel=True`: a scale, an eps) keeps the kernels
+# running, forward and backward, with the caller's value; one that shapes them (a clamp's bounds, a group
+# count, an ignored class) sends the call to the reference.
+NUMBERS = [
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self, hd=128):
+                super().__init__()
+                self.hd = hd
+
+            def forward(self, scores):
+                return F.softmax(scores / self.hd ** 0.5, dim=-1)
+        """,
+        [("2,3,5,7", "float32")],
+        {"value0": 64**0.5},
+        True,
+        id="softmax-scale-of-another-head-width",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.LayerNorm(48, eps=1e-5)
+
+            def forward(self, x):
+                return F.gelu(self.norm(x))
+        """,
+        [("4,48", "float32")],
+        {"eps": 0.5},
+        True,
+        id="layer-norm-eps-row-recomputed",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.eps = 1e-6
+                self.weight = nn.Parameter(torch.ones(300))
+
+            def forward(self, x, y):
+                return F.rms_norm(x, x.shape[-1:], self.weight, self.eps) * torch.sigmoid(y)
+        """,
+        [("3,300", "float32"), ("3,300", "float32")],
+        {"eps": 0.7},
+        True,
+        id="rms-norm-eps-row-statistics-kept",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gain, self.lo, self.hi = 1.5, -0.5, 0.5
+
+            def forward(self, x):
+                return torch.clamp(x * self.gain, self.lo, self.hi).exp()
+        """,
+        [("4,33", "float32")],
+        {"gain": 0.75},
+        True,
+        id="scale-before-a-clamp",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gain, self.lo, self.hi = 1.5, -0.5, 0.5
+
+            def forward(self, x):
+                return torch.clamp(x * self.gain, self.lo, self.hi).exp()
+        """,
+        [("4,33", "float32")],
+        {"lo": -0.1, "hi": 0.9},
+        False,
+        id="clamp-bounds",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(3, 6)
+
+            def forward(self, x):
+                return self.norm(x) * 2.0
+        """,
+        [("2,6,3,5", "float32")],
+        {"num_groups": 2},
+        False,
+        id="group-count",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(3, 6)
+
+            def forward(self, x):
+                return self.norm(x) * 2.0
+        """,
+        [("2,6,3,5", "float32")],
+        {"eps": 0.5},
+        True,
+        id="group-norm-eps",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.temperature, self.ignored = 2.0, 3
+
+            def forward(self, logits, target):
+                return F.cross_entropy(logits / self.temperature, target, ignore_index=self.ignored)
+        """,
+        [("6,7", "float32"), ("6", "int64")],
+        {"ignored": 5},
+        False,
+        id="cross-entropy-ignore-index",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.temperature, self.ignored = 2.0, 3
+
+            def forward(self, logits, target):
+                return F.cross_entropy(logits / self.temperature, target, ignore_index=self.ignored)
+        """,
+        [("6,7", "float32"), ("6", "int64")],
+        {"temperature": 0.5},
+        True,
+        id="cross-entropy-temperature",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(7, 12, padding_idx=2)
+
+            def forward(self, ids):
+                return self.emb(ids) * 3.0
+        """,
+        [("4,5", "int64")],
+        {"padding_idx": 4},
+        False,
+        id="embedding-padding-row",
+    ),
+]
+
+
+@pytest.mark.parametrize("source, inputs, others, kernel", NUMBERS)
+def test_gradients_compute_with_the_numbers_the_forward_was_called_with(
+    write_model, monkeypatch, kernel_launches, source, inputs, others, kernel
+):
+    """The public function called with the analyzed numbers runs its kernels both ways; called with
+    others, it runs them with those (`kernel`) or the reference, and either way every gradient is eager
+    autograd's for the numbers it was called with, not for the analyzed ones."""
+    import inspect
+
+    module, cluster = _generated(write_model, source, inputs)
+    assert cluster.backward, cluster.backward_detail
+    assert set(others) <= {n.name for n in cluster.numbers}, cluster.numbers
+    launched = kernel_launches(module)
+    referenced: list[str] = []
+    for name in ("_cluster0_reference", "_cluster0_backward_reference"):
+        monkeypatch.setattr(module, name, _Called(getattr(module, name), name, referenced))
+    trained_by_kernels = any(name.startswith("_cluster0_backward") and "_kernel" in name for name in vars(module))
+    public = module.cluster0
+    defaults = {p.name: p.default for p in inspect.signature(public).parameters.values() if p.default is not p.empty}
+    gen = torch.Generator().manual_seed(4)
+    tensors = [  # the cluster's inputs: the model's, and its parameters
+        torch.randint(0, 7, info.shape, generator=gen)
+        if info.dtype == "int64"
+        else torch.randn(info.shape, generator=gen)
+        for info in cluster.inputs
+    ]
+    for numbers in (defaults, {**defaults, **others}):
+        launched.clear()
+        referenced.clear()
+        got = _gradients(public, tensors, numbers)
+        if kernel or numbers == defaults:  # the kernels, both ways
+            assert any("backward" not in k for k in launched), launched
+            # (Without a backward kernel, torch's code is the backward: an embedding's table's scatter.)
+            assert any("backward" in k for k in launched) == trained_by_kernels, launched
+            assert referenced == [], referenced
+        else:  # the model's own ops, under autograd
+            assert launched == [] and referenced == ["_cluster0_reference"], (launched, referenced)
+        want = _gradients(module._cluster0_reference.function, tensors, numbers)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _gradients(fn, tensors, numbers):
+    """The gradients of every floating tensor of `fn(*tensors, **numbers)`, for a seeded upstream one."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
+    out = fn(*leaves, **numbers)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    out.backward(upstream)
+    return [leaf.grad for leaf in leaves if leaf.requires_grad]
+
+
+class _Called:
+    """A function of the module that records its name at each call."""
+
+    def __init__(self, function, name: str, called: list[str]):
+        self.function, self.name, self.called = function, name, called
+
+    def __call__(self, *args, **kwargs):
+        self.called.append(self.name)
+        return self.function(*args, **kwargs)
