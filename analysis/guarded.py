@@ -59,10 +59,15 @@ def guarded(region: Region, alternatives: list[Alternative], lines: list[str], c
     if not alternatives:
         raise ValueError("no kernel to call")
     temps = _temporaries(region)
+    if temps and region.conditions:
+        # The `if`s are asked first (the arguments may need them: `self.norm.weight` where `self.norm` may
+        # be None), so where they fail the arguments computed in the question would not be there.
+        raise NoRegion("its code computes the kernel's inputs inside the `if`s it sits in")
     asked = _arguments(region, temps, bind=True)
     passed = _arguments(region, temps, bind=False)
+    paths = "".join(f"{condition} and " for condition in region.conditions)  # the `if`s the lines sit in
     questions = [
-        f"{a.call}.fits({', '.join(asked if k == 0 else passed)}{', module=self' if a.module else ''})"
+        f"{paths}{a.call}.fits({', '.join(asked if k == 0 else passed)}{', module=self' if a.module else ''})"
         for k, a in enumerate(alternatives)
     ]
     span = region.in_place
@@ -262,6 +267,10 @@ def _statements(
 
 def _indented(text: str, indent: str) -> str:
     """`text` (lines of code at `indent` or deeper) one level deeper, as the body of an `if`."""
-    if not text.strip():
+    lines = text.splitlines(keepends=True)
+    while lines and not lines[0].strip():  # what went ahead may leave blank lines at the top
+        lines.pop(0)
+    lines = [line for k, line in enumerate(lines) if line.strip() or (k and lines[k - 1].strip())]  # and twice
+    if not lines:
         return f"{indent}    pass\n"
-    return "".join(f"    {line}" if line.strip() else line for line in text.splitlines(keepends=True))
+    return "".join(f"    {line}" if line.strip() else line for line in lines)

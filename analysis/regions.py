@@ -73,6 +73,9 @@ class Region:
     # form runs them ahead of asking the kernels.
     ahead: list[Span] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)  # the names the function uses: new ones must differ
+    # The tests of the `if`s the cluster's ops are inside, as asked beside `fits` (the kernel stands for
+    # the branch the analyzed call took).
+    conditions: list[str] = field(default_factory=list)
 
     def rewrite_spans(
         self, name: str, lines: list[str], within: Span, arguments: list[str] | None = None, skip: Sequence[Span] = ()
@@ -144,7 +147,8 @@ def find_region(
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
     roots = _roots(spans, ast_of, graph, compute)
-    block, statements = _statements(function, roots)
+    placement = _statements(function, roots)
+    block, statements = placement.block, placement.statements
     unbiased = _unbiased_statements(roots, statements, block, spans, outputs)
     named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
     placed = [
@@ -155,7 +159,7 @@ def find_region(
     arguments = [text for text, _ in placed]
     arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}
-    region = _rewrite(graph, roots, outputs, block, statements, arguments, function, lines, file, rewritten)
+    region = _rewrite(graph, roots, outputs, placement, arguments, function, lines, file, rewritten)
     region.argument_spans = [span for _, span in placed] + [None] * len(numbers)
     region.biases = {span: _bias(span, roots, spans, graph, lines) for span in spans.unbiased}
     region.unbiased_statements = [
@@ -553,19 +557,95 @@ def _text(lines: list[str], span: Span) -> str:
 # ---- statements ------------------------------------------------------------------------------
 
 
-def _statements(function: ast.AST, roots: list[_Root]) -> tuple[list[ast.stmt], list[int]]:
-    """The block of sibling statements holding every root, and the index in it of each root's statement."""
+@dataclass
+class _Placement:
+    """Where the roots are: the block of sibling statements holding every root, the index in it of
+    each root's statement, each root's own statement (the block's, or one inside an `if` of the block),
+    and the tests of those `if`s with the branch the roots are in (True: its body)."""
+
+    block: list[ast.stmt]
+    statements: list[int]
+    inner: list[ast.stmt]
+    conditions: list[tuple[ast.expr, bool]] = field(default_factory=list)
+
+
+def _statements(function: ast.AST, roots: list[_Root]) -> _Placement:
+    """Where the roots are (`_Placement`): in one block of statements, or inside `if`s of one block,
+    each on the branch the analyzed call took."""
+    nested = []
     for block in _blocks(function):
-        found = []
-        for root in roots:
-            index = next((i for i, s in enumerate(block) if _within(root.node, s)), None)
-            if index is None:
-                break
-            found.append(index)
-        else:
-            if not any(isinstance(block[i], (ast.If, ast.For, ast.While, ast.With, ast.Try)) for i in found):
-                return block, found
-    raise NoRegion("its code is not in one block of statements")
+        found = [next((i for i, s in enumerate(block) if _within(root.node, s)), None) for root in roots]
+        if any(i is None for i in found):
+            continue
+        indices = [i for i in found if i is not None]
+        if not any(isinstance(block[i], _COMPOUND) for i in indices):
+            return _Placement(block, indices, [block[i] for i in indices])
+        nested.append((block, indices))
+    if not nested:
+        raise NoRegion("its code is not in one block of statements")
+    # Blocks holding every root nest in one another, outer first: the innermost holds them most closely.
+    block, indices = nested[-1]
+    inner: list[ast.stmt] = []
+    conditions: list[tuple[ast.expr, bool]] = []
+    for root, i in zip(roots, indices, strict=True):
+        statement, path = _inside_ifs(block[i], root)
+        inner.append(statement)
+        conditions += [c for c in path if not any(c[0] is d[0] for d in conditions)]
+    _check_branches_hold_only_roots(block, indices, inner)
+    return _Placement(block, indices, inner, conditions)
+
+
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+
+
+def _inside_ifs(statement: ast.stmt, root: _Root) -> tuple[ast.stmt, list[tuple[ast.expr, bool]]]:
+    """The root's own statement inside `statement`, and the tests of the `if`s around it with the branch
+    it is in; loops, `with`s and `try`s around it are refused: a call ahead of them would change when
+    (or in which context) the cluster's ops run."""
+    path: list[tuple[ast.expr, bool]] = []
+    while isinstance(statement, _COMPOUND):
+        if not isinstance(statement, ast.If):
+            kind = type(statement).__name__.lower().removeprefix("async")
+            raise NoRegion(f"its code is inside a `{kind}` statement (line {statement.lineno})")
+        branch = statement.body if any(_within(root.node, s) for s in statement.body) else statement.orelse
+        path.append((statement.test, branch is statement.body))
+        found = next((s for s in branch if _within(root.node, s)), None)
+        if found is None:
+            raise NoRegion(f"its code is in the test of the `if` on line {statement.lineno}")
+        statement = found
+    return statement, path
+
+
+def _check_branches_hold_only_roots(block: list[ast.stmt], indices: list[int], inner: list[ast.stmt]) -> None:
+    """Each `if` branch the roots are in holds nothing else: where the kernel runs, the whole `if` goes."""
+    own = {id(s) for s in inner}
+
+    def check(statement: ast.stmt) -> None:
+        if id(statement) in own or not isinstance(statement, ast.If):
+            return
+        holds = any(_within(r, s) for r in inner for s in statement.body)
+        for s in statement.body if holds else statement.orelse:
+            if id(s) not in own and not (isinstance(s, ast.If) and any(_within(r, s) for r in inner)):
+                raise NoRegion(f"line {s.lineno} runs code outside the cluster in the `if` on line {statement.lineno}")
+            check(s)
+
+    for i in set(indices):
+        check(block[i])
+
+
+def _untaken_branches(block: list[ast.stmt], indices: list[int], inner: list[ast.stmt]) -> list[Span | None]:
+    """The statements of the branches of the roots' `if`s that the roots are not in."""
+    spans: list[Span | None] = []
+    pending = [block[i] for i in set(indices)]
+    while pending:
+        statement = pending.pop()
+        if not isinstance(statement, ast.If) or any(statement is s for s in inner):
+            continue
+        holds = any(_within(r, s) for r in inner for s in statement.body)
+        taken, other = (statement.body, statement.orelse) if holds else (statement.orelse, statement.body)
+        spans += [_span(s) for s in other]
+        pending += taken
+    return spans
 
 
 def _blocks(function: ast.AST):
@@ -610,6 +690,9 @@ class _Rewrite:
     roots: list[_Root]
     statements: list[int]  # the block index of each root's statement
     call_at: int
+    inner: list[ast.stmt] = field(default_factory=list)  # each root's own statement (in an `if`, or the block's)
+    # The branches of those `if`s the analyzed call did not take: where the kernel runs, they do not.
+    untaken: list[Span | None] = field(default_factory=list)
     gone: dict[int, str] = field(default_factory=dict)
     unbiased: set[int] = field(default_factory=set)  # statements that stay, calling a convolution without its bias
     bound_late: dict[str, int] = field(default_factory=dict)  # an output name the call binds → where it was bound
@@ -619,13 +702,16 @@ class _Rewrite:
         """The statements with index in [lo, hi) that stay."""
         return [self.block[j] for j in range(lo, hi) if j not in self.gone]
 
+    def own(self, root: _Root) -> ast.stmt:
+        """The root's own statement."""
+        return self.inner[next(k for k, r in enumerate(self.roots) if r is root)]
+
 
 def _rewrite(
     graph: Graph,
     roots: list[_Root],
     outputs: list[int],
-    block: list[ast.stmt],
-    statements: list[int],
+    placement: _Placement,
     arguments: list[str],
     function: ast.AST,
     lines: list[str],
@@ -633,22 +719,28 @@ def _rewrite(
     unbiased: dict[int, str],
 ) -> Region:
     """`unbiased`: the roots whose statement stays, rewritten (root index -> the text of the root)."""
+    block, statements = placement.block, placement.statements
     placed = {root.value: (root, i) for root, i in zip(roots, statements, strict=True)}
     for value in outputs:
         if value not in placed:
             raise NoRegion(f"a value the cluster computes inside line {graph[value].line or 0} is used elsewhere too")
-    plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs))
+    plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs), placement.inner)
+    plan.untaken = _untaken_branches(block, statements, placement.inner)
     for k, text in unbiased.items():
         root, i = roots[k], statements[k]
         plan.edits.append((_span(root.node) or (0, 0, 0, 0), text.replace("{", "{{").replace("}", "}}")))
         plan.unbiased.add(i)
         name = _target_of(root, block[i])
-        if _read_later(block, i, name, [_span(r.node) for r in roots], function):
+        if _read_later(block, i, name, [_span(r.node) for r in roots] + plan.untaken, function):
             raise NoRegion(f"`{name}` is assigned on line {block[i].lineno} and used outside the cluster")
     for k, (root, i) in enumerate(zip(roots, statements, strict=True)):
         if k in unbiased:
             continue
-        if root.value not in outputs:
+        if isinstance(block[i], ast.If):
+            plan.gone[i] = _target_of(root, plan.inner[k]) or plan.gone.get(i, "")  # the whole `if` goes
+            if not plan.gone[i]:
+                raise NoRegion(f"a value the cluster computes on line {plan.inner[k].lineno} is not named")
+        elif root.value not in outputs:
             name = _target_of(root, block[i])
             if not name:
                 raise NoRegion(f"an intermediate value on line {block[i].lineno} is not named")
@@ -661,11 +753,13 @@ def _rewrite(
     _check_late_bindings(plan)
     _check_dropped_names(plan, outputs, function)
     ahead = _statements_ahead(plan)
+    _check_conditions_ahead(plan, placement.conditions)
     first, last = block[min(statements)], block[max(statements)]
     region = Region(
         file, getattr(function, "name", ""), first.lineno, last.end_lineno or last.lineno, arguments, names, plan.edits
     )
     region.ahead = ahead
+    region.conditions = [_condition(test, taken, lines) for test, taken in placement.conditions]
     region.taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     region.taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
     return region
@@ -678,6 +772,11 @@ def _call_in_place(plan: _Rewrite, output: tuple[_Root, int]) -> list[str]:
     if any(j > i for j in plan.statements):
         raise NoRegion(f"code after line {plan.block[i].lineno} feeds the cluster's result")
     statement = plan.block[i]
+    if isinstance(statement, ast.If):  # the `if` that computes it goes whole: the call binds its name
+        name = plan.gone[i]
+        plan.edits.append((_span(statement) or (0, 0, 0, 0), f"{name} = {{call}}"))
+        plan.edits += [(_span(plan.block[j]) or (0, 0, 0, 0), "") for j in plan.gone if j != i]
+        return [name]
     updated = _updated_in_place(root, statement)
     if updated is not None:  # `x /= s`: the kernel's result is a new tensor, bound to the name updated
         plan.edits.append((_span(statement) or (0, 0, 0, 0), f"{updated} = {{call}}"))
@@ -707,7 +806,9 @@ def _call_binding(plan: _Rewrite, outputs: list[tuple[_Root, int]], function: as
     taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
     names: list[str] = []
     for k, (root, i) in enumerate(outputs):
-        name = _target_of(root, plan.block[i])
+        name = _target_of(root, plan.own(root))
+        if isinstance(plan.block[i], ast.If) and (not name or name in names):
+            raise NoRegion(f"a value the cluster computes inside the `if` on line {plan.block[i].lineno} is not named")
         if name and name not in names:
             plan.gone[i] = name
             if i != plan.call_at:
@@ -758,7 +859,7 @@ def _internal_names(plan: _Rewrite, i: int, reads: set[str]) -> set[str]:
         for j in range(i - 1, min(plan.statements) - 1, -1):
             if name in _stored(plan.block[j]):
                 if j in plan.statements and any(
-                    _target_of(r, plan.block[j]) == name
+                    _target_of(r, plan.own(r)) == name
                     for r, k in zip(plan.roots, plan.statements, strict=True)
                     if k == j
                 ):
@@ -783,6 +884,39 @@ def _statements_ahead(plan: _Rewrite) -> list[Span]:
     return [_span(statement) or (0, 0, 0, 0) for statement in plan.kept(lo, plan.call_at)]
 
 
+def _check_conditions_ahead(plan: _Rewrite, conditions: list[tuple[ast.expr, bool]]) -> None:
+    """The tests of the `if`s the cluster's ops are inside are asked ahead of the lines, beside the
+    kernel's `fits`: each must read there what it read where it stood, so no statement before its `if`
+    that goes, nor one that stays but runs ahead of the question from after it, may bind a name it reads."""
+    for test, _ in conditions:
+        reads = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        if any(isinstance(n, ast.NamedExpr) for n in ast.walk(test)):
+            raise NoRegion(f"the test on line {test.lineno} assigns a name")
+        at = next(
+            j
+            for j in range(len(plan.block))
+            if _contains(_span(plan.block[j]) or (0, 0, 0, 0), _span(test) or (0, 0, 0, 0))
+        )
+        before = [plan.block[j] for j in plan.gone if j < at]
+        after = plan.kept(at + 1, plan.call_at)
+        for statement in before + after:
+            clash = _stored(statement) & reads
+            if clash:
+                raise NoRegion(
+                    f"`{sorted(clash)[0]}`, which the test on line {test.lineno} reads, is assigned on line "
+                    f"{statement.lineno}: nothing ahead of the lines can ask the test"
+                )
+
+
+def _condition(test: ast.expr, taken: bool, lines: list[str]) -> str:
+    """The test as the question beside `fits` asks it: as written, or negated for an `else` branch."""
+    text = _text(lines, _span(test) or (0, 0, 0, 0))
+    simple = isinstance(test, (ast.Name, ast.Attribute, ast.Call, ast.Compare, ast.Subscript))
+    if taken:
+        return text if simple else f"({text})"
+    return f"not {text}" if simple and not isinstance(test, ast.Compare) else f"not ({text})"
+
+
 def _check_late_bindings(plan: _Rewrite) -> None:
     """An output the call binds before the line that bound it: code in between saw the old value."""
     for name, i in plan.bound_late.items():
@@ -794,9 +928,9 @@ def _check_late_bindings(plan: _Rewrite) -> None:
 def _check_dropped_names(plan: _Rewrite, outputs: list[int], function: ast.AST) -> None:
     """A name bound to an intermediate, whose statement goes, must not be read outside the cluster's
     own expressions before it is bound again."""
-    inside = [_span(root.node) for root in plan.roots]
+    inside = [_span(root.node) for root in plan.roots] + plan.untaken
     for j, name in plan.gone.items():
-        if name in plan.bound_late or (j == plan.call_at and len(outputs) > 1):
+        if name in plan.bound_late or j == plan.call_at:
             continue  # an output: the call binds it
         if _read_later(plan.block, j, name, inside, function):
             raise NoRegion(f"`{name}` is assigned on line {plan.block[j].lineno} and used outside the cluster")

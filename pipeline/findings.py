@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import linecache
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fuselens.analysis import cost, places, sourcemap
@@ -106,10 +106,12 @@ def findings(
 
 
 def _refuse_regions_other_calls_need(found: list[Found]) -> None:
-    """A region is code of a function, and a kernel call written there runs in every call of it.  Where
-    a call runs the region's lines and computes other ops there (a layer whose `self.activation` is
-    `nn.Identity()` in another instance), the kernel would change what that call computes: no call is
-    offered there.  (A call that computes the same ops, fused otherwise, is fine.)"""
+    """A region is code of a function, and the rewrite written there runs in every call of it.  Where a
+    call runs the region's lines and computes other ops there (a layer whose `self.activation` is
+    `nn.Identity()` in another instance, or `None`), a kernel must not stand for them: that is fine
+    where its `fits` tells that call apart (a module the lines call is of another class or set up
+    otherwise, or an `if` the lines sit in went the other way), and the rewrite runs the lines there;
+    otherwise no call is offered.  (A call that computes the same ops, fused otherwise, is fine.)"""
     by_region: dict[tuple, list[Found]] = {}
     for f in found:
         region = f.mapping.region
@@ -117,33 +119,83 @@ def _refuse_regions_other_calls_need(found: list[Found]) -> None:
             by_region.setdefault((id(f.graph), region.file, region.first, region.last), []).append(f)
     for (_, file, first, last), group in by_region.items():
         graph = group[0].graph
-        ops_by_call: dict[int, list[str]] = {}  # invocation -> the fusable ops the region's lines run there
-        owners: dict[int, str] = {}
-        for node in graph:
-            if not node.cls.absorbable:
-                continue
-            for frame in node.stack:
-                if frame.file == file and first <= frame.line <= last:
-                    ops_by_call.setdefault(frame.invocation, []).append(node.op)
-                    owners.setdefault(frame.invocation, frame.owner)
-                    break
-        held = [p.invocation for f in group if (p := places.common_place(graph, f.plan.compute))]
-        computed = {" → ".join(ops_by_call.get(i, [])) for i in held}
+        calls = _calls_running(graph, file, first, last)
         span = f"line {first}" if first == last else f"lines {first}–{last}"
-        other = [i for i in ops_by_call if i not in held and " → ".join(ops_by_call[i]) not in computed]
-        if other:
-            owner = owners[other[0]] or "the model"
-            detail = (
-                f"{span} also run in `{owner}`, where they compute something else: a kernel call there would change it"
-            )
-        elif len(computed) > 1:
-            detail = f"{span} compute {' in one call and '.join(sorted(computed))} in another: one kernel call cannot stand for both"
-        else:
+        detail = ""
+        for f in group:
+            place = places.common_place(graph, f.plan.compute)
+            own = calls.get(place.invocation) if place is not None else None
+            if own is None:
+                continue
+            for invocation, other in calls.items():
+                if other.ops == own.ops or _told_apart(graph, f, own, other):
+                    continue
+                if invocation in [p.invocation for g in group if (p := places.common_place(graph, g.plan.compute))]:
+                    detail = f"{span} compute {own.chain} in one call and {other.chain} in another: one kernel call cannot stand for both"
+                else:
+                    detail = f"{span} also run in `{other.owner or 'the model'}`, where they compute something else: a kernel call there would change it"
+                break
+            if detail:
+                break
+        if not detail:
             continue
         for f in group:
             f.mapping.region = None
             f.mapping.quality = "pointer"
             f.mapping.detail = f"{f.mapping.detail}; {detail}" if f.mapping.detail.startswith("its code is") else detail
+
+
+@dataclass
+class _Call:
+    """What one call of a function runs on a region's lines."""
+
+    owner: str  # the module path of its `self`
+    ops: list[str] = field(default_factory=list)  # the fusable ops, in order
+    lines: set[int] = field(default_factory=set)  # the lines they ran on
+
+    @property
+    def chain(self) -> str:
+        return " → ".join(self.ops)
+
+
+def _calls_running(graph: Graph, file: str, first: int, last: int) -> dict[int, _Call]:
+    """Each call (invocation) of the function whose lines `first`..`last` of `file` ran fusable ops."""
+    calls: dict[int, _Call] = {}
+    for node in graph:
+        if not node.cls.absorbable:
+            continue
+        for frame in node.stack:
+            if frame.file == file and first <= frame.line <= last:
+                call = calls.setdefault(frame.invocation, _Call(frame.owner))
+                call.ops.append(node.op)
+                call.lines.add(frame.line)
+                break
+    return calls
+
+
+def _told_apart(graph: Graph, f: Found, own: _Call, other: _Call) -> bool:
+    """Whether the kernel's `fits` answers no for the other call: a module its lines call is of another
+    class, set up otherwise or in another mode there, or the `if`s the lines sit in went another way
+    (the other call ran ops on other lines of the region)."""
+    region = f.mapping.region
+    if region is None:
+        return False
+    for module in region.checks:
+        mine, theirs = (
+            f"{o}.{module.path}" if o and module.path else (module.path or o) for o in (own.owner, other.owner)
+        )
+        if module.path and graph.module_classes.get(mine) != graph.module_classes.get(theirs):
+            return True
+        if module.mode is not None and graph.module_training.get(mine) != graph.module_training.get(theirs):
+            return True
+        if module.path:
+            settings = [
+                {k: v for k, v in graph.module_settings.get(m, {}).items() if k not in module.taken}
+                for m in (mine, theirs)
+            ]
+            if settings[0] != settings[1]:
+                return True
+    return bool(region.conditions) and own.lines != other.lines
 
 
 def _signature(f: Found):
