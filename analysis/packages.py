@@ -150,6 +150,8 @@ def _from_module(path: str) -> Package | None:
     known = getattr(module, "__file__", None)
     if not locations and isinstance(known, str) and os.path.abspath(known) == path:
         return Package(top, os.path.dirname(path))  # a single-module library
+    if top in TOOLCHAIN:  # its folders mapped elsewhere (an editable install's `package-dir`): still the toolchain
+        return Package(top, os.path.dirname(path))
     return None
 
 

@@ -64,7 +64,10 @@ def why_unlowered(graph: Graph, node: Node, describe: Callable[[Node], str]) -> 
     shape = f"[{', '.join(map(str, x.meta.shape))}]" if x is not None and x.meta is not None else ""
     of, tensor = (f" of a {shape} tensor", f"a {shape} tensor") if shape else ("", "its input")
     if node.op in _POOLS:
-        sentence = f"{what} reduces windows{of} over its spatial dims; a kernel here reduces a row's trailing dims"
+        sentence = (
+            f"{what} reduces windows{of} over its spatial dims in a way no kernel here computes "
+            "(windows that run past the edge with `ceil_mode`, or adaptive ones of more than one element)"
+        )
         spatial = int(node.op[-2]) if node.op.endswith("d") and node.op[-2].isdigit() else 0
         if node.op.startswith("adaptive_avg_pool") and spatial and _one_value_a_channel(node, spatial):
             dims = ", ".join(str(-d) for d in range(spatial, 0, -1))

@@ -605,17 +605,14 @@ def test_a_library_patch_passes_the_numbers_the_library_reads_from_its_module(tm
 
     import torch
 
-    from fuselens.analysis import capture
-
     if os.environ.get("TRITON_INTERPRET", "1") != "1":
         pytest.skip("TRITON_INTERPRET is set to something else than 1 in the environment")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    packages = tmp_path / "site-packages"  # an installed library: where fuselens looks for one
+    packages = tmp_path / "site-packages"  # an installed library: a folder on the path outside the project
     (packages / "toylib_numbers").mkdir(parents=True)
     (packages / "toylib_numbers" / "__init__.py").write_text("")
     (packages / "toylib_numbers" / "layers.py").write_text(TOY_LIBRARY)
     monkeypatch.syspath_prepend(str(packages))
-    monkeypatch.setattr(capture, "_PACKAGE_DIRS", (*capture._PACKAGE_DIRS, str(packages)))
     for name in ("toylib_numbers", "toylib_numbers.layers"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     project = tmp_path / "project"

@@ -96,29 +96,21 @@ def _candidates(path: str, spec: InputSpec) -> set[tuple[str, int]]:
 # name -> (the forward's body, the op left out, its reason, what its sentence says to write, the forward
 # written so, the op that then joins a cluster)
 REWRITES = {
-    "max-values": (
-        "return torch.max(x * 2, -1).values.exp()",
-        "max",
+    "var-mean": (
+        "v, m = torch.var_mean(x * 2, -1)\n        return v + m",
+        "var_mean",
         "no-lowering",
-        "`torch.amax(x, dim)`",
-        "return torch.amax(x * 2, -1).exp()",
+        "`torch.var(x, dim)` and `x.mean(dim)` apart",
+        "v, m = torch.var(x * 2, -1), (x * 2).mean(-1)\n        return v + m",
+        "var",
+    ),
+    "aminmax": (
+        "a, b = torch.aminmax(x * 2, dim=-1)\n        return a * b",
+        "aminmax",
+        "no-lowering",
+        "`torch.amin(x, dim)` and `torch.amax(x, dim)` apart",
+        "return torch.amin(x * 2, -1) * torch.amax(x * 2, -1)",
         "amax",
-    ),
-    "global-pooling": (
-        "return F.adaptive_avg_pool2d(x.relu(), 1) * 2",
-        "adaptive_avg_pool2d",
-        "reduction",
-        "`x.mean((-2, -1), keepdim=True)`",
-        "return x.relu().mean((-2, -1), keepdim=True) * 2",
-        "mean",
-    ),
-    "view-between-two-ops": (
-        "y = (x * 2).view(4, 2, 4)\n        return y.relu()",
-        "mul",
-        "view",
-        "taking the view before the first op",
-        "y = x.view(4, 2, 4) * 2\n        return y.relu()",
-        "mul",
     ),
 }
 
