@@ -37,6 +37,8 @@ Span = tuple[int, int, int, int]  # (line, col, end line, end col): 1-based line
 
 # Ops whose call never needs to stay outside a kernel's call: they move no data.
 _FREE = frozenset({"dropout", "to_same", "detach", "contiguous", "alias"})
+# Those that give their operand itself, in any mode and for gradients too.
+_THE_SAME = frozenset({"to_same", "contiguous", "alias"})
 
 # Convolutions, whose bias add a cluster can take in; and the modules whose call is only theirs.
 _CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d"})
@@ -159,7 +161,7 @@ def find_region(
     arguments = [text for text, _ in placed]
     arguments += [_number_argument(text, at, invocation, function) for text, at in numbers]
     rewritten = {k: _without_bias(_span(roots[k].node) or (0, 0, 0, 0), roots, spans, graph, lines) for k in unbiased}
-    region = _rewrite(graph, roots, outputs, placement, arguments, function, lines, file, rewritten)
+    region = _rewrite(graph, roots, outputs, placement, arguments, function, lines, file, rewritten, spans)
     region.argument_spans = [span for _, span in placed] + [None] * len(numbers)
     region.biases = {span: _bias(span, roots, spans, graph, lines) for span in spans.unbiased}
     region.unbiased_statements = [
@@ -437,6 +439,15 @@ def _argument(
         name = graph[member].names_at.get(invocation, {}).get(value)
         if name is not None:
             return _through_dropout(name, roots, lines)
+    if span is not None and node.op in _THE_SAME and node.inputs:
+        # A cast to the dtype it already has (`x.to(torch.float32)` of a float32 `x`), a `contiguous()` of a
+        # contiguous tensor: the kernel takes the operand, which its `fits` holds to the analyzed dtype,
+        # where the cast changes nothing (and the kernel reads any strides).
+        operand = node.inputs[0]
+        name = node.names_at.get(invocation, {}).get(operand)
+        if name is not None:
+            return name, None
+        return _argument(operand, roots, spans, members | {value}, graph, lines, invocation)
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
@@ -717,6 +728,7 @@ def _rewrite(
     lines: list[str],
     file: str,
     unbiased: dict[int, str],
+    spans: _Spans,
 ) -> Region:
     """`unbiased`: the roots whose statement stays, rewritten (root index -> the text of the root)."""
     block, statements = placement.block, placement.statements
@@ -745,6 +757,7 @@ def _rewrite(
             if not name:
                 raise NoRegion(f"an intermediate value on line {block[i].lineno} is not named")
             plan.gone[i] = name
+    conditions = placement.conditions + _ifs_not_taken(plan, spans)
     if len(outputs) == 1:
         names = _call_in_place(plan, placed[outputs[0]])
     else:
@@ -753,13 +766,13 @@ def _rewrite(
     _check_late_bindings(plan)
     _check_dropped_names(plan, outputs, function)
     ahead = _statements_ahead(plan)
-    _check_conditions_ahead(plan, placement.conditions)
+    _check_conditions_ahead(plan, conditions)
     first, last = block[min(statements)], block[max(statements)]
     region = Region(
         file, getattr(function, "name", ""), first.lineno, last.end_lineno or last.lineno, arguments, names, plan.edits
     )
     region.ahead = ahead
-    region.conditions = [_condition(test, taken, lines) for test, taken in placement.conditions]
+    region.conditions = [_condition(test, taken, lines) for test, taken in conditions]
     region.taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     region.taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
     return region
@@ -882,6 +895,25 @@ def _statements_ahead(plan: _Rewrite) -> list[Span]:
         )
     lo = min(plan.statements)
     return [_span(statement) or (0, 0, 0, 0) for statement in plan.kept(lo, plan.call_at)]
+
+
+def _ifs_not_taken(plan: _Rewrite, spans: _Spans) -> list[tuple[ast.expr, bool]]:
+    """An `if` without an `else` between the cluster's ops whose body ran no op (T5's norm casts to the
+    weight's dtype only for half-precision weights): where its test is false, the body does not run,
+    so the rewrite asks for that beside `fits` and leaves the `if` out where the kernel runs.  (Had the
+    body run code of no op at all, the test is true and the lines run: nothing is lost.)"""
+    ran = list(spans.of.values())
+    found = []
+    for j in range(min(plan.statements), max(plan.statements) + 1):
+        statement = plan.block[j]
+        if j in plan.gone or j in plan.unbiased or not isinstance(statement, ast.If) or statement.orelse:
+            continue
+        body = (statement.body[0].lineno, 0, statement.end_lineno or statement.lineno, 1 << 30)
+        if not any(_contains(body, span) for span in ran):
+            plan.gone[j] = ""
+            plan.untaken += [_span(s) for s in statement.body]
+            found.append((statement.test, False))
+    return found
 
 
 def _check_conditions_ahead(plan: _Rewrite, conditions: list[tuple[ast.expr, bool]]) -> None:
