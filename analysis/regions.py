@@ -49,6 +49,15 @@ class NoRegion(Exception):
     """No code can be replaced by the cluster's call; the message says why, for the user."""
 
 
+class MixedCall(NoRegion):
+    """A call at the cluster's common frame also runs ops outside the cluster: `inside` are the cluster's
+    ops that call runs, which may be a cluster of their own, in the called code."""
+
+    def __init__(self, message: str, inside: set[int]):
+        super().__init__(message)
+        self.inside = inside
+
+
 @dataclass
 class Region:
     """What one call of the kernel replaces: lines `first`..`last` of `file`, inside `function`."""
@@ -227,7 +236,10 @@ class _Spans:
                 self.unbiased[span] = others[0]
             elif others:
                 op = graph[others[0]]
-                raise NoRegion(f"the call on line {span[0]} also runs `{op.op}`, which is not part of the cluster")
+                raise MixedCall(
+                    f"the call on line {span[0]} also runs `{op.op}`, which is not part of the cluster",
+                    set(self.cluster[span]),
+                )
 
 
 def _free(node: Node) -> bool:

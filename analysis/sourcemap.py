@@ -30,7 +30,7 @@ from fuselens.contracts.report import Mapping as MappingQuality
 from .graph import Graph, Node
 from .packages import model_library
 from .places import common_place
-from .regions import NoRegion, Region, find_region
+from .regions import MixedCall, NoRegion, Region, find_region
 
 
 @dataclass
@@ -41,6 +41,9 @@ class Mapping:
     function: str = ""
     lines: tuple[int, int] = (0, 0)
     region: Region | None = None  # the code one call of the kernel replaces (in a library's file, too)
+    # Where a call there also runs other ops: the cluster's ops it runs (a cluster of their own may fit
+    # the called code).
+    inside: set[int] | None = None
 
 
 class SourceIndex:
@@ -106,6 +109,7 @@ def map_cluster(
             graph, compute, members, inputs, outputs, place.invocation, fn, index.lines, place.file, numbers
         )
     except NoRegion as exc:
+        base.inside = exc.inside if isinstance(exc, MixedCall) else None
         return _with(base, f"{elsewhere}; {exc}" if elsewhere else str(exc))
     base.region = region
     base.lines = (region.first, region.last)

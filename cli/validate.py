@@ -121,7 +121,12 @@ def render_validation(report: ValidationReport, console: Console) -> None:
             detail = m.message or (f"max |err| {_err(m.max_abs)}" if m.max_abs is not None else "")
             applied = ", ".join(m.applied) or "none"
             outcome = f"[{style}]{escape(m.status)}[/] {escape(detail)}"
-            console.print(f"  whole model with {escape(applied)} applied: {outcome}")
+            launches = f" ({m.kernel_launches} kernel launches)" if m.kernel_launches is not None else ""
+            console.print(f"  whole model with {escape(applied)} applied{launches}: {outcome}")
+            for what, extra in (("in training mode", m.training), ("at other sizes", m.other_shapes)):
+                if extra is not None:
+                    style = {"matches": "green", "skipped": "yellow"}.get(extra.status, "bold red")
+                    console.print(f"    {what}: [{style}]{escape(extra.status)}[/] {escape(extra.message)}")
             if m.speedup:
                 console.print(f"  whole-model speedup: {m.speedup:.2f}×")
         console.print()

@@ -7,7 +7,7 @@ from typing import Any
 
 from .plain import to_plain
 
-VALIDATION_SCHEMA_VERSION = 1
+VALIDATION_SCHEMA_VERSION = 2
 
 # The problem a validation without the interpreter reports on a machine without CUDA.
 NO_CUDA = "no CUDA device here"
@@ -103,6 +103,11 @@ class ModelCheck:
     patched_us: float | None = None  # the same with every exact cluster applied
     speedup: float | None = None  # eager_us / patched_us
     amdahl_speedup: float | None = None  # whole forward if every cluster (all instances) were fused
+    # The same model in training mode (outputs, every parameter's gradient, the running statistics a
+    # step leaves), and in eval mode at inputs of other sizes; None where not checked.
+    training: ModelCheck | None = None
+    other_shapes: ModelCheck | None = None
+    kernel_launches: int | None = None  # the kernel calls the patched forward made (eval, the checked inputs)
 
 
 @dataclass
@@ -231,9 +236,16 @@ def whole_model_line(model: ModelValidation) -> str:
     """What the whole-model check found, in a line under the table ("" when it did not run)."""
     if model.model is None:
         return ""
-    line = f"whole model with {', '.join(model.model.applied) or 'nothing'} applied: {model.model.status}"
-    if model.model.speedup:
-        line += f", {model.model.speedup:.2f}× eager"
+    m = model.model
+    line = f"whole model with {', '.join(m.applied) or 'nothing'} applied: {m.status}"
+    if m.kernel_launches is not None:
+        line += f" ({m.kernel_launches} kernel launches)"
+    if m.training is not None:
+        line += f"; training: {m.training.status}"
+    if m.other_shapes is not None:
+        line += f"; other sizes: {m.other_shapes.status}"
+    if m.speedup:
+        line += f", {m.speedup:.2f}× eager"
     return line
 
 

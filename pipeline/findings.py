@@ -15,7 +15,7 @@ from typing import Any
 from fuselens.analysis import cost, places, sourcemap
 from fuselens.analysis import patterns as patterns_mod
 from fuselens.analysis.capture import Trace
-from fuselens.analysis.detect import Detection, Split, detect
+from fuselens.analysis.detect import Detection, Group, Rejected, Split, detect
 from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
@@ -64,12 +64,15 @@ def findings(
         detection: Detection = detect(graph, check)
         path_found = []
         for position, group in enumerate(detection.clusters):
-            plan = plan_cluster(graph, group.members)
+            plan, mapping = _planned(graph, group, source)
+            if mapping.region is None and _BIAS_KEPT in mapping.detail:
+                smaller = _without_the_bias(graph, group, mapping.detail, detection)
+                if smaller is not None:
+                    group = smaller
+                    plan, mapping = _planned(graph, group, source)
             inputs = [s.node for s in plan.inputs]
             outputs = [o.node for o in returned_outputs(plan)]
             unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
-            numbers = [(n.text, n.at) for n in plan.scalars]
-            mapping = sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
             path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits, index, position))
         path_rejected = [(graph, r, note) for r in detection.rejected]
         path_matches = [(graph, m, note) for m in patterns_mod.find_patterns(graph)]
@@ -103,6 +106,39 @@ def findings(
     saved = [c.bytes_saved * c.multiplicity for c in model.clusters if c.bytes_saved is not None and not c.branch]
     model.totals.bytes_avoidable = sum(saved)
     return [group[0] for group in groups]
+
+
+def _planned(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping]:
+    """The cluster's kernel plan, and where its code is."""
+    plan = plan_cluster(graph, group.members)
+    inputs = [s.node for s in plan.inputs]
+    outputs = [o.node for o in returned_outputs(plan)]
+    numbers = [(n.text, n.at) for n in plan.scalars]
+    return plan, sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
+
+
+# What the source map says of a convolution whose bias add joined the cluster but whose call the code
+# cannot make without its bias (a module of the library's own that holds the convolution).
+_BIAS_KEPT = "adds its bias in the cluster, but"
+
+
+def _without_the_bias(graph: Graph, group: Group, why: str, detection: Detection) -> Group | None:
+    """The cluster without the bias add of a convolution whose call must keep its bias: its other ops,
+    where they are still one kernel (the bias add is then left out, with why)."""
+    biases = [
+        m for m in group.members if graph[m].op == "add" and any(graph[i].op in _CONVOLUTIONS for i in graph[m].inputs)
+    ]
+    if len(biases) != 1:
+        return None
+    rest = set(group.members) - set(biases)
+    if not any(graph[m].cls.absorbable for m in rest) or not check(graph, frozenset(rest))[0]:
+        return None
+    detail = why.split("; ")[-1]
+    detection.rejected.append(Rejected(biases[0], "layer-boundary", f"{detail}: the bias stays with it"))
+    return Group(rest, group.splits)
+
+
+_CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d"})
 
 
 def _refuse_regions_other_calls_need(found: list[Found]) -> None:

@@ -93,7 +93,10 @@ def test_validate_interpret_checks_every_kernel_and_the_whole_model(tmp_path):
     # Each kernel's row: the forward verified, then its backward kernel's gradients.
     lines = [line for line in done.stdout.splitlines() if re.match(r"│ c\d+ ", line)]
     assert len(lines) == 3 and all(line.count("verified") == 2 for line in lines), done.stdout
-    assert "whole model with c0, c1, c2 applied: matches" in done.stdout
+    # The patched model as a whole, its three kernels running: eval, a training step, other sizes.
+    assert "whole model with c0, c1, c2 applied (3 kernel launches): matches" in done.stdout
+    assert "    in training mode: matches one step (outputs, 4 gradient(s)" in done.stdout
+    assert "    at other sizes: matches at [129, 1024]" in done.stdout
 
 
 def test_validate_html_writes_the_table_the_chart_and_the_earlier_runs_in_one_page(tmp_path):

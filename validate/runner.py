@@ -17,7 +17,6 @@ Kernels run in the Triton interpreter on CPU (`interpret=True`) or on CUDA.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import os
 import sys
@@ -41,9 +40,10 @@ from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .gradients import check_gradients, time_training
-from .numerics import NARROW, TF32, as_accurate_as_eager, compare, narrowest
+from .numerics import compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
+from .whole import check_patched_model, other_sizes
 
 
 @dataclass
@@ -187,11 +187,13 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
                 progress(f"{model.name}: timing {cluster.id}'s training step", None)
                 check_.backward.timing = time_training(kernel, found[0], run.kernels, options.seed)
         result.clusters.append(check_)
-    exact = [c.id for c, _ in chosen if c.mapping == "exact" and c.edit is not None and not c.branch]
+    applied = [
+        c.id for c, _ in chosen if (c.mapping == "exact" and c.edit is not None and not c.branch) or c.patch is not None
+    ]
     precision = narrowest(
         [getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype] + [i.dtype for i in inputs]
     )
-    result.model = _check_model(run, exact, inputs, precision)
+    result.model = _check_model(run, applied, inputs, precision)
     if timing:
         _time_model(result, real, inputs)
     return result
@@ -379,92 +381,43 @@ def _kernel_error(exc: Exception) -> str:
 
 
 def _check_model(
-    run: _ModelRun, exact: list[str], inputs: list[torch.Tensor], precision: torch.dtype | None
+    run: _ModelRun, applied: list[str], inputs: list[torch.Tensor], precision: torch.dtype | None
 ) -> ModelCheck:
-    """Patch every exact cluster into a copy of the file; its model must give the original's outputs."""
-    if not exact:
-        return ModelCheck("skipped", message="no cluster maps exactly, so nothing can be patched in")
-    path = run.analysis.file
-    patched = edits_mod.apply_line_edits(run.text, edits_mod.cluster_edits(run.text, run.analysis, exact))
-    patched_path = os.path.join(run.tmp, os.path.basename(path))
-    with open(patched_path, "w", encoding="utf-8") as fh:
-        fh.write(patched)
-    kernel_module = os.path.splitext(os.path.basename(edits_mod.kernel_module_path(path)))[0]
-    sys.modules.pop(kernel_module, None)  # the patched file must import the module just generated
-    try:
-        patched_module = loader.import_file(patched_path, capture.UserCode())
-    except loader.LoadError as exc:
-        return ModelCheck("error", exact, message=f"the patched file does not import: {exc}")
-    finally:
-        if run.tmp in sys.path:
-            sys.path.remove(run.tmp)
+    """Apply every cluster that applies (edits and library patches) to a copy of the file; its model must
+    compute what the original does (`whole.check_patched_model`)."""
+    if not applied:
+        return ModelCheck("skipped", message="no cluster applies, so nothing can be patched in")
     seed = run.options.seed
-    original = run.subject.real(seed, run.user_code)
-    fused = run.subject.patched(patched_module, seed, run.user_code)
-    fused.load_state_dict(original.state_dict())
-    original, fused = original.to(run.device), fused.to(run.device)
-    with torch.no_grad():
-        want = original(*inputs)
-        try:
-            got = fused(*inputs)
-        except Exception as exc:
-            return ModelCheck("error", exact, message=f"the patched model failed: {type(exc).__name__}: {exc}")
-    check_ = _compare_outputs(got, want, precision, exact, run.device)
-    if check_.status == "mismatch" and precision in NARROW:
-        check_ = _against_float64(original, inputs, got, want, check_)
-    if run.options.benchmark and run.device == "cuda" and check_.status == "matches":
-        from .gpu import time_each_us
 
-        with torch.no_grad():
-            times = time_each_us({"eager": lambda: original(*inputs), "patched": lambda: fused(*inputs)})
-        check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
-        check_.speedup = round(check_.eager_us / check_.patched_us, 3)
-    return check_
+    def build(module: ModuleType | None) -> torch.nn.Module:
+        if module is None:
+            return run.subject.real(seed, run.user_code)
+        return run.subject.patched(module, seed, run.user_code)
 
-
-def _against_float64(
-    original: torch.nn.Module, inputs: list[torch.Tensor], got: Any, want: Any, check_: ModelCheck
-) -> ModelCheck:
-    """`check_`, a narrow model's mismatch with eager, judged again by accuracy: "matches" when every
-    output of the patched model is as close to the model run in float64 as eager's is
-    (`numerics.as_accurate_as_eager`); `check_` unchanged when the model cannot run in float64."""
-    try:
-        exact_model = copy.deepcopy(original).to(torch.float64)
-        wide = [t.to(torch.float64) if t.is_floating_point() else t for t in inputs]
-        with torch.no_grad():
-            exact = capture.tensors_in(exact_model(*wide))
-    except (RuntimeError, TypeError, ValueError):  # a dtype it insists on, or no memory for the copy
-        return check_
-    pairs = list(zip(capture.tensors_in(got), capture.tensors_in(want), exact, strict=False))
-    if len(pairs) != len(exact) or not all(e.is_floating_point() for _, _, e in pairs):
-        return check_
-    worst = max((as_accurate_as_eager(g, w, e) for g, w, e in pairs), key=lambda a: (not a.ok, a.error))
-    if not worst.ok:
-        check_.message = (
-            f"{check_.message}; against float64, RMS error {worst.error:.3g} where eager's is {worst.eager_error:.3g}"
-        )
-        return check_
-    message = (
-        f"as accurate as eager: RMS error {worst.error:.3g} against the model in float64, eager's "
-        f"{worst.eager_error:.3g} (max |difference| from eager {check_.max_abs:.3g})"
+    others = loader.random_inputs(other_sizes(_shapes(run)), run.device, seed + 1)
+    timing = run.options.benchmark and run.device == "cuda"
+    return check_patched_model(
+        run.analysis,
+        run.text,
+        applied,
+        build,
+        [inputs, others],
+        precision,
+        run.device,
+        run.tmp,
+        (lambda original, fused, check_: _time_patched(original, fused, check_, inputs)) if timing else None,
     )
-    return ModelCheck("matches", check_.applied, check_.max_abs, check_.max_rel, message)
 
 
-def _compare_outputs(got: Any, want: Any, precision: torch.dtype | None, exact: list[str], device: str) -> ModelCheck:
-    got_tensors, want_tensors = capture.tensors_in(got), capture.tensors_in(want)
-    if len(got_tensors) != len(want_tensors):
-        return ModelCheck(
-            "mismatch",
-            exact,
-            message=f"the patched model returns {len(got_tensors)} tensor(s), the original {len(want_tensors)}",
-        )
-    worst = None
-    tf32 = device == "cuda" and (torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
-    for a, e in zip(got_tensors, want_tensors, strict=True):
-        cmp = compare(a, e, precision, TF32 if tf32 else None)
-        if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
-            worst = cmp
-    if worst is None:
-        return ModelCheck("skipped", exact, message="the model returns no tensors")
-    return ModelCheck("matches" if worst.ok else "mismatch", exact, worst.max_abs, worst.max_rel, worst.message)
+def _time_patched(
+    original: torch.nn.Module, fused: torch.nn.Module, check_: ModelCheck, inputs: list[torch.Tensor]
+) -> None:
+    if check_.status != "matches":
+        return
+    from .gpu import time_each_us
+
+    original.eval(), fused.eval()
+    with torch.no_grad():
+        times = time_each_us({"eager": lambda: original(*inputs), "patched": lambda: fused(*inputs)})
+    check_.eager_us, check_.patched_us = round(times["eager"], 2), round(times["patched"], 2)
+    check_.speedup = round(check_.eager_us / check_.patched_us, 3)
