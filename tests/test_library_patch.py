@@ -30,7 +30,7 @@ from fuselens.codegen.patches import MARKER, patched_kernels
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.pipeline.apply import ApplyResult, apply_file
 
-from library_corpus import CORPUS, Case
+from library_corpus import ALL_CASES, CORPUS, Case
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: see test_library_models
@@ -366,3 +366,26 @@ def test_reapplying_keeps_one_install_and_the_patches(tmp_path):
     for key, section in existing_patches(before).items():
         assert existing_patches(after)[key] == section
     assert first.applied
+
+
+WHOLE = [c for c in ALL_CASES if c.id in ("qwen3", "resnet-block2d")]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in WHOLE])
+def test_validate_checks_the_patched_library_model_as_a_whole(case: Case, tmp_path):
+    """`fuselens validate` applies every cluster to a copy of the file, library patches included, and
+    the patched model, its kernels running in the interpreter, computes what the library's code does:
+    in eval mode, over a training step (outputs, gradients, running statistics) and at other sizes
+    (Qwen3's norm runs at two ranks, ResnetBlock2D's lines sit in `if`s)."""
+    from fuselens.contracts.options import ValidateOptions
+    from fuselens.pipeline.validate import validate_file
+
+    path = case.write(str(tmp_path))
+    result = validate_file(path, AnalyzeOptions(), ValidateOptions(interpret=True))
+    assert not result.problems, result.problems
+    (model,) = result.models
+    check = model.model
+    assert check is not None and check.status == "matches", check
+    assert check.applied and check.kernel_launches, check  # patches applied, and their kernels ran
+    assert check.training is not None and check.training.status == "matches", check.training
+    assert check.other_shapes is not None and check.other_shapes.status == "matches", check.other_shapes
