@@ -277,6 +277,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--no-clusters", action="store_true", help="skip timing each cluster's kernel (faster)")
     args = parser.parse_args()
     import torch
     import triton
@@ -299,7 +300,7 @@ def main() -> int:
         "title": subject.title.format(**sizes),
         # The clusters are timed before the file is changed: once it installs the patch, an analysis of
         # it sees the kernels, not the library's ops.
-        "clusters": cluster_timings(path),
+        "clusters": [] if args.no_clusters else cluster_timings(path),
         "apply": apply(path),
     }
     results["model"] = whole_model(subject, folder, args)
