@@ -180,6 +180,26 @@ KINDS = [
         ["self.tok.weight", "self.pos.weight"],
     ),
     case(
+        # BART's positions are moved to the embeddings' device: the device the model runs on, which
+        # the reference and the gradients' torch code read from an input, never the analysis's meta.
+        "embeddings-moved-to-the-model-s-device-then-normalised",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(50, 24)
+                self.pos = nn.Embedding(16, 24)
+                self.norm = nn.LayerNorm(24)
+
+            def forward(self, ids, positions):
+                embeds = self.tok(ids) * 2.0
+                return self.norm(embeds + self.pos(positions).to(embeds.device))
+        """,
+        [("3,16", "int64"), ("16", "int64")],
+        "embedding → mul → embedding → add → layer_norm",
+        ["self.tok.weight", "self.pos.weight", "self.norm.weight", "self.norm.bias"],
+    ),
+    case(
         "swiglu",
         """
         class M(nn.Module):
