@@ -1,12 +1,14 @@
 """Whether the installed Triton's interpreter can run the generated kernels on this machine.
 
-The looped kernels (a row wider than a register tile, a group norm's sums over blocks) walk a
-run-time bound: `for col0 in range(0, C, BLOCK_C)`.  The interpreter holds every kernel argument as
-a one-element numpy array, and Triton 3.6's interpreter turns one into the loop's bound with
-`int(array)`, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
-scalars"); later interpreters take the element first.  No kernel text avoids it on that pair: a bound
-that is a plain argument fails the same way.  So the validation asks once, by running a loop of that
-form, and says what to install instead of failing kernel by kernel.
+Some kernels loop to a run-time bound: the looped row kernel over a wide row's column blocks
+(`for col0 in range(0, C, BLOCK_C)`), a group norm's kernels over its blocks, a backward that sums a
+weight's gradient walking the row blocks.  The interpreter holds every kernel argument, and every
+value a kernel assigns, as a one-element numpy array, and Triton 3.6's interpreter turns one into a
+loop's bound with `int(array)`, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
+to Python scalars"); later interpreters take the element first.  No kernel text avoids it on that
+pair: a bound that is a plain argument, or a constant assigned to a name, fails the same way.  So the
+validation asks once, by running a loop of that form, and says what to install instead of failing
+kernel by kernel.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def loop_problem() -> str | None:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return (
             f"Triton {triton.__version__}'s interpreter cannot run a loop over a run-time bound with NumPy "
-            f"{numpy.__version__} ({reason}), and the kernels for wide rows have one: "
+            f"{numpy.__version__} ({reason}), as the kernels of wide rows, group norms and weights' gradients do: "
             "`pip install 'numpy<2.4'`, or a later Triton (the cpu extra's)"
         )
     if out.item() != 4:
