@@ -19,7 +19,7 @@ import functools
 @functools.cache
 def loop_problem() -> str | None:
     """Why this interpreter cannot run a loop over a run-time bound, or None when it can.  Call it with
-    TRITON_INTERPRET=1 set before triton was first imported."""
+    TRITON_INTERPRET=1 set: its kernel is made on the first call, interpreted then."""
     import numpy
     import torch
     import triton
