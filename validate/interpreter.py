@@ -5,7 +5,7 @@ Some kernels loop to a run-time bound: the looped row kernel over a wide row's c
 weight's gradient walking the row blocks.  The interpreter holds every kernel argument, and every
 value a kernel assigns, as a one-element numpy array, and Triton 3.6's interpreter turns one into a
 loop's bound with `int(array)`, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted
-to Python scalars"); later interpreters take the element first.  No kernel text avoids it on that
+to Python scalars"); Triton 3.8's takes the element first.  No kernel text avoids it on that
 pair: a bound that is a plain argument, or a constant assigned to a name, fails the same way.  So the
 validation asks once, by running a loop of that form, and says what to install instead of failing
 kernel by kernel.
