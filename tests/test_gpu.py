@@ -138,3 +138,38 @@ def test_a_training_step_is_timed_beside_the_forward_on_cuda(write_model):
     assert t is not None and t.fused_step_us is not None and t.fused_forward_us is not None
     assert 0 < t.fused_forward_us < t.fused_step_us and t.compiled_step_us > 0
     assert t.step_vs_eager > 1.0, t  # eager writes and keeps the float32 log-probabilities
+
+
+IN_PLACE = """
+import torch
+import torch.nn as nn
+
+
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(1024, 1024)
+        self.scale = nn.Parameter(torch.rand(1024) + 0.5)
+
+    def forward(self, x):
+        h = self.proj(x)
+        h.mul_(self.scale)
+        h += x
+        return torch.tanh(h) @ self.proj.weight
+"""
+
+
+def test_a_cluster_writing_into_its_input_in_place_is_checked_and_timed_training_on_cuda(write_model):
+    """A cluster that starts by scaling and adding into its input in place: its gradients match eager
+    autograd's, and its training step is timed in eager, torch.compile and the kernels."""
+    specs = [InputSpec([4096, 1024])]
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs]}
+    report = validate_file(
+        write_model(IN_PLACE), settings("InPlace", config), ValidateOptions(shapes=specs, benchmark=True)
+    )
+    assert report.mode == "cuda" and not report.problems, report.problems
+    (check,) = report.models[0].clusters
+    assert check.status == "verified", check.message
+    assert check.backward is not None and check.backward.status == "verified", check.backward
+    t = check.backward.timing
+    assert t is not None and t.fused_step_us and t.eager_step_us and t.compiled_step_us

@@ -12,7 +12,6 @@ them, it passes only if its norm-wise error against the float64 gradient is at m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,7 +30,6 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
     folded = getattr(kernels, f"_{kernel.name}_folded", {})
     if not cluster.backward or trains is None or not instances:
         return None
-    public = getattr(kernels, kernel.name)
     precision = narrowest(
         [getattr(torch, op.dtype) for op in cluster.ops if op.dtype] + [getattr(torch, i.dtype) for i in cluster.inputs]
     )
@@ -39,17 +37,15 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
     worst = None
     for graph, plan, values in instances:
         args = [values[s.node] for s in plan.inputs]
-        eager = cluster_function(graph, plan, values)
-        inputs = _Inputs(
-            trains,
-            {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()},
-            _written_in_place(graph, plan),
-        )
+        written = _written_in_place(graph, plan)
+        eager = _copying(cluster_function(graph, plan, values), written)
+        public = _copying(getattr(kernels, kernel.name), written)  # its torch fallback writes as the model does
+        views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
         try:
-            want = _gradients(eager, args, inputs, seed)
-            got = _gradients(public, args, inputs, seed)
-            again = _gradients(public, args, inputs, seed)
-            exact = _gradients(eager, [_wide(a) for a in args], inputs, seed)
+            want = _gradients(eager, args, trains, seed, views)
+            got = _gradients(public, args, trains, seed, views)
+            again = _gradients(public, args, trains, seed, views)
+            exact = _gradients(eager, [_wide(a) for a in args], trains, seed, views)
         except Exception as exc:  # a failing backward is a finding, not a crash
             return BackwardCheck("error", result.inputs, message=f"{type(exc).__name__}: {exc}")
         for name, g, w, x in zip(result.inputs, got, want, exact, strict=True):
@@ -82,13 +78,21 @@ def time_training(kernel: Kernel, instance, kernels, seed: int) -> TrainingTimin
     graph, plan, values = instance
     args = [values[s.node] for s in plan.inputs]
     views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
-    inputs = _Inputs(trains, views, _written_in_place(graph, plan))
-    eager = cluster_function(graph, plan, values)
-    functions = {"eager": eager, "compiled": compiled(eager, COMPILE_MODE), "fused": getattr(kernels, kernel.name)}
+    written = _written_in_place(graph, plan)
+    # Each side copies the inputs the cluster writes into, inside what it times: torch.compile then sees
+    # the in-place op on a value of its own graph, as it does in the model (an input it mutates would be
+    # saved for the backward at a version the write moves on), and may fuse the copy away; eager and the
+    # kernels pay it, which the model's eager, writing into a fresh result, does not.
+    eager = _copying(cluster_function(graph, plan, values), written)
+    functions = {
+        "eager": eager,
+        "compiled": compiled(eager, COMPILE_MODE),
+        "fused": _copying(getattr(kernels, kernel.name), written),
+    }
     calls: dict[str, Any] = {}
     with torch.enable_grad():
         for name, fn in functions.items():
-            forward, step = _training_step(fn, args, inputs, seed)
+            forward, step = _training_step(fn, args, trains, seed, views)
             step()  # torch.compile compiles its forward and backward here, outside the timed region
             calls |= {f"{name}_forward_us": forward, f"{name}_step_us": step}
         times = {key: round(us, 2) for key, us in time_graphs_us(calls).items()}
@@ -98,21 +102,42 @@ def time_training(kernel: Kernel, instance, kernels, seed: int) -> TrainingTimin
     return timing
 
 
-def _training_step(fn, args: list[torch.Tensor], inputs: _Inputs, seed: int):
+def _training_step(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int, views: dict):
     """(the forward of `fn` under autograd, the forward and its gradients) on fixed leaves and
     seeded upstream gradients, as calls a CUDA graph can capture."""
-    leaves = _leaves(args, inputs.trains)
+    leaves = _leaves(args, trains)
 
     def outputs() -> list[torch.Tensor]:
-        return _differentiable(fn(*inputs.made_from(leaves)))
+        return _differentiable(fn(*_with_views(leaves, views)))
 
     upstream = _upstream(outputs(), seed)
-    wrt = [leaves[k] for k in inputs.trains]
+    wrt = [leaves[k] for k in trains]
 
     def step():
         return torch.autograd.grad(outputs(), wrt, upstream, allow_unused=True)
 
     return outputs, step
+
+
+def _written_in_place(graph, plan) -> frozenset[int]:
+    """The positions of the cluster's inputs that one of its ops writes into in place (`x.mul_(s)`,
+    `x += y`)."""
+    targets = {graph[m].params.get("mutates") for m in plan.members if graph[m].inplace}
+    return frozenset(k for k, slot in enumerate(plan.inputs) if slot.node in targets)
+
+
+def _copying(fn, written: frozenset[int]):
+    """`fn` called on a copy of each input in `written`.  In the model, what an in-place op of the
+    cluster writes into is the result of an earlier op, which autograd lets it overwrite; here each
+    input is a leaf the gradients are taken of (or a view of one), which autograd refuses to see
+    overwritten.  A copy is such a result again, and its gradient reaches the leaf."""
+    if not written:
+        return fn
+
+    def run(*args):
+        return fn(*[a.clone() if k in written else a for k, a in enumerate(args)])
+
+    return run
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -143,13 +168,14 @@ def _view_of(graph, node_id: int):
     return view
 
 
-def _gradients(fn, args: list[torch.Tensor], inputs: _Inputs, seed: int) -> list[torch.Tensor]:
+def _gradients(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: int, views: dict) -> list[torch.Tensor]:
     """The gradients of `fn`'s outputs, weighted by seeded random upstream gradients, with respect to
-    the inputs `inputs.trains`."""
-    leaves = _leaves(args, inputs.trains)
+    the inputs `trains`; the inputs in `views` (position -> (base position, view)) are views of their
+    base's leaf, as they are in the model, so their gradients reach the base."""
+    leaves = _leaves(args, trains)
     with torch.enable_grad():
-        outs = _differentiable(fn(*inputs.made_from(leaves)))
-    wrt = [leaves[k] for k in inputs.trains]
+        outs = _differentiable(fn(*_with_views(leaves, views)))
+    wrt = [leaves[k] for k in trains]
     grads = torch.autograd.grad(outs, wrt, _upstream(outs, seed), allow_unused=True)
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wrt, strict=True)]
 
@@ -159,32 +185,12 @@ def _leaves(args: list[torch.Tensor], trains: tuple[int, ...]) -> list[torch.Ten
     return [a.detach().clone().requires_grad_(k in trains) for k, a in enumerate(args)]
 
 
-@dataclass(frozen=True)
-class _Inputs:
-    """How the cluster's inputs are made from the leaves the gradients are taken of, as the model has them.
-
-    `views` (position -> (base position, view)): inputs that are views of another input, made from their
-    base's leaf so that their gradients reach it.  `written` (positions): inputs an op of the cluster
-    writes into in place (`x.mul_(s)`, `x += y`).  In the model those are results of earlier ops, which
-    autograd lets an in-place op overwrite; a leaf that wants gradients it refuses, so each gets a copy
-    of its leaf (a view, a view of a copy of its base's), whose gradient autograd passes back to the leaf.
-    """
-
-    trains: tuple[int, ...]
-    views: dict[int, tuple[int, Any]] = field(default_factory=dict)
-    written: frozenset[int] = frozenset()
-
-    def made_from(self, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
-        made = [leaf.clone() if k in self.written else leaf for k, leaf in enumerate(leaves)]
-        for k, (base, view) in self.views.items():
-            made[k] = view(leaves[base].clone() if k in self.written else leaves[base])
-        return made
-
-
-def _written_in_place(graph, plan) -> frozenset[int]:
-    """The positions of the cluster's inputs that one of its ops writes into in place."""
-    targets = {graph[m].params.get("mutates") for m in plan.members if graph[m].inplace}
-    return frozenset(k for k, slot in enumerate(plan.inputs) if slot.node in targets)
+def _with_views(leaves: list[torch.Tensor], views: dict) -> list[torch.Tensor]:
+    """The inputs as the cluster takes them: those in `views` made from their base's leaf."""
+    made = list(leaves)
+    for k, (base, view) in views.items():
+        made[k] = view(leaves[base])
+    return made
 
 
 def _differentiable(out) -> list[torch.Tensor]:
