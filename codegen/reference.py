@@ -87,11 +87,34 @@ class _DtypeOf:
         self.name = name
 
 
+class _DeviceOf:
+    """A device that follows a kernel input's (`x.to(in0.device)`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _following_device(value: Any, first_input: str) -> Any:
+    """`value` with each device the trace read from a tensor (`positions.to(embeds.device)`: the meta
+    device, where the analysis runs) read from the cluster's first input at run time instead, as the
+    launcher places its outputs: the model's code moves values to the device the model runs on, never
+    to the meta device."""
+    if isinstance(value, torch.device) and value.type == "meta":
+        return _DeviceOf(first_input)
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return type(value)(_following_device(v, first_input) for v in value)
+    if isinstance(value, dict):
+        return {k: _following_device(v, first_input) for k, v in value.items()}
+    return value
+
+
 def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], numbers: dict[int, _Param]) -> str:
     if node.replay is None:
         raise NoReference(f"`{node.op}` was recorded without its call")
     func, args, kwargs, index = node.replay
     args, kwargs = _with_params(args, numbers), _with_params(kwargs, numbers)
+    if inputs:
+        args, kwargs = _following_device(args, names[inputs[0]]), _following_device(kwargs, names[inputs[0]])
     if getattr(func, "__name__", "") in ("to", "type") and not _spells_dtype(node):
         args, kwargs = _following_dtype(args, kwargs, [(names[i], graph[i]) for i in inputs])
     if getattr(func, "__name__", "") in ("layer_norm", "rms_norm"):
@@ -252,6 +275,8 @@ def _value(value: Any, names: dict[int, str]) -> str:
         return f"{_value(value.of, names)}.shape[-{value.dims}:]"
     if isinstance(value, _DtypeOf):
         return f"{value.name}.dtype"
+    if isinstance(value, _DeviceOf):
+        return f"{value.name}.device"
     if isinstance(value, _Param):
         return value.name
     if isinstance(value, Ref):

@@ -2261,6 +2261,76 @@ def test_rows_wider_than_a_tile_are_covered_by_several_column_blocks(write_model
     torch.testing.assert_close(fused(x, w), torch.relu(x * w) + 1)
 
 
+LOOPED_ROWS = [
+    pytest.param(
+        """
+        class M(nn.Module):
+            def forward(self, x):
+                return F.softmax(x * 2.0, dim=-1)
+        """,
+        lambda F, x, g: F.softmax(x * 2.0, dim=-1),
+        id="softmax-of-a-width-read-at-call-time",
+    ),
+    pytest.param(
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(WIDTH))
+
+            def forward(self, x):
+                h = x.float()
+                return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        """,
+        lambda F, x, g: x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * g,
+        id="rmsnorm-of-a-width-its-weight-fixes",
+    ),
+]
+
+
+def test_the_installed_interpreter_runs_a_loop_over_a_run_time_bound():
+    """What `fuselens validate --interpret` asks before it runs a kernel: whether this Triton's
+    interpreter runs a loop whose bound is a kernel argument, as the looped kernels' are (Triton 3.6's
+    does with NumPy before 2.4 only); the reason, when it cannot, is the validation's problem."""
+    from fuselens.validate.interpreter import loop_problem
+
+    assert loop_problem() is None
+
+
+class _Launches:
+    """A kernel that records the grid of each launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("source, eager", LOOPED_ROWS)
+def test_rows_wider_than_the_whole_row_kernel_run_in_the_looped_kernel(write_model, monkeypatch, source, eager):
+    """A softmax and an RMSNorm over rows wider than the whole-row kernel holds run the looped kernel,
+    in the interpreter of whichever Triton is installed (the README says how to run these tests under
+    another): it walks each row in column blocks up to the row's width, the last block ragged, and
+    gives eager's rows."""
+    import torch
+    import torch.nn.functional as F
+
+    from fuselens.codegen.emit import LOOP_BLOCK, MAX_BLOCK_ROW
+
+    width = MAX_BLOCK_ROW + LOOP_BLOCK + 3  # three column blocks a pass
+    source = source.replace("WIDTH", str(width))
+    fused = _kernel_module(write_model, source, [(f"2,{width}", "float32")])
+    module = sys.modules[fused.__module__]
+    looped = _Launches(getattr(module, f"_{fused.__name__}_kernel_loop"))
+    monkeypatch.setattr(module, f"_{fused.__name__}_kernel_loop", looped)
+    gen = torch.Generator().manual_seed(0)
+    x, g = torch.randn(2, width, generator=gen), torch.randn(width, generator=gen)
+    torch.testing.assert_close(fused(x) if "weight" not in source else fused(x, g), eager(F, x, g))
+    assert looped.grids == [(2,)]  # it ran, one program a row
+
+
 def test_small_views_of_huge_tensors_get_64_bit_offsets(write_model):
     """A 10-column slice of a 2**16 x 2**16 tensor has few elements but offsets past 2**31:
     the launcher must switch the kernel to 64-bit index arithmetic, or its loads wrap around."""

@@ -138,3 +138,70 @@ def test_a_training_step_is_timed_beside_the_forward_on_cuda(write_model):
     assert t is not None and t.fused_step_us is not None and t.fused_forward_us is not None
     assert 0 < t.fused_forward_us < t.fused_step_us and t.compiled_step_us > 0
     assert t.step_vs_eager > 1.0, t  # eager writes and keeps the float32 log-probabilities
+
+
+IN_PLACE = """
+import torch
+import torch.nn as nn
+
+
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(1024, 1024)
+        self.scale = nn.Parameter(torch.rand(1024) + 0.5)
+
+    def forward(self, x):
+        h = self.proj(x)
+        h.mul_(self.scale)
+        h += x
+        return torch.tanh(h) @ self.proj.weight
+"""
+
+
+def test_a_cluster_writing_into_its_input_in_place_is_checked_and_timed_training_on_cuda(write_model):
+    """A cluster that starts by scaling and adding into its input in place: its gradients match eager
+    autograd's, and its training step is timed in eager, torch.compile and the kernels."""
+    specs = [InputSpec([4096, 1024])]
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype} for s in specs]}
+    report = validate_file(
+        write_model(IN_PLACE), settings("InPlace", config), ValidateOptions(shapes=specs, benchmark=True)
+    )
+    assert report.mode == "cuda" and not report.problems, report.problems
+    (check,) = report.models[0].clusters
+    assert check.status == "verified", check.message
+    assert check.backward is not None and check.backward.status == "verified", check.backward
+    t = check.backward.timing
+    assert t is not None and t.fused_step_us and t.eager_step_us and t.compiled_step_us
+
+
+EMBEDDINGS = """
+import torch
+import torch.nn as nn
+
+
+class Embeddings(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(1000, 256)
+        self.pos = nn.Embedding(512, 256)
+        self.norm = nn.LayerNorm(256)
+
+    def forward(self, ids, positions):
+        embeds = self.tok(ids) * 2.0
+        return self.norm(embeds + self.pos(positions).to(embeds.device))
+"""
+
+
+def test_positions_moved_to_the_embeddings_device_train_on_cuda(write_model):
+    """BART's positions, moved to the embeddings' device: the gradients' torch code reads the device from
+    an input, so the tables' gradients are computed on the GPU and match eager autograd's."""
+    specs = [InputSpec([8, 512], "int64", high=1000), InputSpec([512], "int64", high=512)]
+    config = {"inputs": [{"shape": s.shape, "dtype": s.dtype, "high": s.high} for s in specs]}
+    report = validate_file(
+        write_model(EMBEDDINGS), settings("Embeddings", config), ValidateOptions(shapes=specs, benchmark=False)
+    )
+    assert report.mode == "cuda" and not report.problems, report.problems
+    (check,) = report.models[0].clusters
+    assert check.status == "verified", check.message
+    assert check.backward is not None and check.backward.status == "verified", check.backward

@@ -8,7 +8,7 @@ its clusters is placed at a line of the library's own files, not the user's; `fu
 `fuselens restore` gives the file back byte for byte.  For the architectures of `library_corpus.CORPUS`,
 more: repeated layers fold; decoders have no graph break; the experts of a mixture of experts are
 analyzed; every cluster has a kernel, and every instance of every cluster verifies against eager in the
-Triton interpreter.  (Whether each patched model computes what the library does is measured for the whole
+Triton interpreter, and so do the gradients of every backward.  (Whether each patched model computes what the library does is measured for the whole
 corpus by `benchmarks/library_apply.py`.)
 """
 
@@ -188,7 +188,69 @@ def test_library_model_kernels_verify_in_the_interpreter(case: Case, analyzed):
     for cluster in model.clusters:
         check = checks[cluster.id]
         assert (check.status, check.instances) == ("verified", cluster.multiplicity), (cluster.op_chain, check)
+        # Every backward kernel's gradients were compared with eager autograd's, and agree.
+        assert (check.backward is not None) == bool(cluster.backward), (cluster.op_chain, cluster.backward)
+        assert check.backward is None or check.backward.status == "verified", (cluster.op_chain, check.backward)
     assert result.ok
+
+
+# Models outside the corpus whose backward checks once failed: a cluster that starts by writing into its
+# input in place (Falcon's parallel attention: `mlp_output += attention_output`), and BART's positions,
+# moved to the embeddings' device (`positions.to(inputs_embeds.device)`), which the analysis traces on meta.
+GRADIENT_CASES = [
+    pytest.param(
+        Case(
+            "falcon",
+            "Falcon",
+            "hidden 32, 2 layers, 4 heads, vocab 128; input (2, 16)",
+            """
+        from transformers import FalconConfig, FalconForCausalLM
+
+        config = FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+        model = FalconForCausalLM(config)  # fuselens: input=(2, 16)
+        """,
+            "transformers.models.falcon.modeling_falcon",
+        ),
+        "add → add",  # the in-place sum, then the residual
+        id="falcon",
+    ),
+    pytest.param(
+        Case(
+            "bart",
+            "BART",
+            "d_model 32, ffn 64, 2+2 layers, 4 heads, vocab 128; input (2, 16)",
+            """
+        from transformers import BartConfig, BartModel
+
+        config = BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128,
+                            max_position_embeddings=64)
+        model = BartModel(config)  # fuselens: input=(2, 16)
+        """,
+            "transformers.models.bart.modeling_bart",
+        ),
+        "eq → masked_fill → embedding → mul → add → add → embedding → add → layer_norm",  # an embeddings + norm
+        id="bart",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, chain", GRADIENT_CASES)
+def test_every_backward_check_compares_gradients(case: Case, chain: str, tmp_path):
+    """Every cluster with a backward has its gradients compared with eager autograd's, and they agree:
+    among them Falcon's in-place sum of its two branches and BART's embeddings with their positions."""
+    pytest.importorskip("triton")
+    from fuselens.pipeline.validate import validate_file
+
+    result = validate_file(case.write(str(tmp_path)), AnalyzeOptions(), ValidateOptions(interpret=True))
+    assert result.problems == []
+    (model,) = result.models
+    checked = [c for c in model.clusters if c.backward is not None]
+    assert checked
+    for check in model.clusters:
+        assert check.status == "verified", (check.ops, check.message)
+        assert check.backward is None or check.backward.status == "verified", (check.ops, check.backward)
+    assert chain in [c.ops for c in checked]
 
 
 def test_a_partial_rotary_passing_nothing_through_applies_and_trains_with_its_kernel(analyzed):

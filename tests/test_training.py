@@ -100,6 +100,47 @@ KINDS = [
         ["x", "self.b[:, None, None]", "y"],
     ),
     case(
+        # The cluster starts by scaling its input in place, then adds to it in place (the input is a
+        # projection's result, which autograd lets the model overwrite); the check differentiates
+        # through the same in-place calls.
+        "in-place-scale-and-add-into-the-input",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(33, 33)
+                self.scale = nn.Parameter(torch.rand(33) + 0.5)
+
+            def forward(self, x):
+                h = self.proj(x)
+                h.mul_(self.scale)
+                h += x
+                return torch.tanh(h) @ self.proj.weight
+        """,
+        [("5,33", "float32")],
+        "mul → add → tanh",
+        ["input0", "scale", "x"],
+    ),
+    case(
+        # Falcon's parallel attention: the MLP's output takes the attention's in place, then the residual.
+        "in-place-sum-of-two-branches-then-residual",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mlp = nn.Linear(33, 33)
+                self.attn = nn.Linear(33, 33)
+
+            def forward(self, x):
+                mlp_output = self.mlp(x)
+                mlp_output += self.attn(x)
+                return torch.sigmoid(mlp_output * 2.0 + x)
+        """,
+        [("5,33", "float32")],
+        "add → mul → add → sigmoid",
+        ["input0", "input1", "x"],
+    ),
+    case(
         # ConvNeXt's LayerNorm over the channels of a depthwise convolution, read channels-last:
         # the input's gradient is written back channels-first, and the convolution's bias's is summed.
         "layernorm-over-permuted-channels-of-a-convolution",
@@ -137,6 +178,26 @@ KINDS = [
         [("3,16", "int64"), ("16", "int64")],
         "embedding → mul → embedding → add",
         ["self.tok.weight", "self.pos.weight"],
+    ),
+    case(
+        # BART's positions are moved to the embeddings' device: the device the model runs on, which
+        # the reference and the gradients' torch code read from an input, never the analysis's meta.
+        "embeddings-moved-to-the-model-s-device-then-normalised",
+        """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(50, 24)
+                self.pos = nn.Embedding(16, 24)
+                self.norm = nn.LayerNorm(24)
+
+            def forward(self, ids, positions):
+                embeds = self.tok(ids) * 2.0
+                return self.norm(embeds + self.pos(positions).to(embeds.device))
+        """,
+        [("3,16", "int64"), ("16", "int64")],
+        "embedding → mul → embedding → add → layer_norm",
+        ["self.tok.weight", "self.pos.weight", "self.norm.weight", "self.norm.bias"],
     ),
     case(
         "swiglu",

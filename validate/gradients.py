@@ -30,7 +30,6 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
     folded = getattr(kernels, f"_{kernel.name}_folded", {})
     if not cluster.backward or trains is None or not instances:
         return None
-    public = getattr(kernels, kernel.name)
     precision = narrowest(
         [getattr(torch, op.dtype) for op in cluster.ops if op.dtype] + [getattr(torch, i.dtype) for i in cluster.inputs]
     )
@@ -38,7 +37,9 @@ def check_gradients(cluster: Cluster, kernel: Kernel, instances: list, kernels, 
     worst = None
     for graph, plan, values in instances:
         args = [values[s.node] for s in plan.inputs]
-        eager = cluster_function(graph, plan, values)
+        written = _written_in_place(graph, plan)
+        eager = _copying(cluster_function(graph, plan, values), written)
+        public = _copying(getattr(kernels, kernel.name), written)  # its torch fallback writes as the model does
         views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
         try:
             want = _gradients(eager, args, trains, seed, views)
@@ -77,8 +78,17 @@ def time_training(kernel: Kernel, instance, kernels, seed: int) -> TrainingTimin
     graph, plan, values = instance
     args = [values[s.node] for s in plan.inputs]
     views = {k: (base, _view_of(graph, plan.inputs[k].node)) for k, base in folded.items()}
-    eager = cluster_function(graph, plan, values)
-    functions = {"eager": eager, "compiled": compiled(eager, COMPILE_MODE), "fused": getattr(kernels, kernel.name)}
+    written = _written_in_place(graph, plan)
+    # Each side copies the inputs the cluster writes into, inside what it times: torch.compile then sees
+    # the in-place op on a value of its own graph, as it does in the model (an input it mutates would be
+    # saved for the backward at a version the write moves on), and may fuse the copy away; eager and the
+    # kernels pay it, which the model's eager, writing into a fresh result, does not.
+    eager = _copying(cluster_function(graph, plan, values), written)
+    functions = {
+        "eager": eager,
+        "compiled": compiled(eager, COMPILE_MODE),
+        "fused": _copying(getattr(kernels, kernel.name), written),
+    }
     calls: dict[str, Any] = {}
     with torch.enable_grad():
         for name, fn in functions.items():
@@ -107,6 +117,27 @@ def _training_step(fn, args: list[torch.Tensor], trains: tuple[int, ...], seed: 
         return torch.autograd.grad(outputs(), wrt, upstream, allow_unused=True)
 
     return outputs, step
+
+
+def _written_in_place(graph, plan) -> frozenset[int]:
+    """The positions of the cluster's inputs that one of its ops writes into in place (`x.mul_(s)`,
+    `x += y`)."""
+    targets = {graph[m].params.get("mutates") for m in plan.members if graph[m].inplace}
+    return frozenset(k for k, slot in enumerate(plan.inputs) if slot.node in targets)
+
+
+def _copying(fn, written: frozenset[int]):
+    """`fn` called on a copy of each input in `written`.  In the model, what an in-place op of the
+    cluster writes into is the result of an earlier op, which autograd lets it overwrite; here each
+    input is a leaf the gradients are taken of (or a view of one), which autograd refuses to see
+    overwritten.  A copy is such a result again, and its gradient reaches the leaf."""
+    if not written:
+        return fn
+
+    def run(*args):
+        return fn(*[a.clone() if k in written else a for k, a in enumerate(args)])
+
+    return run
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
