@@ -237,3 +237,85 @@ def test_another_configuration_of_the_same_class_runs_its_own_lines(tmp_path):
     want = a(x)
     assert torch.equal(got, want) and applied.launches == {}
     assert (got == 0).any()  # it dropped
+
+
+CONV_LAYERS = """
+import torch
+import torch.nn as nn
+
+
+class ConvLayer(nn.Module):
+    def __init__(self, channels: int, norm: bool = True, act: bool = True):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(channels) if norm else None
+        self.act = nn.SiLU() if act else None
+
+    def forward(self, x):
+        x = self.conv(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.act is not None:
+            x = self.act(x)
+        return x
+
+
+class Net(nn.Module):  # fuselens: input=(2, 8, 6, 6)
+    def __init__(self):
+        super().__init__()
+        self.first = ConvLayer(8)
+        self.last = ConvLayer(8, act=False)
+
+    def forward(self, x):
+        return self.last(self.first(x))
+"""
+
+
+def test_lines_inside_ifs_run_the_kernel_where_the_ifs_take_that_branch(tmp_path):
+    """The layer's norm and activation sit in `if`s; the kernel stands for both where both are there,
+    and the question asks the `if`s' tests too: the layer without an activation runs its lines."""
+    applied = apply_source(tmp_path, CONV_LAYERS, "conv_layers")
+    assert "        if self.norm is not None and self.act is not None and cluster0.fits(" in applied.text
+    a, b = _pair(applied, "Net")
+    a.eval(), b.eval()
+    x = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(b(x), a(x), rtol=1e-5, atol=1e-5)
+    assert applied.launches == {"cluster0": 1}, applied.launches  # `first`; `last` has no activation
+    assert applied.fits["cluster0"] == [True]  # `last` was not asked: its `if` failed first
+
+
+NORM_CASTS = """
+import torch
+import torch.nn as nn
+
+
+class T5Norm(nn.Module):  # fuselens: input=(2, 5, 32)
+    def __init__(self, dim: int = 32, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
+"""
+
+
+def test_a_cast_that_changes_nothing_and_an_if_that_ran_nothing_stay_out_of_the_way(tmp_path):
+    """T5's norm: `.to(torch.float32)` of a float32 input is no input computed in the middle, and the
+    `if` for half-precision weights, which ran nothing, is asked false beside `fits`.  With bf16 weights
+    the lines run, casting as the code says."""
+    applied = apply_source(tmp_path, NORM_CASTS, "t5_norm")
+    assert "if not (self.weight.dtype in [torch.float16, torch.bfloat16]) and cluster0.fits(" in applied.text
+    a, b = _pair(applied, "T5Norm")
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(b(x), a(x), rtol=1e-5, atol=1e-6)
+        assert applied.launches == {"cluster0": 1}
+        applied.reset()
+        a.bfloat16(), b.bfloat16()
+        assert torch.equal(b(x), a(x)) and applied.launches == {}
