@@ -277,8 +277,9 @@ def _compare(patched: list, original: list) -> dict[str, Any]:
 
 class _LaunchCounter:
     """Counts what the kernel module runs: each launch of a Triton kernel (the launchers look their
-    kernels up in the module's namespace at every launch) and each call of a cluster's function, with
-    the calls that launched nothing (the cluster's torch code ran instead)."""
+    kernels up in the module's namespace at every launch), and each time the patched code asked a
+    kernel whether it fits a call (`clusterN.fits`), with the times it did not (the library's lines
+    ran instead: a dtype, a device, a rank, a module or a mode the kernel was not made for)."""
 
     _KERNEL = re.compile(r"^_cluster\d+\w*_kernel\w*$")
     _PUBLIC = re.compile(r"^cluster\d+$")
@@ -291,19 +292,18 @@ class _LaunchCounter:
         for name, value in list(vars(module).items()):
             if self._KERNEL.match(name) and hasattr(value, "__getitem__"):
                 setattr(module, name, _CountedKernel(value, self, "_backward" in name))
-            elif self._PUBLIC.match(name) and callable(value):
-                setattr(module, name, self._counted_call(value))
+            elif self._PUBLIC.match(name) and callable(getattr(value, "fits", None)):
+                value.fits = self._counted_fits(value.fits)
 
-    def _counted_call(self, function):
-        def call(*args, **kwargs):
-            before = self.launches
+    def _counted_fits(self, fits):
+        def asked(*args, **kwargs):
             self.calls += 1
-            result = function(*args, **kwargs)
-            if self.launches == before:
+            answer = fits(*args, **kwargs)
+            if not answer:
                 self.without_kernel += 1
-            return result
+            return answer
 
-        return call
+        return asked
 
 
 class _CountedKernel:
@@ -366,7 +366,7 @@ HEADER = [
     "train = original",
     "other shape = original",
     "kernel launches (fwd + bwd)",
-    "calls without a kernel",
+    "asked, not fitting",
     "restore byte-identical",
 ]
 
