@@ -37,8 +37,12 @@ def fits_text(
     number_names: list[str],
     trains: list[int] | None,
     checks: list[ModuleCheck],
+    sized: bool = False,
 ) -> str:
-    """`_<name>_fits(inputs, numbers, module=None)` and its registration as `<name>.fits`."""
+    """`_<name>_fits(inputs, numbers, module=None)` and its registration as `<name>.fits`.
+
+    `sized`: the backward holds the analyzed size of a dim the kernel reduces (a mean's 1/N), so where
+    gradients are wanted the reduced dims must have their analyzed sizes."""
     tensors = tuple_display(input_names)
     ranks = tuple_display([str(len(slot.shape)) for slot in plan.inputs])
     dtypes = dtype_tuple(slot.dtype for slot in plan.inputs)
@@ -50,6 +54,9 @@ def fits_text(
         lines += [f"_{name}_modules = {_checks_literal(checks)}", "", ""]
     if checks:
         conditions.append(f"_modules_match(module, _{name}_modules)")
+    pinned = _reduced_sizes(plan, input_names) if sized and trains is not None else []
+    if pinned:
+        conditions.append(f"(_no_gradients(tensors) or ({' and '.join(pinned)}))")
     lines += [
         f"def _{name}_fits({', '.join([*input_names, *numbers, 'module=None'])}):",
         f'    """Whether {name} computes, for these arguments, what the lines it stands in for compute (else they run)."""',
@@ -93,6 +100,20 @@ def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
     return conditions
 
 
+def _reduced_sizes(plan: KernelPlan, names: list[str]) -> list[str]:
+    """Each input dim read along a reduced domain dim has its analyzed size."""
+    pinned: list[str] = []
+    for stmt in plan.stmts:
+        if stmt.load_input is None:
+            continue
+        for j, coord in enumerate(stmt.load_coords):
+            i = int(coord[1:]) if coord[:1] == "c" and coord[1:].isdigit() else -1
+            condition = f"{names[stmt.load_input]}.shape[{j}] == {plan.inputs[stmt.load_input].shape[j]}"
+            if i >= plan.row_dims and condition not in pinned:
+                pinned.append(condition)
+    return pinned
+
+
 def _number_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
     """A number the kernel takes is a plain number of its type; one it bakes in has the baked value."""
     conditions = []
@@ -128,6 +149,11 @@ def _numbers_fit(numbers, kinds):
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind == "float" else int):
             return False
     return True
+
+
+def _no_gradients(tensors):
+    """Whether no gradient is wanted of these tensors, so that only the forward kernel runs."""
+    return not torch.is_grad_enabled() or not any([t.requires_grad for t in tensors])
 
 
 def _modules_match(module, checks):

@@ -56,6 +56,9 @@ class BackwardText:
     # what the backward reference returns, as its statements name them.
     last: Stage | None = None
     returned: list[str] = field(default_factory=list)
+    # Whether the gradients hold a size of the forward's reduced dims as the analyzed one (a mean's 1/N):
+    # they are right only at that width, which the kernel's `fits` then holds a training call to.
+    sized: bool = False
 
 
 @dataclass
@@ -136,6 +139,7 @@ def backward_text(
     folded_in = {k: b for k, b in folded.items() if b in grads_of}
     leads = {k: writer.leads[slot.node] for k, slot in enumerate(plan.inputs) if slot.node in writer.leads}
     text = BackwardText("\n".join(lines), grads_of, grads, folded_in, keeps, results, keeps_results, leads)
+    text.sized = writer.sized
     if staging is not None:
         signature = params + number_params + results + grads
         _split_stages(text, staging, name, signature, statements, returned)
@@ -412,6 +416,7 @@ class _Writer:
     # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
     row_totals: dict[int, str] = field(default_factory=dict)
     staging: _Staging | None = None  # a group norm's backward in stages
+    sized: bool = False  # a derivative was written with a reduced dim's analyzed size (`BackwardText.sized`)
 
     def value(self, arg) -> str:
         """An operand as the recomputed forward names it, or a number as `spelled`."""
@@ -641,6 +646,7 @@ def _mean(w: _Writer, node: Node) -> None:
     assert meta is not None
     for d in node.params["dims"]:
         n *= meta.shape[d]
+    w.sized = True
     w.to(x, f"{_reduced(node, w.grad(node))} * {1.0 / n!r}", over_row=False)
 
 

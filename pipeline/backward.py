@@ -42,6 +42,7 @@ class Backward:
     bytes_unfused: int | None  # the backward's ops, one kernel each (None without a kernel)
     bytes_fused: int | None  # the backward kernel's
     saved_fused: int  # what the kernel op keeps for the backward: the inputs and outputs its gradients read
+    sized: bool = False  # its gradients hold the reduced dims' analyzed sizes (`BackwardText.sized`)
 
 
 class NoBackwardKernel(Exception):
@@ -86,7 +87,7 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     unfused, fused = _traffic(captured, bplan)
     saved = _kept_bytes(plan, text)
     return Backward(
-        body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved
+        body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved, text.sized
     )
 
 
@@ -149,6 +150,7 @@ def _in_stages(
         sum(k.traffic[0] for k in kernels),
         sum(k.traffic[1] for k in kernels),
         saved,
+        text.sized,
     )
 
 
@@ -220,6 +222,7 @@ def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: K
         None,
         None,
         saved,
+        text.sized,
     )
 
 

@@ -82,9 +82,9 @@ def generate_kernels(
             text = emitted.kernels + "\n\n\n" + emitted.launcher
             if trained:
                 text += "\n\n\n" + trained.text
-            text += "\n\n\n" + fits_text(
-                instance.plan, name, params, numbers, trained.trains if trained else None, checks
-            )
+            sized = bool(trained and trained.sized)
+            trains = trained.trains if trained else None
+            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized)
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
             place = _place(cluster, instance, name, module_path, report.file)
             if place is not None:

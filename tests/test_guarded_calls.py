@@ -319,3 +319,57 @@ def test_a_cast_that_changes_nothing_and_an_if_that_ran_nothing_stay_out_of_the_
         applied.reset()
         a.bfloat16(), b.bfloat16()
         assert torch.equal(b(x), a(x)) and applied.launches == {}
+
+
+TWO_WIDTHS = """
+import torch
+import torch.nn as nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h * self.weight
+
+
+class Net(nn.Module):  # fuselens: input=(2, 6, 64)
+    def __init__(self):
+        super().__init__()
+        self.wide = RMSNorm(64)
+        self.down = nn.Linear(64, 32)
+        self.narrow = RMSNorm(32)
+
+    def forward(self, x):
+        return self.narrow(self.down(self.wide(x)))
+"""
+
+
+def test_gradients_at_a_width_the_backward_was_not_made_for_take_that_widths_kernel(tmp_path):
+    """The mean's derivative holds the row width the backward was made for (1/64): the kernel made for
+    the 64-wide norm computes the 32-wide norm's forward, but in training it leaves the call to the
+    kernel made for 32, so every gradient is the original's."""
+    applied = apply_source(tmp_path, TWO_WIDTHS, "two_widths")
+    a, b = _pair(applied, "Net")
+    torch.manual_seed(0)
+    for m in (a, b):
+        m.train()
+    for p in (*a.wide.parameters(), *a.narrow.parameters()):
+        p.data.normal_()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, 64)
+    want, got = a(x), b(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert applied.launches == {"cluster0": 1, "cluster1": 1}, applied.launches  # each width its own kernel
+    want.square().sum().backward()
+    got.square().sum().backward()
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    applied.reset()
+    with torch.no_grad():  # no gradient wanted: the first kernel computes the narrow norm too
+        b.eval()(x)
+    assert applied.launches == {"cluster0": 2}, applied.launches
