@@ -129,3 +129,26 @@ def as_accurate_as_eager(actual: torch.Tensor, expected: torch.Tensor, exact: to
         return Accuracy(False, float("inf"), rms_error(expected, exact))
     error, eager_error = rms_error(actual, exact), rms_error(expected, exact)
     return Accuracy(error <= ACCURACY_MULTIPLIER * eager_error + 1e-12, error, eager_error)
+
+
+# A gradient or a statistic sums over the batch and positions; a kernel sums in another order than
+# eager, and where the model cancels (a batch norm's gradient subtracts its mean) the rounding of
+# that order is amplified past an element's tolerance.  Such a sum "matches" when it differs from
+# eager's by little against its own size: the relative 2-norm difference within this bound.
+SUM_BOUND = {torch.float32: 1e-4, torch.float64: 1e-4}
+NARROW_SUM_BOUND = 1e-2
+
+
+@dataclass
+class SumCloseness:
+    ok: bool
+    relative: float  # |actual - expected| / |expected|, 2-norms
+    bound: float
+
+
+def sums_close(actual: torch.Tensor, expected: torch.Tensor) -> SumCloseness:
+    """Whether a summed value (a gradient, a statistic) is `expected` up to the order of its sums."""
+    bound = SUM_BOUND.get(expected.dtype, NARROW_SUM_BOUND)
+    a, e = actual.detach().double(), expected.detach().to(actual.device).double()
+    relative = float((a - e).norm()) / (float(e.norm()) or 1.0)
+    return SumCloseness(relative <= bound, relative, bound)

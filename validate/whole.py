@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import random
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,11 @@ from typing import Any
 
 import torch
 
+try:
+    import numpy
+except ImportError:  # torch runs without it
+    numpy = None  # type: ignore[assignment]
+
 from fuselens.analysis import capture, loader
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
@@ -35,7 +41,7 @@ from fuselens.contracts.config import InputSpec
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ModelCheck
 
-from .numerics import NARROW, TF32, as_accurate_as_eager, compare
+from .numerics import NARROW, TF32, as_accurate_as_eager, compare, sums_close
 
 
 @dataclass
@@ -245,7 +251,8 @@ def _judged_by_accuracy(
 ) -> list[tuple[str, ModelCheck]]:
     """The training step's mismatches judged again by accuracy: each value (output, gradient, statistic)
     "matches" when it is as close to the same step in float64 as eager's is (a gradient sums over the
-    batch, in another order in a kernel than in eager, and in bf16 each layer rounds)."""
+    batch, in another order in a kernel than in eager, and in bf16 each layer rounds), or, a gradient
+    or statistic, when it is eager's up to the order of its sums."""
     try:
         wide = copy.deepcopy(original_model).to(torch.float64)
         exact_inputs = [t.to(torch.float64) if t.is_floating_point() else t for t in inputs]
@@ -271,23 +278,20 @@ def _judged_by_accuracy(
             )
             check_ = ModelCheck("matches", check_.applied, check_.max_abs, check_.max_rel, message)
         judged.append((name, check_))
-    return judged
+    return _judged_by_norm(pairs, judged)
 
 
 def _judged_by_norm(
     pairs: list[tuple[str, Any, Any]], checked: list[tuple[str, ModelCheck]]
 ) -> list[tuple[str, ModelCheck]]:
-    """Where the model cannot run in float64: a gradient or statistic (a sum over the batch, whose
-    elements round with the order of summation) "matches" when its difference is small against its
-    own size, |got - want| / |want| in the 2-norm within its dtype's rounding of a long sum."""
+    """A gradient's or statistic's mismatch judged again as a sum: it "matches" when its difference is
+    small against its own size (`numerics.sums_close`)."""
     judged = []
     for (name, got, want), (_, check_) in zip(pairs, checked, strict=True):
         if check_.status == "mismatch" and name != "outputs" and isinstance(got, torch.Tensor):
-            scale = float(want.float().norm()) or 1.0
-            relative = float((got.float() - want.float()).norm()) / scale
-            bound = 1e-4 if want.dtype in (torch.float32, torch.float64) else 1e-2
-            if relative <= bound:
-                message = f"relative 2-norm difference {relative:.3g}, within {bound:g}"
+            close = sums_close(got, want)
+            if close.ok:
+                message = f"relative 2-norm difference {close.relative:.3g}, within {close.bound:g}"
                 check_ = ModelCheck("matches", check_.applied, check_.max_abs, check_.max_rel, message)
         judged.append((name, check_))
     return judged
@@ -300,7 +304,7 @@ def _training_step(
     (the sum of their squares, scaled), and the floating buffers after it (a batch norm's running statistics)."""
     model.train()
     model.zero_grad(set_to_none=True)
-    with _no_dropout(), torch.enable_grad():
+    with _no_dropout(), same_draws(), torch.enable_grad():
         outputs = model(*inputs)
         tensors = [t for t in capture.tensors_in(outputs) if t.is_floating_point() and t.requires_grad]
         if tensors:
@@ -310,6 +314,26 @@ def _training_step(
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
     model.eval()
     return outputs, gradients, buffers
+
+
+@contextlib.contextmanager
+def same_draws(seed: int = 0) -> Iterator[None]:
+    """The random numbers a model draws in training mode (a masking of time steps with numpy's or
+    Python's generator, torch's), drawn alike by every run inside; the caller's generators are left as
+    they were."""
+    state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        if numpy is not None:
+            numpy.random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(state)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
 
 
 @contextlib.contextmanager
