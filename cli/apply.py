@@ -1,4 +1,4 @@
-"""`fuselens apply`: show the diff, ask, then write the kernel module and the edits."""
+"""`fuselens apply`: validate the kernels, show the diff, ask, then write the kernel module and the edits."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 
-from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.apply import ApplyResult, apply_file
 
 
@@ -29,7 +30,13 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         except EOFError:
             return False
 
-    result = apply_file(args.file, analyze_options, args.cluster, confirm)
+    def progress(message: str, fraction=None) -> None:
+        console.print(f"[dim]… {escape(message)}[/]")
+
+    check = None if args.no_check else ValidateOptions(interpret=args.interpret or not _has_cuda())
+    if check is not None and check.interpret:  # before the model's file can import Triton
+        os.environ["TRITON_INTERPRET"] = "1"
+    result = apply_file(args.file, analyze_options, args.cluster, confirm, check, progress)
     for line in result.skipped:
         console.print(f"[yellow]skip[/] {line}")
     if result.refused:
@@ -43,3 +50,9 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         f"kernels in {os.path.relpath(result.module_path)}"
     )
     return 0
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

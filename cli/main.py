@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     _analysis_arguments(apply)
     apply.add_argument("--cluster", action="append", help="apply only these cluster ids (c0, c1, ...)")
     apply.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    apply.add_argument(
+        "--no-check",
+        action="store_true",
+        help="apply without validating first (by default each kernel, and each model patched as a whole, "
+        "is checked against the code as written, and what fails is not applied)",
+    )
+    apply.add_argument(
+        "--interpret", action="store_true", help="validate in the Triton interpreter on CPU (the default without a GPU)"
+    )
 
     restore = sub.add_parser("restore", help="put back the code `apply` replaced in FILE")
     restore.add_argument("file")

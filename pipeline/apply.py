@@ -1,5 +1,8 @@
 """Apply: write the kernel module and replace each exactly-mapped cluster's lines.
 
+Given validation options, the kernels are checked before anything is written, as `fuselens
+validate` checks them (each kernel against the lines it stands in for, then each model patched as a
+whole against the original: eval, a training step, other sizes), and what fails is not applied.
 The edits are computed from the text that was analyzed; if the file changes on disk
 before we write (an editor saved while we asked for confirmation, say), nothing is
 written.  Clusters that do not apply are never touched, a kernel module of the same name that
@@ -17,9 +20,12 @@ from dataclasses import dataclass, field
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
 from fuselens.codegen.module import module_for_report
-from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions, no_progress
+from fuselens.contracts.validation import ModelCheck
+from fuselens.validate import runner
 
-from .analyze import analyze_file
+from .analyze import AnalyzedFile, analyze
+from .validate import validate_analyzed
 
 
 @dataclass
@@ -32,12 +38,19 @@ class ApplyResult:
 
 
 def apply_file(
-    path: str, analyze_options: AnalyzeOptions, cluster_ids: list[str] | None, confirm: Callable[[ApplyResult], bool]
+    path: str,
+    analyze_options: AnalyzeOptions,
+    cluster_ids: list[str] | None,
+    confirm: Callable[[ApplyResult], bool],
+    check: ValidateOptions | None = None,
+    progress: Progress = no_progress,
 ) -> ApplyResult:
-    """Analyze `path`, show `confirm` the diff, then write the kernel module and the edits."""
+    """Analyze `path`, (given `check`) validate what would be applied, show `confirm` the diff, then
+    write the kernel module and the edits."""
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
-    report = analyze_file(path, dataclasses.replace(analyze_options, source_text=source))  # the text written over
+    analyzed = analyze(path, dataclasses.replace(analyze_options, source_text=source))  # the text written over
+    report = analyzed.report
     result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
     if report.problems:
         result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
@@ -48,6 +61,13 @@ def apply_file(
     if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
         result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
         return result
+    if exact and check is not None:
+        failing = _failing_validation(path, analyzed, [c.id for c in exact], check, progress)
+        if failing is None:
+            result.refused = "the kernels could not be validated here; pass --no-check to apply without validating"
+            return result
+        result.skipped += [f"{c.id} ({c.op_chain}): {failing[c.id]}" for c in exact if c.id in failing]
+        exact = [c for c in exact if c.id not in failing]
     if not exact:
         return result
     try:  # before asking: a hand-written file of the module's name, or a link, refuses the whole apply
@@ -76,3 +96,41 @@ def apply_file(
         return result
     result.applied = [c.id for c in exact]
     return result
+
+
+def _failing_validation(
+    path: str, analyzed: AnalyzedFile, ids: list[str], options: ValidateOptions, progress: Progress
+) -> dict[str, str] | None:
+    """The clusters of `ids` the validation says not to apply, with why: a kernel (or its backward) that
+    does not compute what its lines do, and every cluster of a model that, patched, does not compute
+    what the original does.  None: the kernels cannot run here (no Triton, no GPU and no interpreter)."""
+    options = dataclasses.replace(options, clusters=ids, benchmark=False)
+    started = runner.start(path, options)
+    if started.problems:
+        return None
+    validated = validate_analyzed(started, analyzed, options, progress)
+    failing: dict[str, str] = {}
+    for model in validated.models:
+        for check_ in model.clusters:
+            if check_.status in ("mismatch", "error"):
+                failing[check_.id] = f"its kernel does not compute what its lines do ({check_.message})"
+            elif check_.backward is not None and check_.backward.status in ("mismatch", "error"):
+                failing[check_.id] = f"its backward kernel does not compute the gradients ({check_.backward.message})"
+        whole = model.model
+        if whole is not None and whole.status in ("mismatch", "error"):
+            why = _whole_model_failure(whole)
+            for cid in whole.applied:
+                failing.setdefault(
+                    cid,
+                    f"{model.name} with its kernels applied does not compute what it computes as written ({why}); "
+                    "`fuselens validate` shows each kernel, `--cluster` applies some of them",
+                )
+    return failing
+
+
+def _whole_model_failure(check_: ModelCheck) -> str:
+    """Where the patched model differs: a training step, other sizes, or the forward at the validated inputs."""
+    for where, part in (("in a training step", check_.training), ("at other sizes", check_.other_shapes)):
+        if part is not None and part.status in ("mismatch", "error"):
+            return f"{where}: {part.message}"
+    return f"in eval mode: {check_.message}"

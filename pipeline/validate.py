@@ -11,7 +11,7 @@ from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions
 from fuselens.contracts.validation import ValidationReport
 from fuselens.validate import runner
 
-from .analyze import analyze
+from .analyze import AnalyzedFile, analyze
 
 
 def validate_file(
@@ -21,7 +21,13 @@ def validate_file(
     if result.problems:
         return result
     progress("analyzing", 0.0)
-    analyzed = analyze(path, analyze_options)
+    return validate_analyzed(result, analyze(path, analyze_options), options, progress)
+
+
+def validate_analyzed(
+    result: ValidationReport, analyzed: AnalyzedFile, options: ValidateOptions, progress: Progress = no_progress
+) -> ValidationReport:
+    """Check the kernels of a file already analyzed, into `result` (from `runner.start`)."""
     subjects = {
         name: runner.Subject(source, analyzed.configs[name].init, analyzed.configs[name].param_dtype)
         for name, source in analyzed.sources.items()

@@ -645,3 +645,76 @@ def test_a_library_patch_passes_the_numbers_the_library_reads_from_its_module(tm
             torch.testing.assert_close(got, want, msg=f"with {changed}")
     finally:
         kernels.uninstall()
+
+
+OVERFLOWS_IN_HALF = """
+import torch
+import torch.nn as nn
+
+
+class Gate(nn.Module):  # fuselens: input=(64, 256) float16
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(256, 256)
+
+    def forward(self, x):
+        h = self.proj(x)
+        e = torch.exp(h * 40.0)
+        return e / (e + 1.0)
+"""
+
+
+def _apply_cli(path, *extra: str) -> subprocess.CompletedProcess:
+    cli = [sys.executable, "-m", "fuselens.cli.main", "apply", str(path), "--yes", *extra]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # apply sets it itself on a CPU
+    return subprocess.run(cli, capture_output=True, text=True, cwd=os.path.dirname(path), env=env)
+
+
+def test_apply_validates_first_and_leaves_a_kernel_that_computes_otherwise_unwritten(tmp_path):
+    """In float16 eager's `exp` overflows where the kernel, computing in float32 between its load and
+    its store, does not: its output has NaN elsewhere than the code's, so it is not applied (the file
+    and its folder stay as they were); with `--no-check` it would be."""
+    path = tmp_path / "gate.py"
+    path.write_text(OVERFLOWS_IN_HALF)
+    done = _apply_cli(path, "--param-dtype", "float16")
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skip c0 (mul → exp → add → div): its kernel does not compute what its lines do" in out, out
+    assert "NaN in one and not the other" in out and "nothing to apply" in out
+    assert path.read_text() == OVERFLOWS_IN_HALF and sorted(os.listdir(tmp_path)) == ["gate.py"]
+    unchecked = _apply_cli(path, "--param-dtype", "float16", "--no-check")
+    assert "applied c0" in unchecked.stdout and "cluster0.fits(" in path.read_text()
+
+
+def test_apply_validates_each_kernel_and_the_model_as_a_whole_before_writing(tmp_path):
+    """What passes the check is written: every kernel of the example, run in the interpreter, and the
+    example patched as a whole compute what the example computes as written."""
+    path = tmp_path / "example_net.py"
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), path)
+    done = _apply_cli(path, "--input-shape", "64,1024")
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = [line for line in done.stdout.splitlines() if line.startswith("… ExampleNet: ")]
+    assert checked == [
+        "… ExampleNet: c0 (mul → relu → add)",
+        "… ExampleNet: c1 (gelu → sigmoid → mul)",
+        "… ExampleNet: c2 (tanh → mul → softmax)",
+    ]
+    assert "applied c0, c1, c2" in done.stdout and "skip" not in done.stdout
+
+
+def test_kernels_cannot_be_interpreted_where_triton_was_imported_first_and_validation_says_so():
+    """Triton's own functions (`tl.sigmoid`) are made interpreted or compiled when Triton is imported:
+    a process that imported it before TRITON_INTERPRET=1 was set gets one clear problem, not a failure
+    in every kernel that calls them."""
+    code = (
+        "import triton\n"
+        "from fuselens.contracts.options import ValidateOptions\n"
+        "from fuselens.validate.runner import start\n"
+        "print(start('model.py', ValidateOptions(interpret=True)).problems)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert "imported in this process before TRITON_INTERPRET=1 was set" in done.stdout, done.stdout
+    env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert "imported in this process" not in done.stdout, done.stdout

@@ -1,4 +1,10 @@
-"""Whether the installed Triton's interpreter can run the generated kernels on this machine.
+"""Whether the installed Triton's interpreter can run the generated kernels in this process.
+
+Triton reads TRITON_INTERPRET when it is imported: its own `@triton.jit` functions (`tl.sigmoid`,
+`tl.softmax`) are made then, as interpreted functions or as compiled ones, and a compiled one called
+from an interpreted kernel fails ("Cannot call @triton.jit'd outside of the scope of a kernel").  A
+process that imported Triton before setting the variable (a model file that imports it) cannot
+interpret the kernels; the validation says so rather than failing kernel by kernel.
 
 Some kernels loop to a run-time bound: the looped row kernel over a wide row's column blocks
 (`for col0 in range(0, C, BLOCK_C)`), a group norm's kernels over its blocks, a backward that sums a
@@ -14,6 +20,20 @@ kernel by kernel.
 from __future__ import annotations
 
 import functools
+
+
+def imported_problem() -> str | None:
+    """Why Triton, already imported in this process, cannot interpret kernels (None when it can)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(tl.sigmoid, InterpretedFunction):
+        return None
+    return (
+        "Triton was imported in this process before TRITON_INTERPRET=1 was set (by the model's file, or "
+        "something it imports), so its kernels cannot run in the interpreter here: run with "
+        "TRITON_INTERPRET=1 in the environment"
+    )
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .gradients import check_gradients, time_training
-from .interpreter import loop_problem
+from .interpreter import imported_problem, loop_problem
 from .numerics import compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs
@@ -92,7 +92,7 @@ def start(path: str, options: ValidateOptions) -> ValidationReport:
             "triton is not installed: `pip install triton` (on CPU, `pip install triton==3.8.0 numpy`)"
         )
         return report
-    if mode == "interpret" and (problem := loop_problem()) is not None:
+    if mode == "interpret" and (problem := imported_problem() or loop_problem()) is not None:
         report.problems.append(problem)
         return report
     if not cuda and not options.interpret:

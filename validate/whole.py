@@ -93,7 +93,10 @@ def check_patched_model(
     first is the one validated at); `then(original, patched, check)` runs before the patches are undone
     (to time them)."""
     original_model = build(None).to(device)
-    original = _run_original(original_model, inputs)
+    try:
+        original = _run_original(original_model, inputs)
+    except Exception as exc:  # the model as written does not run here (a dtype the meta trace let through)
+        return ModelCheck("error", applied, message=f"the model as written fails: {type(exc).__name__}: {exc}")
     path = os.path.join(tmp, os.path.basename(report.file))
     module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(report.file)))
     patched_text = edits_mod.apply_line_edits(text, edits_mod.cluster_edits(text, report, applied))
