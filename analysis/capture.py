@@ -476,8 +476,10 @@ class Recorder(TorchFunctionMode):
             prefix = owner_path + "." if owner_path else ""
             for vid in wanted - set(names):
                 src = self.graph.nodes[vid]
-                if src.op in ("param", "buffer") and src.name.startswith(prefix):
-                    names[vid] = "self." + src.name[len(prefix) :]
+                if src.op in ("param", "buffer"):
+                    own = next((n for n in self.graph.names_of(src.name) if n.startswith(prefix)), None)
+                    if own is not None:
+                        names[vid] = "self." + own[len(prefix) :]
         node.operand_names = names
 
     def _bind_value(self, tensor: Any, node_id: int) -> None:
@@ -863,6 +865,14 @@ class Trace:
     output: Any = None  # what the forward returned, when traced with autograd on (`grad`)
 
 
+def _other_names(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """The other names of each parameter or buffer several modules share, by its first name."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(tensor), []).append(name)
+    return {first: tuple(rest) for first, *rest in names.values() if rest}
+
+
 def trace(
     model: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
@@ -892,6 +902,7 @@ def trace(
     recorder.graph.module_settings = {name: module_settings(m) for name, m in modules}
     recorder.graph.module_training = {name: m.training for name, m in modules}
     recorder.graph.module_classes = {name: class_identity(type(m)) for name, m in modules}
+    recorder.graph.other_names = _other_names(model)
     recorder.around_call = around_call
     for tensor, name in zip(inputs, input_names, strict=True):
         recorder.add_input(tensor, name)

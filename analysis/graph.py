@@ -220,6 +220,13 @@ class Graph:
     module_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     module_training: dict[str, bool] = field(default_factory=dict)  # each module's mode, by path
     module_classes: dict[str, str] = field(default_factory=dict)  # `settings.class_identity`, by path
+    # A parameter's or buffer's other names, by the name its node has, where modules share it (an
+    # embedding's weight tied to another module's: `shared.weight` is `decoder.embed_tokens.weight`).
+    other_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def names_of(self, name: str) -> tuple[str, ...]:
+        """Every name of the parameter or buffer named `name`, that one first."""
+        return (name, *self.other_names.get(name, ()))
 
     def __post_init__(self) -> None:
         self._users: dict[int, list[int]] | None = None

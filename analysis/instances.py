@@ -27,10 +27,24 @@ def signature_of_cluster(cluster: Cluster) -> Signature:
 
 
 def groups_of(cluster: Cluster, graph: Graph, groups: list[Group]) -> list[Group]:
-    """The groups of `groups` (detected in `graph`, a trace of the cluster's path) that are its instances."""
+    """The groups of `groups` (detected in `graph`, a trace of the cluster's path) that are its instances
+    (the cluster's part of each, where it is a part)."""
     wanted = signature_of_cluster(cluster)
-    return [
-        groups[p]
-        for p in cluster.positions
-        if p < len(groups) and signature_of_ops(graph, groups[p].compute(graph)) == wanted
-    ]
+    found = []
+    for k, p in enumerate(cluster.positions):
+        part = cluster.parts[k] if k < len(cluster.parts) else []
+        group = part_of(part, groups[p]) if p < len(groups) else None
+        if group is not None and signature_of_ops(graph, group.compute(graph)) == wanted:
+            found.append(group)
+    return found
+
+
+def part_of(part: list[int], group: Group) -> Group | None:
+    """A part of a detected group (`Cluster.parts`: the places of its members among the group's); the
+    whole group for no part, None where the group has no such part."""
+    if not part:
+        return group
+    members = sorted(group.members)
+    if max(part) >= len(members):
+        return None
+    return Group({members[i] for i in part}, group.splits)

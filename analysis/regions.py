@@ -559,9 +559,10 @@ def _attribute_path(param: Node, graph: Graph, roots: list[_Root], spans: _Spans
     if owner is None:
         raise NoRegion(f"`{param.name}` is not reachable from the code to replace")
     prefix = owner + "." if owner else ""
-    if not param.name.startswith(prefix):
+    own = next((name for name in graph.names_of(param.name) if name.startswith(prefix)), None)
+    if own is None:
         raise NoRegion(f"`{param.name}` is not an attribute of the module whose code is replaced")
-    return "self." + param.name[len(prefix) :]
+    return "self." + own[len(prefix) :]
 
 
 def _what(node: Node) -> str:

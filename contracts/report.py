@@ -25,7 +25,7 @@ from .profile import Profile
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
 # report names, wherever they are installed; 11: the `view` rejection reason
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -220,6 +220,11 @@ class Cluster:
     # of the final norm): validation finds each instance's own values by this position.
     path: int = 0
     positions: list[int] = field(default_factory=list)
+    # Where an instance is a part of the group detection found at its position (split where one kernel
+    # call could not stand in for the whole: a convolution's bias left with it, the ops of one call of
+    # several): the places of its ops and views among that group's, in the trace's order; one list per
+    # position, empty for the whole group (no lists: every instance is its whole group).
+    parts: list[list[int]] = field(default_factory=list)
     # How it can be applied: "edit" (`edit` changes the analyzed file), "patch" (its code is a
     # library's, patched at run time), or "no"; `apply_detail` says how, or precisely why not.
     applies: Literal["edit", "patch", "no"] = "no"

@@ -7,6 +7,7 @@ not repeated, and repeated layers fold into one entry with a count (`multiplicit
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
 from fuselens.contracts import report as R
+
+from .pieces import split_into_pieces
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Found:
     splits: list[Split]
     path: int = 0  # which trace of the model it is in
     position: int = 0  # its place among the clusters detected in that trace
+    part: list[int] = field(default_factory=list)  # where it is a part of that cluster (`Cluster.parts`)
 
 
 def op_ref(node: Node) -> R.OpRef:
@@ -63,17 +67,35 @@ def findings(
         graph = trace.graph
         detection: Detection = detect(graph, check)
         path_found = []
-        for position, group in enumerate(detection.clusters):
+        for position, detected in enumerate(detection.clusters):
+            group = detected
             plan, mapping = _planned(graph, group, source)
             if mapping.region is None and _BIAS_KEPT in mapping.detail:
                 smaller = _without_the_bias(graph, group, mapping.detail, detection)
                 if smaller is not None:
                     group = smaller
                     plan, mapping = _planned(graph, group, source)
-            inputs = [s.node for s in plan.inputs]
-            outputs = [o.node for o in returned_outputs(plan)]
-            unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
-            path_found.append(Found(graph, plan, mapping, unfused, fused, note, group.splits, index, position))
+            parts = [(group, (plan, mapping))]
+            if mapping.region is None:
+                parts = (
+                    split_into_pieces(
+                        graph,
+                        group,
+                        mapping.detail,
+                        functools.partial(_placed, graph, source=source),
+                        detection.rejected,
+                    )
+                    or parts
+                )
+            whole = sorted(detected.members)
+            for piece, (plan, mapping) in parts:
+                inputs = [s.node for s in plan.inputs]
+                outputs = [o.node for o in returned_outputs(plan)]
+                unfused, fused = cost.cluster_bytes(graph, plan.compute, inputs, outputs)
+                part = [] if piece.members == detected.members else [whole.index(m) for m in sorted(piece.members)]
+                path_found.append(
+                    Found(graph, plan, mapping, unfused, fused, note, piece.splits, index, position, part)
+                )
         path_rejected = [(graph, r, note) for r in detection.rejected]
         path_matches = [(graph, m, note) for m in patterns_mod.find_patterns(graph)]
         if index == 0:
@@ -115,6 +137,12 @@ def _planned(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple
     outputs = [o.node for o in returned_outputs(plan)]
     numbers = [(n.text, n.at) for n in plan.scalars]
     return plan, sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
+
+
+def _placed(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping] | None:
+    """The piece's plan and mapping where one kernel call can stand in for its code, else None."""
+    plan, mapping = _planned(graph, group, source)
+    return (plan, mapping) if mapping.region is not None else None
 
 
 # What the source map says of a convolution whose bias add joined the cluster but whose call the code
@@ -295,6 +323,7 @@ def _cluster(group: list[Found], profile: cost.DeviceProfile, source: sourcemap.
         total_bytes_fused=_times(first.fused, len(group)),
         path=first.path,
         positions=[f.position for f in group],
+        parts=[f.part for f in group] if any(f.part for f in group) else [],
     )
     if not _here(cluster.file, source):
         cluster.reached_from = _reached_from(g, plan.compute, source)

@@ -373,3 +373,62 @@ def test_gradients_at_a_width_the_backward_was_not_made_for_take_that_widths_ker
     with torch.no_grad():  # no gradient wanted: the first kernel computes the narrow norm too
         b.eval()(x)
     assert applied.launches == {"cluster0": 2}, applied.launches
+
+
+ROTARY_POSITIONS = """
+import torch
+import torch.nn as nn
+
+
+class Rotary(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)))
+
+    def forward(self, positions):
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        return freqs.cos() * 2.0, freqs.sin() * 2.0
+
+
+class Net(nn.Module):  # fuselens: input=(16, 32)
+    def __init__(self):
+        super().__init__()
+        self.rotary = Rotary(32)
+        self.past = []
+
+    def forward(self, x, positions=None):
+        if positions is None:
+            past = len(self.past)
+            positions = torch.arange(x.shape[0]) + past
+        cos, sin = self.rotary(positions)
+        return x[:, :16] * cos + x[:, 16:] * sin
+"""
+
+
+def test_a_cluster_no_call_can_stand_in_for_runs_in_pieces_that_can(tmp_path, analyze):
+    """The positions' add, the rotary embedding's ops and the product they feed are one cluster, but the
+    add sits in an `if` that also runs other code: the rotary's ops (in the call `Net.forward` makes)
+    and the product (made there directly) apply as two kernels, the add runs as written, and says why."""
+    path = tmp_path / "model.py"
+    path.write_text(ROTARY_POSITIONS.lstrip())
+    report = analyze(str(path))
+    (model,) = [m for m in report.models if m.name == "Net"]
+    assert [(c.op_chain, c.applies) for c in model.clusters] == [
+        ("cast → mul → cos → mul → sin → mul", "edit"),
+        ("mul → mul → add", "edit"),
+    ]
+    (left,) = [r for r in model.rejections if r.lines == [24, 24]]
+    assert "left out of the kernels of" in left.detail and "in the `if` on line 22" in left.detail
+    applied = apply_source(tmp_path, ROTARY_POSITIONS, "rotary")
+    assert "        if positions is None:\n            past = len(self.past)\n" in applied.text
+    a, b = _pair(applied, "Net")
+    x = torch.randn(16, 32, requires_grad=True)
+    want = a(x)
+    got = b(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert applied.launches == {"cluster0": 1, "cluster1": 1}
+    (grad_got,) = torch.autograd.grad(got.sum(), x)
+    (grad_want,) = torch.autograd.grad(want.sum(), x)
+    torch.testing.assert_close(grad_got, grad_want)
+    a.past, b.past = [1, 2], [1, 2]  # another past length: the positions move, the kernels still fit
+    torch.testing.assert_close(b(x[:8]), a(x[:8]), rtol=1e-5, atol=1e-5)

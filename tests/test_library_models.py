@@ -229,7 +229,7 @@ GRADIENT_CASES = [
         """,
             "transformers.models.bart.modeling_bart",
         ),
-        "eq → masked_fill → embedding → mul → add → add → embedding → add → layer_norm",  # an embeddings + norm
+        "embedding → mul",  # the scaled token embedding, a piece of the embeddings' cluster that applies
         id="bart",
     ),
 ]

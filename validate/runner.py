@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from fuselens.analysis import capture, loader, weights
-from fuselens.analysis.detect import detect
+from fuselens.analysis.detect import Group, detect
 from fuselens.analysis.graph import Graph
-from fuselens.analysis.instances import signature_of_cluster, signature_of_ops
+from fuselens.analysis.instances import groups_of, signature_of_ops
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
@@ -283,18 +283,14 @@ def traced_instances(
     own place among the clusters of a real trace that takes the analysis's decisions at data-dependent
     branches: same-looking clusters elsewhere in the model (the same lines, other inputs) never lend it
     their values."""
-    traces: dict[int, list[Instance]] = {}
+    traces: dict[int, tuple[Graph, list[Group], dict]] = {}
     found: dict[str, list[Instance]] = {}
     for cluster in report.clusters:
         if cluster.path not in traces:
             decisions = report.paths[cluster.path] if cluster.path < len(report.paths) else []
             traces[cluster.path] = _detected(model, inputs, names, user_code, decisions)
-        detected, wanted = traces[cluster.path], signature_of_cluster(cluster)
-        found[cluster.id] = [
-            detected[p]
-            for p in cluster.positions
-            if p < len(detected) and signature_of_ops(detected[p][0], detected[p][1].compute) == wanted
-        ]
+        graph, groups, values = traces[cluster.path]
+        found[cluster.id] = [(graph, plan_cluster(graph, g.members), values) for g in groups_of(cluster, graph, groups)]
     return found
 
 
@@ -304,14 +300,13 @@ def _detected(
     names: list[str],
     user_code: capture.UserCode,
     decisions: list[bool],
-) -> list[Instance]:
-    """The clusters of a real trace, in the order detection finds them."""
+) -> tuple[Graph, list[Group], dict]:
+    """The groups detection finds in a real trace, in its order, with the trace's values."""
     try:
         traced = capture.trace(model, inputs, names, user_code, decisions=decisions, real=True)
     except capture.CaptureError:
-        return []
-    values = traced.values or {}
-    return [(traced.graph, plan_cluster(traced.graph, g.members), values) for g in detect(traced.graph, check).clusters]
+        return Graph(), [], {}
+    return traced.graph, detect(traced.graph, check).clusters, traced.values or {}
 
 
 def _numel(shape) -> int:
