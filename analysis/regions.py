@@ -115,6 +115,10 @@ class Region:
     def call(self, name: str) -> str:
         return f"{name}({', '.join(self.arguments)})"
 
+    def same_code(self, other: Region) -> bool:
+        """Whether `other` replaces the very code this region does (what differs is only its arguments)."""
+        return sorted(self._edits) == sorted(other._edits)
+
     def statement(self, name: str) -> str:
         """The call as it reads in the rewritten code, for display."""
         if not self.outputs:
@@ -218,20 +222,30 @@ class _Spans:
         self.foreign: dict[Span, list[int]] = {}
         # The module path of the frame's `self`.
         self.owner = next((f.owner for n in graph for f in n.stack if f.invocation == invocation), "")
+        # Each time the function evaluates an expression (a loop evaluates it once an iteration), its ops
+        # run one after another: the ops of one evaluation, by span, are those of the cluster's.
+        evaluation: dict[int, tuple[Span, int]] = {}
+        count: dict[Span, int] = {}
+        previous: Span | None = None
         for node in graph:
             frame = next((f for f in node.stack if f.invocation == invocation), None)
             if frame is None or (node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const", "input")):
                 continue
             if frame.col < 0:
                 raise NoRegion(f"the trace has no column positions for line {frame.line}")
+            if frame.span != previous:
+                count[frame.span] = count.get(frame.span, -1) + 1
+                previous = frame.span
+            evaluation[node.id] = (frame.span, count[frame.span])
             self.of[node.id] = frame.span
             side = self.cluster if node.id in members else self.foreign
             side.setdefault(frame.span, []).append(node.id)
+        ours = {evaluation[m] for m in members if m in evaluation}
         # A convolution's call whose bias add is the cluster's (`self.conv1(h)` feeding a norm): the
         # call stays, as the convolution without its bias, passed to the kernel's call.
         self.unbiased: dict[Span, int] = {}
         for span in self.cluster:
-            others = [i for i in self.foreign.get(span, []) if not _free(graph[i])]
+            others = [i for i in self.foreign.get(span, []) if not _free(graph[i]) and evaluation[i] in ours]
             if len(others) == 1 and _bias_left_to(graph, others[0], members):
                 self.unbiased[span] = others[0]
             elif others:

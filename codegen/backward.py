@@ -685,6 +685,7 @@ def _pick(w: _Writer, node: Node) -> None:
     is the picked one at the index and 0 elsewhere, a one-hot; its row sum is the picked gradient."""
     x, index = _operands(node)[:2]
     classes, g = _shape(w.graph[x.node])[-1], w.grad(node)
+    w.sized = True  # the class count is the analyzed one's: a call with gradients must have it
     hot = w.let(f"torch.nn.functional.one_hot({w.value(index)}[..., 0], {classes})")
     alone = x.node not in w.adjoint
     w.to(x, f"{hot} * {g}", over_row=False)
@@ -803,6 +804,7 @@ def _cross_entropy(w: _Writer, node: Node) -> None:
         raise NoBackward("a cross-entropy whose forward kept no row log-sum-exp")
     reduction, ignored = node.params["reduction"], w.number(node.params["ignore_index"], int)
     smoothing, classes = node.params["label_smoothing"], _shape(w.graph[x.node])[-1]
+    w.sized = True  # the class count is the analyzed one's: a call with gradients must have it
     t, g = w.value(target), w.grad(node)
     valid = w.let(f"{t} != {ignored}")
     share = f"{g} / {w.saved[(node.id, 'count')]}" if reduction == "mean" else g
@@ -850,7 +852,7 @@ def _view(w: _Writer, node: Node) -> None:
         return
     if not of_input and all(s[0] in ("unsqueeze", "squeeze", "reshape") for s in steps):
         # A view of a value the cluster computes, that only regroups its dims: the gradient regrouped back.
-        w.to(x, f"{w.grad(node)}.reshape({list(_shape(w.graph[x.node]))})", over_row=False)
+        w.to(x, f"{w.grad(node)}.reshape({w.value(x)}.shape)", over_row=False)
         return
     raise NoBackward(f"the gradient through a `{node.op}` view")
 
@@ -917,11 +919,12 @@ def _embedding(w: _Writer, node: Node) -> None:
     """The table's gradient: each looked-up row's gradient added into the table at its id, as eager
     autograd computes it (`embedding_dense_backward`); a scatter, so torch runs it, not a kernel."""
     table, ids = _operands(node)[:2]
-    rows = _shape(w.graph[table.node])[0]
     padding = w.number(node.params.get("padding_idx", -1), int)
     by_freq = bool(node.params.get("scale_grad_by_freq", False))
-    # The lookup's gradient as large as the lookup (a position embedding is broadcast over the batch).
-    g = f"{w.grad(node)}.sum_to_size({list(_shape(node))})"
+    # The lookup's gradient as large as the lookup (a position embedding is broadcast over the batch):
+    # the sizes of the call's ids and table, which a kernel made at other sizes may take.
+    looked_up, rows = f"tuple({w.value(ids)}.shape) + ({w.value(table)}.shape[-1],)", f"{w.value(table)}.shape[0]"
+    g = f"{w.grad(node)}.sum_to_size({looked_up})"
     w.to(
         table,
         f"torch.ops.aten.embedding_dense_backward({g}, {w.value(ids)}, {rows}, {padding}, {by_freq})",

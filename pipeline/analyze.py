@@ -325,11 +325,15 @@ def _real_run(
 
 
 def _settle_dtypes(model: R.Model, config: ModelConfig, built: torch.nn.Module) -> None:
-    """Inputs given as shapes only: token ids (int64) for a model that starts by looking them up,
-    float32 for any other; the report's inputs are what the model is traced with."""
+    """Inputs given as shapes only: token ids (int64) for a model that starts by looking them up, where
+    they are shaped like ids ((batch, sequence) at most), float32 for any other; the report's inputs
+    are what the model is traced with."""
     inputs = config.inputs or []
-    if loader.takes_token_ids(built) and any(not s.dtype_given for s in inputs):
-        config.inputs = inputs = [s if s.dtype_given else InputSpec(list(s.shape), "int64") for s in inputs]
+    ids = [not s.dtype_given and len(s.shape) <= 2 for s in inputs]
+    if loader.takes_token_ids(built) and any(ids):
+        config.inputs = inputs = [
+            InputSpec(list(s.shape), "int64") if i else s for s, i in zip(inputs, ids, strict=True)
+        ]
         model.notes.append("no dtype was given for the inputs: int64 token ids, as the model looks them up first")
     model.inputs = [R.TensorInfo(s.shape, s.dtype, high=s.high) for s in inputs]
     model.inputs_source = config.inputs_source

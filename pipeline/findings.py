@@ -192,7 +192,7 @@ def _refuse_regions_other_calls_need(found: list[Found]) -> None:
             if own is None:
                 continue
             for invocation, other in calls.items():
-                if other.ops == own.ops or _told_apart(graph, f, own, other):
+                if other.iteration == own.iteration or _told_apart(graph, f, own, other):
                     continue
                 if invocation in [p.invocation for g in group if (p := places.common_place(graph, g.plan.compute))]:
                     detail = f"{span} compute {own.chain} in one call and {other.chain} in another: one kernel call cannot stand for both"
@@ -219,7 +219,15 @@ class _Call:
 
     @property
     def chain(self) -> str:
-        return " → ".join(self.ops)
+        return " → ".join(self.iteration)
+
+    @property
+    def iteration(self) -> list[str]:
+        """The ops one evaluation of the lines runs: a loop over them (a mixture's experts) runs the same
+        ops again each time, as many times as it loops."""
+        n = len(self.ops)
+        period = next((p for p in range(1, n + 1) if n % p == 0 and self.ops == self.ops[:p] * (n // p)), n)
+        return self.ops[:period]
 
 
 def _calls_running(graph: Graph, file: str, first: int, last: int) -> dict[int, _Call]:

@@ -293,8 +293,14 @@ def _write_edits(
         first = group[0]
         same = [p for p in group if p.region.arguments == first.region.arguments]
         for p in group:
-            if p not in same:
+            if p in same:
+                continue
+            if p.region.same_code(first.region):
                 p.cluster.apply_detail = f"its code is {first.cluster.id}'s, called with other arguments: one rewrite cannot ask both kernels"
+            else:
+                lo, hi = first.region.first, first.region.last
+                where = f"line {lo} also holds" if lo == hi else f"lines {lo}–{hi} also hold"
+                p.cluster.apply_detail = f"{where} {first.cluster.id}, whose kernel the rewrite there asks: one rewrite asks one kernel"
         alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
         lines = source.lines if first.function is None else first.lines
         try:

@@ -55,18 +55,20 @@ def _placed(
     if depth == 0:
         return []
     found: list[tuple[Group, Placed]] = []
-    for piece in _pieces(graph, group):
-        where = place(piece)
-        if where is not None:
-            found.append((piece, where))
+    for forms in _pieces(graph, group):
+        placed = next(((piece, where) for piece in forms if (where := place(piece)) is not None), None)
+        if placed is not None:
+            found.append(placed)
         else:
-            found += _placed(graph, piece, place, depth - 1)
+            found += _placed(graph, forms[-1], place, depth - 1)
     return found
 
 
-def _pieces(graph: Graph, group: Group) -> list[Group]:
+def _pieces(graph: Graph, group: Group) -> list[list[Group]]:
     """The group's ops split by the call they are made under, inside the call all of them share (the
-    ops it makes directly are one piece): those that are still one kernel's cluster, largest first."""
+    ops it makes directly are one piece): those that are still one kernel's cluster, largest first.
+    Each piece in its forms: without the views of values from outside it (a view on a line of its own
+    stays with the code before the piece's), then with them (a view inside the piece's expression)."""
     compute = group.compute(graph)
     shared = common_place(graph, compute)
     if shared is None:
@@ -82,11 +84,15 @@ def _pieces(graph: Graph, group: Group) -> list[Group]:
         return []
     pieces = []
     for part in parts.values():
-        for members in _connected(graph, _between(graph, part)):
-            piece = Group(members, group.splits)
-            if len(piece.compute(graph)) >= 2 and check(graph, frozenset(members))[0]:
-                pieces.append(piece)
-    return sorted(pieces, key=lambda p: (-len(p.compute(graph)), min(p.members)))
+        for members in _connected(graph, part):
+            forms = [
+                Group(set(m), group.splits)
+                for m in dict.fromkeys([frozenset(_between(graph, members)), frozenset(members)])
+            ]
+            forms = [f for f in forms if len(f.compute(graph)) >= 2 and check(graph, frozenset(f.members))[0]]
+            if forms:
+                pieces.append(forms)
+    return sorted(pieces, key=lambda forms: (-len(forms[0].compute(graph)), min(forms[0].members)))
 
 
 def _between(graph: Graph, part: set[int]) -> set[int]:

@@ -432,3 +432,85 @@ def test_a_cluster_no_call_can_stand_in_for_runs_in_pieces_that_can(tmp_path, an
     torch.testing.assert_close(grad_got, grad_want)
     a.past, b.past = [1, 2], [1, 2]  # another past length: the positions move, the kernels still fit
     torch.testing.assert_close(b(x[:8]), a(x[:8]), rtol=1e-5, atol=1e-5)
+
+
+TWO_LENGTHS = """
+import torch
+import torch.nn as nn
+
+
+class Positions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(64, 16)
+        self.offset = 2
+
+    def forward(self, x):
+        ids = torch.arange(x.shape[1]) + self.offset
+        return x + self.table(ids) * 2.0
+
+
+class Net(nn.Module):  # fuselens: input=(2, 12, 16)
+    def __init__(self):
+        super().__init__()
+        self.encoder = Positions()
+        self.decoder = Positions()
+
+    def forward(self, x):
+        return self.encoder(x).sum() + self.decoder(x[:1, :5]).sum()
+"""
+
+
+def test_a_lookup_whose_kernel_takes_other_lengths_gets_the_gradient_of_each(tmp_path):
+    """The encoder's and the decoder's positions are one function's lines at two sizes: the first
+    kernel made for them fits both (the ids and the rows they read may be any number), and the
+    table's gradient is summed to each call's own lookup, not to the analyzed one's."""
+    applied = apply_source(tmp_path, TWO_LENGTHS, "lengths")
+    a, b = _pair(applied, "Net")
+    x = torch.randn(2, 12, 16)
+    a(x).backward()
+    b(x).backward()
+    assert sum(applied.launches.values()) == 2, applied.launches
+    for (name, want), got in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+
+
+EXPERTS_LOOP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Experts(nn.Module):  # fuselens: input=(12, 32)
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Parameter(torch.randn(3, 32, 64) * 0.1)
+
+    def forward(self, x):
+        out = []
+        for k, size in enumerate((5, 4, 3)):
+            gate, up = (x[:size] @ self.up[k]).chunk(2, dim=-1)
+            out.append(F.silu(gate) * up)
+        return tuple(out)
+"""
+
+
+def test_lines_a_loop_runs_again_apply_once_for_every_iteration(tmp_path, analyze):
+    """A loop evaluates `F.silu(gate) * up` once per expert, at each expert's token count: each
+    evaluation's ops are a cluster of the same lines, not ops another call runs there, so the line
+    is replaced and every iteration asks the kernels."""
+    path = tmp_path / "model.py"
+    path.write_text(EXPERTS_LOOP.lstrip())
+    (model,) = analyze(str(path)).models
+    assert [(c.op_chain, c.applies) for c in model.clusters] == [("silu → mul", "edit")] * 3, [
+        c.apply_detail for c in model.clusters
+    ]
+    applied = apply_source(tmp_path, EXPERTS_LOOP, "experts")
+    a, b = _pair(applied, "Experts")
+    x = torch.randn(12, 32)
+    want, got = a(x), b(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert sum(applied.launches.values()) == 3, applied.launches
+    sum(w.sum() for w in want).backward()
+    sum(g.sum() for g in got).backward()
+    torch.testing.assert_close(b.up.grad, a.up.grad, rtol=1e-5, atol=1e-6)
