@@ -76,6 +76,32 @@ def guarded(region: Region, alternatives: list[Alternative], lines: list[str], c
     return _statements(region, alternatives, questions, passed, temps, lines, carried)
 
 
+def dispatched(regions: list[Region], written: list[Guarded], lines: list[str]) -> Guarded:
+    """The same lines rewritten for kernels that need them rewritten in different ways (ResnetBlock2D's
+    shortcut convolution, run in some blocks and not in others): each rewrite (`written`, by
+    `guarded`) runs where the tests of the `if`s its kernels' ops sit in hold, the lines as written
+    where none does.  A rewrite asked on no test can only be the last."""
+    if any(r.in_place is not None for r in regions):
+        raise NoRegion("a rewrite of an expression in place cannot be chosen among others")
+    if any(not r.conditions or not r.conditions_first for r in regions[:-1]):
+        raise NoRegion("no test tells where each rewrite runs")
+    first, last = regions[0].first, regions[0].last
+    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+    out = []
+    for k, (region, text) in enumerate(zip(regions, written, strict=True)):
+        if region.conditions and region.conditions_first:
+            out.append(f"{indent}{'if' if k == 0 else 'elif'} {' and '.join(region.conditions)}:\n")
+        elif k == 0:
+            raise NoRegion("no test tells where each rewrite runs")
+        else:
+            out.append(f"{indent}else:\n")
+        out.append(_indented(text.text, indent))
+    if regions[-1].conditions and regions[-1].conditions_first:
+        out.append(f"{indent}else:\n")
+        out.append(_indented("".join(line + "\n" for line in lines[first - 1 : last]), indent))
+    return Guarded("".join(out))
+
+
 def carried_ahead(region: Region, line: int) -> str | None:
     """The convolution module whose call without its bias is all the region runs ahead on `line` (its
     first), when another rewrite ends on that line: that rewrite can carry the statement, made without
@@ -257,12 +283,19 @@ def _statements(
         body = region.rewrite_spans(alternative.call, lines, whole, passed, region.ahead)
         out.append(_indented(body, indent))
     out.append(f"{indent}else:\n")
-    restored = "".join(
-        f"{indent}{name} = {_with_bias(name, *region.biases[call], bare=True)}\n"
-        for _, call, name in region.unbiased_statements
-    )
+    restored = "".join(_restored(region, call, name, indent) for _, call, name in region.unbiased_statements)
     out.append(_indented(restored + _fallback_text(region, temps, lines, whole, region.ahead), indent))
     return Guarded("".join(out))
+
+
+def _restored(region: Region, call: Span, name: str, indent: str) -> str:
+    """The statement that adds back the bias of the convolution at `call`, bound to `name`, where no
+    kernel ran: under the tests of the `if`s it sits in (where they fail, the convolution did not run)."""
+    statement = f"{name} = {_with_bias(name, *region.biases[call], bare=True)}\n"
+    conditions = region.unbiased_conditions.get(call, [])
+    if not conditions:
+        return f"{indent}{statement}"
+    return f"{indent}if {' and '.join(conditions)}:\n{indent}    {statement}"
 
 
 def _indented(text: str, indent: str) -> str:

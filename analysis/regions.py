@@ -26,7 +26,7 @@ import ast
 import copy
 import linecache
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .graph import Graph, Node
@@ -80,6 +80,9 @@ class Region:
     # (statement span, call span, the name bound), which stay, calling it without its bias.
     biases: dict[Span, tuple[str, int]] = field(default_factory=dict)
     unbiased_statements: list[tuple[Span, Span, str]] = field(default_factory=list)
+    # The tests of the `if`s such a statement sits in (by its call's span), as asked: where the kernel
+    # does not run, its bias goes back only where the convolution ran.
+    unbiased_conditions: dict[Span, list[str]] = field(default_factory=dict)
     # The statements before the call that stay (such a convolution's among them), in order: the guarded
     # form runs them ahead of asking the kernels.
     ahead: list[Span] = field(default_factory=list)
@@ -87,6 +90,9 @@ class Region:
     # The tests of the `if`s the cluster's ops are inside, as asked beside `fits` (the kernel stands for
     # the branch the analyzed call took).
     conditions: list[str] = field(default_factory=list)
+    # Whether those tests read what they read where they stand before any of the lines run (nothing
+    # run ahead binds a name they read): lines whose kernels need other code ahead can then be chosen by them.
+    conditions_first: bool = True
 
     def rewrite_spans(
         self, name: str, lines: list[str], within: Span, arguments: list[str] | None = None, skip: Sequence[Span] = ()
@@ -162,9 +168,15 @@ def find_region(
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
     roots = _roots(spans, ast_of, graph, compute)
-    placement = _statements(function, roots)
+    placement = _statements(function, roots, lambda root, own: _stays_unbiased(root, own, spans, outputs))
     block, statements = placement.block, placement.statements
-    unbiased = _unbiased_statements(roots, statements, block, spans, outputs)
+    unbiased = {k: _target_of(root, own) for k, (root, own) in enumerate(zip(roots, placement.inner, strict=True))}
+    unbiased = {
+        k: name
+        for k, name in unbiased.items()
+        if _stays_unbiased(roots[k], placement.inner[k], spans, outputs)
+        and (statements[k] in placement.staying or not isinstance(block[statements[k]], ast.If))
+    }
     named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
     placed = [
         (named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation)
@@ -178,9 +190,13 @@ def find_region(
     region.argument_spans = [span for _, span in placed] + [None] * len(numbers)
     region.biases = {span: _bias(span, roots, spans, graph, lines) for span in spans.unbiased}
     region.unbiased_statements = [
-        (_span(block[statements[k]]) or (0, 0, 0, 0), _span(roots[k].node) or (0, 0, 0, 0), name)
+        (_span(placement.inner[k]) or (0, 0, 0, 0), _span(roots[k].node) or (0, 0, 0, 0), name)
         for k, name in unbiased.items()
     ]
+    region.unbiased_conditions = {
+        _span(roots[k].node) or (0, 0, 0, 0): [_condition(test, taken, lines) for test, taken in placement.paths[k]]
+        for k in unbiased
+    }
     has_self = bool(function.args.args) and function.args.args[0].arg == "self"
     texts = [at[invocation] for _, at in numbers if invocation in at]
     code = [_span(root.node) or (0, 0, 0, 0) for root in roots]
@@ -194,18 +210,11 @@ def find_region(
     return region
 
 
-def _unbiased_statements(
-    roots: list[_Root], statements: list[int], block: list[ast.stmt], spans: _Spans, outputs: list[int]
-) -> dict[int, str]:
-    """Roots that are a convolution's whole call bound to a name (`h = self.conv1(h)`) whose bias
-    add the cluster takes: that statement stays, calling the convolution without its bias, and the
-    kernel's call reads the name (root index -> the name)."""
-    kept = {}
-    for k, (root, i) in enumerate(zip(roots, statements, strict=True)):
-        name = _target_of(root, block[i])
-        if _span(root.node) in spans.unbiased and name and root.value not in outputs:
-            kept[k] = name
-    return kept
+def _stays_unbiased(root: _Root, own: ast.stmt, spans: _Spans, outputs: list[int]) -> bool:
+    """Whether the root is a convolution's whole call bound to a name (`h = self.conv1(h)`, its own
+    statement `own`) whose bias add the cluster takes: that statement stays, calling the convolution
+    without its bias, and the kernel's call reads the name."""
+    return _span(root.node) in spans.unbiased and bool(_target_of(root, own)) and root.value not in outputs
 
 
 # ---- spans at the common frame ---------------------------------------------------------------
@@ -605,11 +614,15 @@ class _Placement:
     statements: list[int]
     inner: list[ast.stmt]
     conditions: list[tuple[ast.expr, bool]] = field(default_factory=list)
+    paths: list[list[tuple[ast.expr, bool]]] = field(default_factory=list)  # each root's `if`s
+    staying: set[int] = field(default_factory=set)  # the `if`s (block indices) that stay whole
 
 
-def _statements(function: ast.AST, roots: list[_Root]) -> _Placement:
+def _statements(function: ast.AST, roots: list[_Root], stays: Callable[[_Root, ast.stmt], bool]) -> _Placement:
     """Where the roots are (`_Placement`): in one block of statements, or inside `if`s of one block,
-    each on the branch the analyzed call took."""
+    each on the branch the analyzed call took.  `stays(root, own statement)`: whether the root's
+    statement stays where it is (a convolution run without its bias), so that an `if` holding only
+    such roots may hold other code too: that `if` stays whole."""
     nested = []
     for block in _blocks(function):
         found = [next((i for i, s in enumerate(block) if _within(root.node, s)), None) for root in roots]
@@ -617,20 +630,35 @@ def _statements(function: ast.AST, roots: list[_Root]) -> _Placement:
             continue
         indices = [i for i in found if i is not None]
         if not any(isinstance(block[i], _COMPOUND) for i in indices):
-            return _Placement(block, indices, [block[i] for i in indices])
+            return _Placement(block, indices, [block[i] for i in indices], [], [[] for _ in indices])
         nested.append((block, indices))
     if not nested:
         raise NoRegion("its code is not in one block of statements")
     # Blocks holding every root nest in one another, outer first: the innermost holds them most closely.
     block, indices = nested[-1]
     inner: list[ast.stmt] = []
+    paths: list[list[tuple[ast.expr, bool]]] = []
     conditions: list[tuple[ast.expr, bool]] = []
     for root, i in zip(roots, indices, strict=True):
         statement, path = _inside_ifs(block[i], root)
         inner.append(statement)
+        paths.append(path)
         conditions += [c for c in path if not any(c[0] is d[0] for d in conditions)]
-    _check_branches_hold_only_roots(block, indices, inner)
-    return _Placement(block, indices, inner, conditions)
+    staying = {i for i in indices if _only_staying(block[i], roots, indices, inner, stays)}
+    _check_branches_hold_only_roots(block, [i for i in indices if i not in staying], inner)
+    return _Placement(block, indices, inner, conditions, paths, staying)
+
+
+def _only_staying(
+    statement: ast.stmt,
+    roots: list[_Root],
+    indices: list[int],
+    inner: list[ast.stmt],
+    stays: Callable[[_Root, ast.stmt], bool],
+) -> bool:
+    """Whether `statement` is an `if` whose roots all stay where they are (`_statements`)."""
+    held = [k for k, i in enumerate(indices) if _within(roots[k].node, statement)]
+    return isinstance(statement, ast.If) and all(stays(roots[k], inner[k]) for k in held)
 
 
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
@@ -764,12 +792,12 @@ def _rewrite(
         if value not in placed:
             raise NoRegion(f"a value the cluster computes inside line {graph[value].line or 0} is used elsewhere too")
     plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs), placement.inner)
-    plan.untaken = _untaken_branches(block, statements, placement.inner)
+    plan.untaken = _untaken_branches(block, [i for i in statements if i not in placement.staying], placement.inner)
     for k, text in unbiased.items():
         root, i = roots[k], statements[k]
         plan.edits.append((_span(root.node) or (0, 0, 0, 0), text.replace("{", "{{").replace("}", "}}")))
         plan.unbiased.add(i)
-        name = _target_of(root, block[i])
+        name = _target_of(root, placement.inner[k])
         if _read_later(block, i, name, [_span(r.node) for r in roots] + plan.untaken, function):
             raise NoRegion(f"`{name}` is assigned on line {block[i].lineno} and used outside the cluster")
     for k, (root, i) in enumerate(zip(roots, statements, strict=True)):
@@ -800,6 +828,9 @@ def _rewrite(
     )
     region.ahead = ahead
     region.conditions = [_condition(test, taken, lines) for test, taken in conditions]
+    read = {n.id for test, _ in conditions for n in ast.walk(test) if isinstance(n, ast.Name)}
+    bound = set().union(*(_stored(s) for s in plan.kept(min(statements), plan.call_at)))
+    region.conditions_first = not (read & bound)
     region.taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     region.taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
     return region

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from fuselens.analysis import sourcemap
-from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, guarded, unbiased_calls
+from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, dispatched, guarded, unbiased_calls
 from fuselens.analysis.library import NotPatchable, called_code, library_function
 from fuselens.analysis.packages import Package, model_library, not_a_package
 from fuselens.analysis.regions import NoRegion, Region
@@ -290,36 +290,67 @@ def _write_edits(
     for p in placed:
         groups.setdefault((os.path.abspath(p.region.file), p.region.first, p.region.last), []).append(p)
     for group in groups.values():
-        first = group[0]
-        same = [p for p in group if p.region.arguments == first.region.arguments]
+        kinds: dict[tuple[str, ...], list[_Placed]] = {}  # the kernels whose rewrites of the lines are one
         for p in group:
-            if p in same:
-                continue
-            if p.region.same_code(first.region):
-                p.cluster.apply_detail = f"its code is {first.cluster.id}'s, called with other arguments: one rewrite cannot ask both kernels"
-            else:
-                lo, hi = first.region.first, first.region.last
-                where = f"line {lo} also holds" if lo == hi else f"lines {lo}–{hi} also hold"
-                p.cluster.apply_detail = f"{where} {first.cluster.id}, whose kernel the rewrite there asks: one rewrite asks one kernel"
-        alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
-        lines = source.lines if first.function is None else first.lines
-        try:
-            written = guarded(first.region, alternatives, lines)
-        except NoRegion as exc:
-            for p in same:
-                p.cluster.apply_detail = f"{p.cluster.mapping_detail}; {exc}" if p.function else str(exc)
+            kinds.setdefault((*p.region.arguments, "|", *p.region.conditions), []).append(p)
+        subgroups = list(kinds.values())
+        lines = source.lines if group[0].function is None else group[0].lines
+        written: list[Guarded] = []
+        for same in subgroups:
+            alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
+            try:
+                written.append(guarded(same[0].region, alternatives, lines))
+            except NoRegion as exc:
+                for p in same:
+                    p.cluster.apply_detail = f"{p.cluster.mapping_detail}; {exc}" if p.function else str(exc)
+                written.append(Guarded(""))
+        usable = [(same, text) for same, text in zip(subgroups, written, strict=True) if text.text]
+        if not usable:
             continue
-        conv = carried_ahead(first.region, first.region.first)
-        rest = guarded(first.region, alternatives, lines, carried=first.region.first).text if conv else ""
+        if len(usable) > 1:
+            # Kernels that each need the lines rewritten otherwise: each rewrite where its `if`s hold
+            # (those asked on a test first); where that cannot tell them apart, the first rewrite only.
+            usable.sort(key=lambda u: not u[0][0].region.conditions)
+            try:
+                both = dispatched([same[0].region for same, _ in usable], [text for _, text in usable], lines)
+                usable = [([p for same, _ in usable for p in same], both)]
+            except NoRegion:
+                _refuse_other_rewrites(usable)
+                usable = usable[:1]
+        same, text = usable[0]
+        first = same[0]
+        conv = carried_ahead(first.region, first.region.first) if len(kinds) == 1 else None
+        rest = ""
+        if conv:
+            alternatives = [Alternative(p.call, bool(p.region.checks)) for p in same]
+            rest = guarded(first.region, alternatives, lines, carried=first.region.first).text
         for p in same:
             others = [q.cluster.id for q in same if q is not p]
             if p.function is None:
-                _attach_source_edit(report, p, written, others, module_path, source)
+                _attach_source_edit(report, p, text, others, module_path, source)
             else:
-                _attach_library_patch(p, written, others)
+                _attach_library_patch(p, text, others)
             if conv:
                 carried[p.cluster.id] = (conv, rest)
     return carried
+
+
+def _refuse_other_rewrites(usable: list[tuple[list[_Placed], Guarded]]) -> None:
+    """The kernels left out where one rewrite of the lines is all the code can take, with why."""
+    first = usable[0][0][0]
+    lo, hi = first.region.first, first.region.last
+    where = f"line {lo} also holds" if lo == hi else f"lines {lo}–{hi} also hold"
+    for same, _ in usable[1:]:
+        for p in same:
+            if p.region.same_code(first.region):
+                p.cluster.apply_detail = (
+                    f"its code is {first.cluster.id}'s, called with other arguments, and no test of an `if` "
+                    "tells their calls apart: one rewrite cannot ask both kernels"
+                )
+            else:
+                p.cluster.apply_detail = (
+                    f"{where} {first.cluster.id}, whose kernel the rewrite there asks: one rewrite asks one kernel"
+                )
 
 
 def _attach_source_edit(

@@ -341,12 +341,31 @@ def test_a_number_computed_inside_a_helper_is_not_baked_into_the_kernel(write_mo
     with open(path, encoding="utf-8") as fh:
         before = fh.read()
     report = analyze_file(path, AnalyzeOptions(input_shapes=["8,64"]))
+    # No call of `forward` can pass `s`: the helper's own ops are the kernel, which `s` is passed to.
     (cluster,) = report.models[0].clusters
-    assert cluster.op_chain == "mul → gelu → add" and cluster.applies == "no"
-    assert "`s` is computed in code that `forward` calls" in cluster.apply_detail
+    assert cluster.op_chain == "mul → gelu" and cluster.applies == "edit"
+    (add,) = [r for r in report.models[0].rejections if [o.target for o in r.ops] == ["add"]]
+    assert "`s` is computed in code that `forward` calls" in add.detail
     result = apply_file(path, AnalyzeOptions(input_shapes=["8,64"]), None, lambda r: True)
+    assert result.applied == ["c0"]
     with open(path, encoding="utf-8") as fh:
-        assert not result.applied and fh.read() == before
+        after = fh.read()
+    assert "    return cluster0(x, s) if cluster0.fits(x, s) else F.gelu(x * s)\n" in after
+    assert after.replace("cluster0(x, s) if cluster0.fits(x, s) else ", "").endswith(before.split("\n\n", 1)[1])
+    check = textwrap.dedent(f"""
+        import os, sys, torch
+        os.environ["TRITON_INTERPRET"] = "1"
+        sys.path.insert(0, {os.path.dirname(path)!r})
+        import model
+        for width in (64, 16):  # `s` is the width's: another width, another scale
+            x = torch.randn(8, width)
+            expected = torch.nn.functional.gelu(x * width ** -0.5) + 1.0
+            assert model.cluster0.fits(x, width ** -0.5)
+            torch.testing.assert_close(model.M()(x), expected)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_a_replaced_statements_comment_stays_at_its_indentation(write_model):
@@ -386,10 +405,11 @@ def test_an_apply_leaves_the_options_it_was_given_as_they_were(tmp_path):
     path = tmp_path / "model.py"
     path.write_text(MIXED.lstrip())
     options = AnalyzeOptions()
-    assert apply_file(str(path), options, None, lambda r: True).applied == ["c1"]
+    assert apply_file(str(path), options, None, lambda r: True).applied == ["c0", "c1"]
     assert options.source_text is None
     (model,) = [m for m in analyze_file(str(path), options).models if m.status == "analyzed"]
-    assert [c.id for c in model.clusters if c.applies != "no"] == []  # c1 is a kernel call now
+    # c0 and c1 are kernel calls now; the cluster c1's rewrite left out stands on its own line
+    assert [c.op_chain for c in model.clusters if c.applies != "no"] == ["mul → add"]
 
 
 DROPPED_RESIDUAL = """

@@ -28,6 +28,7 @@ import torch
 from fuselens.codegen.module import existing_patches
 from fuselens.codegen.patches import MARKER, patched_kernels
 from fuselens.contracts.options import AnalyzeOptions
+from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.apply import ApplyResult, apply_file
 
 from library_corpus import ALL_CASES, CORPUS, Case
@@ -146,7 +147,6 @@ def patched(tmp_path):
 
     def get(case: Case) -> Patched:
         path, result = _applied(case, tmp_path / case.id)
-        from fuselens.pipeline.analyze import analyze_file
 
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -368,7 +368,34 @@ def test_reapplying_keeps_one_install_and_the_patches(tmp_path):
     assert first.applied
 
 
-WHOLE = [c for c in ALL_CASES if c.id in ("qwen3", "resnet-block2d")]
+# Two diffusers ResnetBlock2Ds, one widening (its shortcut convolution runs, in an `if` with other
+# code) and one not: one patch of the block's lines chooses each kernel's rewrite by the `if`'s test.
+RESNET_BLOCKS = Case(
+    "resnet-blocks",
+    "two ResnetBlock2Ds (diffusers), with and without a shortcut convolution",
+    "16 → 32 → 32 channels, 8 groups, time embedding 16; inputs (1, 16, 8, 8) + (1, 16)",
+    """
+    import torch.nn as nn
+    from diffusers.models.resnet import ResnetBlock2D
+
+
+    class TwoBlocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.widen = ResnetBlock2D(in_channels=16, out_channels=32, temb_channels=16, groups=8)
+            self.keep = ResnetBlock2D(in_channels=32, out_channels=32, temb_channels=16, groups=8)
+
+        def forward(self, x, temb):
+            return self.keep(self.widen(x, temb), temb)
+    """,
+    "diffusers.models.resnet",
+    library="diffusers",
+    pyproject="""
+    [tool.fuselens.models.TwoBlocks]
+    inputs = [[1, 16, 8, 8], [1, 16]]
+    """,
+)
+WHOLE = [*(c for c in ALL_CASES if c.id == "qwen3"), RESNET_BLOCKS]
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in WHOLE])
@@ -389,3 +416,8 @@ def test_validate_checks_the_patched_library_model_as_a_whole(case: Case, tmp_pa
     assert check.applied and check.kernel_launches, check  # patches applied, and their kernels ran
     assert check.training is not None and check.training.status == "matches", check.training
     assert check.other_shapes is not None and check.other_shapes.status == "matches", check.other_shapes
+    if case is RESNET_BLOCKS:  # every cluster of both blocks applies, the shortcut's included
+        report = analyze_file(path)
+        chains = [c.op_chain for _, c in report.clusters() if c.applies == "patch"]
+        assert "add → add → add → div" in chains and "add → add → div" in chains, chains
+        assert all(c.applies == "patch" for _, c in report.clusters()), [c.apply_detail for _, c in report.clusters()]
