@@ -213,6 +213,7 @@ class Recorder(TorchFunctionMode):
         self.sources = sources  # id(tensor) -> (kind, name) for parameters and buffers
         self.module_paths = module_paths
         self.module_stack: list[str] = []
+        self.stray_stack: list[str] = []  # the classes of the modules running that are none of the model's
         self.stop_at = stop_at  # code object of the driver frame: stack walks stop there
         self.decisions = list(decisions)
         self.branches_taken: list[bool] = []
@@ -430,6 +431,7 @@ class Recorder(TorchFunctionMode):
             stack=stack,
             source=stack[0] if stack else None,
             module=self.module_stack[-1] if self.module_stack else "",
+            stray_module=self.stray_stack[-1] if self.stray_stack else "",
             piece=self.piece,
             **fields,
         )
@@ -911,10 +913,15 @@ def trace(
         path = module_paths.get(id(module))
         if path is not None:
             recorder.module_stack.append(path)
+        else:
+            recorder.stray_stack.append(type(module).__name__)
 
     def pop(module, _args, _out):
-        if module_paths.get(id(module)) is not None and recorder.module_stack:
-            recorder.module_stack.pop()
+        if module_paths.get(id(module)) is not None:
+            if recorder.module_stack:
+                recorder.module_stack.pop()
+        elif recorder.stray_stack:
+            recorder.stray_stack.pop()
 
     from torch.nn.modules import module as module_hooks
 

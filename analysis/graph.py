@@ -161,6 +161,9 @@ class Node:
     source: Frame | None = None  # innermost frame of model code: the user's, or a library's they call
     stack: tuple[Frame, ...] = ()  # every frame of model code, innermost first
     module: str = ""  # module instance path ("blocks.3.attn"), "" for the root
+    # The class of the innermost module it ran in when that is none of the model's (`ACT2FN[name](x)` makes
+    # one at each call): nothing reached from the model can tell it is the same module next time.
+    stray_module: str = ""
     piece: int = 0  # which graph piece (between data-dependent breaks)
     inplace: bool = False  # writes into its first operand
     name: str = ""  # for sources: the input/parameter name ("x", "proj1.weight")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .regions import NoRegion, Region, Span, _contains, _replaced, _text
 
@@ -61,8 +61,11 @@ def guarded(region: Region, alternatives: list[Alternative], lines: list[str], c
     temps = _temporaries(region)
     if temps and region.conditions:
         # The `if`s are asked first (the arguments may need them: `self.norm.weight` where `self.norm` may
-        # be None), so where they fail the arguments computed in the question would not be there.
-        raise NoRegion("its code computes the kernel's inputs inside the `if`s it sits in")
+        # be None), so where they fail the arguments the question computes would not be there for the
+        # lines: the tests then choose between the kernels' form, asked without them, and the lines.
+        if not region.conditions_first:
+            raise NoRegion("its code computes the kernel's inputs inside `if`s whose tests read what runs ahead of it")
+        return _under_conditions(region, guarded(replace(region, conditions=[]), alternatives, lines), lines)
     asked = _arguments(region, temps, bind=True)
     passed = _arguments(region, temps, bind=False)
     paths = "".join(f"{condition} and " for condition in region.conditions)  # the `if`s the lines sit in
@@ -102,10 +105,32 @@ def dispatched(regions: list[Region], written: list[Guarded], lines: list[str]) 
     return Guarded("".join(out))
 
 
+def _under_conditions(region: Region, written: Guarded, lines: list[str]) -> Guarded:
+    """`written` (a rewrite asked on no test) where the tests of the region's `if`s hold, the code as
+    written elsewhere."""
+    tests = " and ".join(region.conditions)
+    if written.expression:  # an expression in place: a conditional expression around it
+        expression = f"({written.expression}) if {tests} else {written.replaced}"
+        span = region.in_place
+        assert span is not None
+        line = lines[span[0] - 1].encode()
+        bare = _is_whole_value(lines[span[0] - 1], span) or _is_only_argument(lines[span[0] - 1], span)
+        text = expression if bare else f"({expression})"
+        return Guarded((line[: span[1]] + text.encode() + line[span[3] :]).decode() + "\n", written.replaced, text)
+    first = lines[region.first - 1]
+    indent = first[: len(first) - len(first.lstrip())]
+    original = "".join(line + "\n" for line in lines[region.first - 1 : region.last])
+    return Guarded(
+        f"{indent}if {tests}:\n{_indented(written.text, indent)}{indent}else:\n{_indented(original, indent)}"
+    )
+
+
 def carried_ahead(region: Region, line: int) -> str | None:
     """The convolution module whose call without its bias is all the region runs ahead on `line` (its
     first), when another rewrite ends on that line: that rewrite can carry the statement, made without
     the bias in each of its branches (`unbiased_calls`), and this one leaves it out (`carried`)."""
+    if region.conditions and _temporaries(region):
+        return None  # its rewrite runs under the tests, and the lines as written else (`_under_conditions`)
     on_line = [span for span in region.ahead if span[0] <= line]
     unbiased = [(stmt, call) for stmt, call, _ in region.unbiased_statements if stmt[0] <= line]
     if line != region.first or not on_line or len(unbiased) != 1 or on_line != [unbiased[0][0]]:

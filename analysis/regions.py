@@ -167,6 +167,8 @@ def find_region(
     call spells it and what each frame calls it (`analysis.scalars`)."""
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
+    has_self = bool(function.args.args) and function.args.args[0].arg == "self"
+    _check_modules_made_at_call(graph, members, invocation, ast_of)
     roots = _roots(spans, ast_of, graph, compute)
     placement = _statements(function, roots, lambda root, own: _stays_unbiased(root, own, spans, outputs))
     block, statements = placement.block, placement.statements
@@ -179,7 +181,7 @@ def find_region(
     }
     named = {spans.unbiased[_span(roots[k].node) or (0, 0, 0, 0)]: name for k, name in unbiased.items()}
     placed = [
-        (named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation)
+        (named[v], None) if v in named else _argument(v, roots, spans, members, graph, lines, invocation, has_self)
         for v in inputs
     ]
     _check_one_value_each(placed)
@@ -197,7 +199,6 @@ def find_region(
         _span(roots[k].node) or (0, 0, 0, 0): [_condition(test, taken, lines) for test, taken in placement.paths[k]]
         for k in unbiased
     }
-    has_self = bool(function.args.args) and function.args.args[0].arg == "self"
     texts = [at[invocation] for _, at in numbers if invocation in at]
     code = [_span(root.node) or (0, 0, 0, 0) for root in roots]
     leaves = [_span(leaf) or (0, 0, 0, 0) for root in roots for leaf in root.leaves]
@@ -263,6 +264,29 @@ class _Spans:
                     f"the call on line {span[0]} also runs `{op.op}`, which is not part of the cluster",
                     set(self.cluster[span]),
                 )
+
+
+def _check_modules_made_at_call(graph: Graph, members: set[int], invocation: int, ast_of: _AstIndex) -> None:
+    """The cluster's ops that ran in a module none of the model's, called through an expression that
+    makes or looks it up at the call (`ACT2FN[name](x)`, `nn.SiLU()(x)`): nothing the kernel's call can
+    check says the next call's module computes the same.  (One reached by a name, a module made once
+    where a library defines a function, is that object each time, and its code is checked.)"""
+    for m in sorted(members):
+        node = graph[m]
+        frame = next((f for f in node.stack if f.invocation == invocation), None)
+        if not node.stray_module or frame is None:
+            continue
+        call = ast_of.by_span.get(frame.span)
+        if not isinstance(call, ast.Call):
+            continue  # the op itself: the module was entered before the lines were (it calls them)
+        callee = call.func
+        while isinstance(callee, ast.Attribute):
+            callee = callee.value
+        if not isinstance(callee, ast.Name):
+            raise NoRegion(
+                f"it runs a `{node.stray_module}` made where line {frame.line} calls it, not one of the model's "
+                "modules: nothing the call can check says it is the same module each time"
+            )
 
 
 def _free(node: Node) -> bool:
@@ -449,7 +473,14 @@ def _self_path(expr: ast.expr) -> str | None:
 
 
 def _argument(
-    value: int, roots: list[_Root], spans: _Spans, members: set[int], graph: Graph, lines: list[str], invocation: int
+    value: int,
+    roots: list[_Root],
+    spans: _Spans,
+    members: set[int],
+    graph: Graph,
+    lines: list[str],
+    invocation: int,
+    has_self: bool,
 ) -> tuple[str, Span | None]:
     """The source text the call passes for cluster input `value`, and where that text stands when it is
     an expression of the code: the leaf expression that computes it, the attribute path of a
@@ -469,7 +500,16 @@ def _argument(
                         )
                     return _text(lines, span), (span if _computes(leaf) else None)
     if node.op in ("param", "buffer"):
-        return _attribute_path(node, graph, roots, spans, invocation), None
+        path = _attribute_path(node, graph, roots, spans, invocation) if has_self else ""
+        if path and all(part.isidentifier() for part in path.split(".")):
+            return path, None
+        # A function of no module (`causal_conv1d_fn(x, weight, bias)`), or a path through a list of
+        # layers: the name the frame had for it where any op read it.
+        for user in sorted(graph.users(value)):
+            name = graph[user].names_at.get(invocation, {}).get(value)
+            if name is not None:
+                return name, None
+        raise NoRegion(f"`{node.name}` is not reachable from the code to replace")
     for member in sorted(set(graph.users(value)) & members):
         name = graph[member].names_at.get(invocation, {}).get(value)
         if name is not None:
@@ -482,7 +522,14 @@ def _argument(
         name = node.names_at.get(invocation, {}).get(operand)
         if name is not None:
             return name, None
-        return _argument(operand, roots, spans, members | {value}, graph, lines, invocation)
+        return _argument(operand, roots, spans, members | {value}, graph, lines, invocation, has_self)
+    if span is not None and node.cls is OpClass.VIEW and not set(node.inputs) & members:
+        # A view of a value from outside the cluster, inside the cluster's expression
+        # (`timesteps[:, None].float()`): the call passes the view's own text (`e[:, :, None]`).
+        inside = [root for root in roots if _contains(_span(root.node) or (0, 0, 0, 0), span)]
+        expr = next((n for root in inside for n in ast.walk(root.node) if _span(n) == span), None)
+        if isinstance(expr, ast.expr) and not _computes(expr):
+            return _text(lines, span), None
     if span is not None:
         raise NoRegion(f"an input (`{node.op}` on line {span[0]}) is computed in the middle of the code to replace")
     raise NoRegion(f"an input ({_what(node)}) has no name in the code to replace")
@@ -741,6 +788,8 @@ def _target_of(root: _Root, statement: ast.stmt) -> str:
         return target.id if isinstance(target, ast.Name) else ""
     if isinstance(statement, ast.AnnAssign) and statement.value is root.node and isinstance(statement.target, ast.Name):
         return statement.target.id
+    if _updated_in_place(root, statement):  # `x += r`: the name updated holds the root's value
+        return _updated_in_place(root, statement) or ""
     return ""
 
 

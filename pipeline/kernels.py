@@ -265,12 +265,15 @@ def _place(cluster: R.Cluster, instance: Found, name: str, module_path: str, fil
         cluster.apply_detail = f"{cluster.mapping_detail}; {not_a_package(region.file, file)}"
         return None
     index = sourcemap.source_of(region.file)
-    node = index.function_at(region.first, cluster.function) if index is not None else None
+    # A function made inside another (a mask's closure) is reached through that one: its patch is the
+    # enclosing function's, whose code makes the closure anew at each call.
+    patched = cluster.function.split(".<locals>.")[0] if "<lambda>" not in cluster.function else cluster.function
+    node = index.function_at(region.first, patched) if index is not None else None
     if index is None or node is None:
         cluster.apply_detail = f"{cluster.mapping_detail}; its source could not be read"
         return None
     try:
-        function = library_function(region.file, cluster.function, node, index.lines)
+        function = library_function(region.file, patched, node, index.lines)
         calls = called_code(instance.graph, instance.plan.compute, region.file, cluster.function)
     except NotPatchable as exc:
         cluster.apply_detail = f"{cluster.mapping_detail}; no patch can replace it: {exc}"

@@ -514,3 +514,132 @@ def test_lines_a_loop_runs_again_apply_once_for_every_iteration(tmp_path, analyz
     sum(w.sum() for w in want).backward()
     sum(g.sum() for g in got).backward()
     torch.testing.assert_close(b.up.grad, a.up.grad, rtol=1e-5, atol=1e-6)
+
+
+SOFTCAP = """
+import torch
+import torch.nn as nn
+
+
+class Scores(nn.Module):  # fuselens: input=(4, 32)
+    def __init__(self, softcap=30.0):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.softcap = softcap
+
+    def forward(self, x):
+        scores = self.proj(x) * 0.125
+        if self.softcap is not None:
+            scores = scores / self.softcap
+            scores = torch.tanh(scores) * self.softcap
+        return torch.softmax(scores, dim=-1)
+"""
+
+
+def _called(calls: list[int], *_) -> None:
+    calls.append(1)
+
+
+def test_an_input_computed_where_the_lines_sit_in_an_if_runs_once_where_the_if_holds(tmp_path):
+    """The kernel's input `self.proj(x)` is computed on its first line, and the rest sits in an `if`:
+    the rewrite asks the `if`'s test first, then computes the input once, for the kernel or for the
+    lines; without a soft cap the lines run as written."""
+    applied = apply_source(tmp_path, SOFTCAP, "softcap")
+    assert "        if self.softcap is not None:\n            if cluster0.fits(proj := self.proj(x)" in applied.text
+    x = torch.randn(4, 32)
+    for softcap, launches in ((30.0, {"cluster0": 1}), (5.0, {"cluster0": 1}), (None, {})):
+        a, b = _pair(applied, "Scores", softcap=softcap)
+        applied.reset()
+        calls: list[int] = []
+        b.proj.register_forward_hook(functools.partial(_called, calls))
+        with torch.no_grad():
+            torch.testing.assert_close(b(x), a(x), rtol=1e-5, atol=1e-6)
+        assert applied.launches == launches, (softcap, applied.launches)
+        assert len(calls) == 1  # the projection runs once, kernel or not
+
+
+SHORTCUT = """
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+        self.shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x):
+        h = self.conv(x)
+        if self.shortcut is not None:
+            x = x.contiguous()
+            x = self.shortcut(x)
+        return (x + h) * 0.5
+
+
+class Net(nn.Module):  # fuselens: input=(2, 4, 6, 6)
+    def __init__(self):
+        super().__init__()
+        self.widen = Block(4, 8)
+        self.keep = Block(8, 8)
+
+    def forward(self, x):
+        return self.keep(self.widen(x))
+"""
+
+
+def test_a_block_with_and_without_its_shortcut_runs_each_kernel_where_its_if_holds(tmp_path):
+    """The shortcut convolution sits in an `if` with other code: that `if` stays whole, running the
+    convolution without its bias, which the kernel adds.  The block without a shortcut has a kernel of
+    its own for the same lines: the `if`'s test chooses which rewrite runs."""
+    applied = apply_source(tmp_path, SHORTCUT, "shortcut")
+    assert "        if self.shortcut is not None:\n" in applied.text
+    assert "        elif not (self.shortcut is not None):\n" in applied.text or (
+        "        if not (self.shortcut is not None):\n" in applied.text
+    )
+    a, b = _pair(applied, "Net")
+    x = torch.randn(2, 4, 6, 6)
+    a.eval(), b.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(b(x), a(x), rtol=1e-5, atol=1e-5)
+    assert applied.launches == {"cluster0": 1, "cluster1": 1}, applied.launches
+    a.train(), b.train()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a(xa).square().sum().backward()
+    b(xb).square().sum().backward()
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+STRAY_MODULE = """
+import torch.nn as nn
+
+ACTIVATIONS = {"silu": nn.SiLU, "gelu": nn.GELU}
+
+
+def activated(x, kind):
+    return ACTIVATIONS[kind]()(x * 2.0)
+
+
+class Net(nn.Module):  # fuselens: input=(4, 32)
+    def __init__(self, kind: str = "silu"):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        return activated(x, self.kind)
+"""
+
+
+def test_a_module_made_where_it_is_called_keeps_its_lines(tmp_path, analyze):
+    """`ACTIVATIONS[kind]()` makes its module at each call: nothing the kernel's call can check says it
+    is the SiLU the kernel computes, so the cluster says so and nothing is applied."""
+    path = tmp_path / "stray.py"
+    path.write_text(textwrap.dedent(STRAY_MODULE).lstrip())
+    before = path.read_text()
+    (cluster,) = analyze(str(path)).models[0].clusters
+    assert cluster.op_chain == "mul → silu" and cluster.applies == "no"
+    assert "it runs a `SiLU` made where line 7 calls it" in cluster.apply_detail, cluster.apply_detail
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
+    assert not result.applied and path.read_text() == before
