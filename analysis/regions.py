@@ -170,7 +170,8 @@ def find_region(
     has_self = bool(function.args.args) and function.args.args[0].arg == "self"
     _check_modules_made_at_call(graph, members, invocation, ast_of)
     roots = _roots(spans, ast_of, graph, compute)
-    placement = _statements(function, roots, lambda root, own: _stays_unbiased(root, own, spans, outputs))
+    ran = list(spans.of.values())
+    placement = _statements(function, roots, lambda root, own: _stays_unbiased(root, own, spans, outputs), ran)
     block, statements = placement.block, placement.statements
     unbiased = {k: _target_of(root, own) for k, (root, own) in enumerate(zip(roots, placement.inner, strict=True))}
     unbiased = {
@@ -663,9 +664,14 @@ class _Placement:
     conditions: list[tuple[ast.expr, bool]] = field(default_factory=list)
     paths: list[list[tuple[ast.expr, bool]]] = field(default_factory=list)  # each root's `if`s
     staying: set[int] = field(default_factory=set)  # the `if`s (block indices) that stay whole
+    # The bodies of `if`s without an `else` beside the roots in their branches that ran no op: where
+    # their tests fail they run nothing, so the kernel asks that (in `conditions`) and they go with it.
+    untaken: list[Span | None] = field(default_factory=list)
 
 
-def _statements(function: ast.AST, roots: list[_Root], stays: Callable[[_Root, ast.stmt], bool]) -> _Placement:
+def _statements(
+    function: ast.AST, roots: list[_Root], stays: Callable[[_Root, ast.stmt], bool], ran: list[Span]
+) -> _Placement:
     """Where the roots are (`_Placement`): in one block of statements, or inside `if`s of one block,
     each on the branch the analyzed call took.  `stays(root, own statement)`: whether the root's
     statement stays where it is (a convolution run without its bias), so that an `if` holding only
@@ -692,8 +698,10 @@ def _statements(function: ast.AST, roots: list[_Root], stays: Callable[[_Root, a
         paths.append(path)
         conditions += [c for c in path if not any(c[0] is d[0] for d in conditions)]
     staying = {i for i in indices if _only_staying(block[i], roots, indices, inner, stays)}
-    _check_branches_hold_only_roots(block, [i for i in indices if i not in staying], inner)
-    return _Placement(block, indices, inner, conditions, paths, staying)
+    idle = _check_branches_hold_only_roots(block, [i for i in indices if i not in staying], inner, ran)
+    conditions += [(statement.test, False) for statement in idle]
+    untaken = [_span(s) for statement in idle for s in statement.body]
+    return _Placement(block, indices, inner, conditions, paths, staying, untaken)
 
 
 def _only_staying(
@@ -729,21 +737,36 @@ def _inside_ifs(statement: ast.stmt, root: _Root) -> tuple[ast.stmt, list[tuple[
     return statement, path
 
 
-def _check_branches_hold_only_roots(block: list[ast.stmt], indices: list[int], inner: list[ast.stmt]) -> None:
-    """Each `if` branch the roots are in holds nothing else: where the kernel runs, the whole `if` goes."""
+def _check_branches_hold_only_roots(
+    block: list[ast.stmt], indices: list[int], inner: list[ast.stmt], ran: list[Span]
+) -> list[ast.If]:
+    """Each `if` branch the roots are in holds nothing else: where the kernel runs, the whole `if` goes.
+    Nothing but an `if` without an `else` whose body ran no op (`if temb is not None:` where there was
+    none), returned: the kernel stands for the call where its test fails."""
     own = {id(s) for s in inner}
+    idle: list[ast.If] = []
 
     def check(statement: ast.stmt) -> None:
         if id(statement) in own or not isinstance(statement, ast.If):
             return
         holds = any(_within(r, s) for r in inner for s in statement.body)
         for s in statement.body if holds else statement.orelse:
+            if isinstance(s, ast.If) and not s.orelse and not any(_within(r, s) for r in inner) and not _ran_in(s, ran):
+                idle.append(s)
+                continue
             if id(s) not in own and not (isinstance(s, ast.If) and any(_within(r, s) for r in inner)):
                 raise NoRegion(f"line {s.lineno} runs code outside the cluster in the `if` on line {statement.lineno}")
             check(s)
 
     for i in set(indices):
         check(block[i])
+    return idle
+
+
+def _ran_in(statement: ast.If, ran: list[Span]) -> bool:
+    """Whether any op ran in the body of `statement`."""
+    body = (statement.body[0].lineno, 0, statement.end_lineno or statement.lineno, 1 << 30)
+    return any(_contains(body, span) for span in ran)
 
 
 def _untaken_branches(block: list[ast.stmt], indices: list[int], inner: list[ast.stmt]) -> list[Span | None]:
@@ -809,6 +832,7 @@ class _Rewrite:
     # The branches of those `if`s the analyzed call did not take: where the kernel runs, they do not.
     untaken: list[Span | None] = field(default_factory=list)
     gone: dict[int, str] = field(default_factory=dict)
+    idle: set[int] = field(default_factory=set)  # `if`s that go as their body ran nothing (`_ifs_not_taken`)
     unbiased: set[int] = field(default_factory=set)  # statements that stay, calling a convolution without its bias
     bound_late: dict[str, int] = field(default_factory=dict)  # an output name the call binds → where it was bound
     edits: list[tuple[Span, str]] = field(default_factory=list)
@@ -842,6 +866,7 @@ def _rewrite(
             raise NoRegion(f"a value the cluster computes inside line {graph[value].line or 0} is used elsewhere too")
     plan = _Rewrite(block, roots, statements, min(placed[v][1] for v in outputs), placement.inner)
     plan.untaken = _untaken_branches(block, [i for i in statements if i not in placement.staying], placement.inner)
+    plan.untaken += placement.untaken
     for k, text in unbiased.items():
         root, i = roots[k], statements[k]
         plan.edits.append((_span(root.node) or (0, 0, 0, 0), text.replace("{", "{{").replace("}", "}}")))
@@ -1018,6 +1043,7 @@ def _ifs_not_taken(plan: _Rewrite, spans: _Spans) -> list[tuple[ast.expr, bool]]
         body = (statement.body[0].lineno, 0, statement.end_lineno or statement.lineno, 1 << 30)
         if not any(_contains(body, span) for span in ran):
             plan.gone[j] = ""
+            plan.idle.add(j)
             plan.untaken += [_span(s) for s in statement.body]
             found.append((statement.test, False))
     return found
@@ -1036,7 +1062,8 @@ def _check_conditions_ahead(plan: _Rewrite, conditions: list[tuple[ast.expr, boo
             for j in range(len(plan.block))
             if _contains(_span(plan.block[j]) or (0, 0, 0, 0), _span(test) or (0, 0, 0, 0))
         )
-        before = [plan.block[j] for j in plan.gone if j < at]
+        # (an `if` that goes as it ran nothing binds nothing where the kernel runs: its test is asked false)
+        before = [plan.block[j] for j in plan.gone if j < at and j not in plan.idle]
         after = plan.kept(at + 1, plan.call_at)
         for statement in before + after:
             clash = _stored(statement) & reads

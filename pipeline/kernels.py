@@ -313,7 +313,7 @@ def _write_edits(
         if len(usable) > 1:
             # Kernels that each need the lines rewritten otherwise: each rewrite where its `if`s hold
             # (those asked on a test first); where that cannot tell them apart, the first rewrite only.
-            usable.sort(key=lambda u: not u[0][0].region.conditions)
+            usable.sort(key=lambda u: not (u[0][0].region.conditions and u[0][0].region.conditions_first))
             try:
                 both = dispatched([same[0].region for same, _ in usable], [text for _, text in usable], lines)
                 usable = [([p for same, _ in usable for p in same], both)]

@@ -368,12 +368,13 @@ def test_reapplying_keeps_one_install_and_the_patches(tmp_path):
     assert first.applied
 
 
-# Two diffusers ResnetBlock2Ds, one widening (its shortcut convolution runs, in an `if` with other
-# code) and one not: one patch of the block's lines chooses each kernel's rewrite by the `if`'s test.
+# Diffusers ResnetBlock2Ds, one widening (its shortcut convolution runs, in an `if` with other code),
+# one not, one without a time embedding (its `if temb is not None:` runs nothing): one patch of the
+# block's lines chooses each kernel's rewrite by the tests of the `if`s.
 RESNET_BLOCKS = Case(
     "resnet-blocks",
-    "two ResnetBlock2Ds (diffusers), with and without a shortcut convolution",
-    "16 → 32 → 32 channels, 8 groups, time embedding 16; inputs (1, 16, 8, 8) + (1, 16)",
+    "three ResnetBlock2Ds (diffusers), with and without a shortcut convolution and a time embedding",
+    "16 → 32 → 32 → 32 channels, 8 groups, time embedding 16; inputs (1, 16, 8, 8) + (1, 16)",
     """
     import torch.nn as nn
     from diffusers.models.resnet import ResnetBlock2D
@@ -384,9 +385,10 @@ RESNET_BLOCKS = Case(
             super().__init__()
             self.widen = ResnetBlock2D(in_channels=16, out_channels=32, temb_channels=16, groups=8)
             self.keep = ResnetBlock2D(in_channels=32, out_channels=32, temb_channels=16, groups=8)
+            self.plain = ResnetBlock2D(in_channels=32, out_channels=32, temb_channels=None, groups=8)
 
         def forward(self, x, temb):
-            return self.keep(self.widen(x, temb), temb)
+            return self.plain(self.keep(self.widen(x, temb), temb), None)
     """,
     "diffusers.models.resnet",
     library="diffusers",
