@@ -213,7 +213,8 @@ class Recorder(TorchFunctionMode):
         self.sources = sources  # id(tensor) -> (kind, name) for parameters and buffers
         self.module_paths = module_paths
         self.module_stack: list[str] = []
-        self.stray_stack: list[str] = []  # the classes of the modules running that are none of the model's
+        # The modules running that are none of the model's: class name, class identity and settings.
+        self.stray_stack: list[tuple[str, str, dict[str, Any]]] = []
         self.stop_at = stop_at  # code object of the driver frame: stack walks stop there
         self.decisions = list(decisions)
         self.branches_taken: list[bool] = []
@@ -431,7 +432,8 @@ class Recorder(TorchFunctionMode):
             stack=stack,
             source=stack[0] if stack else None,
             module=self.module_stack[-1] if self.module_stack else "",
-            stray_module=self.stray_stack[-1] if self.stray_stack else "",
+            stray_module=self.stray_stack[-1][0] if self.stray_stack else "",
+            stray_check=self.stray_stack[-1][1:] if self.stray_stack else None,
             piece=self.piece,
             **fields,
         )
@@ -914,7 +916,7 @@ def trace(
         if path is not None:
             recorder.module_stack.append(path)
         else:
-            recorder.stray_stack.append(type(module).__name__)
+            recorder.stray_stack.append((type(module).__name__, class_identity(type(module)), module_settings(module)))
 
     def pop(module, _args, _out):
         if module_paths.get(id(module)) is not None:

@@ -164,6 +164,7 @@ class Node:
     # The class of the innermost module it ran in when that is none of the model's (`ACT2FN[name](x)` makes
     # one at each call): nothing reached from the model can tell it is the same module next time.
     stray_module: str = ""
+    stray_check: tuple[str, dict[str, Any]] | None = None  # that module's class identity and settings
     piece: int = 0  # which graph piece (between data-dependent breaks)
     inplace: bool = False  # writes into its first operand
     name: str = ""  # for sources: the input/parameter name ("x", "proj1.weight")

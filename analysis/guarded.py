@@ -69,8 +69,9 @@ def guarded(region: Region, alternatives: list[Alternative], lines: list[str], c
     asked = _arguments(region, temps, bind=True)
     passed = _arguments(region, temps, bind=False)
     paths = "".join(f"{condition} and " for condition in region.conditions)  # the `if`s the lines sit in
+    made = f", made=({', '.join(c.path for c in region.made)},)" if region.made else ""
     questions = [
-        f"{paths}{a.call}.fits({', '.join(asked if k == 0 else passed)}{', module=self' if a.module else ''})"
+        f"{paths}{a.call}.fits({', '.join(asked if k == 0 else passed)}{', module=self' if a.module else ''}{made})"
         for k, a in enumerate(alternatives)
     ]
     span = region.in_place

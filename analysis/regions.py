@@ -71,6 +71,9 @@ class Region:
     _edits: list[tuple[Span, str]] = field(default_factory=list)  # spans and what replaces them ("{call}")
     # The modules the call must find as they were (`module_checks`), reached from the function's `self`.
     checks: list[ModuleCheck] = field(default_factory=list)
+    # The modules the lines make or look up where they call them (`ACT2FN[activation]`): the call asks
+    # each expression (the check's `path`) again and checks its class and settings.
+    made: list[ModuleCheck] = field(default_factory=list)
     # Where each argument's text stands in the code (an expression of other ops the code computes there,
     # `self.gate_proj(x)`), None for a name, a parameter or a number: the guarded form evaluates such an
     # argument once, for the kernel's call or for the original code (`analysis/guarded.py`).
@@ -168,7 +171,7 @@ def find_region(
     spans = _Spans(graph, members, invocation)
     ast_of = _AstIndex(function)
     has_self = bool(function.args.args) and function.args.args[0].arg == "self"
-    _check_modules_made_at_call(graph, members, invocation, ast_of)
+    made = _modules_made_at_call(graph, members, invocation, ast_of, lines)
     roots = _roots(spans, ast_of, graph, compute)
     ran = list(spans.of.values())
     placement = _statements(function, roots, lambda root, own: _stays_unbiased(root, own, spans, outputs), ran)
@@ -209,6 +212,7 @@ def find_region(
         )
     except Unreachable as exc:
         raise NoRegion(str(exc)) from exc
+    region.made = made
     return region
 
 
@@ -267,27 +271,57 @@ class _Spans:
                 )
 
 
-def _check_modules_made_at_call(graph: Graph, members: set[int], invocation: int, ast_of: _AstIndex) -> None:
-    """The cluster's ops that ran in a module none of the model's, called through an expression that
-    makes or looks it up at the call (`ACT2FN[name](x)`, `nn.SiLU()(x)`): nothing the kernel's call can
-    check says the next call's module computes the same.  (One reached by a name, a module made once
-    where a library defines a function, is that object each time, and its code is checked.)"""
+def _modules_made_at_call(
+    graph: Graph, members: set[int], invocation: int, ast_of: _AstIndex, lines: list[str]
+) -> list[ModuleCheck]:
+    """The modules the cluster's ops ran in that are none of the model's, called through an expression
+    that makes or looks one up at the call (`ACT2FN[activation](x)`, `nn.SiLU()(x)`): the call asks the
+    expression again and checks what it gives is of the class and settings the kernel was made for (the
+    check's `path` is the expression).  One reached by a name (a module a library makes once, where it
+    defines a function) is that object each time, and its code is checked; an expression that may do
+    more than look one up or make one is refused."""
+    made: dict[str, ModuleCheck] = {}
     for m in sorted(members):
         node = graph[m]
         frame = next((f for f in node.stack if f.invocation == invocation), None)
-        if not node.stray_module or frame is None:
+        if not node.stray_module or node.stray_check is None or frame is None:
             continue
         call = ast_of.by_span.get(frame.span)
         if not isinstance(call, ast.Call):
             continue  # the op itself: the module was entered before the lines were (it calls them)
-        callee = call.func
-        while isinstance(callee, ast.Attribute):
-            callee = callee.value
-        if not isinstance(callee, ast.Name):
+        if _reference(call.func):
+            continue
+        if not _looked_up(call.func):
             raise NoRegion(
                 f"it runs a `{node.stray_module}` made where line {frame.line} calls it, not one of the model's "
-                "modules: nothing the call can check says it is the same module each time"
+                "modules, by an expression that may do more than make it: no check can ask it again"
             )
+        text = _text(lines, _span(call.func) or frame.span)
+        identity, settings = node.stray_check
+        check = made.setdefault(text, ModuleCheck(text, identity, settings, None))
+        if (check.type_name, check.settings) != (identity, settings):
+            raise NoRegion(f"`{text}` gives modules set up otherwise in the analyzed call itself")
+    return list(made.values())
+
+
+def _reference(expr: ast.expr) -> bool:
+    """A name, or an attribute path from one (`rotate`, `self.act`, `layers.gelu`)."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return isinstance(expr, ast.Name)
+
+
+def _looked_up(expr: ast.expr) -> bool:
+    """An expression that only looks a module up or makes one, safe to ask again: `ACT2FN[activation]`,
+    `nn.SiLU()`, `nn.GELU(approximate="tanh")`."""
+    if isinstance(expr, ast.Subscript):
+        key = expr.slice
+        return _reference(expr.value) and (isinstance(key, ast.Constant) or _reference(key))
+    if isinstance(expr, ast.Call):  # a class by name, or as looked up (`ACTIVATIONS[kind]()`)
+        arguments = [*expr.args, *(k.value for k in expr.keywords)]
+        made_by = _reference(expr.func) or (isinstance(expr.func, ast.Subscript) and _looked_up(expr.func))
+        return made_by and all(isinstance(a, ast.Constant) for a in arguments)
+    return False
 
 
 def _free(node: Node) -> bool:
@@ -369,6 +403,10 @@ def _leaves(
             child = child.value
         elif not isinstance(child, ast.expr):
             continue  # operators, contexts
+        # A method of a computed value (`torch.cumsum(m, 1).type_as(m)`): its receiver is the part.
+        receiver = child.value if isinstance(child, ast.Attribute) else None
+        if isinstance(node, ast.Call) and child is node.func and receiver is not None and not _reference(receiver):
+            child = receiver
         leaves += _part_leaves(child, cluster, spans, ast_of, graph)
     return leaves
 

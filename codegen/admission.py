@@ -38,6 +38,7 @@ def fits_text(
     trains: list[int] | None,
     checks: list[ModuleCheck],
     sized: bool = False,
+    made: list[ModuleCheck] | None = None,
 ) -> str:
     """`_<name>_fits(inputs, numbers, module=None)` and its registration as `<name>.fits`.
 
@@ -54,11 +55,14 @@ def fits_text(
         lines += [f"_{name}_modules = {_checks_literal(checks)}", "", ""]
     if checks:
         conditions.append(f"_modules_match(module, _{name}_modules)")
+    if made:  # the modules the lines make where they call them, asked again by the call
+        lines += [f"_{name}_made = {_checks_literal(made)}", "", ""]
+        conditions.append(f"_made_match(made, _{name}_made)")
     pinned = _reduced_sizes(plan, input_names) if sized and trains is not None else []
     if pinned:
         conditions.append(f"(_no_gradients(tensors) or ({' and '.join(pinned)}))")
     lines += [
-        f"def _{name}_fits({', '.join([*input_names, *numbers, 'module=None'])}):",
+        f"def _{name}_fits({', '.join([*input_names, *numbers, 'module=None', *(['made=()'] if made else [])])}):",
         f'    """Whether {name} computes, for these arguments, what the lines it stands in for compute (else they run)."""',
         f"    tensors = {tensors}",
         f"    if not _tensors_of_ranks(tensors, {ranks}) or not _kernel_runs(tensors, {dtypes}{trained}):",
@@ -173,6 +177,19 @@ def _modules_match(module, checks):
         if mode is not None and getattr(found, "training", None) is not mode:
             return False
         if type_name and {k: v for k, v in module_settings(found).items() if k not in passed} != settings:
+            return False
+    return True
+
+
+def _made_match(made, checks):
+    """Whether the modules the lines made where they call them (`made`, as the call asked each expression
+    again) are of the class and settings of each of `checks`, in turn."""
+    if len(made) != len(checks):
+        return False
+    for found, (_, type_name, settings, passed, _mode) in zip(made, checks):
+        if class_identity(type(found)) != type_name:
+            return False
+        if {k: v for k, v in module_settings(found).items() if k not in passed} != settings:
             return False
     return True
 

@@ -84,7 +84,8 @@ def generate_kernels(
                 text += "\n\n\n" + trained.text
             sized = bool(trained and trained.sized)
             trains = trained.trains if trained else None
-            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized)
+            made = region.made if region is not None else []
+            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized, made)
             cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
             place = _place(cluster, instance, name, module_path, report.file)
             if place is not None:
@@ -296,7 +297,7 @@ def _write_edits(
         kinds: dict[tuple[str, ...], list[_Placed]] = {}  # the kernels whose rewrites of the lines are one
         for p in group:
             kinds.setdefault((*p.region.arguments, "|", *p.region.conditions), []).append(p)
-        subgroups = list(kinds.values())
+        subgroups = _merge_skipped_calls(list(kinds.values()))
         lines = source.lines if group[0].function is None else group[0].lines
         written: list[Guarded] = []
         for same in subgroups:
@@ -336,6 +337,39 @@ def _write_edits(
             if conv:
                 carried[p.cluster.id] = (conv, rest)
     return carried
+
+
+def _merge_skipped_calls(subgroups: list[list[_Placed]]) -> list[list[_Placed]]:
+    """Kernels for the same code whose calls differ only where one passes a module's call
+    (`self.drop_path(x)`) and another its argument alone (`x`, where that module is an `nn.Identity` the
+    kernel's `fits` checks for): one rewrite passes the call to both, which gives the `nn.Identity`'s
+    kernel what it was made for."""
+    merged: list[list[_Placed]] = []
+    for same in subgroups:
+        into = next((m for m in merged if _passes_calls_of(m[0].region, same[0].region)), None)
+        if into is not None:
+            into.extend(same)
+            continue
+        wider = next((m for m in merged if _passes_calls_of(same[0].region, m[0].region)), None)
+        if wider is not None:
+            merged[merged.index(wider)] = [*same, *wider]
+            continue
+        merged.append(list(same))
+    return merged
+
+
+def _passes_calls_of(calls: Region, bare: Region) -> bool:
+    """Whether `calls` and `bare` rewrite the same code under the same tests, `calls` passing a module's
+    call of each argument where `bare` passes the argument (and the same argument elsewhere), and
+    `bare`'s kernel checks the modules it left out."""
+    if not calls.same_code(bare) or calls.conditions != bare.conditions or calls.ahead != bare.ahead:
+        return False
+    if len(calls.arguments) != len(bare.arguments) or calls.arguments == bare.arguments or not bare.checks:
+        return False
+    return all(
+        a == b or (a.startswith("self.") and a.endswith(f"({b})") and a[: -len(b) - 2].replace(".", "").isidentifier())
+        for a, b in zip(calls.arguments, bare.arguments, strict=True)
+    )
 
 
 def _refuse_other_rewrites(usable: list[tuple[list[_Placed], Guarded]]) -> None:

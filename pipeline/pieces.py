@@ -73,17 +73,11 @@ def _pieces(graph: Graph, group: Group) -> list[list[Group]]:
     shared = common_place(graph, compute)
     if shared is None:
         return []
-    parts: dict[int, set[int]] = {}
-    for m in group.members:
-        stack = graph[m].stack
-        at = next((k for k, f in enumerate(stack) if f.invocation == shared.invocation), None)
-        # under a call made there: that call's invocation; made there directly (or with no frame): -1
-        key = stack[at - 1].invocation if at else -1
-        parts.setdefault(key, set()).add(m)
+    parts = _by_call(graph, group, shared.invocation)
     if len(parts) < 2:
         return []
     pieces = []
-    for part in parts.values():
+    for part in parts:
         for members in _connected(graph, part):
             forms = [
                 Group(set(m), group.splits)
@@ -93,6 +87,19 @@ def _pieces(graph: Graph, group: Group) -> list[list[Group]]:
             if forms:
                 pieces.append(forms)
     return sorted(pieces, key=lambda forms: (-len(forms[0].compute(graph)), min(forms[0].members)))
+
+
+def _by_call(graph: Graph, group: Group, invocation: int) -> list[set[int]]:
+    """The group's ops by the call of function call `invocation` they are made under (those it makes
+    directly: one part)."""
+    parts: dict[int, set[int]] = {}
+    for m in group.members:
+        stack = graph[m].stack
+        at = next((k for k, f in enumerate(stack) if f.invocation == invocation), None)
+        # under a call made there: that call's invocation; made there directly (or with no frame): -1
+        key = stack[at - 1].invocation if at else -1
+        parts.setdefault(key, set()).add(m)
+    return list(parts.values())
 
 
 def _between(graph: Graph, part: set[int]) -> set[int]:
