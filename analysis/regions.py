@@ -403,10 +403,13 @@ def _leaves(
             child = child.value
         elif not isinstance(child, ast.expr):
             continue  # operators, contexts
-        # A method of a computed value (`torch.cumsum(m, 1).type_as(m)`): its receiver is the part.
+        # A method of a computed value (`torch.cumsum(m, 1).type_as(m)`): its receiver is the part
+        # (where it computes something: a cast to the dtype a value has is passed as that value).
         receiver = child.value if isinstance(child, ast.Attribute) else None
         if isinstance(node, ast.Call) and child is node.func and receiver is not None and not _reference(receiver):
-            child = receiver
+            ran = spans.foreign.get(_span(receiver) or (0, 0, 0, 0), [])
+            if not ran or not all(graph[i].op in _THE_SAME for i in ran):
+                child = receiver
         leaves += _part_leaves(child, cluster, spans, ast_of, graph)
     return leaves
 

@@ -138,7 +138,7 @@ KINDS = [
         """,
         [("5,33", "float32")],
         "add → mul → add → sigmoid",
-        ["input0", "input1", "x"],
+        ["mlp_output", "self.attn(x)", "x"],  # the update in place names its value: the kernel's call passes them
     ),
     case(
         # ConvNeXt's LayerNorm over the channels of a depthwise convolution, read channels-last:
