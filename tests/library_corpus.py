@@ -565,14 +565,15 @@ BREADTH: list[Case] = [
     Case(
         "mobilevit",
         "MobileViT",
-        # batch 2: in training mode its batch norms need more than one value a channel after the pooling
-        "image 32, hidden sizes [16, 24, 32], neck 16, channels 8-32, patch 2; input (2, 3, 32, 32)",
+        # batch 2 of 64×64: in training mode its last batch norms normalise 2×2 positions of 2 images (at
+        # 32×32, one position of each: a gradient no float32 sum order computes twice alike)
+        "image 64, hidden sizes [16, 24, 32], neck 16, channels 8-32, patch 2; input (2, 3, 64, 64)",
         """
         from transformers import MobileViTConfig, MobileViTModel
 
-        config = MobileViTConfig(image_size=32, patch_size=2, hidden_sizes=[16, 24, 32],
+        config = MobileViTConfig(image_size=64, patch_size=2, hidden_sizes=[16, 24, 32],
                                  neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)
-        model = MobileViTModel(config)  # fuselens: input=(2, 3, 32, 32)
+        model = MobileViTModel(config)  # fuselens: input=(2, 3, 64, 64)
         """,
         "transformers.models.mobilevit.modeling_mobilevit",
     ),

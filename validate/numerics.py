@@ -104,6 +104,10 @@ def compare(
 # reference), both are measured against the model run in float64: the patched output may be off
 # by up to this many times eager's root-mean-square error.  (torch.compile allows 3 for bf16/fp16.)
 ACCURACY_MULTIPLIER = 2.0
+# And, as there, an error this small passes whatever eager's (`tol / 10` of its default `tol`): a value
+# whose float64 truth is about zero (the gradient of a bias a normalisation takes out, a key's bias in
+# attention) is rounding noise in both float32 runs, at any ratio of one to the other.
+ACCURACY_SLACK = 1e-5
 NARROW = (torch.float16, torch.bfloat16)
 
 
@@ -128,7 +132,7 @@ def as_accurate_as_eager(actual: torch.Tensor, expected: torch.Tensor, exact: to
     if actual.shape != expected.shape or not torch.equal(torch.isnan(actual), torch.isnan(expected)):
         return Accuracy(False, float("inf"), rms_error(expected, exact))
     error, eager_error = rms_error(actual, exact), rms_error(expected, exact)
-    return Accuracy(error <= ACCURACY_MULTIPLIER * eager_error + 1e-12, error, eager_error)
+    return Accuracy(error <= ACCURACY_MULTIPLIER * eager_error + ACCURACY_SLACK, error, eager_error)
 
 
 # A gradient or a statistic sums over the batch and positions; a kernel sums in another order than
