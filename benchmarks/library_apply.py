@@ -69,6 +69,7 @@ def child(case_id: str, folder: str) -> dict[str, Any]:
 
 
 def _run(case: Case, folder: str, out: dict[str, Any]) -> None:
+    import torch
 
     from fuselens.contracts.options import AnalyzeOptions
     from fuselens.pipeline.analyze import analyze_file
@@ -97,6 +98,7 @@ def _run(case: Case, folder: str, out: dict[str, Any]) -> None:
     out["applied"] = len(result.applied)
 
     out["step"] = "import the applied file"
+    torch.manual_seed(0)  # the weights the file's model is built with: the same in every run
     user, kernels = _import(path)
     counter = _LaunchCounter(kernels) if kernels is not None else None
     model = _model(user, case)
