@@ -72,6 +72,7 @@ from fuselens.contracts.inductor import (
 )
 from fuselens.contracts.report import Cluster, Model, OpRef
 
+from .components import components
 from .ops import op_class
 
 _SIGNIFICANCE = {"not-found": 0, "agree": 1, "inductor-wider": 2, "inductor-splits": 3, "inductor-misses": 4}
@@ -286,24 +287,14 @@ def _complete_groups(candidates: list[list[Key]], placed: list[int], inductor: _
     for i, c in enumerate(candidates):
         for key in c:
             serves[key] = serves.get(key, frozenset()) | {i}
-    parent = {key: key for key in pool}
-
-    def root(key: Key) -> Key:
-        while parent[key] != key:
-            parent[key] = parent[parent[key]]
-            key = parent[key]
-        return key
-
-    for key in pool:
-        graph = key[0]
-        for producer in inductor.ops[key].producers:
-            other = (graph, producer)
-            if other in pool and not (serves[key] == serves[other] and len(serves[key]) == 1):
-                parent[root(key)] = root(other)
-    groups: dict[Key, set[Key]] = {}
-    for key in pool:
-        groups.setdefault(root(key), set()).add(key)
-    return [g for g in groups.values() if all(g & set(candidates[i]) for i in placed)]
+    links = [
+        (key, other)
+        for key in pool
+        for producer in inductor.ops[key].producers
+        if (other := (key[0], producer)) in pool and not (serves[key] == serves[other] and len(serves[key]) == 1)
+    ]
+    groups = components(pool, links)
+    return [g for g in groups if all(g & set(candidates[i]) for i in placed)]
 
 
 def _classify(

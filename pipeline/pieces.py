@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from fuselens.analysis.components import components
 from fuselens.analysis.detect import Group, Rejected, describe
 from fuselens.analysis.graph import Graph
 from fuselens.analysis.places import common_place
@@ -115,22 +116,7 @@ def _between(graph: Graph, part: set[int]) -> set[int]:
 def _connected(graph: Graph, members: set[int]) -> list[set[int]]:
     """The members as the sets that reach each other through values they pass among themselves (ops a
     function makes before and after a call, unconnected once the call's ops are a piece of their own)."""
-    parent = {m: m for m in members}
-
-    def root(m: int) -> int:
-        while parent[m] != m:
-            parent[m] = parent[parent[m]]
-            m = parent[m]
-        return m
-
-    for m in members:
-        for i in graph[m].inputs:
-            if i in members:
-                parent[root(i)] = root(m)
-    sets: dict[int, set[int]] = {}
-    for m in members:
-        sets.setdefault(root(m), set()).add(m)
-    return list(sets.values())
+    return components(members, ((i, m) for m in members for i in graph[m].inputs if i in members))
 
 
 def _chain(graph: Graph, group: Group) -> str:
