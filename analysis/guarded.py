@@ -111,13 +111,9 @@ def _under_conditions(region: Region, written: Guarded, lines: list[str]) -> Gua
     written elsewhere."""
     tests = " and ".join(region.conditions)
     if written.expression:  # an expression in place: a conditional expression around it
-        expression = f"({written.expression}) if {tests} else {written.replaced}"
         span = region.in_place
         assert span is not None
-        line = lines[span[0] - 1].encode()
-        bare = _is_whole_value(lines[span[0] - 1], span) or _is_only_argument(lines[span[0] - 1], span)
-        text = expression if bare else f"({expression})"
-        return Guarded((line[: span[1]] + text.encode() + line[span[3] :]).decode() + "\n", written.replaced, text)
+        return _in_line(lines, span, f"({written.expression}) if {tests} else {written.replaced}", written.replaced)
     first = lines[region.first - 1]
     indent = first[: len(first) - len(first.lstrip())]
     original = "".join(line + "\n" for line in lines[region.first - 1 : region.last])
@@ -247,13 +243,17 @@ def _in_place(
     chosen = " else ".join(
         f"{a.call}({', '.join(passed)}) if {q}" for a, q in zip(alternatives, questions, strict=True)
     )
-    expression = f"{chosen} else {fallback}"
-    line = lines[span[0] - 1].encode()
-    line_text = lines[span[0] - 1]
-    bare = _is_whole_value(line_text, span) or _is_only_argument(line_text, span)
+    return _in_line(lines, span, f"{chosen} else {fallback}", original)
+
+
+def _in_line(lines: list[str], span: Span, expression: str, original: str) -> Guarded:
+    """The line holding `span` with `expression` (a conditional one) where `original` stood,
+    parenthesised unless it is the statement's whole value or a call's one argument."""
+    text = lines[span[0] - 1]
+    bare = _is_whole_value(text, span) or _is_only_argument(text, span)
     written = expression if bare else f"({expression})"
-    text = (line[: span[1]] + written.encode() + line[span[3] :]).decode() + "\n"
-    return Guarded(text, original, written)
+    line = text.encode()
+    return Guarded((line[: span[1]] + written.encode() + line[span[3] :]).decode() + "\n", original, written)
 
 
 def _rebased_fallback(region: Region, temps: dict[int, str], lines: list[str], span: Span) -> str:

@@ -1081,8 +1081,7 @@ def _ifs_not_taken(plan: _Rewrite, spans: _Spans) -> list[tuple[ast.expr, bool]]
         statement = plan.block[j]
         if j in plan.gone or j in plan.unbiased or not isinstance(statement, ast.If) or statement.orelse:
             continue
-        body = (statement.body[0].lineno, 0, statement.end_lineno or statement.lineno, 1 << 30)
-        if not any(_contains(body, span) for span in ran):
+        if not _ran_in(statement, ran):
             plan.gone[j] = ""
             plan.idle.add(j)
             plan.untaken += [_span(s) for s in statement.body]
