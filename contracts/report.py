@@ -237,7 +237,9 @@ class Cluster:
     backward: str = ""  # PASS_THROUGH_BACKWARD (no kernel needed) or TORCH_BACKWARD (a scatter torch runs)
     backward_detail: str = ""
     # The backward's DRAM traffic, its ops one kernel each and as the backward kernel; and what the
-    # forward keeps for the backward: eager autograd's saved tensors, and the kernel op's (its inputs).
+    # forward keeps for the backward: eager autograd's saved tensors, and the kernel op's (the inputs
+    # and outputs its gradients read).  Both leave out what lives anyway: parameters, buffers and
+    # values an op outside the cluster keeps for its own backward (a GEMM's input).
     backward_bytes_unfused: int | None = None
     backward_bytes_fused: int | None = None
     saved_bytes_eager: int | None = None

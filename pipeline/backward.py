@@ -23,7 +23,7 @@ import torch
 from fuselens.analysis import capture
 from fuselens.analysis.cost import cluster_bytes
 from fuselens.analysis.graph import DTYPE_BYTES, Graph, plain
-from fuselens.analysis.ops import OpClass
+from fuselens.analysis.ops import GEMMS, SOURCE, OpClass
 from fuselens.codegen import backward as bw
 from fuselens.codegen.emit import emit
 from fuselens.codegen.lowering import dtype_tuple, tuple_display
@@ -42,6 +42,7 @@ class Backward:
     bytes_unfused: int | None  # the backward's ops, one kernel each (None without a kernel)
     bytes_fused: int | None  # the backward kernel's
     saved_fused: int  # what the kernel op keeps for the backward: the inputs and outputs its gradients read
+    held: frozenset[int] = frozenset()  # the inputs whose keeping costs no memory (`held_anyway`): not counted
     sized: bool = False  # its gradients hold the reduced dims' analyzed sizes (`BackwardText.sized`)
 
 
@@ -57,8 +58,9 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
         raise NoBackwardKernel(str(exc)) from exc
     # Plain values: the backward kernel bakes them, and `_<name>_gradients` runs it only for them.
     numbers = [plain(slot.value) for slot in plan.scalars]
+    held = held_anyway(graph, plan)
     if text.stages:
-        return _in_stages(text, name, graph, plan, params, number_params, numbers)
+        return _in_stages(text, name, graph, plan, params, number_params, numbers, held)
     captured, names = _capture(text, name, graph, plan, params, numbers)
     members = {n.id for n in captured if n.cls.absorbable or n.cls.free}
     opaque = [n.op for n in captured if n.cls is OpClass.OPAQUE and n.op != "output"]
@@ -66,9 +68,9 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     if opaque and not set(opaque) <= _TORCH_SCATTERS:
         raise NoBackwardKernel(f"the gradients need {', '.join(sorted(set(opaque)))}, which no kernel here computes")
     if opaque:  # the derivatives eager autograd runs, as torch code: the forward kernel still trains
-        return _without_kernel(text, name, params, plan, TORCH_BACKWARD)
+        return _without_kernel(text, name, params, plan, TORCH_BACKWARD, held)
     if not computes:
-        return _without_kernel(text, name, params, plan, PASS_THROUGH_BACKWARD)
+        return _without_kernel(text, name, params, plan, PASS_THROUGH_BACKWARD, held)
     try:
         bplan = plan_cluster(captured, members, backward=True)
     except PlanError as exc:
@@ -85,15 +87,73 @@ def backward_for(graph: Graph, plan: KernelPlan, name: str, params: list[str], n
     )
     body = "\n\n\n".join([text.text, emitted.kernels, emitted.launcher, gradients, registration])
     unfused, fused = _traffic(captured, bplan)
-    saved = _kept_bytes(plan, text)
+    saved = _kept_bytes(plan, text, held)
     return Backward(
-        body, text.grads_of, sorted([*text.grads_of, *text.folded]), emitted.strategy, unfused, fused, saved, text.sized
+        body,
+        text.grads_of,
+        sorted([*text.grads_of, *text.folded]),
+        emitted.strategy,
+        unfused,
+        fused,
+        saved,
+        held,
+        text.sized,
     )
 
 
-def _kept_bytes(plan: KernelPlan, text: bw.BackwardText) -> int:
-    """What the cluster's op keeps for the backward: the inputs and outputs its gradients read."""
-    inputs = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
+# Ops whose eager backward keeps their tensor inputs (a GEMM's input for its weight's gradient, a
+# norm's for its own): a value one of them also reads is kept for the backward whatever the cluster does.
+_KEEP_THEIR_INPUTS = GEMMS | {"conv1d", "conv2d", "conv3d", "layer_norm", "rms_norm", "group_norm", "batch_norm"}
+
+
+def held_anyway(graph: Graph, plan: KernelPlan) -> frozenset[int]:
+    """The cluster's inputs (positions) that its backward keeping them adds nothing to memory: the
+    model's parameters, buffers and constants, which live as long as the model (an embedding's table),
+    and values that an op outside the cluster also keeps for its own backward (a residual stream that
+    the next block's projections read), directly or through views."""
+    members = set(plan.members)
+
+    def kept_elsewhere(node: int) -> bool:
+        return any(graph[u].op in _KEEP_THEIR_INPUTS for u in _readers(graph, node) if u not in members)
+
+    return frozenset(
+        k
+        for k, slot in enumerate(plan.inputs)
+        if _lives_with_the_model(graph, slot.node) or kept_elsewhere(_base_of(graph, slot.node))
+    )
+
+
+def _base_of(graph: Graph, node: int) -> int:
+    """The value a chain of views reads (`weight.t()`'s weight)."""
+    while graph[node].cls is OpClass.VIEW and graph[node].inputs:
+        node = graph[node].inputs[0]
+    return node
+
+
+def _lives_with_the_model(graph: Graph, node: int) -> bool:
+    """A parameter, buffer or constant (or a view of one), as opposed to the model's input or a value it computes."""
+    source = graph[_base_of(graph, node)]
+    return source.op in SOURCE and source.op != "input"
+
+
+def _readers(graph: Graph, node: int) -> list[int]:
+    """The ops that read `node`'s value: its users, and the users of its views."""
+    found, todo = [], list(graph.users(node))
+    while todo:
+        user = todo.pop()
+        if graph[user].cls is OpClass.VIEW:
+            todo += graph.users(user)
+        else:
+            found.append(user)
+    return found
+
+
+def _kept_bytes(plan: KernelPlan, text: bw.BackwardText, held: frozenset[int]) -> int:
+    """What the cluster's op keeps for the backward that would not be kept otherwise: the inputs and
+    outputs its gradients read, but for the inputs `held` anyway."""
+    inputs = sum(
+        _bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps and k not in held
+    )
     return inputs + sum(_bytes(out.shape, out.dtype) for k, out in enumerate(plan.outputs) if k in text.keeps_results)
 
 
@@ -110,6 +170,7 @@ def _in_stages(
     params: list[str],
     number_params: list[str],
     numbers: list,
+    held: frozenset[int],
 ) -> Backward:
     """A backward of several kernels with torch code between them (`text.stages`: a group norm's):
     each kernel captured and planned as a whole backward is, and `_<name>_gradients` runs them in
@@ -141,7 +202,6 @@ def _in_stages(
         ]
     )
     registration = bw.registration_text(name, len(params), text, constants=_constants(plan))
-    saved = _kept_bytes(plan, text)
     return Backward(
         "\n\n\n".join([text.text, *(k.text for k in kernels), gradients, registration]),
         text.grads_of,
@@ -149,7 +209,8 @@ def _in_stages(
         " + ".join(k.strategy for k in kernels),
         sum(k.traffic[0] for k in kernels),
         sum(k.traffic[1] for k in kernels),
-        saved,
+        _kept_bytes(plan, text, held),
+        held,
         text.sized,
     )
 
@@ -205,7 +266,9 @@ def _stage_kernel(
 _TORCH_SCATTERS = frozenset({"embedding_dense_backward", "sum_to_size"})
 
 
-def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: KernelPlan, strategy: str) -> Backward:
+def _without_kernel(
+    text: bw.BackwardText, name: str, params: list[str], plan: KernelPlan, strategy: str, held: frozenset[int]
+) -> Backward:
     """The backward of a cluster whose gradients need no kernel: its outputs' gradients as they are
     (a residual sum's, a bias's summed over the rows by `_fit`: PASS_THROUGH_BACKWARD), or those
     scattered into an embedding's table by torch (TORCH_BACKWARD).  The backward reference is the
@@ -213,7 +276,6 @@ def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: K
     registration = bw.registration_text(
         name, len(params), text, f"_{name}_backward_reference", constants=_constants(plan)
     )
-    saved = sum(_bytes(slot.shape, slot.dtype) for k, slot in enumerate(plan.inputs) if k in text.keeps)
     return Backward(
         "\n\n\n".join([text.text, registration]),
         text.grads_of,
@@ -221,15 +283,19 @@ def _without_kernel(text: bw.BackwardText, name: str, params: list[str], plan: K
         strategy,
         None,
         None,
-        saved,
+        _kept_bytes(plan, text, held),
+        held,
         text.sized,
     )
 
 
-def saved_by_autograd(reference: str, name: str, plan: KernelPlan, trains: list[int]) -> int | None:
+def saved_by_autograd(
+    reference: str, name: str, plan: KernelPlan, trains: list[int], held: frozenset[int] = frozenset()
+) -> int | None:
     """What eager autograd keeps for the backward of the cluster's reference (`reference`, the text
     of `_<name>_reference`), run on meta tensors with the inputs `trains` wanting gradients: the
-    bytes of the distinct tensors its ops save, views counted as their base."""
+    bytes of the distinct tensors its ops save, views counted as their base, but for the inputs
+    `held` anyway (as the fused op's figure leaves them out)."""
     namespace: dict = {"torch": torch, "math": __import__("math")}
     try:
         exec(compile(reference, f"<{name} reference>", "exec"), namespace)  # our generated text, not a file's
@@ -241,10 +307,12 @@ def saved_by_autograd(reference: str, name: str, plan: KernelPlan, trains: list[
         for k, slot in enumerate(plan.inputs)
     ]
     saved: dict[int, int] = {}
+    free = {id(inputs[k]) for k in held}
 
     def keep(t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
-        saved[id(base)] = base.numel() * base.element_size()
+        if id(base) not in free:
+            saved[id(base)] = base.numel() * base.element_size()
         return t
 
     try:

@@ -228,7 +228,7 @@ def _backward(
         cluster.backward_detail += ", added into the table at the looked-up ids by torch, as eager autograd does"
     cluster.backward_bytes_unfused, cluster.backward_bytes_fused = trained.bytes_unfused, trained.bytes_fused
     cluster.saved_bytes_fused = trained.saved_fused
-    cluster.saved_bytes_eager = saved_by_autograd(reference, name, instance.plan, trained.trains)
+    cluster.saved_bytes_eager = saved_by_autograd(reference, name, instance.plan, trained.trains, trained.held)
     return trained
 
 

@@ -40,6 +40,7 @@ from fuselens.contracts.config import ConfigError, read_tool_table
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report
 from fuselens.contracts.version import TOOL_VERSION
+from fuselens.worker.confine import keep_descriptors_private
 from fuselens.worker.protocol import AnalyzeJob, Limits
 
 from . import framing
@@ -288,6 +289,10 @@ class FuselensServer(LanguageServer):
         (pygls' `start_io` reads frames of any claimed size, loses the stream for good after a length
         it cannot parse, and drops `exit`'s code; its protocol is fed from `framing.py` instead.)
         """
+        # Not dumpable: the model's code, which runs as the same user, cannot reopen this process's
+        # standard output through /proc and speak to the editor in its name (worker/confine.py).
+        if not keep_descriptors_private():
+            log.warning("cannot keep the server's descriptors from other processes (no PR_SET_DUMPABLE)")
         self.protocol.set_writer(StdoutWriter(sys.stdout.buffer))
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)

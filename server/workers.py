@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,9 +61,19 @@ _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE"
 def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = dict(os.environ if environ is None else environ)
     env = {k: v for k, v in environ.items() if _PASS_THROUGH.match(k) and not _SECRET.search(k)}
+    for name in ("PYTHONPATH", "LD_LIBRARY_PATH"):
+        if name in env:
+            env[name] = _absolute_entries(env[name])
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _absolute_entries(search_path: str) -> str:
+    """A search path without its empty and relative entries: Python (and the dynamic loader) read those
+    from the working directory, where they would put whatever lies there ahead of the standard
+    library (`$PYTHONPATH:/x` with PYTHONPATH unset starts with one)."""
+    return os.pathsep.join(p for p in search_path.split(os.pathsep) if os.path.isabs(p))
 
 
 class JobFailed(Exception):
@@ -106,8 +115,8 @@ class WorkerClient:
         self.starts += 1
         self._ready = asyncio.get_running_loop().create_future()
         try:
-            # -P and a neutral working directory: nothing in the folder the editor started
-            # the server from can shadow the worker's own imports.
+            # -P and a working directory nobody but root can write to: nothing in the folder the
+            # editor started the server from, nor in /tmp, can shadow the worker's own imports.
             self._proc = await asyncio.create_subprocess_exec(
                 self.python,
                 "-P",
@@ -117,7 +126,7 @@ class WorkerClient:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=scrubbed_environment(),
-                cwd=tempfile.gettempdir(),
+                cwd=os.path.abspath(os.sep),
                 start_new_session=True,  # a session of its own: what is left of it can be found and killed
             )
         except OSError as exc:

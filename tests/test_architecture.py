@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each package and the packages it may import, as docs/ARCHITECTURE.md draws them (top to bottom).
 ALLOWED = {
     "cli": {"server", "pipeline", "codegen", "contracts"},
-    "server": {"worker.protocol", "codegen", "contracts"},  # the protocol only, and never torch (test_server_process)
+    "server": {"worker.protocol", "worker.confine", "codegen", "contracts"},  # never torch (test_server_process)
     "worker": {"pipeline", "contracts"},
     "pipeline": {"profiling", "validate", "codegen", "analysis", "contracts"},
     "profiling": {"codegen", "analysis", "contracts"},

@@ -36,7 +36,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import contextlib
-import ctypes
 import faulthandler
 import posix
 import re
@@ -57,6 +56,7 @@ from types import FrameType
 from typing import NoReturn, TextIO
 
 from fuselens.contracts.plain import ContractError
+from fuselens.worker.confine import keep_descriptors_private, prctl, renounce_ptrace
 from fuselens.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Cancel,
@@ -510,13 +510,6 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # not Linux
-        return False
-
-
 # ---- the child -------------------------------------------------------------------------------
 
 
@@ -542,6 +535,8 @@ def _child_main(
         # seconds) and size match, so an edit saved within a second of the last job would be missed.
         sys.dont_write_bytecode = True
         _limit_memory(limits.memory_mb)
+        path = getattr(job, "path", "")
+        _enter_folder(path)
         out = answers.detach()
         me = os.getpid()
 
@@ -552,7 +547,6 @@ def _child_main(
         def progress(text: str, fraction: float | None = None) -> None:
             emit(Progress(job_id, text, fraction))
 
-        path = getattr(job, "path", "")
         _report_exits(lambda failure: emit(Failed(job_id, failure)), path)
         from fuselens.worker.jobs import run_job
 
@@ -573,10 +567,13 @@ def _contain(host_pid: int) -> None:
     """Its own process group (a kill reaches what it forks), its death with the host's (nobody would
     enforce its limits then), and what it forks kept below it when the process between is gone."""
     os.setpgid(0, 0)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != host_pid:  # the host died before that took effect
         _EXIT(70)
+    # Not dumpable, as the host it was forked from, and without the capability that would let it
+    # past that: the host's and the server's descriptors stay out of the model's reach (confine.py).
+    renounce_ptrace()
 
 
 def _close_channels(private: list[int], pipes: frozenset[tuple[int, int]]) -> None:
@@ -607,6 +604,14 @@ def _identity(fd: int) -> tuple[int, int] | None:
     """(device, inode) of a pipe or socket; None for anything else (a file, a terminal, /dev/null)."""
     info = os.fstat(fd)
     return (info.st_dev, info.st_ino) if stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode) else None
+
+
+def _enter_folder(path: str) -> None:
+    """Work in the model's folder, as `python model.py` run there would: the host's own working
+    directory is `/`, where a relative file the model's code writes has no place."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.chdir(os.path.dirname(os.path.realpath(path)))
 
 
 def _watch(dump: TextIO, deadline: float) -> None:
@@ -700,8 +705,10 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def main() -> int:
     started = time.perf_counter()
+    if not keep_descriptors_private():
+        print("fuselens worker: cannot keep its pipes from the jobs (no PR_SET_DUMPABLE)", file=sys.stderr)
     channel = _take_channel()
-    if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+    if not prctl(PR_SET_CHILD_SUBREAPER, 1):
         print("fuselens worker: cannot keep the jobs' orphans (no PR_SET_CHILD_SUBREAPER)", file=sys.stderr)
     signal.signal(signal.SIGTERM, _terminate)
     import torch

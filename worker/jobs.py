@@ -6,6 +6,8 @@ directories or leak memory: the child exits when the job is done.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from fuselens.contracts.options import Progress
@@ -57,16 +59,30 @@ WARM_UP_MODEL = (
 )
 
 
+def _loaded_from(module: object, folder: str) -> bool:
+    origin = getattr(module, "__file__", None)
+    return isinstance(origin, str) and os.path.dirname(os.path.abspath(origin)) == folder
+
+
 def warm_up() -> None:
     """Exercise every lazy import and first-call path once, so forked jobs start hot."""
-    import os
     import tempfile
 
     from fuselens.contracts.options import AnalyzeOptions
     from fuselens.pipeline.analyze import analyze_file
 
-    with tempfile.TemporaryDirectory(prefix="fuselens-warm-") as tmp:
-        path = os.path.join(tmp, "warm.py")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(WARM_UP_MODEL)
-        analyze_file(path, AnalyzeOptions(source_text=WARM_UP_MODEL))
+    search_path = list(sys.path)
+    tmp = ""
+    try:
+        with tempfile.TemporaryDirectory(prefix="fuselens-warm-") as tmp:
+            path = os.path.join(tmp, "warm.py")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(WARM_UP_MODEL)
+            analyze_file(path, AnalyzeOptions(source_text=WARM_UP_MODEL))
+    finally:
+        # Analysing a file puts its folder on sys.path.  This one is deleted now, and anyone may
+        # create a folder of the same name in /tmp: left there, a module planted in it would be
+        # imported by every job ahead of the standard library.
+        sys.path[:] = search_path
+        for name in [n for n, m in sys.modules.items() if _loaded_from(m, tmp)]:
+            del sys.modules[name]
