@@ -50,13 +50,15 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import NoReturn, TextIO
 
 from fuselens.contracts.plain import ContractError
 from fuselens.worker.confine import keep_descriptors_private, prctl, renounce_ptrace
+from fuselens.worker.descendants import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG
+from fuselens.worker.descendants import kill_strays as _kill_strays
 from fuselens.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Cancel,
@@ -80,12 +82,10 @@ from fuselens.worker.protocol import (
 
 DUMP_GRACE = 0.3  # seconds a timed-out child's watchdog gets to write its stack before it is killed
 EXIT_POLL = 0.05  # seconds between checks for a child's exit, where the kernel cannot signal it
-SWEEP_SECONDS = 2.0  # the most that killing what a job left behind may take (a process stuck in the kernel)
 READS_PER_WAKE = 16  # chunks read from one child before the loop looks at the others and the clock
 PROGRESS_CHARS = 1000  # the longest progress note relayed to the server (and on to the editor)
 DUMP_TAIL = 1 << 20  # bytes of a stack dump read back: a stack is far shorter, what else is there is not read
 
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2) options (Linux)
 _UCRED = struct.Struct("3i")  # SCM_CREDENTIALS: pid, uid, gid
 _EXIT = os._exit  # the real one: a child replaces os._exit to see the model's code call it
 
@@ -442,72 +442,6 @@ def _write_all(fd: int, data: bytes) -> None:
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-# ---- the processes below the host ----------------------------------------------------------------
-
-
-def _kill_strays(spared: Collection[int]) -> None:
-    """Kill every process below the host but the running jobs in `spared` (and what is below them),
-    and reap those that were the host's own.  What a finished job forked is below the host however
-    it detached, the host and every job being subreapers; a process forked while this runs has a
-    parent being killed, and is found on the next pass."""
-    me = os.getpid()
-    give_up = time.monotonic() + SWEEP_SECONDS
-    while (running := [pid for pid in _below(me, spared) if _running(pid)]) and time.monotonic() < give_up:
-        for pid in running:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.001)  # a killed process takes a moment to become a zombie
-    for pid in _children(me):
-        if pid not in spared:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def _below(root: int, spared: Collection[int]) -> list[int]:
-    found, todo = [], [p for p in _children(root) if p not in spared]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += _children(pid)
-    return found
-
-
-_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux's /proc): each of its threads' own, or, on a
-    kernel without those lists, every process's parent read."""
-    if not _CHILDREN_FILES:
-        with contextlib.suppress(OSError):
-            return [int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(int(p)) or ("", 0))[1] == pid]
-        return []
-    found = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with (
-                contextlib.suppress(OSError),
-                open(f"/proc/{pid}/task/{task}/children", "rb") as fh,
-            ):  # (a thread may end)
-                found += [int(p) for p in fh.read().split()]
-    return found
-
-
-def _running(pid: int) -> bool:
-    state = _stat(pid)
-    return state is not None and state[0] not in ("Z", "X")
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()  # after the name, which may hold anything
-        return fields[0].decode(), int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 # ---- the child -------------------------------------------------------------------------------
