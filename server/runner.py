@@ -5,9 +5,10 @@ configures.
 `remoteProfiler` one such as "ssh gpu fuselens profile {file} --json {json}"): `{file}`
 becomes the model's path and `{json}` a file for the runner's result (without `{json}`, its
 standard output must be the result).  The template is checked before anything runs, split
-into words as a shell would split it, and each word filled in; the words are then executed
-directly, never by a shell, so a path is always exactly one argument whatever characters it
-holds.  (A runner that needs a pipe or a redirection says so itself: `sh -c '...' _ {file}`.)
+into words as a shell would split it, and each word filled in (`runner_template.py`); the words
+are then executed directly, never by a shell, so a path is always exactly one argument whatever
+characters it holds.  (A runner that needs a pipe or a redirection says so itself:
+`sh -c '...' _ {file}`.)
 
 Like the worker, the runner gets a scrubbed environment (no tokens or credentials), a wall-time
 limit (`worker.validateTimeoutSeconds`), and its own process group, which is killed at that
@@ -22,9 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shlex
 import signal
-import string
 import tempfile
 from collections.abc import Callable
 
@@ -32,9 +31,9 @@ from fuselens.contracts.plain import ContractError, from_plain
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
 
+from .runner_template import command_line, template_problem
 from .workers import scrubbed_environment
 
-FIELDS = ("file", "json")
 OUTPUT_KEPT_BYTES = 1 << 20  # the runner's last output: its result (without {json}) and the failure message
 RESULT_MAX_BYTES = 64 << 20  # a result file larger than this is not a validation report
 PROGRESS_INTERVAL = 0.25  # seconds between progress reports of the runner's output
@@ -48,41 +47,6 @@ class RemoteFailed(Exception):
     def __init__(self, message: str, kind: str = "remote"):
         super().__init__(message)
         self.kind = kind
-
-
-def template_problem(template: str) -> str | None:
-    """Why `template` cannot be run as a remote runner, in words for the user; None if it can."""
-    try:
-        words = shlex.split(template)
-    except ValueError as exc:  # "No closing quotation"
-        return f"remoteRunner {template!r} cannot be split into words: {str(exc).lower()}"
-    if not words:
-        return "remoteRunner is empty"
-    fields: set[str] = set()
-    for word in words:
-        try:
-            parsed = list(string.Formatter().parse(word))
-        except ValueError as exc:  # a single "{" or "}"
-            return f"remoteRunner {template!r}: {exc} (write {{{{ or }}}} for a literal brace)"
-        for _, name, spec, conversion in parsed:
-            if name is None:
-                continue
-            if name not in FIELDS:
-                return (
-                    f"remoteRunner {template!r} has the field {{{name}}}; "
-                    "only {file} and {json} are filled in (write {{ or }} for a literal brace)"
-                )
-            if spec or conversion:
-                return f"remoteRunner {template!r}: {{{name}}} takes no format or conversion"
-            fields.add(name)
-    if "file" not in fields:
-        return f"remoteRunner {template!r} has no {{file}} for the model's path"
-    return None
-
-
-def command_line(template: str, path: str, result: str) -> list[str]:
-    """The runner's argument vector: the template's words, each filled in (a checked template)."""
-    return [word.format(file=path, json=result) for word in shlex.split(template)]
 
 
 def runner_environment() -> dict[str, str]:
@@ -115,7 +79,7 @@ class RemoteRunners:
     async def _run(
         self, template: str, path: str, seconds: float, report: Callable[[str], None], result_type: type, kind: str
     ) -> object:
-        problem = template_problem(template)
+        problem = template_problem(template, "remoteRunner" if kind == "validation" else "remoteProfiler")
         if problem is not None:
             raise RemoteFailed(problem, "settings")
         with tempfile.TemporaryDirectory(prefix="fuselens-remote-") as tmp:

@@ -17,6 +17,8 @@ from typing import Any
 from fuselens.contracts.config import ConfigError, ModelSettings, model_settings
 from fuselens.contracts.options import AnalyzeOptions
 
+from .runner_template import template_fault
+
 SEVERITIES = ("error", "warning", "information", "hint")
 KINDS = ("clusters", "patterns", "rejections", "breaks", "problems")
 DEVICES = ("h200", "h100", "a100", "rtx4090")
@@ -141,8 +143,10 @@ def _apply(s: Settings, key: str, value: Any) -> None:
         for raw, v in value.items():
             _apply_worker(s.worker, _key(raw), v, raw)
     elif key in ("remote_runner", "remote_profiler"):
-        if value is not None and (not isinstance(value, str) or "{file}" not in value):
-            raise ValueError("must be a command line containing {file}")
+        if value is not None and not isinstance(value, str):
+            raise TypeError("must be a command line containing {file}")
+        if value is not None and (fault := template_fault(value)):
+            raise ValueError(fault)
         setattr(s, key, value)
 
 

@@ -268,6 +268,19 @@ async def test_a_bad_template_is_named_and_ignored(client: Client, analyzed: str
         assert not [m for m in client.messages[told:] if "Traceback" in m.message]
 
 
+async def test_a_bad_profiler_template_is_named_as_remote_profiler(client: Client, analyzed: str):
+    """`remoteProfiler` is checked when the settings are read, as `remoteRunner` is, and named."""
+    for bad, words in (
+        ("ssh gpu fuselens profile {file} {0}", "has the field {0}; only {file} and {json} are filled in"),
+        ("ssh gpu 'fuselens profile {file}", "no closing quotation"),
+    ):
+        told = len(client.messages)
+        await configure(client, analyzed, remoteProfiler=bad)
+        (warning,) = [m for m in client.messages[told:] if "remote" in m.message]
+        assert "fuselens.remoteProfiler" in warning.message and "remoteRunner" not in warning.message
+        assert words in warning.message and "ignored" in warning.message, warning.message
+
+
 @pytest.mark.parametrize("ending", ["shutdown", "exit", "SIGTERM"])
 async def test_the_runner_does_not_outlive_the_server(ending: str, runner_script, tmp_path):
     """However the server ends: `shutdown` (answered, and the command answered as cancelled),
@@ -320,6 +333,13 @@ async def test_templates_are_checked_before_anything_runs(bad: str, words: str, 
     assert words in (template_problem(bad) or ""), template_problem(bad)
     with pytest.raises(RemoteFailed, match="remoteRunner") as caught:
         await RemoteRunners().validate(bad, str(tmp_path / "m.py"), 5, lambda line: None)
+    assert caught.value.kind == "settings"
+
+
+async def test_a_profiler_template_is_named_as_remote_profiler(tmp_path):
+    with pytest.raises(RemoteFailed) as caught:
+        await RemoteRunners().profile("ssh gpu profile", str(tmp_path / "m.py"), 5, lambda line: None)
+    assert str(caught.value) == "remoteProfiler 'ssh gpu profile' has no {file} for the model's path"
     assert caught.value.kind == "settings"
 
 
