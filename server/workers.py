@@ -55,7 +55,11 @@ _PASS_THROUGH = re.compile(
     r"CONDA_\w+|LD_LIBRARY_PATH|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|TORCH_\w+|XDG_\w+|OMP_NUM_THREADS|"
     r"MKL_NUM_THREADS|HF_HUB_OFFLINE)$"
 )
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE", re.I)
+# A name that says it holds a credential, in whatever family it came (XDG_SESSION_COOKIE, CONDA_*_TOKEN):
+# a token, secret, password, cookie, credential, private or auth anything, a session id, any key.
+_SECRET = re.compile(
+    r"TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|SIGNATURE|SESSION_?ID|KEY(S|FILE)?(_|$)", re.I
+)
 
 
 def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str]:

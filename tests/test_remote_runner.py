@@ -30,7 +30,13 @@ from robust_helpers import raw_notify, status_kb
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 REQUEST_CANCELLED = -32800
-SECRETS = {"FAKE_TOKEN": "t0ps3cret", "AWS_SECRET_ACCESS_KEY": "hunter2", "GITHUB_TOKEN": "ghp_x"}
+SECRETS = {
+    "FAKE_TOKEN": "t0ps3cret",
+    "AWS_SECRET_ACCESS_KEY": "hunter2",
+    "GITHUB_TOKEN": "ghp_x",
+    "XDG_SESSION_COOKIE": "0123456789abcdef-1700000000.1-1234",  # in a family that passes (XDG_*)
+    "CONDA_SESSION_KEY": "k3y",
+}
 FLOOD_MB = 300
 
 # The runner: `runner.py MODE FILE RESULT`; it reports what it saw in files beside itself.

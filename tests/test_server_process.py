@@ -15,6 +15,7 @@ SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "aws_x",
     "FUSELENS_TEST_API_KEY": "key_x",
     "DATABASE_PASSWORD": "pw_x",
+    "XDG_SESSION_COOKIE": "0123456789abcdef-1700000000.1-1234",  # in a family that passes (XDG_*)
 }
 KEPT = {"TORCH_SHOW_CPP_STACKTRACES": "1"}
 
@@ -53,6 +54,50 @@ async def workload(client: Client) -> str:
     client.save(uri)
     await client.diagnostics_of(uri)
     return uri
+
+
+# Names in the families the worker needs (XDG_*, CONDA_*, CUDA_*, TORCH_*, ...) that say they hold a credential.
+CREDENTIALS = [
+    "XDG_SESSION_COOKIE",
+    "XDG_SESSION_KEY",
+    "XDG_SESSION_ID",
+    "CONDA_API_TOKEN",
+    "CONDA_PASSPHRASE",
+    "CUDA_SECRET",
+    "TORCH_HUB_APIKEY",
+    "TORCH_HUB_AUTH",
+    "TRITON_PRIVATE_KEY",
+    "TRITON_SIGNING_KEY_FILE",
+    "NVIDIA_ACCESS_KEY_ID",
+    "LC_PASSWD",
+    "XDG_CREDENTIALS_DIR",
+    "XDG_SIGNATURE",
+]
+# ... and ones it needs, which no credential rule may take.
+NEEDED = [
+    "PATH",
+    "HOME",
+    "LC_ALL",
+    "PYTHONPATH",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_SESSION_TYPE",
+    "CONDA_PREFIX",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "TORCH_HOME",
+    "TORCH_CUDA_ARCH_LIST",
+    "TRITON_CACHE_DIR",
+]
+
+
+def test_the_environment_filter_drops_every_credential_and_keeps_what_the_worker_needs():
+    from fuselens.server.workers import scrubbed_environment
+
+    env = scrubbed_environment({name: "x" for name in CREDENTIALS + NEEDED})
+    assert sorted(set(CREDENTIALS) & set(env)) == []
+    assert set(NEEDED) <= set(env), sorted(set(NEEDED) - set(env))
 
 
 @pytest.mark.parametrize("profile", PROFILES)
