@@ -1,8 +1,9 @@
 """The remote runner (`remoteRunner`): validation on a GPU elsewhere, through a command line.
 
 Here the "remote" is a script the test writes, which does what a hostile or broken runner does:
-dump the environment it was given, sleep for ever (with a child in its process group), or
-print hundreds of megabytes.  Each runs through the real server's validate command (this
+dump the environment it was given, sleep for ever (with a child in its process group, or one that
+left it by `setsid()`, or a double-forked daemon, each holding the runner's output), or print
+hundreds of megabytes.  Each runs through the real server's validate command (this
 machine has no CUDA device, so validation goes to the runner); the template checks run on the
 runner module directly.  Processes are checked by pid; every wait has a deadline.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import os
 import shlex
 import signal
 import sys
+import time
 
 import pytest
 import pytest_asyncio
@@ -24,7 +27,16 @@ from pygls.exceptions import JsonRpcException
 
 from fuselens.server.runner import RemoteFailed, RemoteRunners, template_problem
 
-from lsp_helpers import TIMEOUT, Client, example_text, make_workspace, running, running_server, server_pid
+from lsp_helpers import (
+    TIMEOUT,
+    Client,
+    example_text,
+    make_workspace,
+    running,
+    running_server,
+    server_pid,
+    time_limit,
+)
 from robust_helpers import raw_notify, status_kb
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -37,6 +49,7 @@ SECRETS = {
     "XDG_SESSION_COOKIE": "0123456789abcdef-1700000000.1-1234",  # in a family that passes (XDG_*)
     "CONDA_SESSION_KEY": "k3y",
 }
+STRAY_SECONDS = 300  # how long a runner's stray sleeps: far past every wait of these tests
 FLOOD_MB = 300
 
 # The runner: `runner.py MODE FILE RESULT`; it reports what it saw in files beside itself.
@@ -45,12 +58,26 @@ import json, os, subprocess, sys, time
 
 mode, model, result = sys.argv[1:4]
 here = os.path.dirname(os.path.abspath(__file__))
+runner = os.getpid()
 
 
 def tell(name, value):
     with open(os.path.join(here, name + ".tmp"), "w") as fh:
         json.dump(value, fh)
     os.replace(os.path.join(here, name + ".tmp"), os.path.join(here, name + ".json"))
+
+
+def stray(leave):
+    # A process that leaves the runner's group (by setsid, or as a double-forked daemon), keeps
+    # the runner's output open, says who it is, and sleeps.
+    if os.fork():
+        return
+    os.setsid()
+    if leave == "daemon" and os.fork():
+        os._exit(0)
+    tell("pids", {{"runner": runner, "child": os.getpid(), "group": os.getpgid(runner), "its_group": os.getpgid(0)}})
+    time.sleep({STRAY_SECONDS})
+    os._exit(0)
 
 
 def report():
@@ -67,6 +94,14 @@ elif mode == "sleep":
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     tell("pids", {{"runner": os.getpid(), "child": child.pid, "group": os.getpgid(0)}})
     time.sleep(120)
+elif mode in ("setsid", "daemon"):
+    stray(mode)
+    time.sleep({STRAY_SECONDS})
+elif mode == "daemon-then-report":
+    stray("daemon")
+    while not os.path.exists(os.path.join(here, "pids.json")):
+        time.sleep(0.01)
+    report()
 elif mode == "flood":
     line = b"x" * 1023 + b"\\n"
     block = line * 1024
@@ -175,6 +210,26 @@ async def sleeping_runner(client: Client, script: str) -> dict[str, int]:
     return pids
 
 
+async def detached_runner(client: Client, script: str) -> dict[str, int]:
+    """The pids of the runner and of its child that left its process group, once both run."""
+    pids = await client.wait_until(lambda: read_json(beside(script, "pids")), "the runner to start", poll=0.05)
+    assert running(pids["runner"]) and running(pids["child"])
+    assert pids["group"] == pids["runner"] != pids["its_group"]  # the child left the runner's process group
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(runner_script):
+    """Whatever a runner of a test left is killed when the test ends, passed or failed (a server
+    that fails to kill it must not leave it to the tests after)."""
+    yield
+    pids = read_json(beside(runner_script, "pids")) or {}
+    for pid in (pids.get("runner"), pids.get("child")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if runner_script.encode() in fh.read() and running(pid):  # (its own, not a pid used again)
+                os.kill(pid, signal.SIGKILL)
+
+
 async def gone(client: Client, pids: dict[str, int]) -> None:
     await client.wait_until(
         lambda: not running(pids["runner"]) and not running(pids["child"]), "the runner to be killed", poll=0.05
@@ -222,6 +277,53 @@ async def test_a_runner_past_its_time_limit_is_killed_with_its_children(client: 
     assert "did not finish within 3 s (worker.validateTimeoutSeconds); it was stopped" in result["message"]
     await gone(client, pids)
     assert any("did not finish within 3 s" in m.message for m in client.messages[told:])
+
+
+@pytest.mark.parametrize("leave", ["setsid", "daemon"])
+async def test_a_runner_whose_child_left_its_group_is_stopped_at_the_limit(
+    client: Client, analyzed: str, runner_script, leave: str
+):
+    """A child that left the runner's process group keeps the runner's output open and sleeps far
+    past the limit: the validation is still answered at the limit, and nothing of the runner is
+    left by then."""
+    await configure(client, analyzed, remoteRunner=template(runner_script, leave), worker={"validateTimeoutSeconds": 3})
+    forget(runner_script, "pids")
+    _, future = validate(client, analyzed)
+    pids = await detached_runner(client, runner_script)
+
+    result = await answer(future)
+    assert result["error"] == "timeout", result
+    assert "did not finish within 3 s (worker.validateTimeoutSeconds); it was stopped" in result["message"]
+    assert not running(pids["runner"]) and not running(pids["child"])  # killed before the answer
+
+
+async def test_a_daemon_the_runner_leaves_behind_does_not_hold_its_answer(client: Client, analyzed: str, runner_script):
+    """The runner writes its report and exits, leaving a daemon that holds its output: the report is
+    the answer as soon as the runner exits, and the daemon is killed."""
+    await configure(client, analyzed, remoteRunner=template(runner_script, "daemon-then-report"))
+    forget(runner_script, "pids")
+    result = await answer(validate(client, analyzed)[1])
+
+    assert result["models"][0]["clusters"][0]["status"] == "verified", result
+    pids = read_json(beside(runner_script, "pids"))  # (the runner waited for the daemon to write them)
+    assert pids["its_group"] != pids["group"] and not running(pids["child"])
+
+
+@pytest.mark.timing
+async def test_a_runner_whose_child_left_its_group_is_answered_within_moments_of_the_limit(
+    client: Client, analyzed: str, runner_script
+):
+    await configure(
+        client, analyzed, remoteRunner=template(runner_script, "daemon"), worker={"validateTimeoutSeconds": 3}
+    )
+    forget(runner_script, "pids")
+    _, future = validate(client, analyzed)
+    await detached_runner(client, runner_script)
+    started = time.monotonic()  # (the runner started a little earlier still)
+    result = await answer(future)
+    waited = time.monotonic() - started
+    assert result["error"] == "timeout", result
+    assert waited < time_limit(3 + 1), f"answered {waited:.1f} s after the runner started, with a 3 s limit"
 
 
 async def test_cancelling_the_validation_kills_the_runner(client: Client, analyzed: str, runner_script):
@@ -287,18 +389,21 @@ async def test_a_bad_profiler_template_is_named_as_remote_profiler(client: Clien
         assert words in warning.message and "ignored" in warning.message, warning.message
 
 
-@pytest.mark.parametrize("ending", ["shutdown", "exit", "SIGTERM"])
-async def test_the_runner_does_not_outlive_the_server(ending: str, runner_script, tmp_path):
+@pytest.mark.parametrize(
+    ("ending", "mode"), [("shutdown", "sleep"), ("exit", "sleep"), ("SIGTERM", "setsid"), ("SIGKILL", "daemon")]
+)
+async def test_the_runner_does_not_outlive_the_server(ending: str, mode: str, runner_script, tmp_path):
     """However the server ends: `shutdown` (answered, and the command answered as cancelled),
-    `exit` without it (exit code 1, as the LSP spec says), or a termination signal."""
+    `exit` without it (exit code 1, as the LSP spec says), a termination signal, or SIGKILL (which
+    the server cannot see): the runner goes, and so does what it started, in its group or not."""
     root = make_workspace(str(tmp_path / "ws"))
-    settings = {"remoteRunner": template(runner_script, "sleep")}
+    settings = {"remoteRunner": template(runner_script, mode)}
     async with running_server("visual-studio-code", root, {"workspaceTrusted": True, "settings": settings}) as client:
         uri = client.open("example_net.py")
         await client.diagnostics_of(uri, 1)
         forget(runner_script, "pids")
         _, future = validate(client, uri)
-        pids = await sleeping_runner(client, runner_script)
+        pids = await (sleeping_runner if mode == "sleep" else detached_runner)(client, runner_script)
 
         if ending == "shutdown":
             assert await asyncio.wait_for(client.shutdown_async(None), TIMEOUT) is None
@@ -311,8 +416,9 @@ async def test_the_runner_does_not_outlive_the_server(ending: str, runner_script
             raw_notify(client, "exit", None)
             assert await asyncio.wait_for(client._server.wait(), TIMEOUT) == 1
         else:
-            os.kill(server_pid(client), signal.SIGTERM)
-            assert await asyncio.wait_for(client._server.wait(), TIMEOUT) == 1
+            os.kill(server_pid(client), getattr(signal, ending))
+            code = await asyncio.wait_for(client._server.wait(), TIMEOUT)
+            assert code == (1 if ending == "SIGTERM" else -signal.SIGKILL)
         await gone(client, pids)
 
 
@@ -366,6 +472,14 @@ async def test_good_templates_fill_whole_words(tmp_path):
         )
     assert json.loads(out.read_text()) == [path, "{x}"]
     assert not runners.running
+
+
+async def test_the_runners_exit_status_and_last_output_are_named(tmp_path):
+    with pytest.raises(RemoteFailed) as caught:
+        await RemoteRunners().validate(
+            "sh -c 'echo no GPU free >&2; exit 3' _ {file}", str(tmp_path / "m.py"), 5, print
+        )
+    assert str(caught.value) == "the remote runner exited 3 without a validation report: no GPU free"
 
 
 async def test_a_missing_runner_program_is_a_clear_failure(tmp_path):
