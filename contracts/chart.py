@@ -11,10 +11,17 @@ cluster's largest error against its tolerance instead, so that the chart always 
 say.  Earlier runs of the same file add one faded series each.
 
 The figure carries no colours: each place that draws it applies its own theme.
+
+plotly reads a little HTML in every string it draws (`<br>`, `<b>`, `<span style=...>`, `<a href=...>`),
+in titles, legends, axis labels, hover labels and annotations alike.  Every string a report brings
+(a model's or cluster's name, its ops, its status, the device, a run's time) goes in escaped
+(`_text`), so that it shows as the text it is; the only markup is the figure's own (a `<br>` in
+a title, `<extra>` in a hover template).
 """
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +41,7 @@ EarlierModels = Sequence[tuple[str, ModelValidation]]  # (the run's label, its v
 def results_figure(model: ModelValidation, where: str, earlier: EarlierModels = ()) -> Figure:
     """The chart of `model`'s validation (`where`: "on NVIDIA H200", "in the Triton interpreter ...")."""
     if not model.clusters:
-        return {"data": [], "layout": _layout(f"{model.name}: no clusters to validate", "")}
+        return {"data": [], "layout": _layout(f"{_text(model.name)}: no clusters to validate", "")}
     if is_timed(model):
         return _times_figure(model, where, earlier)
     return _numerics_figure(model, where, earlier)
@@ -60,9 +67,10 @@ def _times_figure(model: ModelValidation, where: str, earlier: EarlierModels) ->
     ]
     for label, before in _recent(earlier):
         times = [_timing(_same(before, c)).fused_us for c in clusters]
-        data.append({**_bar(f"fused, {label}", clusters, times), "opacity": EARLIER_OPACITY})
+        data.append({**_bar(f"fused, {_text(label)}", clusters, times), "opacity": EARLIER_OPACITY})
     layout = _layout(
-        f"{model.name}: CUDA-graph time per cluster {where},<br>eager vs {COMPILED} vs fused", "µs (lower is better)"
+        f"{_text(model.name)}: CUDA-graph time per cluster {_text(where)},<br>eager vs {COMPILED} vs fused",
+        "µs (lower is better)",
     )
     ceiling = [_finite(_timing(c).pct_of_peak) for c in clusters]
     if any(p is not None for p in ceiling):
@@ -71,7 +79,7 @@ def _times_figure(model: ModelValidation, where: str, earlier: EarlierModels) ->
                 "type": "scatter",
                 "mode": "markers",
                 "name": "fused: % of copy ceiling",
-                "x": [c.id for c in clusters],
+                "x": _ids(clusters),
                 "y": ceiling,
                 "yaxis": "y2",
                 "text": [_bandwidth(_timing(c)) for c in clusters],
@@ -113,7 +121,7 @@ def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels)
             "type": "scatter",
             "mode": "markers",
             "name": "tolerance (atol)",
-            "x": [c.id for c in clusters],
+            "x": _ids(clusters),
             "y": [_drawable(c.atol) for c in clusters],
             "marker": {"symbol": "line-ew-open", "size": 30, "line": {"width": 3}},
             "hovertemplate": "%{x}: atol %{y:.1e}<extra></extra>",
@@ -121,20 +129,21 @@ def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels)
     ]
     for label, before in _recent(earlier):
         values = [_drawable(_error(_same(before, c))) for c in clusters]
-        data.append({**_bar(f"max |error|, {label}", clusters, values), "opacity": EARLIER_OPACITY})
+        data.append({**_bar(f"max |error|, {_text(label)}", clusters, values), "opacity": EARLIER_OPACITY})
     layout = _layout(
-        f"{model.name}: largest error per cluster,<br>{where}, against its tolerance", "max |error| vs eager"
+        f"{_text(model.name)}: largest error per cluster,<br>{_text(where)}, against its tolerance",
+        "max |error| vs eager",
     )
     layout["yaxis"]["type"] = "log"  # errors and tolerances span decades (1e-7 in fp32, 1e-2 in bf16)
     # A log axis cannot draw 0 (an exact match) or a check that never produced a number: say it in words.
     layout["annotations"] = [
         {
-            "x": c.id,
+            "x": _text(c.id),
             "xref": "x",
             "y": 0,
             "yref": "paper",
             "yanchor": "bottom",
-            "text": note,
+            "text": _text(note),
             "showarrow": False,
         }
         for c in clusters
@@ -162,7 +171,7 @@ def _undrawn(c: ClusterCheck) -> str:
 def _error_hover(c: ClusterCheck) -> str:
     error = "—" if c.max_abs is None else f"{c.max_abs:.2e}"
     tolerance = "" if c.atol is None else f"; passes within atol {c.atol:g} + rtol {c.rtol or 0:g}·|expected|"
-    return f"{c.id} ({c.ops}): {c.status}, max |error| {error}{tolerance}"
+    return f"{_text(c.id)} ({_text(c.ops)}): {_text(c.status)}, max |error| {error}{tolerance}"
 
 
 # ---- shared --------------------------------------------------------------------------------------
@@ -172,10 +181,21 @@ def _bar(name: str, clusters: list[ClusterCheck], values: list[float | None]) ->
     return {
         "type": "bar",
         "name": name,
-        "x": [c.id for c in clusters],
+        "x": _ids(clusters),
         "y": [_finite(v) for v in values],
-        "hovertext": [c.ops for c in clusters],
+        "hovertext": [_text(c.ops) for c in clusters],
     }
+
+
+def _ids(clusters: Sequence[ClusterCheck]) -> list[str]:
+    """The clusters' ids, the x axis's categories (the annotations name the same, escaped alike)."""
+    return [_text(c.id) for c in clusters]
+
+
+def _text(value: str) -> str:
+    """A report's string as plotly shows it: as the text it is, never as markup.  (plotly turns
+    `&lt;`, `&gt;` and `&amp;` back into the characters they stand for.)"""
+    return html.escape(value, quote=False)
 
 
 def _layout(title: str, y_title: str) -> dict[str, Any]:
@@ -221,13 +241,17 @@ def profile_figure(model: ModelProfile, step: str, where: str) -> Figure:
     """A profiled model's measured time: one bar per cluster (beside the time the cost model predicts
     for it fused) and per kind of op outside the clusters, then what no call issued; ms per `step`."""
     clusters = model.clusters
-    names = [c.id for c in clusters] + [o.kind for o in model.opaque]
+    step, where = _text(step), _text(where)
+    ids = [_text(c.id) for c in clusters]
+    names = ids + [_text(o.kind) for o in model.opaque]
     measured: list[float] = [c.us / 1000 for c in clusters] + [o.us / 1000 for o in model.opaque]
     shares = [f"{c.share:.1%}" for c in clusters] + [f"{o.share:.1%}" for o in model.opaque]
     hover = [
-        f"{c.id}: {c.calls} ops, rank {c.rank_by_time} by time, {c.rank_by_bytes} by bytes saved" for c in clusters
+        f"{_text(c.id)}: {c.calls} ops, rank {c.rank_by_time} by time, {c.rank_by_bytes} by bytes saved"
+        for c in clusters
     ]
-    hover += [f"{o.kind}: {', '.join(o.ops[:4])}" for o in model.opaque]
+    hover += [f"{_text(o.kind)}: {_text(', '.join(o.ops[:4]))}" for o in model.opaque]
+    gains = [f"the {step} {c.amdahl_speedup:.2f}× faster with {i} fused" for c, i in zip(clusters, ids, strict=True)]
     if model.unattributed_us > 0:
         names.append("unattributed")
         measured.append(model.unattributed_us / 1000)
@@ -236,10 +260,12 @@ def profile_figure(model: ModelProfile, step: str, where: str) -> Figure:
     data = [
         {"type": "bar", "name": "measured", "x": names, "y": measured, "text": shares, "textposition": "outside",
          "hovertext": hover},
-        {"type": "bar", "name": "fused, predicted", "x": [c.id for c in clusters],
+        {"type": "bar", "name": "fused, predicted", "x": ids,
          "y": [c.predicted_fused_us / 1000 for c in clusters],
-         "hovertext": [f"the {step} {c.amdahl_speedup:.2f}× faster with {c.id} fused" for c in clusters]},
+         "hovertext": gains},
     ]  # fmt: skip
-    layout = _layout(f"{model.name}: measured time per {step} {where},<br>by cluster and by op outside them", "ms")
+    layout = _layout(
+        f"{_text(model.name)}: measured time per {step} {where},<br>by cluster and by op outside them", "ms"
+    )
     layout["xaxis"] = {"title": {"text": "cluster, or op outside the clusters"}, "type": "category"}
     return {"data": data, "layout": layout}

@@ -3,8 +3,10 @@ of earlier runs in the user's cache folder, and the view every editor and the CL
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -14,6 +16,8 @@ import pytest
 from fuselens.contracts.chart import results_figure
 from fuselens.contracts.folders import user_cache_folder
 from fuselens.contracts.history import HISTORY_LIMIT, ValidationRun, unrecorded
+from fuselens.contracts.profile import ClusterTime, LineTime, ModelProfile, OpaqueTime, Profile
+from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.results_view import results_view, view_markdown
 from fuselens.contracts.validation import (
     RESULT_COLUMNS,
@@ -379,3 +383,111 @@ def test_the_table_gives_a_training_step_s_time_forward_and_backward_apart():
     step, versus = RESULT_COLUMNS.index("fused fwd + bwd µs"), RESULT_COLUMNS.index("fwd + bwd vs torch.compile")
     assert [(row[step], row[versus]) for row in result_rows(model)] == [("1200.0 (400.0 + 800.0)", "1.50×"), ("—", "—")]
     assert trained.backward.timing.backward_us("compiled") == 1200.0
+
+
+# ---- markup in a report --------------------------------------------------------------------------
+
+# A report's strings come from the model's code, a remote runner's output and the history file: plotly
+# draws a little HTML in every label, so that this one, unescaped, blew a hover label over the chart.
+MARKUP = '<span style="font-size:400px">big</span>'
+SHOWN = html.escape(MARKUP, quote=False)  # what plotly turns back into the characters, shown as text
+
+
+def marked_up_report(timed: bool) -> ValidationReport:
+    """A validation with `MARKUP` in every string: names, ops, statuses, the device, the file."""
+    timing = Timing(eager_us=30.0, compiled_us=12.0, fused_us=10.0, achieved_gbps=2900.0, pct_of_peak=97.0)
+    clusters = [
+        ClusterCheck(
+            f"c{i}{MARKUP}",
+            f"cluster{i}{MARKUP}",
+            f"verified{MARKUP}",
+            ops=f"mul → relu{MARKUP}",
+            max_abs=max_abs,
+            atol=1e-4,
+            rtol=1e-4,
+            message=MARKUP,
+            timing=timing if timed else None,
+        )
+        for i, max_abs in enumerate([3e-5, 0.0, None])  # drawn, and two named in words (exact, no number)
+    ]
+    whole = ModelCheck(f"matches{MARKUP}", [c.id for c in clusters])
+    model = ModelValidation(f"Net{MARKUP}", [[4, 8]], [f"float32{MARKUP}"], clusters, whole)
+    return ValidationReport(
+        f"model{MARKUP}.py",
+        "cuda" if timed else "interpret",
+        f"NVIDIA H200{MARKUP}",
+        [model],
+        problems=[MARKUP],
+        versions={"torch": MARKUP},
+    )
+
+
+def plotly_figures(page: str) -> list[tuple[list, dict]]:
+    """The (data, layout) of every `Plotly.newPlot` on the page, as the browser's JavaScript reads them."""
+    decoder = json.JSONDecoder()
+    figures = []
+    for call in re.finditer(r'Plotly\.newPlot\(\s*"[^"]*",\s*', page):
+        data, end = decoder.raw_decode(page, call.end())
+        layout, _ = decoder.raw_decode(page, re.compile(r",\s*").match(page, end).end())
+        figures.append((data, layout))
+    return figures
+
+
+def strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def assert_shown_as_text(page: str) -> list[tuple[list, dict]]:
+    """No markup from the report on the page or in its charts; each chart names it as text."""
+    outside_scripts = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    assert MARKUP not in outside_scripts and "<span" not in outside_scripts
+    assert html.escape(MARKUP) in outside_scripts  # the tables and headings: HTML-escaped text
+    figures = plotly_figures(page)
+    assert figures
+    for data, layout in figures:
+        assert not [s for s in strings([data, layout]) if "<span" in s or "</span" in s]
+        assert SHOWN in layout["title"]["text"]
+    return figures
+
+
+@pytest.mark.parametrize("timed", [True, False], ids=["timed", "interpreted"])
+def test_markup_in_every_report_string_shows_as_text_on_the_results_page(timed: bool):
+    results_page = pytest.importorskip("fuselens.cli.results_page")
+    earlier = [ValidationRun(f"yesterday{MARKUP}", "cpu", marked_up_report(timed))]  # a history run's time
+    view = results_view(unrecorded(marked_up_report(timed)), earlier)
+
+    (figure,) = assert_shown_as_text(results_page.page(view))
+    data, layout = figure
+    for trace in data:  # the axis's categories, and the labels a hover shows
+        assert all(SHOWN in x for x in trace["x"]), trace
+        assert all(SHOWN in h for h in trace.get("hovertext", [SHOWN])), trace
+    assert any(trace["name"] == f"{'fused' if timed else 'max |error|'}, yesterday{SHOWN}" for trace in data)
+    if not timed:  # the clusters a log axis cannot draw are named in words, their status among them
+        assert {a["x"] for a in layout["annotations"]} == {f"c1{SHOWN}", f"c2{SHOWN}"}
+        assert f"verified{SHOWN}" in {a["text"] for a in layout["annotations"]}
+
+
+def test_markup_in_every_profile_string_shows_as_text_on_the_results_page():
+    results_page = pytest.importorskip("fuselens.cli.results_page")
+    model = ModelProfile(
+        f"Net{MARKUP}",
+        forward_us=100.0,
+        attributed_us=90.0,
+        unattributed_us=10.0,
+        lines=[LineTime(f"lib{MARKUP}.py", 3, f"Net.forward{MARKUP}", 60.0, 0.6, 2, ops=[MARKUP], clusters=[MARKUP])],
+        clusters=[ClusterTime(f"c0{MARKUP}", 60.0, 0.6, 2, 20.0, 1.6, 1, 1)],
+        opaque=[OpaqueTime(f"matmul{MARKUP}", 30.0, 0.3, ops=[f"mm{MARKUP}"])],
+    )
+    profile = Profile("cuda", f"NVIDIA H200{MARKUP}", 10, 3, step=f"forward{MARKUP}", models=[model])
+    view = profile_view(f"model{MARKUP}.py", profile)
+
+    (figure,) = assert_shown_as_text(results_page.page(view))
+    measured = figure[0][0]
+    assert measured["x"] == [f"c0{SHOWN}", f"matmul{SHOWN}", "unattributed"]
+    assert f"matmul{SHOWN}: mm{SHOWN}" in measured["hovertext"]
