@@ -355,9 +355,7 @@ def _absorbed(
 def _unmatched(kernel: InductorKernel, inductor: _Inductor, ours: _Ours) -> UnmatchedFusion:
     ops = [_absorbed(key, kernel, inductor, ours, None) for key in inductor.kernel_ops(kernel)]
     chain = " + ".join(f"{o.op} (line {o.line})" for o in ops)
-    why = sorted({o.reason for o in ops if o.reason})
-    tail = f"; we rejected: {', '.join(why)}" if why else ""
-    return UnmatchedFusion(kernel.id, kernel.name, kernel.kind, ops, f"Inductor fuses {chain} in {kernel.name}{tail}")
+    return UnmatchedFusion(kernel.id, kernel.name, kernel.kind, ops, chain)
 
 
 # ---- wording ---------------------------------------------------------------------------------

@@ -314,7 +314,11 @@ def _render_inductor(console: Console, comparison: InductorComparison) -> None:
         )
     console.print(table)
     for u in comparison.unmatched:
-        console.print(f"  [yellow]only torch.compile fuses[/] {_literal(u.summary)} ({_literal(u.name)})")
+        why = sorted({o.reason for o in u.ops if o.reason})
+        rejected = f"; fuselens did not ({', '.join(why)})" if why else ""
+        console.print(
+            f"  [yellow]only torch.compile fuses[/] {_literal(u.summary)} in {_literal(u.name)}{_literal(rejected)}"
+        )
 
 
 def _render_notes(console: Console, model: Model) -> None:

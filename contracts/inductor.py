@@ -163,7 +163,7 @@ class UnmatchedFusion:
     name: str
     kind: str
     ops: list[AbsorbedOp]
-    summary: str
+    summary: str  # the ops it fuses with their lines ("mul (line 3) + add (line 4)"); each op says why we did not
 
 
 @dataclass

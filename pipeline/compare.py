@@ -36,7 +36,9 @@ def compare(analyzed: AnalyzedFile, progress: Progress = no_progress) -> dict[st
             # Real buffers (position ids, rotary tables): Inductor's kernels do not depend on weight values,
             # but a model run on garbage indices can fail before it compiles.
             real = built.real()
-            result = capture_inductor(real, loader.meta_inputs(config.inputs or []), analyzed.user_code)
+            # Inductor's ops are placed by the rule ours are: the innermost frame of model code, a
+            # library's included, so that a cluster on a library's lines meets the kernels made of them.
+            result = capture_inductor(real, loader.meta_inputs(config.inputs or []), analyzed.user_code.model_code)
         except (InductorCaptureError, loader.LoadError) as exc:
             model.inductor_error = str(exc)
             continue

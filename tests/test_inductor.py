@@ -541,3 +541,32 @@ def test_a_graph_break_gives_two_graphs_and_the_branch_not_taken_is_not_found(an
     assert sorted(branches) == ["agree", "not-found"]
     assert status["clamp → mul"] == "agree"  # after the break, in the second graph
     _assert_every_kernel_accounted_for(capture, result)
+
+
+LIBRARY_LLAMA = """
+from transformers import LlamaConfig, LlamaModel
+
+config = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128)
+model = LlamaModel(config)
+"""
+
+
+@pytest.mark.slow
+def test_clusters_on_a_librarys_lines_meet_the_kernels_inductor_made_of_them(tmp_path):
+    """A transformers model built in the user's file: every op runs on the library's lines, where the
+    clusters sit.  Inductor's ops are placed on the same lines, so each cluster is compared (none
+    "not found", the RMSNorm agreeing), and what only Inductor fuses is said once."""
+    from fuselens.contracts.options import AnalyzeOptions
+    from fuselens.pipeline.compare import compare_file
+
+    path = tmp_path / "library_llama.py"
+    path.write_text(LIBRARY_LLAMA)
+    (tmp_path / "pyproject.toml").write_text('[tool.fuselens.models.model]\ninputs = [[2, 32]]\ndtype = "int64"\n')
+    result = compare_file(str(path), AnalyzeOptions())
+    assert not result.errors
+    (comparison,) = result.models.values()
+    statuses = [c.status for c in comparison.clusters]
+    assert statuses and "not-found" not in statuses, statuses
+    assert "agree" in statuses
+    for fusion in comparison.unmatched:
+        assert "fuses" not in fusion.summary and all(o.line for o in fusion.ops), fusion.summary
