@@ -36,6 +36,7 @@ except ImportError:  # torch runs without it
 
 from fuselens.analysis import capture, loader
 from fuselens.codegen import edits as edits_mod
+from fuselens.codegen import files
 from fuselens.codegen.module import module_for_report
 from fuselens.contracts.config import InputSpec
 from fuselens.contracts.report import Report
@@ -100,8 +101,14 @@ def check_patched_model(
     path = os.path.join(tmp, os.path.basename(report.file))
     module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(report.file)))
     patched_text = edits_mod.apply_line_edits(text, edits_mod.cluster_edits(text, report, applied))
+    # A file applied before imports kernels from the module beside it: the copy's module keeps them, as
+    # `apply` merging into it would.
+    try:
+        existing = files.check_kernel_module(edits_mod.kernel_module_path(report.file))
+    except (files.Refused, OSError) as exc:
+        return ModelCheck("error", applied, message=f"the kernel module beside the file cannot be read: {exc}")
     with open(module_path, "w", encoding="utf-8") as fh:
-        fh.write(module_for_report(report, None, applied))
+        fh.write(module_for_report(report, existing, applied))
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(patched_text)
     stem = os.path.splitext(os.path.basename(module_path))[0]
