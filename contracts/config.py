@@ -24,6 +24,10 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from .reading import read_text
+
+MAX_PYPROJECT_BYTES = 1 << 20  # far above any project's pyproject.toml; a larger one is not read
+
 DTYPES = {
     "float32",
     "float",
@@ -225,15 +229,21 @@ def find_pyproject(path: str) -> str | None:
 
 
 def read_tool_table(pyproject: str | None) -> dict[str, Any]:
-    """`[tool.fuselens]` of a pyproject.toml ({} without one)."""
+    """`[tool.fuselens]` of a pyproject.toml ({} without one); ConfigError, naming the file and why, for
+    one that cannot be read: not a regular file (a FIFO would block the reader), larger than
+    MAX_PYPROJECT_BYTES, not UTF-8, not TOML, or nested too deeply for the TOML parser."""
     if not pyproject:
         return {}
     try:
-        with open(pyproject, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{pyproject}: cannot read [tool.fuselens]: {exc}") from None
-    table = data.get("tool", {}).get("fuselens", {})
+        data = tomllib.loads(read_text(pyproject, MAX_PYPROJECT_BYTES))
+    except OSError as exc:  # (Unreadable is one)
+        raise ConfigError(f"{pyproject} was not read: {exc}") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer longer than Python reads
+        raise ConfigError(f"{pyproject} was not read: it is not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{pyproject} was not read: its arrays or tables are nested too deeply") from None
+    tool = data.get("tool", {})
+    table = tool.get("fuselens", {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
         raise ConfigError(f"{pyproject}: [tool.fuselens] must be a table")
     return table

@@ -380,7 +380,7 @@ class FuselensServer(LanguageServer):
         problems: list[str] = []
         for root in self.roots:
             pyproject = os.path.join(root, "pyproject.toml")
-            if os.path.isfile(pyproject):
+            if os.path.exists(pyproject):  # (a FIFO or a folder of that name too: the warning says so)
                 try:
                     table = read_tool_table(pyproject)
                 except ConfigError as exc:
@@ -748,9 +748,11 @@ def kernel_module_text(report, patched: list[str] | None = None) -> str:
 
     module_path = next((c.kernel.path for _, c in report.clusters() if c.kernel), None)
     existing = None
-    if module_path and os.path.exists(module_path):
-        with open(module_path, encoding="utf-8") as fh:
-            existing = fh.read()
+    if module_path:
+        # A file there that is not one to merge with (the user's, a FIFO, one of gigabytes) is left
+        # out; whatever would write the module refuses it first, saying why.
+        with contextlib.suppress(files.Refused):
+            existing = files.check_kernel_module(module_path)
     return module_for_report(report, existing, patched)
 
 

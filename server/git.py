@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 
+from fuselens.contracts.reading import read_text
+
 SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1, or SHA-256 repositories
-MAX_READ = 1 << 16  # HEAD and a ref are a line each; packed-refs is read no further than this
+MAX_READ = 16 << 20  # HEAD and a ref are a line each; a packed-refs larger than this is not read
 
 
 def head_revision(file: str) -> str | None:
@@ -64,8 +66,9 @@ def _ref(git_dir: str, ref: str) -> str | None:
 
 
 def _read(path: str) -> str | None:
+    """The file's text; None when it is not there or not read (a FIFO, a file past MAX_READ): the
+    repository's folders may be anyone's, up to `/`, and a read must never wait on one."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(MAX_READ).strip()
-    except OSError:
+        return read_text(path, MAX_READ, errors="replace").strip()
+    except OSError:  # (Unreadable is one)
         return None

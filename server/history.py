@@ -23,6 +23,7 @@ from typing import Any
 from fuselens.contracts.folders import user_cache_folder
 from fuselens.contracts.history import HISTORY_LIMIT, HISTORY_SCHEMA_VERSION, ValidationRun, unrecorded
 from fuselens.contracts.plain import ContractError, from_plain, to_plain
+from fuselens.contracts.reading import read_bytes
 from fuselens.contracts.validation import ValidationReport
 
 from .git import head_revision
@@ -43,15 +44,11 @@ def load(file: str, log: Log) -> list[ValidationRun]:
     """The runs kept for `file`, oldest first; none when there is no history, or none that can be read."""
     path = history_path(file)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_HISTORY_BYTES + 1)
+        raw = read_bytes(path, MAX_HISTORY_BYTES)
     except FileNotFoundError:
         return []
-    except OSError as exc:
-        log(f"validation history of {os.path.basename(file)} not read: {exc}")
-        return []
-    if len(raw) > MAX_HISTORY_BYTES:
-        log(f"validation history {path} skipped: larger than {MAX_HISTORY_BYTES >> 20} MB")
+    except OSError as exc:  # (Unreadable is one: a FIFO, a file past MAX_HISTORY_BYTES)
+        log(f"validation history {path} skipped: {exc}")
         return []
     try:
         data = json.loads(raw)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuselens.contracts.plain import ContractError, from_plain
+from fuselens.contracts.reading import read_bytes
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
 
@@ -231,14 +232,11 @@ async def _relay(stream: asyncio.StreamReader, output: _Tail, report: Callable[[
 def _result(result_path: str | None, output: bytes, code: int, result_type: type, what: str) -> object:
     try:
         if result_path is not None and os.path.exists(result_path):
-            with open(result_path, "rb") as fh:
-                data = fh.read(RESULT_MAX_BYTES + 1)
-            if len(data) > RESULT_MAX_BYTES:
-                raise ValueError("too large")
+            data = read_bytes(result_path, RESULT_MAX_BYTES)  # (Unreadable past the bound, or for a FIFO)
         else:
             data = output
         return from_plain(result_type, json.loads(data), "the remote runner's result")
-    except (ValueError, RecursionError, ContractError):
+    except (OSError, ValueError, RecursionError, ContractError):
         raise RemoteFailed(f"the remote runner exited {code} without {what}: {_last_lines(output)}") from None
 
 

@@ -21,6 +21,9 @@ import os
 from dataclasses import dataclass
 
 from fuselens.contracts.folders import user_config_folder
+from fuselens.contracts.reading import read_bytes
+
+MAX_TRUST_FILE_BYTES = 1 << 20  # a list of folders; a larger file is not read (nothing is trusted)
 
 
 def user_trust_file() -> str:
@@ -29,9 +32,8 @@ def user_trust_file() -> str:
 
 def _listed_folders(path: str) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = json.loads(read_bytes(path, MAX_TRUST_FILE_BYTES))
+    except (OSError, ValueError, RecursionError):  # (Unreadable is an OSError: a FIFO, a file too large)
         return []
     return (
         [os.path.realpath(os.path.expanduser(p)) for p in data if isinstance(p, str)] if isinstance(data, list) else []

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from lsprotocol import types as lsp
 
 from fuselens.codegen import edits as edits_mod
+from fuselens.codegen import files
 from fuselens.contracts.report import Cluster, Model, Report
 
 from .text import path_to_uri, same_file, shown_at, utf16_len
@@ -38,9 +39,9 @@ def _module_edits(
 ) -> tuple[list[lsp.TextDocumentEdit | lsp.CreateFile], bool]:
     """Document changes that make `module_path` hold `module_text`; False if a command must write it."""
     uri = path_to_uri(module_path)
-    if os.path.exists(module_path):
-        with open(module_path, encoding="utf-8") as fh:
-            old_lines = fh.read().split("\n")
+    existing = files.check_kernel_module(module_path)  # (no fix is offered where this refuses)
+    if existing is not None:
+        old_lines = existing.split("\n")
         end = lsp.Position(len(old_lines) - 1, utf16_len(old_lines[-1]))
         return [
             lsp.TextDocumentEdit(
