@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -67,6 +68,9 @@ EXIT_GRACE = 2.0  # seconds the tasks still running at exit have to clean up
 
 
 _ANSWERED = object()  # a request already answered with an error while it was being read
+GIVEN_UP_KEPT = 1024  # how many ids of requests the server gave up on it remembers (see `given_up`)
+SEEN_CHANGES_KEPT = 4096  # how many changed files' times `file_changed` remembers
+WARNINGS_KEPT = 256  # how many settings warnings the server remembers having given (each is given once)
 
 
 class FuselensProtocol(LanguageServerProtocol):
@@ -83,6 +87,9 @@ class FuselensProtocol(LanguageServerProtocol):
         self.initialize_seen = self.initialized_seen = False
         self.commands_running: dict[Any, asyncio.Task[Any]] = {}  # request id -> the command's task
         self.complaints: Counter[str] = Counter()
+        # The ids of the server's own requests it stopped waiting for (timed out, cancelled), the latest
+        # GIVEN_UP_KEPT of them: a client's late answer to one is dropped without a word.
+        self.given_up: dict[Any, None] = {}
 
     def receive(self, value: Any) -> None:
         """Handle one message, as the stream gave it (any JSON value)."""
@@ -170,12 +177,52 @@ class FuselensProtocol(LanguageServerProtocol):
         return False
 
     def _answer_too_late(self, msg_id: Any) -> bool:
-        """An answer to a request of ours that was cancelled meanwhile (`shutdown` cancels them all)."""
+        """An answer to a request of ours that was cancelled meanwhile (`shutdown` cancels them all, a
+        timeout one)."""
+        if msg_id in self.given_up:
+            del self.given_up[msg_id]
+            return True
         future = self._request_futures.get(msg_id)
         if future is None or not future.done():
             return False
         del self._request_futures[msg_id]
         return True
+
+    # ---- what is kept of each request ----------------------------------------------------------
+    # pygls keeps the future of every handler that does not finish at once (a coroutine, a generator)
+    # in `_request_futures`, under the request's id, and removes it only when it answers a request of
+    # that id.  A command's handler runs under an id of its own (the generator that answers
+    # `workspace/executeCommand` calls it), and so does every notification's: their futures, with the
+    # result or the exception and its traceback, were kept for good (150 KB for a "Show kernel").
+    # The server's own requests stayed there too when no answer came, and each that was answered with
+    # an error left its result type in `_result_types`.
+
+    def _execute_handler(self, msg_id: Any, handler: Any, callback: Any, args: Any = None, kwargs: Any = None):
+        """pygls' handler call, its future released once it is done (then `callback` runs as before)."""
+
+        def release_then_callback(future: Any) -> None:
+            if self._request_futures.get(msg_id) is future:
+                del self._request_futures[msg_id]
+            if not future.cancelled():
+                # Seen here: pygls does not look at a command's exception once its request is cancelled,
+                # and asyncio logs an exception nobody looked at, with its traceback, as the task is freed.
+                future.exception()
+            callback(future)
+
+        super()._execute_handler(msg_id, handler, release_then_callback, args, kwargs)
+
+    def send_request(self, method: str, params: Any = None, callback: Any = None, msg_id: Any = None):
+        """pygls' request to the client, all that is kept of it released once it is answered or given up on."""
+        msg_id = str(uuid.uuid4()) if msg_id is None else msg_id
+        future = super().send_request(method, params, callback, msg_id)
+        future.add_done_callback(functools.partial(self._request_ended, msg_id))
+        return future
+
+    def _request_ended(self, msg_id: Any, future: Any) -> None:
+        self._result_types.pop(msg_id, None)
+        if self._request_futures.get(msg_id) is future:  # no answer came: it timed out, or was cancelled
+            del self._request_futures[msg_id]
+            remember(self.given_up, msg_id, None, GIVEN_UP_KEPT)
 
     def _unanswerable(self, msg_id: Any, error: JsonRpcException) -> None:
         """Our request `msg_id` failed: the client's answer cannot be read.  (pygls would leave it
@@ -221,6 +268,14 @@ def _not_a_message(value: Any) -> str | None:
     return None
 
 
+def remember(table: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """`table[key] = value`, the oldest entries dropped past `limit`: what the server remembers of
+    what a client sends (ids, paths, settings) must not grow with every message."""
+    table[key] = value
+    while len(table) > limit:
+        del table[next(iter(table))]
+
+
 def _is_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -249,8 +304,8 @@ class FuselensServer(LanguageServer):
         self.watcher: Watcher | None = None
         self.untrusted_told = False
         self.editor = ""  # the client's name, from `initialize`: messages speak its words
-        self.warned_settings: set[str] = set()
-        self.seen_changes: dict[str, float] = {}
+        self.warned_settings: dict[str, None] = {}  # (the latest WARNINGS_KEPT)
+        self.seen_changes: dict[str, float] = {}  # path -> its time when last changed (the latest SEEN_CHANGES_KEPT)
         self.stats = {"published": 0, "dropped_stale": 0}
         self.inductor = InductorComparer(self)
         self.background: set[asyncio.Future[Any]] = set()
@@ -409,7 +464,7 @@ class FuselensServer(LanguageServer):
         self.settings = merged
         for problem in problems:
             if problem not in self.warned_settings:
-                self.warned_settings.add(problem)
+                remember(self.warned_settings, problem, None, WARNINGS_KEPT)
                 self.tell(f"fuselens: {problem} (ignored; the default is used)", lsp.MessageType.Warning)
 
     def untrusted(self, path: str) -> str:
@@ -512,7 +567,7 @@ class FuselensServer(LanguageServer):
             stamp = -1.0
         if self.seen_changes.get(path) == stamp:
             return  # watchdog and the client both told us
-        self.seen_changes[path] = stamp
+        remember(self.seen_changes, path, stamp, SEEN_CHANGES_KEPT)
         for doc in list(self.workspace.text_documents.values()):
             doc_path = uri_to_path(doc.uri)
             if doc_path and not same_file(doc_path, path) and affects(path, doc_path, doc.source):

@@ -394,6 +394,7 @@ class _Progress:
     def end(self) -> None:
         if self.token:
             self.ls.work_done_progress.end(self.token, lsp.WorkDoneProgressEnd(message="done"))
+            self.ls.work_done_progress.tokens.pop(self.token, None)  # (pygls keeps every token it was given)
 
 
 def _view(ls: FuselensServer, path: str, kind: str, name: str, text: str) -> str:
