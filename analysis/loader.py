@@ -16,6 +16,7 @@ import inspect
 import linecache
 import os
 import sys
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -68,7 +69,7 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
     sys.modules[name] = module
     try:
         if text is None:
-            with open(path, encoding="utf-8") as fh:
+            with tokenize.open(path) as fh:  # as Python reads a source: its BOM or coding cookie, any line end
                 text = fh.read()
         # The text may be an editor buffer newer than the disk: make tracebacks quote it.
         linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)

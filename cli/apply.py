@@ -6,24 +6,25 @@ import argparse
 import os
 import sys
 
-from rich.console import Console
 from rich.markup import escape
-from rich.syntax import Syntax
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
-from fuselens.pipeline.apply import ApplyResult, apply_file
+from fuselens.pipeline.apply import NOT_CONFIRMED, ApplyResult, apply_file
+
+from .output import console_for_output, print_diff
 
 
 def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
-    console = Console()
+    console = console_for_output()
+    declined = [NOT_CONFIRMED]  # why the edits were not confirmed, as the refusal says it
 
     def confirm(result: ApplyResult) -> bool:
-        console.print(Syntax(result.diff, "diff", theme="ansi_dark"))
-        console.print(f"kernel module: {os.path.relpath(result.module_path)}")
+        print_diff(console, result.diff)
+        console.print(f"kernel module: {escape(os.path.relpath(result.module_path))}")
         if args.yes:
             return True
         if not sys.stdin.isatty():  # nobody to answer: a script must say --yes
-            console.print("not applied: no terminal to confirm on (pass --yes to apply without asking)")
+            declined[0] = "no terminal to confirm on (pass --yes to apply without asking)"
             return False
         try:
             return input("apply these edits? [y/N] ").strip().lower() in ("y", "yes")
@@ -38,16 +39,22 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     result = apply_file(args.file, analyze_options, args.cluster, confirm, check, progress)
     for line in result.skipped:
-        console.print(f"[yellow]skip[/] {line}")
+        console.print(f"[yellow]skip[/] {escape(line)}")
+    if result.refused == NOT_CONFIRMED:
+        console.print(f"not applied: {escape(declined[0])}")
+        return 1
     if result.refused:
-        console.print(f"[bold red]refused[/]: {result.refused}")
+        console.print(f"[bold red]refused[/]: {escape(result.refused)}")
+        return 1
+    if not result.applied and result.skipped:
+        console.print("nothing applied: no cluster could be applied (each skip above says why)")
         return 1
     if not result.applied:
-        console.print("nothing to apply: no cluster can be applied (each skip above says why)")
+        console.print(f"nothing to apply: {escape(os.path.relpath(args.file))} has no fusable cluster")
         return 0
     console.print(
-        f"applied {', '.join(result.applied)} to {os.path.relpath(args.file)}; "
-        f"kernels in {os.path.relpath(result.module_path)}"
+        f"applied {', '.join(result.applied)} to {escape(os.path.relpath(args.file))}; "
+        f"kernels in {escape(os.path.relpath(result.module_path))}"
     )
     return 0
 

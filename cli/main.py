@@ -14,12 +14,52 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
 from fuselens.contracts.config import ConfigError
-from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.options import DEVICE_PROFILES, AnalyzeOptions
 from fuselens.contracts.report import Report
+
+
+def device_name(value: str) -> str:
+    """`--device`: one of the device profiles, as the settings spell it ("H100" and "h-100" too)."""
+    key = value.lower().replace("-", "").replace(" ", "")
+    if key not in DEVICE_PROFILES:
+        raise argparse.ArgumentTypeError(f"unknown device {value!r} (use one of {', '.join(DEVICE_PROFILES)})")
+    return key
+
+
+def positive_number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = _int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value!r}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    number = _int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value!r}")
+    return number
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {value!r}") from None
 
 
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +78,14 @@ def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
         help="input dtype (float32, bfloat16, int64, ...): one for all inputs or one per input",
     )
     parser.add_argument("--param-dtype", help="cast the model's parameters, e.g. bfloat16")
-    parser.add_argument("--device", help="device profile for regimes: h200 (default), h100, a100, rtx4090")
-    parser.add_argument("--peak-gbps", type=float, help="override the device's DRAM bandwidth (GB/s)")
+    parser.add_argument(
+        "--device",
+        type=device_name,
+        help=f"device profile for regimes: {', '.join(DEVICE_PROFILES)} (the first is the default)",
+    )
+    parser.add_argument(
+        "--peak-gbps", type=positive_number, help="override the device's DRAM bandwidth (GB/s, above 0)"
+    )
     parser.add_argument("--out-dir", help="where the kernel module goes (default: beside FILE)")
 
 
@@ -105,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser("profile", help="measure where the forward's time goes, by line and by cluster")
     _analysis_arguments(profile)
-    profile.add_argument("--iterations", type=int, default=10, help="forwards to profile (default 10)")
-    profile.add_argument("--warmup", type=int, default=3, help="forwards run first, not profiled (default 3)")
+    profile.add_argument("--iterations", type=positive_int, default=10, help="forwards to profile (default 10)")
+    profile.add_argument(
+        "--warmup", type=non_negative_int, default=3, help="forwards run first, not profiled (default 3)"
+    )
     profile.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
     profile.add_argument(
         "--train",
@@ -120,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="write the profile (tables and chart) as a self-contained HTML page (needs plotly)",
     )
-    profile.add_argument("--top", type=int, default=12, help="lines to list (default 12)")
+    profile.add_argument("--top", type=positive_int, default=12, help="lines to list (default 12)")
 
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
@@ -151,6 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fuselens: no such file: {args.file}", file=sys.stderr)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        return _run(args)
+    except OSError as exc:  # a file to write that cannot be (a read-only file system, no such folder)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"fuselens: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return _analyze(args)
     if args.command == "apply":
@@ -206,10 +263,11 @@ def _print_progress(message: str, fraction: float | None = None) -> None:
 
 
 def _exit_code(report: Report) -> int:
-    """1 when the file could not be analyzed at all, 0 otherwise (findings are not failures)."""
-    if report.problems or any(m.status == "error" for m in report.models):
-        return 1
-    return 0
+    """1 when the file, or a model of it, could not be analyzed (the report says why), or no model of it
+    was; 0 otherwise (findings are not failures)."""
+    from fuselens.pipeline.unanalyzed import unanalyzed_models
+
+    return 1 if report.problems or unanalyzed_models(report) else 0
 
 
 if __name__ == "__main__":

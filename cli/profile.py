@@ -15,8 +15,10 @@ from fuselens.contracts.profile import ModelProfile, Profile
 from fuselens.contracts.profile_view import profile_view, shown_path, time_text
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import view_markdown
+from fuselens.pipeline.unanalyzed import unanalyzed_models
 
 from . import results_page
+from .output import console_for_output
 
 
 def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
@@ -26,9 +28,7 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
         return 2
     from fuselens.pipeline.profile import profile_file
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = console_for_output()
     options = ProfileOptions(iterations=args.iterations, warmup=args.warmup, device=args.on or "", train=args.train)
 
     def progress(message: str, fraction=None) -> None:
@@ -51,8 +51,11 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
         if args.html:
             results_page.write_page(args.html, view)
     render_profile(report, console, args.top)
+    unprofiled = [] if report.problems else unanalyzed_models(report)
+    for line in unprofiled:
+        console.print(f"[red]not profiled[/]: {escape(line)}", highlight=False)
     failed = not report.profile or report.profile.problems or any(m.problem for m in report.profile.models)
-    return 1 if report.problems or failed else 0
+    return 1 if report.problems or unprofiled or failed else 0
 
 
 def render_profile(report: Report, console: Console, top: int = 12) -> None:

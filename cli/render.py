@@ -18,11 +18,13 @@ from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Model, Problem, Report
 from fuselens.contracts.units import bytes_label
 
+from .output import console_for_output
+
 
 def render_report(
     report: Report, explain_rejections: bool = False, show_kernels: bool = False, console: Console | None = None
 ) -> None:
-    console = console or _default_console()
+    console = console or console_for_output()
     for problem in report.problems:
         _render_problem(console, problem)
     for model in report.models:
@@ -31,13 +33,6 @@ def render_report(
         console.print(
             f"{_literal(_rel(report.file))}: no models found (nn.Module classes, or model objects bound at module level)"
         )
-
-
-def _default_console() -> Console:
-    console = Console()
-    if not console.is_terminal:  # logs and pipes: wide enough that tables stay one row per cluster
-        console = Console(width=160)
-    return console
 
 
 def _render_problem(console: Console, problem: Problem) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from fuselens.contracts.validation import RESULT_COLUMNS, BackwardCheck, Validat
 from fuselens.server import history
 
 from . import results_page
+from .output import console_for_output
 
 
 def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
@@ -26,9 +28,7 @@ def run_validate(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> i
         return 2
     from fuselens.pipeline.validate import validate_file
 
-    console = Console(stderr=False)
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = console_for_output()
     options = ValidateOptions(
         interpret=args.interpret, clusters=args.cluster, benchmark=not args.no_benchmark, peak_gbps=args.peak_gbps
     )
@@ -131,4 +131,4 @@ def render_validation(report: ValidationReport, console: Console) -> None:
                 console.print(f"  whole-model speedup: {m.speedup:.2f}×")
         console.print()
     if not report.models and not report.problems:
-        console.print("no clusters to validate")
+        console.print(f"nothing to validate: {escape(os.path.relpath(report.file))} has no fusable cluster")

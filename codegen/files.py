@@ -5,11 +5,26 @@ generated header); a file of that name the user wrote is refused, with the reaso
 a symbolic link: a link where a file would be written is refused, and a file is replaced by writing a
 new one beside it (created exclusively, so a link planted under that name is refused too) and moving
 it into place.
+
+Every write of a model's file and of its kernel module (`fuselens apply`, `restore`, the editor's
+kernel module) happens under a lock on the model's file, after checking that the file still holds
+what the edit was computed from: of two writers at once, the second sees the first's write and
+refuses, instead of writing over it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
+import time
+from collections.abc import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the check before the write is all there is
+    fcntl = None  # type: ignore[assignment]
 
 from fuselens.contracts.reading import read_text
 
@@ -43,7 +58,13 @@ def check_kernel_module(path: str) -> str | None:
 
 
 def replace_text(path: str, text: str) -> None:
-    """Write `text` as the file at `path`: a new file beside it, then moved into place."""
+    """Write `text` (UTF-8) as the file at `path`: a new file beside it, then moved into place."""
+    replace_bytes(path, text.encode("utf-8"))
+
+
+def replace_bytes(path: str, data: bytes) -> None:
+    """Write `data` as the file at `path`: a new file beside it, then moved into place.  Refused when
+    it cannot be written (a read-only file system, a folder that is not there), the file left as it was."""
     if os.path.islink(path):
         raise Refused(f"{os.path.basename(path)} is a symbolic link: fuselens does not write through links")
     tmp = f"{path}.fuselens-tmp"
@@ -51,13 +72,87 @@ def replace_text(path: str, text: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except FileExistsError:
         raise Refused(f"{os.path.basename(tmp)} is in the way (left by an interrupted write?): remove it") from None
+    except OSError as exc:
+        raise Refused(_cannot_write(path, exc)) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         if os.path.exists(path):
             os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise Refused(_cannot_write(path, exc)) from None
         raise
+
+
+def _cannot_write(path: str, exc: OSError) -> str:
+    return f"cannot write {path}: {exc.strerror or exc}"
+
+
+LOCK_WAIT_S = 10.0  # a write holds the lock for milliseconds; longer means another program keeps it
+
+
+@contextlib.contextmanager
+def locked(model_path: str, wait_s: float = LOCK_WAIT_S) -> Iterator[bytes]:
+    """Hold the lock on `model_path` that every writer of it and of its kernel module takes (an advisory
+    `flock` on the file itself, so that nothing is left beside it), and give the file's bytes as they
+    are now: a write computed from other bytes must not happen.  The file a write replaces is a new
+    one: a writer that waited on the old one finds that out and locks the new one.  Refused when the
+    file is not a regular file, or when the lock is not free within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = _open_for_lock(model_path)
+        try:
+            _flock(fd, model_path, deadline, wait_s)
+            here = os.fstat(fd)
+            now = os.stat(model_path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if (here.st_dev, here.st_ino) == (now.st_dev, now.st_ino):
+            break
+        os.close(fd)  # replaced while we waited: lock what is there now
+    try:
+        yield _read_all(fd)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open_for_lock(path: str) -> int:
+    try:  # O_NONBLOCK: a FIFO in the file's place must not stop us here
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise Refused(f"cannot open {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused(f"{os.path.basename(path)} is not a regular file: nothing was written")
+    return fd
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _flock(fd: int, path: str, deadline: float, wait_s: float) -> None:
+    if fcntl is None:
+        return
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return  # a file system without locks: the check before the write is all there is
+        if time.monotonic() > deadline:
+            raise Refused(
+                f"another program has been writing {os.path.basename(path)} for {wait_s:g} s "
+                "(it holds the lock fuselens writes under): nothing was written"
+            )
+        time.sleep(0.02)

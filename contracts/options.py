@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .config import InputSpec, ModelSettings
 
 MAX_BRANCH_PATHS = 4  # data-dependent branches followed the other way, per model
+DEVICE_PROFILES = ("h200", "h100", "a100", "rtx4090")  # the cost model's devices (`--device`), the default first
 
 # How a long job says how far it is: (message, fraction done or None).
 Progress = Callable[[str, "float | None"], None]
@@ -28,7 +29,7 @@ class AnalyzeOptions:
     input_shapes: list[str] | None = None  # --input-shape values
     dtypes: list[str] | None = None  # --dtype values
     param_dtype: str | None = None  # --param-dtype
-    device: str | None = None  # device profile for regimes (h200, h100, a100, rtx4090)
+    device: str | None = None  # device profile for regimes: one of DEVICE_PROFILES
     peak_gbps: float | None = None
     out_dir: str | None = None  # where the kernel module goes (default: beside the file)
     source_text: str | None = None  # analyze this text as the file's content (an editor buffer)

@@ -27,6 +27,7 @@ import torch
 from fuselens.analysis import capture, cost, discover, loader, packages, sourcemap
 from fuselens.analysis.config import ModelClass, resolve_model
 from fuselens.analysis.ops import OpClass
+from fuselens.codegen.source_file import SourceError, read_source
 from fuselens.contracts import report as R
 from fuselens.contracts.config import ConfigError, InputSpec, ModelConfig, find_pyproject, read_tool_table
 from fuselens.contracts.options import AnalyzeOptions
@@ -58,9 +59,14 @@ def analyze(path: str, options: AnalyzeOptions | None = None) -> AnalyzedFile:
 
 def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
     text = options.source_text
+    unreadable = None
     if text is None:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        try:  # as Python reads it: by its byte-order mark or coding cookie, any line ending
+            text = read_source(path).text
+        except SourceError as exc:
+            text, unreadable = "", R.Problem("syntax", str(exc), path, 1)
+        except OSError as exc:
+            text, unreadable = "", R.Problem("import", f"cannot read {path}: {exc.strerror or exc}", path, 1)
     profile = cost.device_profile(options.device, options.peak_gbps)
     report = R.Report(
         file=path,
@@ -70,6 +76,9 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
         tool_version=TOOL_VERSION,
     )
     analyzed = AnalyzedFile(report, text, user_code=capture.UserCode(home=path))
+    if unreadable is not None:
+        report.problems.append(unreadable)
+        return analyzed
     try:
         source = sourcemap.SourceIndex(path, text)
     except SyntaxError as exc:

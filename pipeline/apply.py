@@ -4,9 +4,12 @@ Given validation options, the kernels are checked before anything is written, as
 validate` checks them (each kernel against the lines it stands in for, then each model patched as a
 whole against the original: eval, a training step, other sizes), and what fails is not applied.
 The edits are computed from the text that was analyzed; if the file changes on disk
-before we write (an editor saved while we asked for confirmation, say), nothing is
-written.  Clusters that do not apply are never touched, a kernel module of the same name that
-fuselens did not write is never overwritten, and no write follows a symbolic link (`codegen/files.py`).
+before we write (an editor saved while we asked for confirmation, another `apply`), nothing is
+written: the check and the writes happen under the lock every writer of the file takes.  The file
+keeps its bytes but for the lines that change: its encoding, byte-order mark and line endings
+(`codegen/source_file.py`).  Clusters that do not apply are never touched, a kernel module of the
+same name that fuselens did not write is never overwritten, and no write follows a symbolic link
+(`codegen/files.py`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from dataclasses import dataclass, field
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
 from fuselens.codegen.module import module_for_report
+from fuselens.codegen.source_file import SourceError, SourceFile, edited_bytes, read_source, split_lines
 from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions, no_progress
 from fuselens.contracts.validation import ModelCheck
 from fuselens.validate import runner
 
 from .analyze import AnalyzedFile, analyze
+from .unanalyzed import no_such_clusters, unanalyzed_models
 from .validate import validate_analyzed
+
+NOT_CONFIRMED = "not confirmed"  # `ApplyResult.refused` when `confirm` said no
 
 
 @dataclass
@@ -47,19 +54,24 @@ def apply_file(
 ) -> ApplyResult:
     """Analyze `path`, (given `check`) validate what would be applied, show `confirm` the diff, then
     write the kernel module and the edits."""
-    with open(path, encoding="utf-8") as fh:
-        source = fh.read()
+    result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
+    try:
+        read = read_source(path)
+    except (OSError, SourceError) as exc:
+        result.refused = str(exc) if isinstance(exc, SourceError) else f"cannot read {path}: {exc.strerror or exc}"
+        return result
+    source = read.text
     analyzed = analyze(path, dataclasses.replace(analyze_options, source_text=source))  # the text written over
     report = analyzed.report
-    result = ApplyResult(module_path=edits_mod.kernel_module_path(path, analyze_options.out_dir))
     if report.problems:
         result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
         return result
+    result.skipped = unanalyzed_models(report)
     wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
     exact = [c for c in wanted if c.edit is not None or c.patch is not None]
-    result.skipped = [f"{c.id} ({c.op_chain}): {c.apply_detail}" for c in wanted if c not in exact]
+    result.skipped += [f"{c.id} ({c.op_chain}): {c.apply_detail}" for c in wanted if c not in exact]
     if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
-        result.refused = f"no cluster {', '.join(sorted(set(cluster_ids) - {c.id for c in wanted}))} in {path}"
+        result.refused = no_such_clusters(report, cluster_ids)
         return result
     if exact and check is not None:
         failing = _failing_validation(path, analyzed, [c.id for c in exact], check, progress)
@@ -78,24 +90,45 @@ def apply_file(
         result.refused = str(exc)
         return result
     new_source = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, report, [c.id for c in exact]))
-    rel = os.path.relpath(path)
-    result.diff = "".join(difflib.unified_diff(source.splitlines(True), new_source.splitlines(True), rel, rel))
-    if not confirm(result):
-        result.refused = "not confirmed"
+    try:  # before asking: an encoding that cannot hold the edited lines
+        new_bytes = edited_bytes(read, new_source)
+    except SourceError as exc:
+        result.refused = str(exc)
         return result
-    with open(path, encoding="utf-8") as fh:
-        if fh.read() != source:
-            result.refused = f"{rel} changed on disk since it was analyzed; nothing was written"
-            return result
+    result.diff = unified_diff(path, source, new_source)
+    if not confirm(result):
+        result.refused = NOT_CONFIRMED
+        return result
     try:
-        existing = files.check_kernel_module(result.module_path)
-        files.replace_text(result.module_path, module_for_report(report, existing, [c.id for c in exact]))
-        files.replace_text(path, new_source)
+        module = (result.module_path, lambda existing: module_for_report(report, existing, [c.id for c in exact]))
+        write_edited(read, new_bytes, module)
     except files.Refused as exc:
         result.refused = str(exc)
         return result
     result.applied = [c.id for c in exact]
     return result
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    """The diff from `before` to `after` (texts of the file at `path`), as `apply` and `restore` show it."""
+    rel = os.path.relpath(path)
+    return "".join(difflib.unified_diff(split_lines(before), split_lines(after), rel, rel))
+
+
+def write_edited(
+    read: SourceFile, new_bytes: bytes, module: tuple[str, Callable[[str | None], str]] | None = None
+) -> None:
+    """`new_bytes` as the file `read` came from, and first the kernel module (its path, and its text from
+    the one there), under the file's lock, if the file still holds the bytes `read` found.  Refused with
+    nothing of it written when it does not."""
+    with files.locked(read.path) as current:
+        if current != read.raw:
+            rel = os.path.relpath(read.path)
+            raise files.Refused(f"{rel} changed on disk since it was read (another apply?): nothing was written")
+        if module is not None:
+            module_path, module_text = module
+            files.replace_text(module_path, module_text(files.check_kernel_module(module_path)))
+        files.replace_bytes(read.path, new_bytes)
 
 
 def _failing_validation(

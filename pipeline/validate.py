@@ -12,16 +12,27 @@ from fuselens.contracts.validation import ValidationReport
 from fuselens.validate import runner
 
 from .analyze import AnalyzedFile, analyze
+from .unanalyzed import no_such_clusters, unanalyzed_models
 
 
 def validate_file(
     path: str, analyze_options: AnalyzeOptions, options: ValidateOptions, progress: Progress = no_progress
 ) -> ValidationReport:
+    """The validation of `path`'s kernels; its problems say what could not be validated and why: the
+    clusters asked for that the file does not have, and each model the analysis failed on (or, when it
+    analyzed none, each it skipped)."""
     result = runner.start(path, options)
     if result.problems:
         return result
     progress("analyzing", 0.0)
-    return validate_analyzed(result, analyze(path, analyze_options), options, progress)
+    analyzed = analyze(path, analyze_options)
+    if options.clusters and set(options.clusters) - {c.id for _, c in analyzed.report.clusters()}:
+        result.problems.append(no_such_clusters(analyzed.report, options.clusters))
+        return result
+    validated = validate_analyzed(result, analyzed, options, progress)
+    if not analyzed.report.problems:
+        validated.problems += unanalyzed_models(analyzed.report)
+    return validated
 
 
 def validate_analyzed(

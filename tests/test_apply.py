@@ -697,9 +697,9 @@ def test_apply_validates_first_and_leaves_a_kernel_that_computes_otherwise_unwri
     path.write_text(OVERFLOWS_IN_HALF)
     done = _apply_cli(path, "--param-dtype", "float16")
     out = " ".join(done.stdout.split())
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr  # asked to apply, it applied nothing
     assert "skip c0 (mul → exp → add → div): its kernel does not compute what its lines do" in out, out
-    assert "NaN in one and not the other" in out and "nothing to apply" in out
+    assert "NaN in one and not the other" in out and "nothing applied" in out
     assert path.read_text() == OVERFLOWS_IN_HALF and sorted(os.listdir(tmp_path)) == ["gate.py"]
     unchecked = _apply_cli(path, "--param-dtype", "float16", "--no-check")
     assert "applied c0" in unchecked.stdout and "cluster0.fits(" in path.read_text()

@@ -115,7 +115,8 @@ def check_patched_model(
     sys.modules.pop(stem, None)  # the patched file must import the module just written
     sys.path.insert(0, tmp)
     try:
-        patched_module = loader.import_file(path, capture.UserCode())
+        # The text, not the file: the copy is UTF-8, and its coding cookie may name another encoding.
+        patched_module = loader.import_file(path, capture.UserCode(), patched_text)
     except loader.LoadError as exc:
         return ModelCheck("error", applied, message=f"the patched file does not import: {exc}")
     finally:
