@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="write the profile (tables and chart) as a self-contained HTML page (needs plotly)",
     )
+    profile.add_argument(
+        "--full-size",
+        action="store_true",
+        help="on a CPU, profile at the analyzed input shapes (by default smaller ones, within a budget of "
+        "memory and time, with the same clusters)",
+    )
     profile.add_argument("--top", type=positive_int, default=12, help="lines to list (default 12)")
 
     serve = sub.add_parser("serve", help="run the language server")

@@ -15,6 +15,7 @@ from fuselens.contracts.profile import ModelProfile, Profile
 from fuselens.contracts.profile_view import profile_view, shown_path, time_text
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import view_markdown
+from fuselens.contracts.units import bytes_label
 from fuselens.pipeline.unanalyzed import unanalyzed_models
 
 from . import results_page
@@ -29,7 +30,9 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
     from fuselens.pipeline.profile import profile_file
 
     console = console_for_output()
-    options = ProfileOptions(iterations=args.iterations, warmup=args.warmup, device=args.on or "", train=args.train)
+    options = ProfileOptions(
+        iterations=args.iterations, warmup=args.warmup, device=args.on or "", train=args.train, full_size=args.full_size
+    )
 
     def progress(message: str, fraction=None) -> None:
         console.print(f"[dim]… {escape(message)}[/]", highlight=False)
@@ -75,6 +78,9 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
     if model.problem:
         console.print(f"  [red]{escape(model.problem)}[/]")
         return
+    smaller = _smaller_inputs(report, model)
+    if smaller:
+        console.print(f"  [yellow]{escape(smaller)}[/]", highlight=False)
     attributed = model.attributed_us / model.forward_us if model.forward_us else 0.0
     wall = f" · {_ms(model.wall_us)} wall, timed alone" if model.wall_us is not None else ""
     training = profile.step != "forward"
@@ -132,6 +138,24 @@ def _render_applied(console: Console, model: ModelProfile) -> None:
             f"  {', '.join(model.fell_back)} ran their reference here (no CUDA): their times are not the kernels'",
             highlight=False,
         )
+
+
+def _smaller_inputs(report: Report, model: ModelProfile) -> str:
+    """What the profile says when a CPU ran the model at smaller inputs than the analysis's."""
+    analyzed = next((m for m in report.models if m.name == model.name), None)
+    if analyzed is None or model.cpu_budget_bytes is None:
+        return ""
+    before = [list(i.shape or []) for i in analyzed.inputs]
+    if not model.inputs or model.inputs == before:
+        return ""
+    return (
+        f"profiled at {_shapes(model.inputs)}, not the analyzed {_shapes(before)}: on a CPU a forward moves at most "
+        f"{bytes_label(model.cpu_budget_bytes)} by default, with the same clusters (--full-size: as analyzed)"
+    )
+
+
+def _shapes(shapes: list[list[int]]) -> str:
+    return ", ".join(f"({', '.join(map(str, shape))})" for shape in shapes)
 
 
 def _how(profile: Profile) -> str:

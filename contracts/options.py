@@ -60,3 +60,6 @@ class ProfileOptions:
     device: str = ""  # "cuda" or "cpu"; "": CUDA where there is one
     seed: int = 0
     train: bool = False  # profile a training step: the forward, then the backward of its outputs
+    # On a CPU, the analyzed input shapes as they are; by default smaller ones with the same clusters, so
+    # that a forward moves at most `pipeline.profile_shapes.CPU_FORWARD_BYTES`.
+    full_size: bool = False

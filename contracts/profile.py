@@ -88,6 +88,10 @@ class ModelProfile:
     opaque: list[OpaqueTime] = field(default_factory=list)  # longest first
     unfused_us: float = 0.0  # ops outside every cluster and not opaque (elementwise ops left alone)
     problem: str = ""  # why the model could not be profiled ("" when it was)
+    # The input shapes the forward ran at: the analyzed ones, or on a CPU by default smaller ones with the
+    # same clusters, so that a forward moves at most `cpu_budget_bytes` (`--full-size`: the analyzed ones).
+    inputs: list[list[int]] = field(default_factory=list)
+    cpu_budget_bytes: int | None = None  # the bound the shapes were brought under, when they were
     # The fuselens kernels the code calls (an applied file), by name: µs per forward, their reference's
     # where it ran instead.  Their calls' time is on the lines that call them.
     kernels: dict[str, float] = field(default_factory=dict)

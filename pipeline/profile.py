@@ -33,6 +33,7 @@ from fuselens.profiling.measure import measure
 from fuselens.validate.runner import Subject
 
 from .analyze import AnalyzedFile, analyze
+from .profile_shapes import CPU_FORWARD_BYTES, TooLarge, cpu_shapes
 
 
 def profile_file(
@@ -68,7 +69,11 @@ def profile_file(
         for after in profile.models:
             original = originals.get(after.name)
             if original is not None and not after.problem:
-                _compare_with(after, _profile_model(earlier, original, device, options, kernel_module), original)
+                # At the shapes the code as it is now ran at: the two are compared.
+                shapes = (after.inputs, after.cpu_budget_bytes)
+                _compare_with(
+                    after, _profile_model(earlier, original, device, options, kernel_module, shapes), original
+                )
     progress("done", 1.0)
     analyzed.report.profile = profile
     # The profile's lines name libraries' files no cluster is in (a GEMM's line in a modeling file).
@@ -81,12 +86,29 @@ def profile_file(
 
 
 def _profile_model(
-    analyzed: AnalyzedFile, model: Model, device: str, options: ProfileOptions, kernel_module: str
+    analyzed: AnalyzedFile,
+    model: Model,
+    device: str,
+    options: ProfileOptions,
+    kernel_module: str,
+    shapes: tuple[list[list[int]], int | None] | None = None,
 ) -> ModelProfile:
+    """`model` profiled at its analyzed inputs, or at `shapes` (the input shapes, and the CPU's budget
+    they were chosen for), or on a CPU by default at smaller ones (`profile_shapes.py`)."""
     config = analyzed.configs[model.name]
     subject = Subject(analyzed.sources[model.name], config.init, config.param_dtype)
     specs = [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in model.inputs]
     names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
+    budget = None
+    if shapes is not None:
+        specs = [dataclasses.replace(spec, shape=list(shape)) for spec, shape in zip(specs, shapes[0], strict=True)]
+        budget = shapes[1]
+    elif device == "cpu" and not options.full_size:
+        try:
+            specs = cpu_shapes(subject, specs, names, analyzed.user_code)
+        except TooLarge as exc:
+            return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=str(exc))
+        budget = CPU_FORWARD_BYTES
     try:
         real = subject.real(options.seed, analyzed.user_code).to(device)
         if options.train:
@@ -100,6 +122,8 @@ def _profile_model(
     except (capture.CaptureError, RuntimeError) as exc:
         return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=f"the forward could not be profiled: {exc}")
     profiled = attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)
+    profiled.inputs = [list(spec.shape) for spec in specs]
+    profiled.cpu_budget_bytes = budget
     # A kernel whose `fits` said no ran the lines it stands in for, as written: it did not run here.
     profiled.fell_back = sorted(set(profiled.fell_back) | (refused - set(profiled.kernels)))
     return profiled

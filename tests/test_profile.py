@@ -246,3 +246,78 @@ def test_the_profile_is_a_results_view_with_its_lines_and_a_chart_of_clusters_an
     assert shown.whole_model.startswith(f"{time_text(model.forward_us)} per forward, ")
     text = view_markdown(view)
     assert text.startswith("### LlamaBlock: where the time of a forward goes") and "| line | time |" in text
+
+
+# ---- a CPU profile is bounded by default ------------------------------------------------------------
+
+_INSTALLED = os.path.join(os.path.dirname(sys.executable), "fuselens")
+COMMAND = [_INSTALLED] if os.path.exists(_INSTALLED) else [sys.executable, "-m", "fuselens.cli.main"]
+
+# Runs the command given in its arguments and prints the peak resident memory of that process (its only
+# child), in bytes.
+_PEAK_RSS = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print("peak-rss", peak if sys.platform == "darwin" else peak * 1024)
+sys.exit(done.returncode)
+"""
+
+
+def _peak_rss(*args: str, cwd=None) -> tuple[subprocess.CompletedProcess, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, *COMMAND, *args], capture_output=True, text=True, cwd=cwd, timeout=900
+    )
+    peak = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("peak-rss "))
+    return done, peak
+
+
+@pytest.mark.slow
+def test_profiling_the_llama_example_on_a_cpu_stays_within_its_memory_bound(tmp_path):
+    """The README's `fuselens profile examples/llama_block.py` on a CPU: its inputs (4, 2048, 1024) in
+    bf16 took 18.5 GB and 97 s; the profile now runs it at smaller inputs with the same clusters, and
+    says so."""
+    out = tmp_path / "profile.json"
+    done, peak = _peak_rss("profile", example("llama_block.py"), "--on", "cpu", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert peak < 2 * 2**30, f"peak RSS {peak / 2**30:.1f} GiB"
+    said = " ".join(done.stdout.split())
+    assert (
+        "profiled at (2, 256, 1024), not the analyzed (4, 2048, 1024): on a CPU a forward moves at most 256 MB" in said
+    )
+    (model,) = json.loads(out.read_text())["profile"]["models"]
+    assert model["inputs"] == [[2, 256, 1024]] and model["cpu_budget_bytes"] == 256 * 2**20
+    assert {c["id"] for c in model["clusters"]} == {"c0", "c1", "c2", "c3", "c4", "c5"}  # every cluster measured
+
+
+def test_full_size_profiles_a_cpu_at_the_analyzed_shapes(tmp_path):
+    out = tmp_path / "profile.json"
+    cmd = ["profile", example("example_net.py"), "--on", "cpu", "--iterations", "1", "--warmup", "0"]
+    done = subprocess.run([*COMMAND, *cmd, "--full-size", "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (model,) = json.loads(out.read_text())["profile"]["models"]
+    assert model["inputs"] == [[16384, 1024]] and model["cpu_budget_bytes"] is None
+    assert "profiled at" not in done.stdout
+
+
+HUGE = """
+import torch
+
+
+class Huge(torch.nn.Module):  # fuselens: input=(8, 32768) float32
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(32768, 49152, bias=False)  # 6 GiB of weights
+
+    def forward(self, x):
+        return torch.relu(self.proj(x) * 2.0)
+"""
+
+
+def test_a_model_too_large_for_a_cpu_is_refused_before_its_weights_are_made(write_model):
+    done, peak = _peak_rss("profile", write_model(HUGE), "--on", "cpu")
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "its forward moves 6.0 GB even at (2, 32768), the smallest inputs that keep its clusters" in said, said
+    assert "pass --full-size to profile it here anyway" in said
+    assert peak < 2**30  # the 6 GiB of weights were never made

@@ -30,7 +30,7 @@ import torch
 from fuselens.analysis import capture, loader, weights
 from fuselens.analysis.detect import Group, detect
 from fuselens.analysis.graph import Graph
-from fuselens.analysis.instances import groups_of, signature_of_ops
+from fuselens.analysis.instances import groups_of
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
@@ -43,7 +43,7 @@ from .gradients import check_gradients, time_training
 from .interpreter import imported_problem, loop_problem
 from .numerics import compare, narrowest
 from .replay import cluster_function
-from .shapes import scaled_specs
+from .shapes import scaled_specs, traced_signatures
 from .whole import check_patched_model, other_sizes
 
 
@@ -214,23 +214,7 @@ def _shapes(run: _ModelRun) -> list[InputSpec]:
         return run.options.shapes
     if run.device != "cpu":
         return specs
-    meta_model = run.subject.meta(run.user_code)
-    names = input_names(run.model)
-
-    def signatures(trial: list[InputSpec]) -> tuple[tuple[tuple, ...], int] | None:
-        """The clusters at `trial` shapes, in the order they are detected (instances are found by their
-        place in it), and the largest one's size."""
-        try:
-            t = capture.trace(meta_model, loader.meta_inputs(trial), names, run.user_code)
-        except capture.CaptureError:
-            return None
-        det = detect(t.graph, check)
-        plans = [plan_cluster(t.graph, c.members) for c in det.clusters]
-        return (
-            tuple(signature_of_ops(t.graph, p.compute) for p in plans),
-            max((_numel(p.domain) for p in plans), default=0),
-        )
-
+    signatures = traced_signatures(run.subject.meta(run.user_code), input_names(run.model), run.user_code)
     return scaled_specs(specs, signatures)
 
 
@@ -307,13 +291,6 @@ def _detected(
     except capture.CaptureError:
         return Graph(), [], {}
     return traced.graph, detect(traced.graph, check).clusters, traced.values or {}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _check_cluster(cluster: Cluster, kernel: Kernel, plans: list, kernels, device: str) -> ClusterCheck:
