@@ -45,6 +45,9 @@ INTERPRET = "Check numerics in the Triton interpreter"
 ALWAYS_INTERPRET = "Always check in the interpreter"  # (for the rest of the session)
 
 SHOW_DOCUMENT_TIMEOUT_S = 10.0  # how long a command waits for the client to show a view
+# How long writing the kernel module waits for a `fuselens apply` that is writing the same model (it
+# holds the lock for milliseconds); longer is another program holding it, and the write is refused.
+MODULE_LOCK_WAIT_S = 1.0
 
 
 def _args(args: tuple[Any, ...], spec: list[tuple[str, type, bool]]) -> list[Any]:
@@ -493,9 +496,13 @@ def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict
         raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
     if ls.workspace_root(path) is None:
         raise JsonRpcInvalidParams.of(ValueError(f"{os.path.basename(path)} is outside the workspace; nothing written"))
+    # Under the model's lock, as `fuselens apply` writes (a model not saved yet has none): the module either
+    # of them wrote is merged into the other's, never written over.
+    lock = files.locked(path, wait_s=MODULE_LOCK_WAIT_S) if os.path.exists(path) else contextlib.nullcontext()
     try:
-        files.check_kernel_module(target)
-        files.replace_text(target, kernel_module_text(analysis.report, [str(i) for i in ids]))
+        with lock:
+            files.check_kernel_module(target)
+            files.replace_text(target, kernel_module_text(analysis.report, [str(i) for i in ids]))
     except files.Refused as exc:
         raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
     return {"path": target}

@@ -4,6 +4,7 @@ exactly the bytes `apply` found, and two applies at once never lose an edit."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import shutil
@@ -11,8 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from pygls.exceptions import JsonRpcException
 
 from conftest import example
+from lsp_helpers import Client, example_text, server_fixture
 
 _INSTALLED = os.path.join(os.path.dirname(sys.executable), "fuselens")
 COMMAND = [_INSTALLED] if os.path.exists(_INSTALLED) else [sys.executable, "-m", "fuselens.cli.main"]
@@ -185,3 +188,25 @@ def test_two_applies_started_at_once_never_lose_an_edit(tmp_path, trial):
         outcomes[cluster] = (process.returncode, said)
     _check_nothing_lost(path, outcomes)
     assert any(code == 0 for code, _ in outcomes.values())
+
+
+# ---- the editor's kernel module, written while an apply writes -------------------------------------
+
+client = server_fixture()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_editors_kernel_module_is_written_under_the_models_lock(client: Client):
+    """The quick fix's `fuselens.writeKernelModule` merges the module on disk and writes it under the lock
+    `fuselens apply` holds while it writes the same model and module: held (here by the test, as an apply
+    would), the command waits, then refuses, and writes nothing; free, it writes."""
+    uri = client.open("locked_model.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    module = client.path("locked_model_kernels.py")
+    with open(client.path("locked_model.py"), "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(JsonRpcException, match=r"another program has been writing locked_model\.py"):
+            await client.command("fuselens.writeKernelModule", uri, 1, ["c0"])
+        assert not os.path.exists(module)
+    written = await client.command("fuselens.writeKernelModule", uri, 1, ["c0"])
+    assert written["path"] == module and os.path.isfile(module)
