@@ -1,9 +1,14 @@
-"""The README's and the docs' summaries of the GPU benchmarks say what docs/benchmarks.md's tables measured."""
+"""The README's and the docs' summaries of the GPU benchmarks say what docs/benchmarks.md's tables measured,
+and the README's examples print what it shows."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,3 +98,40 @@ def test_the_readme_training_figures_are_the_training_table_s():
         found = re.search(pattern, sentence)
         assert found, case
         assert float(found[1]) == rows[case], case
+
+
+# ---- the README's examples, run as it says --------------------------------------------------------
+
+_INSTALLED = os.path.join(os.path.dirname(sys.executable), "fuselens")
+COMMAND = [_INSTALLED] if os.path.exists(_INSTALLED) else [sys.executable, "-m", "fuselens.cli.main"]
+
+
+def block_after(text: str, marker: str, fence: str = "```") -> str:
+    """The first fenced block after `marker`."""
+    rest = text.split(marker, 1)[1]
+    start = rest.index(fence)
+    body = rest[rest.index("\n", start) + 1 :]
+    return body[: body.index("```")]
+
+
+def test_the_readme_sample_output_is_what_its_command_prints():
+    """The report under "What you get" is the quick start's command as it prints today, piped."""
+    readme = read("README.md")
+    command = re.search(r"fuselens analyze examples/example_net\.py --input-shape 16384,1024", readme)
+    assert command, "the quick start's command"
+    done = subprocess.run([*COMMAND, *command[0].split()[1:]], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = "\n".join(line.rstrip() for line in done.stdout.rstrip("\n").splitlines()) + "\n"
+    assert block_after(readme, "## What you get") == printed
+
+
+def test_the_readme_model_built_from_a_configuration_takes_its_inputs_as_it_says(tmp_path):
+    pytest.importorskip("transformers")
+    readme = read("README.md")
+    code = block_after(readme, "A model built at module level", "```python")
+    (tmp_path / "llama_config.py").write_text(code)
+    done = subprocess.run([*COMMAND, "analyze", "llama_config.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first == "llama_config.py:11 model  inputs (4, 512) int64  from the inline comment on line 11", first
+    assert "no dtype was given for the inputs: int64 token ids" in " ".join(done.stdout.split())
