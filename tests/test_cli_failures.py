@@ -211,3 +211,32 @@ def test_a_piped_diff_keeps_every_line_whole(write_model, tmp_path):
     restored = fuselens("restore", path, "--yes", cwd=tmp_path)
     assert restored.returncode == 0, restored.stdout + restored.stderr
     assert "+" + LONG_LINE.rstrip() in lines(restored), restored.stdout  # the line restore puts back, whole
+
+
+# ---- files Python runs, read as Python reads them ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, head",
+    [
+        ("a byte-order mark", b"\xef\xbb\xbf"),
+        ("a latin-1 coding cookie", "# -*- coding: latin-1 -*-\n# café\n".encode("latin-1")),
+    ],
+)
+def test_a_file_python_runs_is_analyzed(tmp_path, name, head):
+    with open(example("example_net.py"), "rb") as fh:
+        (tmp_path / "example_net.py").write_bytes(head + fh.read())
+    done = fuselens("analyze", "example_net.py", "--input-shape", "64,1024", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 fusable cluster(s)" in done.stdout, done.stdout
+
+
+def test_a_file_that_is_not_text_in_its_encoding_fails_in_one_line(write_model):
+    path = write_model(SMALL)
+    with open(path, "ab") as fh:
+        fh.write(b"# caf\xe9\n")  # latin-1, in a file without a cookie: not UTF-8
+    at = len(SMALL.lstrip("\n").encode()) + len(b"# caf")
+    why = f"as Python source: invalid continuation byte at byte {at} for its encoding utf-8"
+    folder = os.path.dirname(path)
+    failed_with(fuselens("analyze", "model.py", cwd=folder), f"error model.py:1 cannot read {path} {why}")
+    failed_with(fuselens("apply", "model.py", "--yes", cwd=folder), f"refused: cannot read model.py {why}")
