@@ -3,9 +3,13 @@
     fuselens analyze FILE [--model-class C] [--input-shape 16384,1024 ...] [--dtype float32]
                           [--json OUT] [--out-dir DIR] [--explain-rejections] [--device h200]
     fuselens apply FILE ... [--yes]
+    fuselens restore FILE [--kernel cluster0 ...] [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
-    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--json OUT] [--html OUT]
+    fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--full-size]
+                              [--json OUT] [--html OUT]
     fuselens serve [--stdio]
+
+Each exits non-zero, with a line that says why, when it could not do what was asked.
 
 torch is imported only by the commands that run models, so `serve` starts fast.
 """
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -22,44 +25,7 @@ from fuselens.contracts.config import ConfigError
 from fuselens.contracts.options import DEVICE_PROFILES, AnalyzeOptions
 from fuselens.contracts.report import Report
 
-
-def device_name(value: str) -> str:
-    """`--device`: one of the device profiles, as the settings spell it ("H100" and "h-100" too)."""
-    key = value.lower().replace("-", "").replace(" ", "")
-    if key not in DEVICE_PROFILES:
-        raise argparse.ArgumentTypeError(f"unknown device {value!r} (use one of {', '.join(DEVICE_PROFILES)})")
-    return key
-
-
-def positive_number(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {value!r}")
-    return number
-
-
-def positive_int(value: str) -> int:
-    number = _int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value!r}")
-    return number
-
-
-def non_negative_int(value: str) -> int:
-    number = _int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value!r}")
-    return number
-
-
-def _int(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {value!r}") from None
+from .option_values import device_name, non_negative_int, positive_int, positive_number
 
 
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:

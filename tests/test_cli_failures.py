@@ -4,6 +4,7 @@ that says why, never a traceback and never an exit 0 after doing nothing.  Each 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -97,10 +98,22 @@ def test_a_model_without_example_inputs_fails_every_command_and_says_how_to_give
         assert any(NO_SHAPES in line for line in lines(done)), done.stdout
 
 
-def test_a_file_without_models_fails_analyze(write_model):
+NO_MODELS = "no models found in model.py (nn.Module classes, or model objects bound at module level)"
+
+
+@pytest.mark.parametrize(
+    "command, line",
+    [
+        ("analyze", "model.py: no models found (nn.Module classes, or model objects bound at module level)"),
+        ("validate", f"error {NO_MODELS}"),
+        ("apply", f"skip {NO_MODELS}"),
+        ("profile", f"not profiled: {NO_MODELS}"),
+    ],
+)
+def test_a_file_without_models_fails_every_command(write_model, command, line):
     path = write_model("x = 1\n")
-    done = fuselens("analyze", "model.py", cwd=os.path.dirname(path))
-    failed_with(done, "model.py: no models found (nn.Module classes, or model objects bound at module level)")
+    extra = {"validate": ["--interpret"], "apply": ["--yes"]}.get(command, [])
+    failed_with(fuselens(command, "model.py", *extra, cwd=os.path.dirname(path)), line)
 
 
 def test_validate_of_a_cluster_the_file_does_not_have_fails_and_names_those_it_has(write_model):
@@ -187,6 +200,26 @@ def test_apply_without_a_terminal_says_to_pass_yes(tmp_path):
     done = fuselens("apply", "example_net.py", "--no-check", "--input-shape", "64,1024", cwd=tmp_path)
     failed_with(done, "not applied: no terminal to confirm on (pass --yes to apply without asking)")
     assert (tmp_path / "example_net.py").read_bytes() == before
+
+
+def test_restoring_a_kernel_of_a_file_never_applied_fails(write_model):
+    path = write_model(SMALL)
+    done = fuselens("restore", "model.py", "--yes", "--kernel", "cluster0", cwd=os.path.dirname(path))
+    failed_with(done, "nothing to restore: there is no model_kernels.py")
+
+
+@pytest.mark.slow
+def test_apply_while_another_program_keeps_the_files_lock_fails_and_writes_nothing(tmp_path):
+    shutil.copy(example("example_net.py"), tmp_path / "example_net.py")
+    with open(tmp_path / "example_net.py", "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        done = fuselens("apply", "example_net.py", "--yes", "--no-check", "--input-shape", "64,1024", cwd=tmp_path)
+    failed_with(
+        done,
+        "refused: another program has been writing example_net.py for 10 s (it holds the lock fuselens writes "
+        "under): nothing was written",
+    )
+    assert sorted(os.listdir(tmp_path)) == ["example_net.py"]
 
 
 def test_restore_without_a_terminal_says_to_pass_yes(tmp_path):
