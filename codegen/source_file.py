@@ -16,6 +16,9 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from fuselens.contracts.reading import read_bytes
+
+MAX_SOURCE_BYTES = 64 << 20  # far above any model's source; a larger file of that name is not read
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # a line as Python counts them, with its end
 
 
@@ -43,11 +46,10 @@ class SourceFile:
 
 
 def read_source(path: str) -> SourceFile:
-    """The file at `path` decoded as Python decodes it.  OSError when it cannot be read; SourceError
-    when its bytes are not text in the encoding it declares."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    return decode_source(path, raw)
+    """The file at `path` decoded as Python decodes it.  OSError when it cannot be read (`Unreadable`: not
+    a regular file, or past MAX_SOURCE_BYTES); SourceError when its bytes are not text in the encoding
+    it declares."""
+    return decode_source(path, read_bytes(path, MAX_SOURCE_BYTES))
 
 
 def decode_source(path: str, raw: bytes) -> SourceFile:
