@@ -203,6 +203,8 @@ def restore_edits(
         tree = ast.parse(source)
     except SyntaxError:
         return Restore([], [], ["the file does not parse: fix it first"])
+    if source and not source.endswith("\n"):
+        source += "\n"  # its last line found as apply wrote it, ended (`apply_line_edits` ends it so)
     module = _module_name(module_path)
     imported = next((have for n in tree.body if (have := _imported_from(n, module)) is not None), [])
     kept = kept_originals(module_text)

@@ -35,9 +35,8 @@ class SourceFile:
 
     @property
     def text(self) -> str:
-        """The text Python compiles, each line ending in `\\n`: the last one too, so that an edit finds its
-        lines alike wherever they are (`edited_bytes` writes it back without, as it was)."""
-        return "".join(_without_ending(line) + "\n" for line in self.lines)
+        """The text Python compiles (and `open()` reads), each line ending in `\\n`."""
+        return "".join(_with_newline(line, "\n") for line in self.lines)
 
     @property
     def newline(self) -> str:
@@ -65,8 +64,10 @@ def edited_bytes(source: SourceFile, text: str) -> bytes:
     """`text` (the edited `source.text`) as the file's bytes: every line `text` keeps from the source as it
     was read, the others ending as the file's lines do, all in the file's encoding.  SourceError when a
     changed line cannot be written in that encoding."""
-    old = split_lines(source.text)
-    new = split_lines(text)
+    # Both with their last line ended, as `edits.apply_line_edits` ends it: the last line is written
+    # back as it was below.
+    old = split_lines(_ended(source.text))
+    new = split_lines(_ended(text))
     # The lines both ends share are kept without a search: the matcher then sees only the edited middle.
     head = 0
     while head < min(len(old), len(new)) and old[head] == new[head]:
@@ -97,6 +98,10 @@ def split_lines(text: str) -> list[str]:
     """`text`'s lines as Python counts them (`\\r\\n`, `\\r` or `\\n` ends one; a form feed does not), each
     with its ending."""
     return _LINE.findall(text)
+
+
+def _ended(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def _ending(line: str) -> str:
