@@ -190,6 +190,22 @@ def test_restore_puts_back_the_lines_apply_replaced(tmp_path):
     assert (tmp_path / "llama_block.py").read_text() == original  # every line as it was, the import gone
 
 
+def test_restore_reads_the_kernel_module_without_running_it(tmp_path):
+    """A kernel module with code of someone else's appended: restore puts the lines back from its syntax
+    tree, and the appended code never runs."""
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), tmp_path / "example_net.py")
+    shutil.copy(os.path.join(EXAMPLES, "pyproject.toml"), tmp_path / "pyproject.toml")
+    original = (tmp_path / "example_net.py").read_text()
+    assert _cli("apply", "--yes", "example_net.py", cwd=tmp_path).returncode == 0
+    marker = tmp_path / "module-ran"
+    with open(tmp_path / "example_net_kernels.py", "a", encoding="utf-8") as fh:
+        fh.write(f"\nopen({str(marker)!r}, 'w').write('ran')\n")
+    restored = _cli("restore", "--yes", "example_net.py", cwd=tmp_path)
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert (tmp_path / "example_net.py").read_text() == original
+    assert not marker.exists()
+
+
 def test_a_convolutions_bias_joins_the_kernel_after_it_and_restores_with_it(tmp_path):
     """`h = self.conv1(F.silu(self.norm1(x)))`: the bias add joins the next cluster, the convolution
     runs without it, and the GroupNorm cluster inside its argument is carried by that edit; restoring
