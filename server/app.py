@@ -762,9 +762,7 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
         return [lsp.CodeAction(title="Fuse into Triton kernels", kind=lsp.CodeActionKind.QuickFix, disabled=reason)]
     caps = ls.client_capabilities.workspace
     edit_caps = caps.workspace_edit if caps else None
-    ops = (edit_caps.resource_operations or []) if edit_caps else []
     document_changes = bool(edit_caps and edit_caps.document_changes)
-    create_ok = document_changes and lsp.ResourceOperationKind.Create in ops
     restores = _restore_actions(path, uri, analysis.version, analysis.text, params.range)
     return (
         actions_mod.code_actions(
@@ -775,8 +773,6 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
             analysis.text,
             params.range.start.line + 1,
             params.range.end.line + 1,
-            lambda ids: kernel_module_text(analysis.report, ids),
-            create_ok,
             document_changes,
         )
         + restores

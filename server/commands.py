@@ -482,6 +482,8 @@ async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str
 
 
 def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict[str, Any]:
+    """Write the kernel module of the quick fix for `ids` on disk (the fix's edit holds only the model's
+    lines: an editor would leave a module it edits unsaved)."""
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
@@ -505,4 +507,6 @@ def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict
             files.replace_text(target, kernel_module_text(analysis.report, [str(i) for i in ids]))
     except files.Refused as exc:
         raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
+    ls.log_line(f"wrote {os.path.basename(target)} with the kernels of {', '.join(map(str, ids))}")
+    ls.file_changed(target)  # the models that import it are analyzed again, with the kernels now on disk
     return {"path": target}

@@ -158,6 +158,7 @@ class Client(LanguageClient):
         self.configuration_requests = 0
         self.texts: dict[str, str] = {}
         self.versions: dict[str, int] = {}
+        self.unsaved: dict[str, str] = {}  # path -> the text of a file an edit changed in a buffer, not on disk
         self._arrived = asyncio.Event()
 
     # -- waiting -------------------------------------------------------------------------------
@@ -329,8 +330,10 @@ class Client(LanguageClient):
         return bool(edit and edit.document_changes)
 
     def apply_workspace_edit(self, edit: lsp.WorkspaceEdit) -> None:
-        """Apply an edit as the client would: open documents change in the buffer, other files
-        change on disk.  Uses `documentChanges` only if the profile claims them."""
+        """Apply an edit as the client would: open documents change in the buffer; another file
+        changes on disk in VS Code (which saves a file a refactoring changed), and in a buffer of its
+        own, left unsaved, in Neovim (as Emacs does too): see `unsaved`.  Uses `documentChanges` only
+        if the profile claims them."""
         if self.supports_document_changes():
             assert edit.document_changes, edit
             steps = edit.document_changes
@@ -362,10 +365,15 @@ class Client(LanguageClient):
             else:
                 path = path_of(uri)
                 assert os.path.exists(path), f"edit to a file that does not exist: {path}"
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read()
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(apply_text_edits(text, edits))
+                text = self.unsaved.get(path)
+                if text is None:
+                    with open(path, encoding="utf-8") as fh:
+                        text = fh.read()
+                if self.profile == "visual-studio-code":
+                    with open(path, "w", encoding="utf-8") as fh:
+                        fh.write(apply_text_edits(text, edits))
+                else:
+                    self.unsaved[path] = apply_text_edits(text, edits)
 
 
 # ---- what the client answers --------------------------------------------------------------------

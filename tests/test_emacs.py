@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -63,14 +64,14 @@ def test_config_byte_compiles_without_warnings(tmp_path):
     assert proc.returncode == 0 and out.exists(), proc.stderr
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("emacs")
+def run_emacs(tmp, name: str, text: str, **extra_env: str) -> dict:
+    """Run test-eglot.el on a workspace holding the model `name` (`text`); `extra_env` goes to Emacs
+    and from it to the server."""
     workspace = tmp / "ws"
     workspace.mkdir()
     (workspace / "pyproject.toml").write_text('[project]\nname = "ws"\n')
-    model = workspace / "example_net.py"
-    shutil.copy(example("example_net.py"), model)
+    model = workspace / name
+    model.write_text(text, encoding="utf-8")
     results = tmp / "results.json"
     env = {
         **_env(tmp / "home"),
@@ -78,6 +79,7 @@ def session(tmp_path_factory):
         "FUSELENS_TRUSTED": str(workspace),
         "FUSELENS_MODEL": str(model),
         "FUSELENS_RESULTS": str(results),
+        **extra_env,
     }
     proc = subprocess.run(
         [EMACS, "--batch", "-q", "-L", LISP, "-l", os.path.join(HERE, "emacs", "test-eglot.el")],
@@ -92,6 +94,13 @@ def session(tmp_path_factory):
     data = json.loads(results.read_text())
     data["_output"] = proc.stdout + proc.stderr
     return data
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    return run_emacs(
+        tmp_path_factory.mktemp("emacs"), "example_net.py", pathlib.Path(example("example_net.py")).read_text()
+    )
 
 
 def _steps(session, *names):
@@ -136,3 +145,34 @@ def test_quick_fix_through_eglot_code_actions(session):
     assert "    from .example_net_kernels import cluster0" in lines
     assert "    from example_net_kernels import cluster0" in lines
     assert session["module"] and "def cluster0(x):" in session["module"]
+
+
+LLAMA = """from transformers import LlamaConfig, LlamaForCausalLM
+
+config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+model = LlamaForCausalLM(config)  # fuselens: input=(2, 16)
+"""
+
+
+@pytest.fixture(scope="module")
+def library_session(tmp_path_factory):
+    """A transformers Llama: the quick fix of its RMSNorm (in the library's code), the model saved,
+    then the quick fix of its MLP."""
+    pytest.importorskip("transformers", exc_type=ImportError)
+    tmp = tmp_path_factory.mktemp("emacs-library")
+    return run_emacs(tmp, "llama_user.py", LLAMA, FUSELENS_MODE="library", HF_HUB_OFFLINE="1")
+
+
+def test_two_library_fixes_in_a_row_are_both_on_disk(library_session):
+    """The second fix (the kernel module exists by then) reaches the module on disk too: Eglot would
+    leave an edit of the module in a buffer nobody saves, and the fix would do nothing."""
+    _steps(library_session, "library diagnostics", "first library fix", "second library fix")
+    assert library_session["first-module"].count("# ---- library patch: ") == 1
+    module = library_session["second-module"]
+    assert "modeling_llama.LlamaRMSNorm.forward: " in module and "modeling_llama.LlamaMLP.forward: " in module
+    assert module.count("# ---- library patch: ") == 2
+    assert library_session["modified-buffers"] == []
+    # The norm's patch takes its cluster (and the decoder layer's, around the same norm), the MLP's one more.
+    assert library_session["clusters-before"] > library_session["clusters-between"]
+    assert library_session["clusters-after"] == library_session["clusters-between"] - 1

@@ -372,10 +372,7 @@ def test_library_quick_fix_installs_the_patch(library_session):
     # Neovim 0.7.2 announces no documentChanges, so the server writes the module itself
     # (fuselens.writeKernelModule, run after the edit) rather than sending a CreateFile.
     assert library_session["module_on_disk_before_save"] is True
-    module_path = os.path.join(library_session["_workspace"], "llama_user_kernels.py")
-    assert os.path.isfile(module_path)
-    with open(module_path, encoding="utf-8") as fh:
-        module = fh.read()
+    module = library_session["module"]  # (the module on disk once the model was saved)
     assert "# ---- library patch: transformers.models.llama.modeling_llama.LlamaRMSNorm.forward: " in module
     assert "\ndef install():" in module
     assert module.count("# ---- library patch: ") == 1  # only the chosen cluster
@@ -391,6 +388,20 @@ def test_library_analysis_after_saving(library_session):
     assert all(d["line"] == model_line for d in diagnostics), diagnostics  # the model's line, moved down
     # The patched norm runs one kernel: its cluster is no longer there to fuse.
     assert not [d for d in diagnostics if "(LlamaRMSNorm.forward)" in d["message"]], diagnostics
+
+
+def test_a_second_library_patch_lands_on_disk_without_saving_it(library_session):
+    """The kernel module exists after the first patch: the second (LlamaMLP's) reaches it on disk all
+    the same, with no buffer left to save, and the analysis that follows has one cluster fewer."""
+    _no_errors(library_session, "analysis after saving", "second library quick fix")
+    module = library_session["second_module"]
+    assert "modeling_llama.LlamaRMSNorm.forward: " in module and "modeling_llama.LlamaMLP.forward: " in module
+    assert module.count("# ---- library patch: ") == 2
+    assert library_session["modified_after_second"] == []
+    after = library_session["after_second"]["diagnostics"]
+    assert after and not any("patch of LlamaMLP.forward (" in d["message"] for d in after), after
+    before = int(re.fullmatch(r"fuselens: (\d+) clusters", library_session["status_after_save"])[1])
+    assert library_session["status_after_second"] == f"fuselens: {before - 1} clusters"
 
 
 @pytest.fixture(scope="module")
@@ -502,6 +513,15 @@ def test_quick_fix_binding_the_sum_and_the_norm_of_a_submodule(kinds_session):
             "            h = self.mlp_norm(x)",
         ],  # (`else:` is a line the file had already)
     )
+
+
+def test_three_fixes_in_a_row_are_all_on_disk(kinds_session):
+    """Each fix's kernels reach the module on disk, though only the model's buffer was saved: none is
+    left in a buffer of the module for the user to save."""
+    _no_errors(kinds_session, "fix expression", "fix helper", "fix outputs")
+    module = kinds_session["module_after_fixes"]
+    assert all(f"\ndef {name}(" in module for name in ("cluster3", "cluster1", "cluster4")), module[:2000]
+    assert kinds_session["modified_after_fixes"] == []
 
 
 def test_restore_one_cluster_then_every_cluster(kinds_session):

@@ -9,7 +9,7 @@ import pytest
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
 
-from lsp_helpers import Client, example_text, server_fixture, uri_of
+from lsp_helpers import Client, example_text, server_fixture
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,17 +53,12 @@ def model_edit(action: lsp.CodeAction, uri: str) -> lsp.TextDocumentEdit:
 
 
 def check_how_the_module_is_written(client: Client, action: lsp.CodeAction, uri: str, module: str, ids: list[str]):
-    """VS Code creates the module with CreateFile; a client without documentChanges gets a command."""
-    creates = [c for c in action.edit.document_changes or [] if isinstance(c, lsp.CreateFile)]
-    if client.profile == "visual-studio-code":
-        assert [c.uri for c in creates] == [uri_of(module)]
-        assert action.command is None
-        changes = action.edit.document_changes
-        assert changes.index(creates[0]) < changes.index(model_edit(action, uri))  # created before it is imported
-    else:
-        assert creates == []
-        assert action.command is not None and action.command.command == "fuselens.writeKernelModule"
-        assert list(action.command.arguments) == [uri, client.versions[uri], ids]
+    """The edit changes the model's document only (in `changes` too, for a client without
+    documentChanges); the command that runs after it writes the kernel module on disk."""
+    assert list(action.edit.document_changes) == [model_edit(action, uri)], "no CreateFile, no edit of the module"
+    assert action.command is not None and action.command.command == "fuselens.writeKernelModule"
+    assert list(action.command.arguments) == [uri, client.versions[uri], ids]
+    if not client.supports_document_changes():
         assert list(action.edit.changes) == [uri], "plain `changes` for a client without documentChanges"
         assert action.edit.changes[uri] == model_edit(action, uri).edits
 
@@ -153,8 +148,10 @@ async def test_fuse_all_clusters(client: Client):
     assert [d for d in diags if d.message.startswith("fusable:")] == []
 
 
-async def test_an_existing_kernel_module_is_edited_in_place(client: Client):
-    """Fusing a second cluster later merges into the module the first fix wrote."""
+async def test_a_second_fix_merges_into_the_module_on_disk(client: Client):
+    """Fusing a second cluster later merges into the module the first fix wrote, on disk: an editor
+    that leaves a file it edits unsaved (Neovim, Emacs) would otherwise keep the second kernel in a
+    buffer nobody saves, and the fix would do nothing."""
     uri = client.open("fuse_twice.py", example_text())
     await client.diagnostics_of(uri, 1)
     await fuse(client, uri, (await client.code_actions(uri, 18))[0])
@@ -162,17 +159,45 @@ async def test_an_existing_kernel_module_is_edited_in_place(client: Client):
 
     action = (await client.code_actions(uri, 31))[0]
     assert action.title == "Fuse lines 30–32 into Triton kernel cluster1"
-    assert not [c for c in action.edit.document_changes if isinstance(c, lsp.CreateFile)]
+    check_how_the_module_is_written(client, action, uri, client.path("fuse_twice_kernels.py"), ["c1"])
     await fuse(client, uri, action)
     with open(client.path("fuse_twice_kernels.py"), encoding="utf-8") as fh:
         kernels = fh.read()
     assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x):" in kernels
+    assert client.unsaved == {}, "no buffer left for the user to save"
     assert "    from .fuse_twice_kernels import cluster0, cluster1\n" in client.texts[uri]
     assert "    from fuse_twice_kernels import cluster0, cluster1\n" in client.texts[uri]
     diags = await client.diagnostics_of(uri)
     assert [d.message.split(",")[0] for d in diags if d.message.startswith("fusable:")] == [
         "fusable: tanh → mul → softmax"
     ]
+
+
+def chains(diags: list[lsp.Diagnostic]) -> list[str]:
+    return [d.message.split(",")[0].removeprefix("fusable: ") for d in diags if d.message.startswith("fusable:")]
+
+
+async def test_two_fixes_in_a_row_without_saving(client: Client):
+    """Once a fix has written its kernels, the edited buffer is analyzed with them: the next fix is
+    offered before the user saves anything, and both fixes' kernels are on disk."""
+    uri = client.open("fuse_unsaved.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    first = (await client.code_actions(uri, 18))[0]
+    client.apply_workspace_edit(first.edit)
+    await client.command(first.command.command, *first.command.arguments)
+    assert chains(await client.diagnostics_of(uri)) == ["gelu → sigmoid → mul", "tanh → mul → softmax"]
+
+    second = (await client.code_actions(uri, 31))[0]
+    assert second.title == "Fuse lines 30–32 into Triton kernel cluster1"
+    client.apply_workspace_edit(second.edit)
+    await client.command(second.command.command, *second.command.arguments)
+    with open(client.path("fuse_unsaved_kernels.py"), encoding="utf-8") as fh:
+        kernels = fh.read()
+    assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x):" in kernels
+    assert client.unsaved == {}, "no buffer left for the user to save"
+    assert chains(await client.diagnostics_of(uri)) == ["tanh → mul → softmax"]
+    with open(client.path("fuse_unsaved.py"), encoding="utf-8") as fh:
+        assert fh.read() == example_text()  # the model's own lines are the user's to save
 
 
 async def test_no_actions_outside_clusters_or_after_typing(client: Client):
@@ -235,6 +260,33 @@ async def test_fuse_a_cluster_in_library_code(client: Client):
     assert f"_fuselens_patch_llama_kernels.{name}(" in module and "\ndef install():" in module
     # Only the chosen cluster is patched
     assert module.count("# ---- library patch: ") == 1
+
+
+async def test_two_library_patches_in_a_row_both_on_disk(client: Client):
+    """The second patch of a library's code changes the kernel module only (the file already calls
+    install()): the module on disk gets it, with nothing left for the user to save, and the cluster
+    goes from the diagnostics."""
+    pytest.importorskip("transformers")
+    uri = client.open("patch_twice.py", LLAMA)
+    await client.diagnostics_of(uri, 1, timeout=180)
+    norm = next(a for a in await client.code_actions(uri, 5) if "LlamaRMSNorm.forward (library code)" in a.title)
+    await fuse(client, uri, norm)
+    diags = await client.diagnostics_of(uri, timeout=180)
+    model_line = 1 + client.texts[uri].split("\n").index(LLAMA.split("\n")[4])
+    assert any("patch of LlamaMLP.forward (" in d.message for d in diags), diags
+
+    mlp = next(a for a in await client.code_actions(uri, model_line) if "LlamaMLP.forward (library code)" in a.title)
+    assert list(model_edit(mlp, uri).edits) == []  # install() is called already: the buffer is not touched
+    await fuse(client, uri, mlp)
+    with open(client.path("patch_twice_kernels.py"), encoding="utf-8") as fh:
+        module = fh.read()
+    assert "modeling_llama.LlamaRMSNorm.forward: " in module and "modeling_llama.LlamaMLP.forward: " in module
+    assert module.count("# ---- library patch: ") == 2
+    assert client.unsaved == {}, "no buffer left for the user to save"
+    diags = await client.diagnostics_until(
+        uri, lambda d: not any("patch of LlamaMLP.forward (" in x.message for x in d), "no MLP cluster", timeout=180
+    )
+    assert diags and not any("patch of LlamaRMSNorm.forward (" in d.message for d in diags), diags
 
 
 async def test_restore_the_original_code(client: Client):

@@ -1,26 +1,25 @@
 """Code actions: the quick fix that puts a generated kernel into the user's code.
 
-The edit is a versioned `TextDocumentEdit`: a client applies it only to the version the
-report was computed from, so a fix offered before the user typed can never overwrite
-what they typed.  A client that does not declare `documentChanges` support gets the
-same text edits as plain `changes` too (the only form it promises to read).  The kernel
-module is created with `CreateFile` when the client supports resource operations,
-edited in place when it already exists, and otherwise written by the
-`fuselens.writeKernelModule` command that runs after the edit.
+The edit is a versioned `TextDocumentEdit` of the model's document only: a client applies it
+only to the version the report was computed from, so a fix offered before the user typed can
+never overwrite what they typed.  A client that does not declare `documentChanges` support gets
+the same text edits as plain `changes` too (the only form it promises to read).  The kernel
+module is never part of the edit: a client leaves a file it edits as text modified and unsaved
+(Neovim and Emacs do, once the module exists), and the fix would do nothing until the user saved
+every buffer.  The server writes the module itself, on disk, with the `fuselens.writeKernelModule`
+command that runs after the edit (`commands.py`, under the lock `fuselens apply` takes).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from lsprotocol import types as lsp
 
 from fuselens.codegen import edits as edits_mod
-from fuselens.codegen import files
 from fuselens.contracts.report import Cluster, Model, Report
 
-from .text import path_to_uri, same_file, shown_at, utf16_len
+from .text import same_file, shown_at
 
 WRITE_MODULE = "fuselens.writeKernelModule"
 
@@ -34,32 +33,6 @@ def line_edits_to_lsp(edits: list[edits_mod.LineEdit]) -> list[lsp.TextEdit]:
     return out
 
 
-def _module_edits(
-    module_path: str, module_text: str, create_ok: bool
-) -> tuple[list[lsp.TextDocumentEdit | lsp.CreateFile], bool]:
-    """Document changes that make `module_path` hold `module_text`; False if a command must write it."""
-    uri = path_to_uri(module_path)
-    existing = files.check_kernel_module(module_path)  # (no fix is offered where this refuses)
-    if existing is not None:
-        old_lines = existing.split("\n")
-        end = lsp.Position(len(old_lines) - 1, utf16_len(old_lines[-1]))
-        return [
-            lsp.TextDocumentEdit(
-                lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
-                [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), end), module_text)],
-            )
-        ], True
-    if create_ok:
-        return [
-            lsp.CreateFile(uri=uri, options=lsp.CreateFileOptions(overwrite=False, ignore_if_exists=True)),
-            lsp.TextDocumentEdit(
-                lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=None),
-                [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0)), module_text)],
-            ),
-        ], True
-    return [], False
-
-
 def fuse_action(
     report: Report,
     uri: str,
@@ -67,35 +40,28 @@ def fuse_action(
     text: str,
     clusters: list[Cluster],
     title: str,
-    module_text: Callable[[list[str]], str],
-    create_ok: bool,
     kind: str = lsp.CodeActionKind.QuickFix,
     document_changes: bool = True,
 ) -> lsp.CodeAction | None:
-    """The action that applies `clusters`; `module_text(ids)` is the kernel module they need."""
+    """The action that applies `clusters`: the edit of the document's lines, then the command that
+    writes the kernel module they need."""
     ids = [c.id for c in clusters if c.edit is not None or c.patch is not None]
     if not ids:
         return None
-    doc_edits = line_edits_to_lsp(edits_mod.cluster_edits(text, report, ids))
-    module_path = next(c.kernel.path for c in clusters if c.kernel is not None)
-    module_changes, written = _module_edits(module_path, module_text(ids), create_ok)
-    changes = [
-        *module_changes,
-        lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits),
-    ]
-    edit = lsp.WorkspaceEdit(document_changes=changes)
+    doc_edits = line_edits_to_lsp(_changing(text, edits_mod.cluster_edits(text, report, ids)))
+    change = lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)
+    edit = lsp.WorkspaceEdit(document_changes=[change])
     if not document_changes:  # the client reads only `changes`: give it those too
-        edit.changes = {
-            c.text_document.uri: [e for e in c.edits if isinstance(e, lsp.TextEdit)]
-            for c in changes
-            if isinstance(c, lsp.TextDocumentEdit)
-        }
-    action = lsp.CodeAction(title=title, kind=kind, edit=edit, is_preferred=len(ids) == 1)
-    if not written:
-        action.command = lsp.Command(
-            title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids]
-        )
-    return action
+        edit.changes = {uri: doc_edits}
+    command = lsp.Command(title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids])
+    return lsp.CodeAction(title=title, kind=kind, edit=edit, command=command, is_preferred=len(ids) == 1)
+
+
+def _changing(text: str, edits: list[edits_mod.LineEdit]) -> list[edits_mod.LineEdit]:
+    """The edits that change the text: a second library patch rewrites the import of install() as it
+    is, and an editor marks a buffer that such an edit touches as changed, to be saved for nothing."""
+    lines = text.splitlines(keepends=True)
+    return [e for e in edits if e.end < e.start or "".join(lines[e.start - 1 : e.end]) != e.text]
 
 
 def _fixable(c: Cluster, model: Model, path: str) -> bool:
@@ -129,8 +95,6 @@ def code_actions(
     text: str,
     first: int,
     last: int,
-    module_text: Callable[[list[str]], str],
-    create_ok: bool,
     document_changes: bool = True,
 ) -> list[lsp.CodeAction]:
     """Actions for lines first..last (1-based): one per applicable cluster there, plus "fuse all" for its model."""
@@ -142,9 +106,7 @@ def code_actions(
             continue
         start, end = shown
         if start <= last and end >= first:
-            action = fuse_action(
-                report, uri, version, text, [c], _title(c), module_text, create_ok, document_changes=document_changes
-            )
+            action = fuse_action(report, uri, version, text, [c], _title(c), document_changes=document_changes)
             if action:
                 actions.append(action)
             if model not in models:
@@ -159,8 +121,6 @@ def code_actions(
                 text,
                 fixable,
                 f"Fuse all {len(fixable)} applicable clusters in {model.name}",
-                module_text,
-                create_ok,
                 kind=lsp.CodeActionKind.RefactorRewrite,
                 document_changes=document_changes,
             )

@@ -2,6 +2,8 @@
 ;; Opens $FUSELENS_MODEL with the user-facing configuration, then uses Eglot's own paths
 ;; (Flymake diagnostics, the ElDoc hover function, eglot-code-actions) and the
 ;; fuselens-eglot commands, and writes what it saw to $FUSELENS_RESULTS as JSON.
+;; $FUSELENS_MODE "library": a transformers model instead, and two quick fixes of clusters in
+;; the library's code, one after the other.
 
 (require 'package)
 (package-initialize)  ; -Q skips it; Debian's elpa-eglot is a package.el package
@@ -27,6 +29,25 @@
 (defun test-fuselens-diags ()
   (cl-remove-if-not (lambda (d) (string-match-p "fusable\\|pattern" (flymake-diagnostic-text d)))
                     (flymake-diagnostics)))
+(defun test-fix (prefix)
+  "Apply the code action at point whose title starts with PREFIX, as a user picks it; return the titles."
+  (let* ((actions (eglot-code-actions (point) (point)))
+         (title (cl-loop for a in actions for title = (plist-get a :title)
+                         when (string-prefix-p prefix title) return title))
+         (last-nonmenu-event ?\r))  ; not a mouse event: Eglot asks with completing-read
+    (unless title (error "no action %s among %S" prefix (mapcar (lambda (a) (plist-get a :title)) actions)))
+    (cl-letf (((symbol-function 'completing-read) (lambda (&rest _) title)))
+      (eglot--read-execute-code-action actions (eglot-current-server)))
+    (mapcar (lambda (a) (plist-get a :title)) actions)))
+(defun test-file-text (file)
+  (and (file-exists-p file) (with-temp-buffer (insert-file-contents file) (buffer-string))))
+(defun test-modified-buffers ()
+  "The names of the buffers visiting a file with changes not saved."
+  (vconcat (mapcar #'buffer-name (cl-remove-if-not (lambda (b) (and (buffer-file-name b) (buffer-modified-p b)))
+                                                   (buffer-list)))))
+(defun test-diags-matching (text)
+  (flymake-start)
+  (cl-remove-if-not (lambda (d) (string-search text (flymake-diagnostic-text d))) (test-fuselens-diags)))
 
 (setq fuselens-eglot-server-command
       (list (getenv "FUSELENS_PYTHON") "-P" "-m" "fuselens.cli.main" "serve" "--stdio"))
@@ -46,6 +67,33 @@
   (unless (test-wait 30 (lambda () (eglot-current-server))) (error "no server"))
   (test-put :initialization-options
             (eglot-initialization-options (eglot-current-server))))
+
+(when (equal (getenv "FUSELENS_MODE") "library")
+  (let ((module (expand-file-name "llama_user_kernels.py" (file-name-directory (buffer-file-name))))
+        (norm "patch of LlamaRMSNorm.forward (")
+        (mlp "patch of LlamaMLP.forward ("))
+    (test-step "library diagnostics"
+      (unless (test-wait 300 (lambda () (test-diags-matching mlp))) (error "no diagnostics of the library's clusters"))
+      (test-put :clusters-before (length (test-diags-matching "fusable:"))))
+    (test-step "first library fix"
+      (goto-char (point-min)) (search-forward "model = LlamaForCausalLM") (beginning-of-line)
+      (test-put :first-titles (vconcat (test-fix "Fuse pow → mean")))
+      (save-buffer)  ; the model's buffer, the one the user edits; no other is saved
+      (unless (test-wait 300 (lambda () (null (test-diags-matching norm)))) (error "no analysis after saving"))
+      (test-put :first-module (test-file-text module))
+      (test-put :clusters-between (length (test-diags-matching "fusable:"))))
+    (test-step "second library fix"
+      (goto-char (point-min)) (search-forward "model = LlamaForCausalLM") (beginning-of-line)
+      (test-put :second-titles (vconcat (test-fix "Fuse silu → mul")))
+      (test-wait 15 (lambda () (string-search "modeling_llama.LlamaMLP.forward: " (or (test-file-text module) ""))))
+      (test-put :second-module (test-file-text module))
+      (test-put :modified-buffers (test-modified-buffers))
+      (unless (test-wait 300 (lambda () (and (test-diags-matching "fusable:") (null (test-diags-matching mlp)))))
+        (error "the MLP's cluster is still there"))
+      (test-put :clusters-after (length (test-diags-matching "fusable:")))))
+  (test-save)
+  (ignore-errors (eglot-shutdown (eglot-current-server)))
+  (kill-emacs 0))
 
 (test-step "diagnostics"
   ;; In batch mode nothing runs Flymake after commands, so start it as a command would.

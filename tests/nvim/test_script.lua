@@ -3,7 +3,8 @@
 --   $FUSELENS_MODE = "full": diagnostics, hover, lens -> validation, quick fix
 --   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
---                               cluster in the library's code, then the analysis after saving
+--                               cluster in the library's code, the analysis after saving, then the
+--                               quick fix of a second cluster there
 --   $FUSELENS_MODE = "kinds": the quick fixes $FUSELENS_FIXES lists, one after the other, each
 --                             after the analysis of the previous one; then, where $FUSELENS_RESTORE
 --                             names them, the restore of one cluster and of every cluster
@@ -94,19 +95,20 @@ local function hover_at(line, col)
 end
 
 --- Apply the code action at the cursor whose title matches `pattern`, as a user would; every
---- title offered goes to results.action_titles.
-local function code_action(pattern)
+--- title offered goes to results[`key`] (default "action_titles").
+local function code_action(pattern, key)
+  key = key or "action_titles"
   if vim.fn.has("nvim-0.8") == 1 then
-    results.action_titles = {}
+    results[key] = {}
     vim.lsp.buf.code_action({
       filter = function(action)
-        table.insert(results.action_titles, action.title)
+        table.insert(results[key], action.title)
         return action.title:find(pattern) ~= nil
       end,
       apply = true,
     })
   else
-    choose(pattern, "action_titles") -- 0.7 has no filter/apply: the picker is how a user chooses
+    choose(pattern, key) -- 0.7 has no filter/apply: the picker is how a user chooses
     vim.lsp.buf.code_action()
   end
 end
@@ -125,6 +127,26 @@ end
 
 local model = os.getenv("FUSELENS_MODEL")
 local bufnr
+
+--- The names of the buffers with changes not written (the user would have to save them).
+local function modified_buffers()
+  local out = {}
+  for _, b in ipairs(vim.api.nvim_list_bufs()) do
+    if vim.api.nvim_buf_is_loaded(b) and vim.bo[b].modified then
+      table.insert(out, vim.fn.fnamemodify(vim.api.nvim_buf_get_name(b), ":t"))
+    end
+  end
+  return out
+end
+
+--- How many library patches the kernel module at `path` holds on disk.
+local function patches_on_disk(path)
+  if vim.fn.filereadable(path) == 0 then
+    return 0
+  end
+  local _, count = table.concat(vim.fn.readfile(path), "\n"):gsub("# %-%-%-%- library patch: ", "")
+  return count
+end
 
 step("open", function()
   vim.cmd("edit " .. vim.fn.fnameescape(model))
@@ -196,7 +218,7 @@ if os.getenv("FUSELENS_MODE") == "library" then
     end)
     results.module_on_disk_before_save = vim.fn.filereadable(module) == 1 and #vim.fn.readfile(module) > 0
     results.published_before_save = #publications
-    vim.cmd("silent! wall")
+    vim.cmd("silent! write") -- the model's buffer, the one the user edits; no other is saved
     results.module = table.concat(vim.fn.readfile(module), "\n")
     results.model_on_disk = table.concat(vim.fn.readfile(model), "\n")
   end)
@@ -209,6 +231,37 @@ if os.getenv("FUSELENS_MODE") == "library" then
     results.after_save = publications[#publications]
     local client = fuselens.client(bufnr)
     results.server_running = client ~= nil and not client.is_stopped()
+    results.status_after_save = fuselens.status(bufnr)
+  end)
+
+  step("second library quick fix", function()
+    -- The module exists now: the second patch must reach it on disk too, with nothing to save.
+    local module = vim.fn.fnamemodify(model, ":h") .. "/llama_user_kernels.py"
+    local before = #publications
+    for i, line in ipairs(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)) do
+      if line:find("model = LlamaForCausalLM(config)", 1, true) then
+        vim.api.nvim_win_set_cursor(0, { i, 0 })
+      end
+    end
+    code_action("LlamaMLP%.forward %(library code%)", "second_action_titles")
+    wait(15000, "the second patch in the kernel module on disk", function()
+      return patches_on_disk(module) >= 2
+    end)
+    results.second_module = table.concat(vim.fn.readfile(module), "\n")
+    results.modified_after_second = modified_buffers()
+    wait(240000, "the analysis with both patches", function()
+      if #publications == before then
+        return false
+      end
+      for _, d in ipairs(publications[#publications].diagnostics) do
+        if d.message:find("patch of LlamaMLP.forward (", 1, true) then
+          return false
+        end
+      end
+      return true
+    end)
+    results.after_second = publications[#publications]
+    results.status_after_second = fuselens.status(bufnr)
   end)
 
   results.publications = publications
@@ -260,6 +313,10 @@ if os.getenv("FUSELENS_MODE") == "kinds" then
   for _, f in ipairs(vim.fn.json_decode(os.getenv("FUSELENS_FIXES"))) do
     fix(f[1], f[2], f[3], f[4])
   end
+  -- Every fix's kernels, on disk, though only the model's buffer was ever saved.
+  local module = model:gsub("%.py$", "_kernels.py")
+  results.module_after_fixes = vim.fn.filereadable(module) == 1 and table.concat(vim.fn.readfile(module), "\n") or ""
+  results.modified_after_fixes = modified_buffers()
   -- { one = { a line of code, the action's title pattern, what the restore writes back },
   --   all = a line of code }
   local restore = os.getenv("FUSELENS_RESTORE") ~= "" and vim.fn.json_decode(os.getenv("FUSELENS_RESTORE")) or nil
