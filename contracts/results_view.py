@@ -18,6 +18,7 @@ from .history import ValidationRun, headline, run_label
 from .validation import (
     RESULT_COLUMNS,
     ModelValidation,
+    cluster_errors,
     model_heading,
     result_rows,
     where_validated,
@@ -58,7 +59,7 @@ class ResultsView:
     versions: dict[str, str]  # torch, triton
     columns: list[str]  # RESULT_COLUMNS
     models: list[ModelResults]
-    problems: list[str]
+    problems: list[str]  # the report's problems, then each kernel check that ended in an error, with its reason
     earlier_runs: int  # how many runs of the file before this one the view compares with
     kind: str = "validation"  # what the view is of: "validation", or "profile" (`profile_view.py`)
 
@@ -89,7 +90,9 @@ def results_view(run: ValidationRun, earlier: Sequence[ValidationRun] = ()) -> R
         versions=dict(run.versions),
         columns=list(RESULT_COLUMNS),
         models=models,
-        problems=list(report.problems),
+        # A kernel whose check ended in an error says why here (the table has room for its status only);
+        # the whole model's reason is in its line.
+        problems=[*report.problems, *(e for m in report.models for e in cluster_errors(m))],
         earlier_runs=len(earlier),
     )
 

@@ -233,20 +233,60 @@ def model_heading(model: ModelValidation, where: str) -> str:
 
 
 def whole_model_line(model: ModelValidation) -> str:
-    """What the whole-model check found, in a line under the table ("" when it did not run)."""
+    """What the whole-model check found, in a line under the table ("" when it did not run); an error
+    says why."""
     if model.model is None:
         return ""
     m = model.model
-    line = f"whole model with {', '.join(m.applied) or 'nothing'} applied: {m.status}"
+    line = f"whole model with {', '.join(m.applied) or 'nothing'} applied: {_outcome(m)}"
     if m.kernel_launches is not None:
         line += f" ({m.kernel_launches} kernel launches)"
     if m.training is not None:
-        line += f"; training: {m.training.status}"
+        line += f"; training: {_outcome(m.training)}"
     if m.other_shapes is not None:
-        line += f"; other sizes: {m.other_shapes.status}"
+        line += f"; other sizes: {_outcome(m.other_shapes)}"
     if m.speedup:
         line += f", {m.speedup:.2f}× eager"
     return line
+
+
+def _outcome(check: ModelCheck) -> str:
+    """A whole-model check's status, and the reason when it ended in an error."""
+    return f"{check.status} ({check.message or NO_REASON})" if check.status == "error" else check.status
+
+
+NO_REASON = "no reason given"
+
+
+def step_errors(report: ValidationReport) -> list[str]:
+    """Every step of the validation that ended in an error, each with its reason, in the order the
+    steps ran: each cluster's kernel and backward kernel, then the whole model.  What the toast and
+    the log say when a validation went wrong."""
+    return [e for model in report.models for e in (*cluster_errors(model), *model_errors(model))]
+
+
+def cluster_errors(model: ModelValidation) -> list[str]:
+    """The clusters of `model` whose kernel or backward kernel check ended in an error, with the reason."""
+    errors = []
+    for c in model.clusters:
+        if c.status == "error":
+            errors.append(f"{c.id} ({c.kernel}): error: {c.message or NO_REASON}")
+        if c.backward is not None and c.backward.status == "error":
+            errors.append(f"{c.id} backward: error: {c.backward.message or NO_REASON}")
+    return errors
+
+
+def model_errors(model: ModelValidation) -> list[str]:
+    """The whole-model checks of `model` that ended in an error (eval, training, other sizes), with the reason."""
+    m = model.model
+    if m is None:
+        return []
+    checks = (("", m), (" in training mode", m.training), (" at other sizes", m.other_shapes))
+    return [
+        f"{model.name} as a whole{what}: error: {check.message or NO_REASON}"
+        for what, check in checks
+        if check is not None and check.status == "error"
+    ]
 
 
 def _number(value: float | None, digits: int = 1) -> str:

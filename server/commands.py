@@ -25,7 +25,7 @@ from fuselens.contracts.profile import Profile
 from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import results_view, view_markdown
-from fuselens.contracts.validation import ValidationReport
+from fuselens.contracts.validation import ValidationReport, step_errors
 from fuselens.worker.protocol import Limits, ProfileJob, ValidateJob
 
 from . import history, views
@@ -345,6 +345,9 @@ def _toast(result: ValidationReport) -> str:
     speedups = [c.timing.speedup_vs_compiled for c in clusters if c.timing and c.timing.speedup_vs_compiled]
     if speedups:
         text += f"; {min(speedups):.2f}–{max(speedups):.2f}× torch.compile"
+    errors = step_errors(result)
+    if errors:  # the first error's reason, whole: a status alone says nothing the user can act on
+        text += f"; {errors[0]}" + (f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else "")
     return f"fuselens {where}: {text} (details in the fuselens log)"
 
 
@@ -363,6 +366,7 @@ def _summary(result: ValidationReport) -> str:
             parts.append(text)
         if m.model:
             parts.append(f"whole model: {m.model.status}")
+    parts += step_errors(result)  # each error with its reason: the log is where the toast sends the user
     return f"fuselens ({where}): " + "; ".join(parts) if parts else "fuselens: nothing to validate"
 
 

@@ -29,6 +29,7 @@ from fuselens.contracts.validation import (
     TrainingTiming,
     ValidationReport,
     result_rows,
+    step_errors,
 )
 from fuselens.server import git, history
 
@@ -290,6 +291,34 @@ def test_each_run_keeps_the_commit_checked_out_in_the_files_repository(model_fil
 
 
 # ---- the view ------------------------------------------------------------------------------------
+
+
+def test_every_check_that_ends_in_an_error_says_why(model_file):
+    """A kernel, a backward kernel or a whole-model check that ended in an error: the view gives each
+    reason (the table has room for the status only), as the editors' notification and log do."""
+    clusters = [
+        ClusterCheck("c0", "cluster0", "error", ops="mul → relu", message="the kernel failed: out of resources"),
+        ClusterCheck(
+            "c1", "cluster1", "verified", ops="gelu", backward=BackwardCheck("error", message="grad of x is None")
+        ),
+    ]
+    whole = ModelCheck("matches", ["c1"], training=ModelCheck("error", ["c1"], message="the step failed: OOM"))
+    report = ValidationReport(
+        model_file, "interpret", "cpu", [ModelValidation("Net", [[8, 16]], ["float32"], clusters, whole)]
+    )
+    assert step_errors(report) == [
+        "c0 (cluster0): error: the kernel failed: out of resources",
+        "c1 backward: error: grad of x is None",
+        "Net as a whole in training mode: error: the step failed: OOM",
+    ]
+    latest, earlier = history.record(model_file, report, print, now=T0)
+    view = results_view(latest, earlier)
+    assert view.problems == step_errors(report)[:2]
+    assert view.models[0].whole_model == (
+        "whole model with c1 applied: matches; training: error (the step failed: OOM)"
+    )
+    text = view_markdown(view)
+    assert all(line in text for line in (*view.problems, view.models[0].whole_model)), text
 
 
 def test_the_view_has_the_table_the_chart_and_the_earlier_runs(model_file):

@@ -118,6 +118,32 @@ async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyze
     assert row.startswith("| c2 | tanh → mul → softmax | verified | ") and row.endswith("| — | — |")
 
 
+async def test_a_whole_model_check_that_ends_in_an_error_says_why(client: Client):
+    """The whole-model check cannot build its copy (here the `<model>_kernels.py` beside the file is
+    the user's own): the notification gives the reason, and so do the log it points to and the
+    results view, rather than a bare "whole model: error"."""
+    client.write("own_module_net_kernels.py", "def mine():\n    pass\n")  # not one fuselens wrote
+    uri = client.open("own_module_net.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    told, logged = len(client.messages), len(client.log_messages)
+    result = await client.command("fuselens.validateAll", uri, None, {"interpret": True})
+    assert statuses(result) == {"c0": "verified", "c1": "verified", "c2": "verified"}
+    assert result["models"][0]["model"]["status"] == "error"
+    reason = "own_module_net_kernels.py exists and was not written by fuselens"
+
+    (toast,) = client.messages[told:]
+    assert toast.type == lsp.MessageType.Warning
+    assert (
+        "3 verified; ExampleNet as a whole: error: the kernel module beside the file cannot be read: " in toast.message
+    )
+    assert reason in toast.message and toast.message.endswith("(details in the fuselens log)"), toast.message
+    (log,) = [m.message for m in client.log_messages[logged:] if m.message.startswith("validation of own_module_net")]
+    assert "whole model: error" in log and reason in log, log
+    whole = result["results_view"]["models"][0]["whole_model"]
+    assert whole.startswith("whole model with c0, c1, c2 applied: error (the kernel module beside") and reason in whole
+    assert whole in result["results_markdown"]
+
+
 async def test_a_validation_comes_with_its_results_view_and_the_files_earlier_runs(client: Client):
     """The results view the editors draw: the table's rows, the chart and, from the second run on,
     the earlier runs of the same file, kept by the server; asked for later, the last run's view."""
