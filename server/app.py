@@ -472,6 +472,8 @@ class FuselensServer(LanguageServer):
         window/showMessage, whatever asked first (an open, a save, a command): every later open or
         command in the folder has the same answer, and a second notification would only stack on
         the first. Commands return the text as well, for a client that answers them itself."""
+        if self.trust.not_a_model(path):  # asked by a command: the answer says why, and nothing else is told
+            return self.trust.not_analyzed(path)
         explanation = Trust.explanation(path, self.editor)
         if not self.untrusted_told:
             self.untrusted_told = True
@@ -484,6 +486,8 @@ class FuselensServer(LanguageServer):
         path = uri_to_path(uri)
         if doc is None or path is None or not path.endswith(".py") or is_view(path):
             return  # a kernel view is generated code the user reads, not a model
+        if self.trust.not_a_model(path):
+            return  # a library's source the user opened to read (from a diagnostic's link, say)
         if not self.trusted(path):
             self.untrusted(path)
             return

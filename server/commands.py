@@ -77,13 +77,19 @@ def _document_path(ls: FuselensServer, uri: str) -> str:
     return path
 
 
+def _open_document_path(ls: FuselensServer, uri: str) -> str:
+    """The path of the open document `uri`: a command that runs its model asks about no other."""
+    path = _document_path(ls, uri)
+    if ls.document(uri) is None:
+        raise JsonRpcInvalidParams.of(ValueError(f"{uri} is not open"))
+    return path
+
+
 def register_commands(server: FuselensServer) -> None:
     @server.command("fuselens.analyze")
     async def analyze(ls, *args):
         (uri,) = _args(args, [("uri", str, True)])
-        path = _document_path(ls, uri)
-        if ls.document(uri) is None:
-            raise JsonRpcInvalidParams.of(ValueError(f"{uri} is not open"))
+        path = _open_document_path(ls, uri)
         if not ls.trusted(path):
             return {"scheduled": False, "reason": "untrusted", "message": ls.untrusted(path)}
         ls.schedule(uri)
@@ -135,7 +141,7 @@ def _analysis_for(ls: FuselensServer, uri: str):
 async def _validate(
     ls: FuselensServer, uri: str, clusters: list[str] | None, model: str | None, options: dict[str, Any]
 ) -> dict[str, Any]:
-    path = _document_path(ls, uri)
+    path = _open_document_path(ls, uri)
     if not ls.trusted(path):
         return {"error": "untrusted", "message": ls.untrusted(path)}
     analysis = _analysis_for(ls, uri)
@@ -181,7 +187,7 @@ async def _validate(
 async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str, Any]:
     """Run the file's forwards under the profiler in the worker (on CUDA where the worker has it, else
     on the CPU) and keep the profile for the hover, the inlay hints and the lenses."""
-    path = _document_path(ls, uri)
+    path = _open_document_path(ls, uri)
     if not ls.trusted(path):
         return {"error": "untrusted", "message": ls.untrusted(path)}
     analysis = _analysis_for(ls, uri)

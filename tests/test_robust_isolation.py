@@ -9,6 +9,7 @@ scrubbed environment and processes.)
 from __future__ import annotations
 
 import ast
+import json
 import os
 
 import pytest
@@ -30,14 +31,25 @@ def outside_folder(root: str) -> str:
     return root + " outside"
 
 
+def user_config(root: str) -> str:
+    """The user's own config folder (XDG_CONFIG_HOME), outside the workspace."""
+    return root + " config"
+
+
 def prepare(root: str) -> None:
+    """A model in a folder outside the workspace, which the user trusts too (in their trust file)."""
     os.makedirs(outside_folder(root))
     with open(os.path.join(outside_folder(root), "stray_model.py"), "w", encoding="utf-8") as fh:
         fh.write(example_text())
+    os.makedirs(os.path.join(user_config(root), "fuselens"))
+    with open(os.path.join(user_config(root), "fuselens", "trusted-folders.json"), "w", encoding="utf-8") as fh:
+        json.dump([outside_folder(root)], fh)
 
 
 client = server_fixture(
-    init_options={"workspaceTrusted": True, "settings": {"worker": {"memoryMb": MEMORY_MB}}}, prepare=prepare
+    init_options={"workspaceTrusted": True, "settings": {"worker": {"memoryMb": MEMORY_MB}}},
+    prepare=prepare,
+    server_env=lambda root: {"XDG_CONFIG_HOME": user_config(root)},
 )
 
 
@@ -90,8 +102,8 @@ async def test_generated_files_stay_inside_the_workspace(client: Client):
 
 
 async def test_a_model_outside_the_workspace_gets_no_files_beside_it(client: Client):
-    """A file opened from outside the workspace folder: analyzed (the editor's trust covers its
-    window), its views go to the workspace's views folder, and no quick fix would write beside it."""
+    """A file opened from outside the workspace folder, in a folder the user trusts too: analyzed, its
+    views go to the workspace's views folder, and no quick fix would write beside it."""
     before = files_outside(client.root)
     stray = os.path.join(outside_folder(client.root), "stray_model.py")
     uri = uri_of(stray)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -10,7 +11,7 @@ from lsprotocol import types as lsp
 
 from fuselens.server.trust import Trust
 
-from lsp_helpers import Client, children, example_text, server_fixture, server_pid
+from lsp_helpers import Client, children, example_text, server_fixture, server_pid, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -86,6 +87,70 @@ linked = server_fixture(  # the workspace itself is not trusted: no worker warms
 )
 
 
+def beside(root: str) -> str:
+    """A folder beside the workspace, which nobody trusted."""
+    return root + " beside"
+
+
+INSTALLED = os.path.join(".venv", "lib", "python3.11", "site-packages", "models_pkg")  # inside the workspace
+
+
+def models_outside_the_workspaces_own(root: str) -> None:
+    """A model in a folder beside the workspace, and one in a package installed in the workspace's .venv."""
+    for folder in (beside(root), os.path.join(root, INSTALLED)):
+        os.makedirs(folder)
+        with open(os.path.join(folder, "net.py"), "w", encoding="utf-8") as fh:
+            fh.write(example_text())
+
+
+# The editor trusts its window (the default); the files above are outside the folders it trusted.
+window_trusted = server_fixture(prepare=models_outside_the_workspaces_own)
+
+
+def modeling_llama() -> str | None:
+    """transformers' modeling_llama.py, where it is installed (without importing transformers)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(next(iter(spec.submodule_search_locations)), "models", "llama", "modeling_llama.py")
+
+
+def open_path(client: Client, path: str) -> str:
+    """Open the file at `path`, wherever it is, as an editor does when the user follows a link to it."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    uri = uri_of(path)
+    client.texts[uri], client.versions[uri] = text, 1
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
+    )
+    return uri
+
+
+async def test_a_trusted_window_runs_only_the_files_of_its_folders(window_trusted: Client):
+    """Trust is per folder, never per window: a file the user opens from outside the trusted folders
+    (transformers' modeling_llama.py, from a link in a diagnostic), or from a package installed in
+    one, is not run (it would be analyzed as a model: an import error on the library's own file),
+    and nothing is said about it: no diagnostics, no message."""
+    client = window_trusted
+    outside = [os.path.join(beside(client.root), "net.py"), os.path.join(client.root, INSTALLED, "net.py")]
+    library = modeling_llama()
+    uris = [open_path(client, path) for path in [*outside, *([library] if library else [])]]
+    model = client.open("example_net.py")
+    assert len([d for d in await client.diagnostics_of(model, 1) if d.message.startswith("fusable:")]) == 3
+
+    for uri in uris:
+        answer = await client.command("fuselens.analyze", uri)
+        assert answer["scheduled"] is False and "does not analyze" in answer["message"], answer
+    assert "outside the workspace folders you trusted" in (await client.command("fuselens.analyze", uris[0]))["message"]
+    assert "installed package" in (await client.command("fuselens.analyze", uris[1]))["message"]
+    await client.roundtrip()
+    assert [p for p in client.published if p.uri in uris] == []
+    assert client.messages == []
+    analyzed = [m.message for m in client.log_messages if m.message.startswith("analyzed ")]
+    assert analyzed and all(m.startswith("analyzed example_net.py ") for m in analyzed), analyzed
+
+
 # The way to trust a folder that each profile's editor is told, and what it is not told.
 HOW_TO_TRUST = {
     "visual-studio-code": ("Manage Workspace Trust", "trusted_folders"),
@@ -157,3 +222,16 @@ async def test_the_untrusted_folder_message_speaks_to_the_editor_that_asked():
     assert "fuselens-eglot-trusted-folders" in Trust.explanation(path, "Eglot")
     assert "Manage Workspace Trust" in other and "trusted_folders" in other
     assert all('"/work/models"' in text and "trusted-folders.json" in text for text in (vscode, neovim, other))
+
+
+async def test_a_workspace_opened_inside_an_installed_package_is_the_users(tmp_path):
+    """Below site-packages counts from the workspace folder: a project's `.venv` is a library's code,
+    but a package's folder opened as the workspace, to work on it, is the user's."""
+    project = tmp_path / "project"
+    package = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "mylib"
+    trust = Trust(True, [str(project), str(package)])
+    assert trust.trusted(str(project / "model.py")) and trust.trusted(str(package / "model.py"))
+    assert not trust.trusted(str(project / ".venv" / "lib" / "site-packages" / "lib" / "model.py"))
+    assert not trust.trusted(str(tmp_path / "elsewhere" / "model.py"))
+    assert trust.not_a_model(str(tmp_path / "elsewhere" / "model.py"))
+    assert not Trust(False, [str(project)]).trusted(str(project / "model.py"))

@@ -2,6 +2,7 @@
 // middleware that feeds the status bar and filters the settings the server is sent.
 
 import * as fs from "fs";
+import * as path from "path";
 import * as vscode from "vscode";
 import {
   LanguageClient,
@@ -38,15 +39,35 @@ function isReadOnly(doc: vscode.TextDocument): boolean {
   }
 }
 
+/** A file of the workspace's folders, not of an installed package: the only files the server analyzes
+ * (trust is per folder, not per window), so a library's source opened from a diagnostic's link is
+ * never marked "analyzing". Resolved paths, as the server decides. */
+function inWorkspace(doc: vscode.TextDocument): boolean {
+  const real = (p: string) => {
+    try {
+      return fs.realpathSync(p);
+    } catch {
+      return p;
+    }
+  };
+  const file = real(doc.uri.fsPath);
+  const folder = (vscode.workspace.workspaceFolders ?? [])
+    .map((f) => real(f.uri.fsPath))
+    .find((f) => file.startsWith(f + path.sep));
+  const installed = (part: string) => part === "site-packages" || part === "dist-packages";
+  return folder !== undefined && !path.relative(folder, file).split(path.sep).some(installed);
+}
+
 export function clientOptions(
   output: vscode.OutputChannel,
   status: StatusModel,
   onCommandResult: (result: unknown) => void = () => undefined,
 ): LanguageClientOptions {
   // The server analyzes only trusted files and says nothing for the others, so an untrusted
-  // document is never marked "analyzing" (it would spin forever).
+  // document, or one outside the workspace's folders, is never marked "analyzing" (it would spin
+  // forever).
   const sent = (doc: vscode.TextDocument) => {
-    if (isPythonFile(doc) && vscode.workspace.isTrusted && !isReadOnly(doc)) {
+    if (isPythonFile(doc) && vscode.workspace.isTrusted && inWorkspace(doc) && !isReadOnly(doc)) {
       status.analyzing(doc.uri.toString());
     }
   };

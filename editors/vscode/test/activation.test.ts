@@ -157,6 +157,7 @@ describe("activation", () => {
 
   it("drives the status bar from diagnostics and work-done progress", async () => {
     const state = freshState();
+    state.workspaceFolders = [{ uri: FakeUri.file("/w") }];
     const uri = FakeUri.file("/w/model.py");
     const doc = { uri, languageId: "python" };
     state.activeEditor = { document: doc };
@@ -200,6 +201,7 @@ describe("activation", () => {
     fs.writeFileSync(file, "x = 1\n");
     fs.chmodSync(file, 0o444); // as the server writes its views
     const state = freshState();
+    state.workspaceFolders = [{ uri: FakeUri.file(folder) }];
     const doc = { uri: FakeUri.file(file), languageId: "python" };
     state.activeEditor = { document: doc };
     await activate(state);
@@ -209,6 +211,25 @@ describe("activation", () => {
     fs.chmodSync(file, 0o644);
     clients[0].clientOptions.middleware.didOpen(doc, () => undefined);
     assert.match(item.text, /analyzing/, "a file the user can edit still is");
+  });
+
+  it("does not mark a file outside the workspace's folders, or an installed package's, as analyzing", async () => {
+    // A library's source opened from a link in a diagnostic: the server does not analyze it.
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), "fuselens-ws-"));
+    const installed = path.join(folder, ".venv", "lib", "python3.11", "site-packages", "lib");
+    fs.mkdirSync(installed, { recursive: true });
+    const files = [path.join(os.tmpdir(), "modeling_llama.py"), path.join(installed, "modeling.py"), path.join(folder, "model.py")];
+    const state = freshState();
+    state.workspaceFolders = [{ uri: FakeUri.file(folder) }];
+    await activate(state);
+    const [item] = state.statusItems;
+    const shown = files.map((file) => {
+      const doc = { uri: FakeUri.file(file), languageId: "python" };
+      state.activeEditor = { document: doc };
+      clients[0].clientOptions.middleware.didOpen(doc, () => undefined);
+      return item.text;
+    });
+    assert.deepStrictEqual(shown.map((text) => /analyzing/.test(text)), [false, false, true]);
   });
 
   it("answers workspace/configuration with the server's keys only", async () => {
