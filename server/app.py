@@ -54,6 +54,7 @@ from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
 from .inductor import InductorComparer
+from .reloads import Reloads, disk_text
 from .runner import RemoteRunners, template_problem
 from .scheduler import Analysis, Scheduler
 from .trust import Trust, client_trust
@@ -306,6 +307,7 @@ class FuselensServer(LanguageServer):
         self.editor = ""  # the client's name, from `initialize`: messages speak its words
         self.warned_settings: dict[str, None] = {}  # (the latest WARNINGS_KEPT)
         self.seen_changes: dict[str, float] = {}  # path -> its time when last changed (the latest SEEN_CHANGES_KEPT)
+        self.reloads = Reloads()  # open documents whose files changed on disk, until the editor reloads them
         self.stats = {"published": 0, "dropped_stale": 0}
         self.inductor = InductorComparer(self)
         self.background: set[asyncio.Future[Any]] = set()
@@ -564,7 +566,8 @@ class FuselensServer(LanguageServer):
         return kept[1] if kept is not None and kept[0] == analysis.report.source_sha256 else None
 
     def file_changed(self, path: str) -> None:
-        """A file changed on disk: re-analyze the open documents that depend on it."""
+        """A file changed on disk: re-analyze the open documents that depend on it, and an open document
+        of that file once the editor holds the text now on disk (`reloads.py`)."""
         try:
             stamp = os.stat(path).st_mtime
         except OSError:
@@ -572,9 +575,18 @@ class FuselensServer(LanguageServer):
         if self.seen_changes.get(path) == stamp:
             return  # watchdog and the client both told us
         remember(self.seen_changes, path, stamp, SEEN_CHANGES_KEPT)
+        on_disk: list[str | None] = []  # the file's text, read once, when an open document is of it
         for doc in list(self.workspace.text_documents.values()):
             doc_path = uri_to_path(doc.uri)
-            if doc_path and not same_file(doc_path, path) and affects(path, doc_path, doc.source):
+            if not doc_path:
+                continue
+            if same_file(doc_path, path):
+                if not on_disk:
+                    on_disk.append(disk_text(path))
+                if self.reloads.file_changed(doc.uri, doc.version or 0, doc.source, on_disk[0]):
+                    self.log_line(f"{os.path.basename(path)} changed on disk: re-analyzing it")
+                    self.schedule(doc.uri)
+            elif affects(path, doc_path, doc.source):
                 self.log_line(f"{os.path.basename(path)} changed: re-analyzing {os.path.basename(doc_path)}")
                 self.schedule(doc.uri)
 
@@ -681,16 +693,32 @@ async def on_shutdown(ls: FuselensServer, params: None) -> None:
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    ls.reloads.opened(params.text_document.uri, params.text_document.version)
     ls.schedule(params.text_document.uri)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams) -> None:
+    """Typing analyzes nothing (a save does); a change that reloads the file from disk does."""
+    uri = params.text_document.uri
+    doc = ls.document(uri)
+    if doc is not None and ls.reloads.changed(uri, doc.version or 0, doc.source):
+        ls.log_line(f"{os.path.basename(uri_to_path(uri) or uri)} reloaded from disk: re-analyzing it")
+        ls.schedule(uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
 def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams) -> None:
-    ls.schedule(params.text_document.uri)
+    uri = params.text_document.uri
+    doc, analysis = ls.document(uri), ls.scheduler.cache.get(uri)
+    version = (doc.version or 0) if doc is not None else 0
+    if ls.reloads.saved(uri, version, analysis.version if analysis else None):
+        ls.schedule(uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams) -> None:
+    ls.reloads.closed(params.text_document.uri)
     ls.inductor.cancel(params.text_document.uri)
     ls.scheduler.forget(params.text_document.uri)
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(params.text_document.uri, []))

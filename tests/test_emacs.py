@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from conftest import example
+from lsp_helpers import time_limit
 
 EMACS = shutil.which("emacs")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -176,3 +177,32 @@ def test_two_library_fixes_in_a_row_are_both_on_disk(library_session):
     # The norm's patch takes its cluster (and the decoder layer's, around the same norm), the MLP's one more.
     assert library_session["clusters-before"] > library_session["clusters-between"]
     assert library_session["clusters-after"] == library_session["clusters-between"] - 1
+
+
+@pytest.fixture(scope="module")
+def checkout_session(tmp_path_factory):
+    """The model in a git repository: a syntax error saved, then `git checkout` of the file; then a
+    validation that cannot check the whole model."""
+    text = pathlib.Path(example("example_net.py")).read_text()
+    return run_emacs(tmp_path_factory.mktemp("emacs-checkout"), "example_net.py", text, FUSELENS_MODE="checkout")
+
+
+def test_a_checkout_refreshes_the_diagnostics(checkout_session):
+    """The old syntax error goes once Emacs reverts the buffer of the file checked out."""
+    _steps(checkout_session, "syntax error saved", "checkout")
+    print(f"git checkout → fresh diagnostics in Emacs: {checkout_session['checkout-seconds']:.2f} s")
+
+
+@pytest.mark.timing
+def test_a_checkout_refreshes_the_diagnostics_within_a_second(checkout_session):
+    _steps(checkout_session, "checkout")
+    assert checkout_session["checkout-seconds"] < time_limit(1.0)
+
+
+def test_a_validation_that_ends_in_an_error_tells_why(checkout_session):
+    _steps(checkout_session, "validation error")
+    assert checkout_session["whole-model"] == "error"
+    reason = "example_net_kernels.py exists and was not written by fuselens"
+    told = [m for m in checkout_session["messages"] if "ExampleNet as a whole: error" in m]
+    assert len(told) == 1 and reason in told[0], checkout_session["messages"]
+    assert "whole model with c0, c1, c2 applied: error (" in checkout_session["results-markdown"]

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from conftest import example
+from lsp_helpers import time_limit
 
 NVIM = os.environ.get("FUSELENS_NVIM") or shutil.which("nvim")  # FUSELENS_NVIM: try another build
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -258,6 +259,39 @@ def test_untrusted_folder_is_not_analyzed(tmp_path):
     assert data.get("workspace_trusted") is None, "not listed means 'not said', never 'trusted'"
     assert data["diagnostics"] == 0
     assert any("trusted_folders" in m for m in data["messages"]), data["messages"]
+
+
+@pytest.fixture(scope="module")
+def checkout_session(tmp_path_factory):
+    """A model in a git repository: a syntax error saved, then `git checkout` of the file from Neovim;
+    then a validation that cannot check the whole model."""
+    return run_nvim(tmp_path_factory.mktemp("nvim-checkout"), "checkout", trusted=True)
+
+
+def test_a_checkout_refreshes_the_diagnostics(checkout_session):
+    """The old syntax error goes as soon as Neovim reloads the file checked out, and the clusters are back."""
+    _no_errors(checkout_session, "syntax error saved", "checkout")
+    assert checkout_session["status_with_the_error"] == "fuselens: syntax error"
+    assert checkout_session["status_after_checkout"] == "fuselens: 3 clusters"
+    assert "        x = F.relu(x)" in checkout_session["buffer_after_checkout"]
+    print(f"git checkout → fresh diagnostics in Neovim: {checkout_session['checkout_seconds']:.2f} s")
+
+
+@pytest.mark.timing
+def test_a_checkout_refreshes_the_diagnostics_within_a_second(checkout_session):
+    _no_errors(checkout_session, "checkout")
+    assert checkout_session["checkout_seconds"] < time_limit(1.0)
+
+
+def test_a_validation_that_ends_in_an_error_tells_why(checkout_session):
+    """The whole-model check cannot run (`example_net_kernels.py` is the user's own file): the message
+    the user sees, and the results view, give the reason."""
+    _no_errors(checkout_session, "validation error")
+    reason = "example_net_kernels.py exists and was not written by fuselens"
+    summaries = [m for m in checkout_session["validation_messages"] if "ExampleNet as a whole: error" in m]
+    assert len(summaries) == 1 and reason in summaries[0], checkout_session["validation_messages"]
+    lines = checkout_session["results_lines"]
+    assert any(line.startswith("whole model with c0, c1, c2 applied: error (") and reason in line for line in lines)
 
 
 LLAMA = """from transformers import LlamaConfig, LlamaForCausalLM

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
 from lsprotocol import types as lsp
 
-from lsp_helpers import Client, server_fixture, uri_of
+from lsp_helpers import Client, server_fixture, time_limit, uri_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -145,3 +146,96 @@ async def test_pyproject_inputs_are_watched(client: Client):
     await client.diagnostics_until(
         uri, lambda d: len(d) == 1 and "96 MB → 32 MB" in d[0].message, "the cluster at the new shape", after=seen
     )
+
+
+VALID = """import torch
+import torch.nn as nn
+
+
+class CheckedOut(nn.Module):  # fuselens: input=(16384, 1024) float32
+    def forward(self, x):
+        x = x * 2.0
+        x = torch.relu(x)
+        return x + 1.0
+"""
+BROKEN = VALID.replace("torch.relu(x)", "torch.relu(x")  # an edit saved, then thrown away
+
+
+def git(client: Client, *args: str) -> None:
+    folder = client.path("repo")
+    os.makedirs(folder, exist_ok=True)
+    command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    subprocess.run(command, cwd=folder, check=True, capture_output=True)
+
+
+def reload(client: Client, uri: str, name: str) -> None:
+    """What the editor does when the file of a buffer without unsaved changes changes on disk: VS Code
+    hears of it from its file watcher (which fuselens registered) and changes the buffer's text to the
+    disk's; Neovim (`:checktime`, on focus or after a shell command) and Emacs (`revert-buffer`)
+    reopen the document."""
+    with open(client.path(name), encoding="utf-8") as fh:
+        text = fh.read()
+    if client.profile == "visual-studio-code":
+        notify(client, name)
+        client.change(uri, text)
+    else:
+        client.close(uri)
+        client.open(name)
+
+
+async def checked_out(client: Client, name: str) -> tuple[str, float]:
+    """A model whose saved text has a syntax error, open and analyzed, then `git checkout` of its
+    committed text, valid, and the editor's reload; returns its URI and when git was done."""
+    path = os.path.join("repo", name)
+    git(client, "init", "-q")
+    client.write(path, VALID)
+    git(client, "add", name)
+    git(client, "commit", "-q", "-m", "a model")
+    uri = client.open(path, BROKEN)
+    await client.diagnostics_until(uri, lambda d: any(e.code == "syntax" for e in d), "the syntax error")
+    git(client, "checkout", "--", name)
+    done = time.monotonic()
+    reload(client, uri, path)
+    return uri, done
+
+
+async def test_a_checkout_under_the_editor_is_analyzed_again(client: Client):
+    """`git checkout` of an open file: once the editor has reloaded it, its diagnostics are those of
+    the text on disk, not an old syntax error (VS Code reloads by changing the text, which no save
+    follows)."""
+    seen = len(client.published)
+    uri, _ = await checked_out(client, "checked_out.py")
+    diags = await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → relu → add"], "the checked-out file's cluster", after=seen
+    )
+    assert not any(d.code == "syntax" for d in diags)
+
+
+@pytest.mark.timing
+async def test_a_checkout_refreshes_the_diagnostics_within_a_second(client: Client):
+    seen = len(client.published)
+    uri, done = await checked_out(client, "checked_out_timed.py")
+    await client.diagnostics_until(
+        uri, lambda d: chains(d) == ["mul → relu → add"], "the checked-out file's cluster", after=seen
+    )
+    latency = time.monotonic() - done
+    print(f"git checkout → fresh diagnostics ({client.profile}): {latency:.2f} s")
+    assert latency < time_limit(1.0)
+
+
+async def test_a_buffer_with_unsaved_changes_keeps_them(client: Client):
+    """A checkout under a buffer the user has changed: the editor keeps the buffer (VS Code marks the
+    conflict), and the server neither analyzes the disk's text in its place nor asks for anything."""
+    name = os.path.join("repo", "kept.py")
+    git(client, "init", "-q")
+    client.write(name, VALID)
+    git(client, "add", "kept.py")
+    git(client, "commit", "-q", "-m", "another model")
+    uri = client.open(name)
+    await client.diagnostics_of(uri, 1)
+    typed = client.change(uri, VALID.replace("x * 2.0", "x * 3.0"))
+    client.write(name, BROKEN)  # a checkout of another branch, say
+    notify(client, name)
+    await client.roundtrip()
+    assert not [m for m in client.log_messages if "kept.py changed on disk" in m.message]
+    assert [p.version for p in client.published_for(uri)] == [1] and client.versions[uri] == typed

@@ -3,7 +3,9 @@
 ;; (Flymake diagnostics, the ElDoc hover function, eglot-code-actions) and the
 ;; fuselens-eglot commands, and writes what it saw to $FUSELENS_RESULTS as JSON.
 ;; $FUSELENS_MODE "library": a transformers model instead, and two quick fixes of clusters in
-;; the library's code, one after the other.
+;; the library's code, one after the other.  "checkout": the model in a git repository, a syntax
+;; error saved, then `git checkout' of the file; then a validation whose whole-model check ends in
+;; an error, and what the user is told.
 
 (require 'package)
 (package-initialize)  ; -Q skips it; Debian's elpa-eglot is a package.el package
@@ -45,6 +47,12 @@
   "The names of the buffers visiting a file with changes not saved."
   (vconcat (mapcar #'buffer-name (cl-remove-if-not (lambda (b) (and (buffer-file-name b) (buffer-modified-p b)))
                                                    (buffer-list)))))
+(defvar test-messages nil "What Eglot told the user (the server's window/showMessage among it), newest first.")
+(advice-add 'eglot--message :before
+            (lambda (format &rest args) (push (apply #'format-message format args) test-messages)))
+(defun test-syntax-error-p ()
+  (flymake-start)
+  (cl-some (lambda (d) (string-search "SyntaxError" (flymake-diagnostic-text d))) (flymake-diagnostics)))
 (defun test-diags-matching (text)
   (flymake-start)
   (cl-remove-if-not (lambda (d) (string-search text (flymake-diagnostic-text d))) (test-fuselens-diags)))
@@ -91,6 +99,45 @@
       (unless (test-wait 300 (lambda () (and (test-diags-matching "fusable:") (null (test-diags-matching mlp)))))
         (error "the MLP's cluster is still there"))
       (test-put :clusters-after (length (test-diags-matching "fusable:")))))
+  (test-save)
+  (ignore-errors (eglot-shutdown (eglot-current-server)))
+  (kill-emacs 0))
+
+(when (equal (getenv "FUSELENS_MODE") "checkout")
+  (let* ((dir (file-name-directory (buffer-file-name)))
+         (name (file-name-nondirectory (buffer-file-name)))
+         (git (lambda (&rest args)
+                (unless (zerop (apply #'call-process "git" nil nil nil "-C" dir
+                                      "-c" "user.name=t" "-c" "user.email=t@example.com" args))
+                  (error "git %S failed" args)))))
+    (test-step "diagnostics"
+      (unless (test-wait 240 (lambda () (= 3 (length (test-diags-matching "fusable:"))))) (error "no diagnostics")))
+    (test-step "syntax error saved"
+      (funcall git "init" "-q")
+      (funcall git "add" name)
+      (funcall git "commit" "-q" "-m" "a model")
+      (goto-char (point-min)) (search-forward "x = F.relu(x)") (delete-char -1)
+      (save-buffer)
+      (unless (test-wait 60 #'test-syntax-error-p) (error "no syntax error")))
+    (test-step "checkout"
+      (let ((start (float-time)))
+        (funcall git "checkout" "--" name)
+        ;; What auto-revert-mode, magit and vc do once a file changed under a buffer without unsaved
+        ;; changes: revert it, keeping its modes.
+        (revert-buffer 'ignore-auto 'dont-ask 'preserve-modes)
+        (unless (test-wait 60 (lambda () (and (not (test-syntax-error-p))
+                                              (= 3 (length (test-diags-matching "fusable:"))))))
+          (error "the diagnostics of the file checked out did not come"))
+        (test-put :checkout-seconds (- (float-time) start))))
+    (test-step "validation error"
+      ;; The kernel module's name is taken by a file of the user's: the whole-model check cannot run.
+      (write-region "def mine():\n    pass\n" nil (expand-file-name "example_net_kernels.py" dir))
+      (setq test-messages nil)
+      (let ((result (fuselens-eglot-validate)))
+        (test-put :whole-model (plist-get (plist-get (aref (plist-get result :models) 0) :model) :status))
+        (test-put :results-markdown (plist-get result :results_markdown)))
+      (test-wait 10 (lambda () (cl-some (lambda (m) (string-search "as a whole: error" m)) test-messages)))
+      (test-put :messages (vconcat (reverse test-messages)))))
   (test-save)
   (ignore-errors (eglot-shutdown (eglot-current-server)))
   (kill-emacs 0))

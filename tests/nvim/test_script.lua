@@ -5,6 +5,9 @@
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
 --                               cluster in the library's code, the analysis after saving, then the
 --                               quick fix of a second cluster there
+--   $FUSELENS_MODE = "checkout": the file in a git repository: a syntax error saved, then
+--                                `git checkout` of the file from Neovim; then a validation whose
+--                                whole-model check ends in an error, and what the user is told
 --   $FUSELENS_MODE = "kinds": the quick fixes $FUSELENS_FIXES lists, one after the other, each
 --                             after the analysis of the previous one; then, where $FUSELENS_RESTORE
 --                             names them, the restore of one cluster and of every cluster
@@ -265,6 +268,87 @@ if os.getenv("FUSELENS_MODE") == "library" then
   end)
 
   results.publications = publications
+  save()
+  vim.cmd("qa!")
+  return
+end
+
+if os.getenv("FUSELENS_MODE") == "checkout" then
+  local dir, name = vim.fn.fnamemodify(model, ":h"), vim.fn.fnamemodify(model, ":t")
+  local function git(...)
+    local out = vim.fn.system({ "git", "-C", dir, "-c", "user.name=t", "-c", "user.email=t@example.com", ... })
+    if vim.v.shell_error ~= 0 then
+      error("git: " .. out)
+    end
+  end
+  local function syntax_error()
+    for _, d in ipairs(vim.diagnostic.get(bufnr)) do
+      if d.source == "fuselens" and d.code == "syntax" then
+        return true
+      end
+    end
+    return false
+  end
+  local function clusters()
+    local n = 0
+    for _, d in ipairs(ours(bufnr)) do
+      n = n + (d.message:find("^fusable:") and 1 or 0)
+    end
+    return n
+  end
+
+  step("diagnostics", function()
+    wait(240000, "3 cluster diagnostics", function()
+      return clusters() == 3
+    end)
+  end)
+
+  step("syntax error saved", function()
+    git("init", "-q")
+    git("add", name)
+    git("commit", "-q", "-m", "a model")
+    for i, line in ipairs(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)) do
+      if line == "        x = F.relu(x)" then
+        vim.api.nvim_buf_set_lines(bufnr, i - 1, i, false, { "        x = F.relu(x" })
+      end
+    end
+    vim.cmd("silent write")
+    wait(60000, "the syntax error", syntax_error)
+    results.status_with_the_error = fuselens.status(bufnr)
+  end)
+
+  step("checkout", function()
+    -- From Neovim, as a user would (or with a git plugin). Back from a shell command (or when the
+    -- terminal regains focus), Neovim checks the files it shows and reloads one whose buffer has no
+    -- unsaved changes ('autoread'); its main loop does that, which a script does not return to, so
+    -- the script asks for the check itself.
+    local start = vim.loop.hrtime()
+    vim.cmd("silent !git -C " .. vim.fn.shellescape(dir) .. " checkout -- " .. vim.fn.shellescape(name))
+    vim.cmd("checktime")
+    wait(60000, "the diagnostics of the file checked out", function()
+      return not syntax_error() and clusters() == 3
+    end)
+    results.checkout_seconds = (vim.loop.hrtime() - start) / 1e9
+    results.status_after_checkout = fuselens.status(bufnr)
+    results.buffer_after_checkout = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+  end)
+
+  step("validation error", function()
+    -- The kernel module's name is taken by a file of the user's: the whole-model check cannot run.
+    vim.fn.writefile({ "def mine():", "    pass" }, dir .. "/" .. name:gsub("%.py$", "_kernels.py"))
+    local told = #_G.fuselens_test_messages
+    vim.cmd("FuselensValidate")
+    wait(240000, "the validation", function()
+      return fuselens.state.last_result["fuselens.validateAll"] ~= nil
+    end)
+    results.validation_messages = vim.list_slice(_G.fuselens_test_messages, told + 1)
+    local model_win = vim.api.nvim_get_current_win()
+    vim.cmd("FuselensResults")
+    results.results_lines = vim.api.nvim_buf_get_lines(vim.api.nvim_get_current_buf(), 0, -1, false)
+    vim.cmd("close")
+    vim.api.nvim_set_current_win(model_win)
+  end)
+
   save()
   vim.cmd("qa!")
   return
