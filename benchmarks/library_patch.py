@@ -39,6 +39,7 @@ import os
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -152,23 +153,36 @@ def _inputs(name: str, args):
     if name == "unet-block":
         x = torch.randn(args.batch, 320, args.size, args.size, device="cuda", dtype=torch.bfloat16)
         temb = torch.randn(args.batch, 1280, device="cuda", dtype=torch.bfloat16)
-        return lambda m: m(x, temb)[0]
+
+        # The inputs follow the model's dtype, so that the float32 reference runs in float32 throughout.
+        def run(m):
+            dtype = next(m.parameters()).dtype
+            return m(x.to(dtype), temb.to(dtype))[0]
+
+        return run
     ids = torch.randint(0, 32000, (1, args.seq), device="cuda")
     return lambda m: m(input_ids=ids).last_hidden_state
 
 
-def _watched(kernels) -> dict[str, int]:
-    """Launches of each kernel of the loaded module, counted as its public function runs it."""
+def _watched(kernels) -> tuple[dict[str, int], Callable[[], None]]:
+    """Launches of each kernel of the loaded module, counted as its public function runs it, and
+    the function that stops counting (a counter torch.compile traced would guard on its value)."""
     launches: dict[str, int] = {}
+    originals = {}
     for name in [n for n, f in vars(kernels).items() if callable(getattr(f, "fits", None))]:
-        call = getattr(kernels, f"_{name}_call")
+        call = originals[name] = getattr(kernels, f"_{name}_call")
 
         def counted(*args, _call=call, _name=name):
             launches[_name] = launches.get(_name, 0) + 1
             return _call(*args)
 
         setattr(kernels, f"_{name}_call", counted)
-    return launches
+
+    def stop() -> None:
+        for name, call in originals.items():
+            setattr(kernels, f"_{name}_call", call)
+
+    return launches, stop
 
 
 def whole_model(subject: Subject, folder: str, args) -> dict:
@@ -199,9 +213,10 @@ def whole_model(subject: Subject, folder: str, args) -> dict:
         # library's code must not stand in for the patched one.
         torch._dynamo.reset()
         kernels.install()
-        counts = _watched(kernels)
+        counts, stop_counting = _watched(kernels)
         got = forward(model)
         ran = dict(counts)
+        stop_counting()
         fused = {"patched": run(model), "patched_compiled": run(torch.compile(model))}
         graphs.update({name: graph_replay(fn) for name, fn in fused.items()})
         launches.update(time_launches_us(fused))
