@@ -528,10 +528,8 @@ class FuselensServer(LanguageServer):
         if (doc.version or 0) != analysis.version:
             self.stats["dropped_stale"] += 1  # the user typed since: never show stale results
             return
+        self.log_line(analysis.outcome(os.path.basename(uri_to_path(uri) or uri)))  # (in the log when they show)
         self.publish(uri, analysis)
-        self.log_line(
-            f"analyzed {os.path.basename(uri_to_path(uri) or uri)} v{analysis.version} in {analysis.elapsed_ms:.0f} ms"
-        )
         self.refresh_views()
         if self.settings.compare_inductor:
             self.inductor.start(uri, uri_to_path(uri) or "", analysis)

@@ -31,6 +31,42 @@ class Analysis:
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
 
+    def outcome(self, name: str) -> str:
+        """What became of the job, for the log: analyzed, failed (how, where) or timed out; `name` is
+        the document's."""
+        what, took = f"{name} v{self.version}", f"{self.elapsed_ms:.0f} ms"
+        stopped = self._stopped()
+        if stopped is None:
+            text = f"analyzed {what} in {took}"
+            broken = [m for m in self.report.models if m.status == "error"]
+            if broken:
+                text += "; " + ", ".join(
+                    f"{m.name} failed ({m.problem.kind if m.problem else 'error'})" for m in broken
+                )
+            return text
+        kind, line, message = stopped
+        if kind == "timeout":
+            return f"timed out: {what}{f' at line {line}' if line else ''} after {took}: {message}"
+        return f"failed: {what} ({kind}{f', line {line}' if line else ''}) after {took}: {message}"
+
+    def _stopped(self) -> tuple[str, int | None, str] | None:
+        """(kind, line, first line of the message) of what stopped the analysis of the whole file: the
+        job's failure, a problem of the file, or the failure of its only models; None if a model was
+        analyzed."""
+        if self.failure is not None:
+            return self.failure.kind, self.failure.line, _first_line(self.failure.message)
+        problems = [*self.report.problems]
+        models = self.report.models
+        if not problems and models and all(m.status == "error" for m in models):
+            problems = [m.problem for m in models if m.problem is not None]
+        if not problems:
+            return None
+        return problems[0].kind, problems[0].line, _first_line(problems[0].message)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0][:300]
+
 
 @dataclass
 class _Slot:
