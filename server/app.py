@@ -54,6 +54,7 @@ from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
 from .inductor import InductorComparer
+from .libraries import library_modules
 from .reloads import Reloads, disk_text
 from .runner import RemoteRunners, template_problem
 from .scheduler import Analysis, Scheduler
@@ -531,6 +532,8 @@ class FuselensServer(LanguageServer):
         self.log_line(analysis.outcome(os.path.basename(uri_to_path(uri) or uri)))  # (in the log when they show)
         self.publish(uri, analysis)
         self.refresh_views()
+        if self.worker is not None:  # the next jobs of this model start with its library imported
+            self.worker.keep_loaded(library_modules(analysis.report))
         if self.settings.compare_inductor:
             self.inductor.start(uri, uri_to_path(uri) or "", analysis)
 
