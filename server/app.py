@@ -54,6 +54,7 @@ from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
 from .inductor import InductorComparer
+from .libraries import library_modules
 from .reloads import Reloads, disk_text
 from .runner import RemoteRunners, template_problem
 from .scheduler import Analysis, Scheduler
@@ -483,6 +484,12 @@ class FuselensServer(LanguageServer):
         return explanation
 
     # ---- analysis -----------------------------------------------------------------------------
+    def facing(self, uri: str) -> None:
+        """The user opened, edited, saved or hovered `uri`: its background work goes first."""
+        path = uri_to_path(uri)
+        if path and self.document(uri) is not None:
+            self.scheduler.admission.set_front(path)
+
     def schedule(self, uri: str) -> None:
         doc = self.document(uri)
         path = uri_to_path(uri)
@@ -522,11 +529,11 @@ class FuselensServer(LanguageServer):
         if (doc.version or 0) != analysis.version:
             self.stats["dropped_stale"] += 1  # the user typed since: never show stale results
             return
+        self.log_line(analysis.outcome(os.path.basename(uri_to_path(uri) or uri)))  # (in the log when they show)
         self.publish(uri, analysis)
-        self.log_line(
-            f"analyzed {os.path.basename(uri_to_path(uri) or uri)} v{analysis.version} in {analysis.elapsed_ms:.0f} ms"
-        )
         self.refresh_views()
+        if self.worker is not None:  # the next jobs of this model start with its library imported
+            self.worker.keep_loaded(library_modules(analysis.report))
         if self.settings.compare_inductor:
             self.inductor.start(uri, uri_to_path(uri) or "", analysis)
 
@@ -694,22 +701,27 @@ async def on_shutdown(ls: FuselensServer, params: None) -> None:
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams) -> None:
     ls.reloads.opened(params.text_document.uri, params.text_document.version)
+    ls.facing(params.text_document.uri)
     ls.schedule(params.text_document.uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams) -> None:
-    """Typing analyzes nothing (a save does); a change that reloads the file from disk does."""
+    """Typing analyzes nothing (a save does), but puts the document in front; a change that reloads
+    the file from disk analyzes it."""
     uri = params.text_document.uri
     doc = ls.document(uri)
     if doc is not None and ls.reloads.changed(uri, doc.version or 0, doc.source):
         ls.log_line(f"{os.path.basename(uri_to_path(uri) or uri)} reloaded from disk: re-analyzing it")
         ls.schedule(uri)
+    else:
+        ls.facing(uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
 def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams) -> None:
     uri = params.text_document.uri
+    ls.facing(uri)
     doc, analysis = ls.document(uri), ls.scheduler.cache.get(uri)
     version = (doc.version or 0) if doc is not None else 0
     if ls.reloads.saved(uri, version, analysis.version if analysis else None):
@@ -743,6 +755,7 @@ def did_change_watched_files(ls: FuselensServer, params: lsp.DidChangeWatchedFil
 
 @server.feature(lsp.TEXT_DOCUMENT_HOVER)
 def on_hover(ls: FuselensServer, params: lsp.HoverParams) -> lsp.Hover | None:
+    ls.facing(params.text_document.uri)
     analysis = ls.current(params.text_document.uri)
     path = uri_to_path(params.text_document.uri)
     if analysis is None or path is None:

@@ -7,20 +7,26 @@ the model's lens says how often Inductor agrees, and Inductor fusions fuselens d
 become Hint diagnostics.  It runs quietly: no progress in the editor's status, and the
 diagnostics are published again only when it adds one.  A new save cancels the job (a burst
 of saves starts none); results are cached by file content, settings and torch version.
+
+Comparisons yield (`admission.py`): none starts while an analysis or a validation runs or waits,
+one that runs when a save arrives is stopped and queued again, and the comparison of the
+document the user is working on goes before the others'.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fuselens.contracts.inductor import ComparisonResult
 from fuselens.contracts.plain import to_plain
 from fuselens.worker.protocol import CompareJob, Limits
 
+from .admission import Turn
 from .scheduler import Analysis
 from .workers import JobFailed
 
@@ -35,9 +41,11 @@ class InductorComparer:
     def __init__(self, server: FuselensServer):
         self.server = server
         self.jobs: dict[str, asyncio.Task] = {}
+        self.queued: dict[str, Turn] = {}  # each job's place in the admission queue
         self.cache: OrderedDict[str, ComparisonResult] = OrderedDict()
         self.completed = 0
         self.cancelled = 0
+        self.preempted = 0  # stopped for an analysis, and queued again
 
     def key(self, analysis: Analysis) -> str:
         worker = self.server.worker.info.torch if self.server.worker and self.server.worker.info else ""
@@ -45,14 +53,18 @@ class InductorComparer:
         return hashlib.sha256(f"{analysis.text}\0{settings}\0{worker}".encode()).hexdigest()
 
     def cancel(self, uri: str) -> None:
+        queued = self.queued.pop(uri, None)
+        if queued is not None:
+            self.server.scheduler.admission.withdraw(queued)  # (its task may never have run)
         task = self.jobs.pop(uri, None)
         if task is not None and not task.done():
             task.cancel()
             self.cancelled += 1
-            self.server.log_line(f"torch.compile comparison cancelled: {uri.rsplit('/', 1)[-1]} changed")
+            self.server.log_line(f"torch.compile comparison cancelled: {_name(uri)} changed")
 
     def start(self, uri: str, path: str, analysis: Analysis) -> None:
-        """After `analysis` is published: merge a cached comparison, or compute one in the background."""
+        """After `analysis` is published: merge a cached comparison, or queue one in the background (at
+        once: the document's place in the queue is taken before the analysis gives its turn back)."""
         report = analysis.report
         if analysis.failure is not None or not any(m.status == "analyzed" and m.clusters for m in report.models):
             return
@@ -62,6 +74,7 @@ class InductorComparer:
             self.cache.move_to_end(self.key(analysis))
             self._merge(uri, analysis, cached)
             return
+        self.queued[uri] = self.server.scheduler.admission.queue(path, IDLE_SECONDS)
         self.jobs[uri] = asyncio.ensure_future(self._run(uri, path, analysis))
 
     async def _run(self, uri: str, path: str, analysis: Analysis) -> None:
@@ -69,23 +82,51 @@ class InductorComparer:
         w = server.settings.worker
         job = CompareJob(path, server.settings.analyze_options(analysis.text))
         try:
-            await asyncio.sleep(IDLE_SECONDS)  # (cancelled by the next save: no compile for a text left behind)
-            async with server.scheduler.admission.turn(background=True):  # after the analyses, one at a time
-                result = await self._compare(job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb))
+            result = await self._compare_in_turn(uri, job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb))
         except JobFailed as exc:
             if exc.kind != "cancelled":
                 server.log_line(f"torch.compile comparison failed: {exc}")
             return
+        finally:
+            if self.jobs.get(uri) is asyncio.current_task():
+                self.queued.pop(uri, None)
         self.completed += 1
-        server.log_line(f"torch.compile comparison of {path.rsplit('/', 1)[-1]} v{analysis.version} done")
+        server.log_line(f"torch.compile comparison of {_name(path)} v{analysis.version} done")
         key = self.key(analysis)
         self.cache[key] = result
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         self._merge(uri, analysis, result)
 
+    async def _compare_in_turn(self, uri: str, job: CompareJob, limits: Limits) -> ComparisonResult:
+        """The comparison, in its background turn: after IDLE_SECONDS (cancelled by the next save: no
+        compile for a text left behind), after the analyses, one at a time.  When an analysis or a
+        validation arrives meanwhile, the compile is stopped and queued again in its place."""
+        admission = self.server.scheduler.admission
+
+        def waits(why: str) -> None:
+            self.server.log_line(f"torch.compile comparison of {_name(job.path)} waits: {why}")
+
+        queued = self.queued[uri]
+        while True:
+            async with admission.run(queued, on_wait=waits) as turn:
+                compare = asyncio.ensure_future(self._compare(job, limits))
+                stops: list[asyncio.Future[Any]] = [compare, turn.preempted]
+                try:
+                    await asyncio.wait(stops, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not compare.done():
+                        compare.cancel()  # (the worker kills the job)
+                        with contextlib.suppress(asyncio.CancelledError, JobFailed):
+                            await compare
+                if not compare.cancelled():
+                    return compare.result()
+            self.preempted += 1
+            self.server.log_line(f"torch.compile comparison of {_name(job.path)} put back: an analysis goes first")
+            queued = self.queued[uri] = admission.queue(job.path, place=turn.place)
+
     async def _compare(self, job: CompareJob, limits: Limits) -> ComparisonResult:
-        self.server.log_line(f"torch.compile comparison of {job.path.rsplit('/', 1)[-1]} started")
+        self.server.log_line(f"torch.compile comparison of {_name(job.path)} started")
         result: ComparisonResult = await self.server.get_worker().run(job, limits)
         return result
 
@@ -104,3 +145,7 @@ class InductorComparer:
             if any(m.inductor is not None and m.inductor.unmatched for m in analysis.report.models):
                 server.publish(uri, analysis)  # the fusions only torch.compile makes, as diagnostics
             server.refresh_views()
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]

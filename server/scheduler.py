@@ -3,8 +3,8 @@
 A document has at most one job in flight and one pending request.  A new request
 replaces the pending one (newest wins) and cancels the job in flight, which the worker
 kills: a burst of saves costs one finished analysis, of the last version.  Results are
-handed to `on_result` with the version they were computed from; the server publishes
-only those that still match the document.
+handed to `on_result` with the version they were computed from (while the job still holds its
+turn); the server publishes only those that still match the document.
 """
 
 from __future__ import annotations
@@ -31,6 +31,42 @@ class Analysis:
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
 
+    def outcome(self, name: str) -> str:
+        """What became of the job, for the log: analyzed, failed (how, where) or timed out; `name` is
+        the document's."""
+        what, took = f"{name} v{self.version}", f"{self.elapsed_ms:.0f} ms"
+        stopped = self._stopped()
+        if stopped is None:
+            text = f"analyzed {what} in {took}"
+            broken = [m for m in self.report.models if m.status == "error"]
+            if broken:
+                text += "; " + ", ".join(
+                    f"{m.name} failed ({m.problem.kind if m.problem else 'error'})" for m in broken
+                )
+            return text
+        kind, line, message = stopped
+        if kind == "timeout":
+            return f"timed out: {what}{f' at line {line}' if line else ''} after {took}: {message}"
+        return f"failed: {what} ({kind}{f', line {line}' if line else ''}) after {took}: {message}"
+
+    def _stopped(self) -> tuple[str, int | None, str] | None:
+        """(kind, line, first line of the message) of what stopped the analysis of the whole file: the
+        job's failure, a problem of the file, or the failure of its only models; None if a model was
+        analyzed."""
+        if self.failure is not None:
+            return self.failure.kind, self.failure.line, _first_line(self.failure.message)
+        problems = [*self.report.problems]
+        models = self.report.models
+        if not problems and models and all(m.status == "error" for m in models):
+            problems = [m.problem for m in models if m.problem is not None]
+        if not problems:
+            return None
+        return problems[0].kind, problems[0].line, _first_line(problems[0].message)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0][:300]
+
 
 @dataclass
 class _Slot:
@@ -42,7 +78,7 @@ class _Slot:
 
 RunJob = Callable[[str, str, int], Awaitable[Report]]  # (path, text, version) -> its report
 
-OnResult = Callable[[str, Analysis], Awaitable[None] | None]
+OnResult = Callable[[str, Analysis], None]
 
 
 @dataclass
@@ -72,38 +108,39 @@ class Scheduler:
                     task.cancel()
         self.cache.pop(uri, None)
 
-    async def _take_turn(self, path: str, text: str, version: int) -> Report:
-        async with self.admission.turn():
-            return await self.run_job(path, text, version)
-
     async def _run(self, uri: str, slot: _Slot) -> None:
-        loop = asyncio.get_running_loop()
         while slot.pending is not None:
             version, text, path = slot.pending
             slot.pending = None
             slot.running_version = version
-            started = loop.time()
-            slot.job = asyncio.create_task(self._take_turn(path, text, version))
+            slot.job = asyncio.create_task(self._analyze(uri, slot, path, text, version))
             try:
-                analysis = Analysis(version, text, await slot.job)
+                await slot.job
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self._slots.get(uri) is not slot or (current is not None and current.cancelling()):
                     raise  # the document was closed, or this loop itself is cancelled (the server exits)
                 self.cancelled += 1  # the job was superseded by a newer request: run that one
-                continue
+            finally:
+                slot.running_version = None
+
+    async def _analyze(self, uri: str, slot: _Slot, path: str, text: str, version: int) -> None:
+        """One job in its turn; its result is handed on before the turn is given back, so that what the
+        result starts (the document's comparison) is queued before another document's background job
+        can take the turn."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with self.admission.turn():
+            try:
+                analysis = Analysis(version, text, await self.run_job(path, text, version))
             except JobFailed as exc:
                 if exc.kind == "cancelled":
                     self.cancelled += 1
-                    continue
+                    return
                 analysis = Analysis(version, text, Report(file=path, source_sha256=""), exc.error)
-            finally:
-                slot.running_version = None
             analysis.elapsed_ms = round((loop.time() - started) * 1000, 1)
             if slot.pending is not None:
-                continue  # a newer request arrived while this one finished: don't show this one
+                return  # a newer request arrived while this one finished: don't show this one
             self.completed += 1
             self.cache[uri] = analysis
-            outcome = self.on_result(uri, analysis)
-            if asyncio.iscoroutine(outcome):
-                await outcome
+            self.on_result(uri, analysis)

@@ -34,6 +34,7 @@ from fuselens.worker.protocol import (
     Job,
     Limits,
     Lines,
+    Preload,
     Progress,
     Ready,
     Request,
@@ -104,6 +105,7 @@ class WorkerClient:
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self.stderr_tail: list[str] = []
+        self._kept: set[str] = set()  # the modules this host was asked to keep imported
 
     @property
     def alive(self) -> bool:
@@ -117,6 +119,7 @@ class WorkerClient:
 
     async def _spawn(self) -> None:
         self.starts += 1
+        self._kept = set()  # (a new host has none: the next analyses name them again)
         self._ready = asyncio.get_running_loop().create_future()
         try:
             # -P and a working directory nobody but root can write to: nothing in the folder the
@@ -251,6 +254,14 @@ class WorkerClient:
             if self.alive:
                 self._send(Cancel(job_id))
             raise
+
+    def keep_loaded(self, modules: list[str]) -> None:
+        """Have the host import these library modules once, between jobs, so that the jobs it forks
+        after that start with them (`worker/preload.py`).  Each is asked of a host once."""
+        new = [m for m in modules if m not in self._kept]
+        if new and self.alive and self.info is not None:
+            self._kept.update(new)
+            self._send(Preload(new))
 
     def _send(self, message: Request) -> None:
         self._write(encode(message))

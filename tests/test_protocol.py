@@ -23,6 +23,7 @@ from fuselens.worker.protocol import (
     Failure,
     Limits,
     PingJob,
+    Preload,
     Progress,
     Ready,
     Run,
@@ -50,6 +51,7 @@ OPTIONS = AnalyzeOptions(
         Run(4, PingJob()),
         Cancel(1),
         Shutdown(),
+        Preload(["transformers.models.llama.modeling_llama"]),
     ],
     ids=lambda m: type(m).__name__ + ("." + m.job.kind if isinstance(m, Run) else ""),
 )

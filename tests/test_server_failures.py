@@ -67,6 +67,11 @@ CASES = {
 }
 
 
+def logged(client: Client, name: str) -> list[str]:
+    """The server's log lines about the analyses of `name`."""
+    return [m.message for m in client.log_messages if f" {name} v" in m.message and "comparison" not in m.message]
+
+
 def clusters(diags) -> list[tuple[int, int]]:
     return sorted((d.range.start.line + 1, d.range.end.line + 1) for d in diags if d.message.startswith("fusable:"))
 
@@ -87,10 +92,19 @@ async def test_an_error_in_the_model_is_one_diagnostic_at_its_line(client: Clien
     assert "Traceback" not in error.message and 'File "' not in error.message
     assert len(error.message.split("\n")) <= 2  # a sentence (and a hint), not a dump
     assert clusters(diags) == []
+    # The log says what became of the analysis: the same failure at the same line, not "analyzed".
+    name = f"broken_{case.replace('-', '_')}.py"
+    if code == "timeout":
+        said = f"timed out: {name} v1 at line {line} after "
+    else:
+        said = f"failed: {name} v1 ({code}, line {line}) after "
+    (said_first,) = logged(client, name)  # (logged before the diagnostics are sent)
+    assert said_first.startswith(said), said_first
 
     # The server is still up: fixing the file brings the clusters back.
     version = client.save_text(uri, example_text())
     assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (23, 25), (28, 30)]
+    assert logged(client, name)[-1].startswith(f"analyzed {name} v{version} in ")
 
 
 @pytest.mark.timing

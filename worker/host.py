@@ -6,7 +6,9 @@ Started by the language server with the user's interpreter.  It imports torch an
 one analysis to warm every lazy path, then forks a child per job: a fork of a warm
 process costs milliseconds, the child imports the user's module afresh (so edits are
 always seen), and whatever the user's code does (loop forever, allocate 50 GB, chdir,
-sys.exit, fork, print megabytes) stays in the child.
+sys.exit, fork, print megabytes) stays in the child.  Between jobs it imports the installed
+library modules the server names (`preload.py`: transformers' modeling code, which a job would
+otherwise import afresh on every save).
 
 Limits per job: wall time (the child's watchdog thread dumps its stack at the limit, so the
 report can name the line it was stuck on, and the host then kills it) and address space
@@ -59,6 +61,7 @@ from fuselens.contracts.plain import ContractError
 from fuselens.worker.confine import keep_descriptors_private, prctl, renounce_ptrace
 from fuselens.worker.descendants import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG
 from fuselens.worker.descendants import kill_strays as _kill_strays
+from fuselens.worker.preload import folder_of, forget_shadowed, preload
 from fuselens.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Cancel,
@@ -69,6 +72,7 @@ from fuselens.worker.protocol import (
     Job,
     Limits,
     Lines,
+    Preload,
     Progress,
     Ready,
     Run,
@@ -190,9 +194,12 @@ class Host:
         if job_id is not None:
             self.send(Failed(job_id, Failure("internal", f"the worker cannot read this request: {error}")))
 
-    def _handle(self, message: Run | Cancel | Shutdown) -> None:
+    def _handle(self, message: Run | Cancel | Shutdown | Preload) -> None:
         if isinstance(message, Run):
             self._start(message.id, message.job, message.limits)
+        elif isinstance(message, Preload):
+            for line in preload(message.modules):  # (between jobs: the loop waits meanwhile)
+                print(f"fuselens worker: {line}", file=sys.stderr)
         elif isinstance(message, Cancel):
             for child in list(self.children.values()):
                 if child.job_id == message.id:
@@ -471,6 +478,8 @@ def _child_main(
         _limit_memory(limits.memory_mb)
         path = getattr(job, "path", "")
         _enter_folder(path)
+        if path:
+            forget_shadowed(folder_of(path))  # the model's own module of a preloaded library's name
         out = answers.detach()
         me = os.getpid()
 

@@ -5,7 +5,7 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
 (server to host) or `event` (host to server).  A line that is not one of them is a
 `ContractError`, never silently half-read.  No torch here: the server imports this module.
 
-    server -> host    Run(id, job, limits) | Cancel(id) | Shutdown
+    server -> host    Run(id, job, limits) | Cancel(id) | Shutdown | Preload(modules)
     host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
@@ -157,7 +157,16 @@ class Shutdown:
     op: Literal["shutdown"] = "shutdown"
 
 
-Request = Run | Cancel | Shutdown
+@dataclass
+class Preload:
+    """Installed library modules for the host to keep imported (`worker/preload.py`): the jobs it
+    forks after that start with them loaded."""
+
+    modules: list[str]
+    op: Literal["preload"] = "preload"
+
+
+Request = Run | Cancel | Shutdown | Preload
 
 
 # ---- host -> server --------------------------------------------------------------------------

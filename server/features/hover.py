@@ -1,9 +1,17 @@
-"""Hover: everything about the cluster(s) on a line, as markdown."""
+"""Hover: the cluster under the cursor, as markdown; then, briefly, the others on its line.
+
+It opens with what a user decides on: the cluster (the one whose own line it is, else the one that
+saves the most), a one-line summary of what fusing it saves, and the link that opens its kernel.
+Its details follow; each other cluster on the line gets one line with its own link.  The whole
+hover is bounded (`MAX_LINES`): a line that reaches a library's model (`model = LlamaForCausalLM(...)`)
+reaches every cluster of it, and what is left out is named.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import urllib.parse
 
@@ -35,29 +43,27 @@ def _shape(shape) -> str:
     return "×".join(map(str, shape)) if shape else "scalar"
 
 
+MAX_LINES = 40  # the most lines a hover takes (its details first, then the other clusters)
+CODE_LINES = 6  # the most lines of a library's code shown for a cluster
+
+
 def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", profile: Profile | None = None) -> str:
-    """A cluster in a few lines: what it is and costs, its ops, whether the quick fix applies, whether
-    its backward is a kernel, what torch.compile does with it, and a link that opens its kernel (the diagnostic already says why
-    the ops next to it were left out)."""
-    saved = ""
-    if c.bytes_unfused and c.bytes_fused is not None:
-        saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}%)"
-    cost = (
-        f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
-        f"**{c.regime or 'unknown regime'}**"
-    )
+    """A cluster in a few lines: a heading and a one-line summary with the link that opens its kernel,
+    then what it costs in all, its ops, whether the quick fix applies, whether its backward is a
+    kernel and what torch.compile does with it (the diagnostic already says why the ops next to it
+    were left out)."""
+    parts = [f"{_heading(model, c, libraries)}\n{_summary(c, uri)}"]
     if c.multiplicity > 1:
         where = ", ".join(i or "(root)" for i in c.instances[:4]) + (" …" if len(c.instances) > 4 else "")
-        cost += (
-            f"; ×{c.multiplicity} ({where}): {bytes_label(c.total_bytes_unfused)} → "
+        parts.append(
+            f"×{c.multiplicity} ({escaped(where)}): {bytes_label(c.total_bytes_unfused)} → "
             f"{bytes_label(c.total_bytes_fused)} in all"
         )
-    parts = [f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {model.name}", cost]
     measured = cluster_time(profile, model.name, c.id) if profile is not None else None
     if profile is not None and measured is not None:
         parts.append(_measured_line(profile, measured))
     if c.branch:
-        parts.append(f"_{c.branch}_")
+        parts.append(f"_{escaped(c.branch)}_")
     if in_library(c.file, libraries):
         parts.append(_library_section(c, libraries))
     parts.append(_ops_line(c))
@@ -78,11 +84,53 @@ def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", 
         )
     if model.inductor is not None:
         parts.append(_inductor_section(model.inductor, c))
-    if c.kernel and uri:
-        parts.append(f"[Open the kernel]({_command_link('fuselens.showKernel', uri, c.id)})")
-    elif c.lowering != "ok":
-        parts.append(f"no kernel: {c.lowering}")
     return "\n\n".join(parts)
+
+
+def _heading(model: Model, c: Cluster, libraries: list[Library]) -> str:
+    """`### ⚡ c1 · reduction · `cluster1` · Net`, and the function its code is in when that is not here."""
+    function = f" · `{c.function}`" if _elsewhere(c, libraries) else ""
+    return f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {escaped(model.name)}{function}"
+
+
+def _summary(c: Cluster, uri: str) -> str:
+    """One line: the DRAM traffic fusing saves, the regime, and the link that opens the kernel (or why
+    there is none)."""
+    saved = ""
+    if c.bytes_unfused and c.bytes_fused is not None:
+        saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}%)"
+    text = (
+        f"**{bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}**{saved} DRAM traffic, "
+        f"**{c.regime or 'unknown regime'}**"
+    )
+    if c.kernel and uri:
+        return f"{text} · [Open the kernel]({_command_link('fuselens.showKernel', uri, c.id)})"
+    if c.lowering != "ok":
+        return f"{text} · no kernel: {escaped(c.lowering)}"
+    return text
+
+
+def _brief(c: Cluster, libraries: list[Library], uri: str) -> str:
+    """Another cluster of the line, in one line: where, what it saves in all, its kernel's link."""
+    where = f" · `{c.function}`" if _elsewhere(c, libraries) else f" · lines {c.lines[0]}–{c.lines[1]}"
+    moved = f"{bytes_label(c.total_bytes_unfused)} → {bytes_label(c.total_bytes_fused)}"
+    if c.total_bytes_unfused:
+        moved += f" (−{100 * saved_in_all(c) / c.total_bytes_unfused:.0f}%)"
+    times = f" in all, ×{c.multiplicity}" if c.multiplicity > 1 else ""
+    link = f" · [Open the kernel]({_command_link('fuselens.showKernel', uri, c.id)})" if c.kernel and uri else ""
+    return f"- **{c.id}** · {c.kind}{where} · {moved}{times}{link}"
+
+
+def _elsewhere(c: Cluster, libraries: list[Library]) -> bool:
+    """Whether the cluster's code is not where the hover is: a library's, or another file's."""
+    return bool(c.function) and (c.reached_from is not None or in_library(c.file, libraries))
+
+
+def saved_in_all(c: Cluster) -> int:
+    """The DRAM traffic fusing every instance of the cluster saves."""
+    if c.total_bytes_unfused is None or c.total_bytes_fused is None:
+        return 0
+    return c.total_bytes_unfused - c.total_bytes_fused
 
 
 def _ops_line(c: Cluster) -> str:
@@ -102,8 +150,20 @@ def _applies_line(c: Cluster) -> str:
         call = c.edit.call if c.edit else c.kernel.name if c.kernel else ""
         return f"maps **exactly** to lines {c.lines[0]}–{c.lines[1]}: the quick fix replaces them with `{call}`"
     if c.applies == "patch":
-        return f"applies as a **library patch**: {c.apply_detail}"
-    return f"maps as **{c.mapping}**: {c.apply_detail or c.mapping_detail}"
+        return f"applies as a **library patch**: {escaped(c.apply_detail)}"
+    return f"maps as **{c.mapping}**: {escaped(c.apply_detail or c.mapping_detail)}"
+
+
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+
+
+def escaped(text: str) -> str:
+    """Text for markdown, its angle brackets kept: a name such as `and_masks.<locals>.and_mask` outside
+    a code span would read as an HTML tag, which the editor drops."""
+    return "".join(
+        part if part.startswith("`") else part.replace("<", "\\<").replace(">", "\\>")
+        for part in _CODE_SPAN.split(text)
+    )
 
 
 def _training_line(c: Cluster) -> str:
@@ -141,30 +201,75 @@ def _measured_line(profile: Profile, c) -> str:
 
 
 def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile | None = None) -> lsp.Hover | None:
-    hits = clusters_at(report, path, line)
-    parts = [describe(m, c, report.libraries, uri, profile) for m, c in hits]
+    hits = ranked(clusters_at(report, path, line), path, line, profile)
+    parts = []
+    if hits:
+        model, first = hits[0]
+        parts.append(describe(model, first, report.libraries, uri, profile))
     measure = measured_lines(profile, path).get(line) if profile is not None else None
     if profile is not None and measure is not None:
         ran = ", ".join(f"`{op}`" for op in measure.ops[:5])
         via = " in the library code it calls" if measure.through_library else ""
-        parts.insert(
-            0,
+        parts.append(
             f"◔ **line {line}: {time_label(measure.us)} per forward** ({measure.share:.1%}{via}; "
-            f"{where_measured(profile)}): {ran}",
+            f"{where_measured(profile)}): {ran}"
         )
     if not parts:
         return None
-    text = "\n\n---\n\n".join(parts)
+    text = _bounded("\n\n---\n\n".join(parts), [c for _, c in hits[1:]], report.libraries, uri)
     return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value=text))
 
 
+def ranked(
+    hits: list[tuple[Model, Cluster]], path: str, line: int, profile: Profile | None = None
+) -> list[tuple[Model, Cluster]]:
+    """The clusters of a line, the one under the cursor first: one with an op on this very line, then
+    one whose own lines hold it, then (a line reaching a library's code) the one the profile measured
+    slowest, else the one that saves the most traffic in all."""
+
+    def key(hit: tuple[Model, Cluster]) -> tuple[bool, bool, float, int]:
+        model, c = hit
+        on_line = any(op.line == line and same_file(op.file, path) for op in c.ops)
+        measured = cluster_time(profile, model.name, c.id) if profile is not None else None
+        return (not on_line, c.reached_from is not None, -(measured.us if measured else 0.0), -saved_in_all(c))
+
+    return sorted(hits, key=key)
+
+
+def _bounded(first: str, others: list[Cluster], libraries: list[Library], uri: str) -> str:
+    """The hover within MAX_LINES: the first cluster's details (their end cut, saying so, where they
+    must be), then a line for each other cluster that fits, and the ids of those left out."""
+    lines = first.split("\n")
+    room = MAX_LINES - (6 if others else 0) - 3  # (the others' rule, heading and first line; the cut's note)
+    if len(lines) > room:
+        cut = len(lines) - room
+        lines = [*_closed(lines[:room]), "", f"_… {cut} more lines about it left out_"]
+    if not others:
+        return "\n".join(lines)
+    fits = MAX_LINES - len(lines) - 5  # (a rule between blank lines, the heading and a blank line)
+    shown = others if len(others) <= fits else others[: max(fits - 1, 1)]
+    listed = [_brief(c, libraries, uri) for c in shown]
+    if len(shown) < len(others):
+        left_out = ", ".join(c.id for c in others[len(shown) :])
+        listed.append(f"_… and {left_out}, left out here: their diagnostics have them_")
+    heading = f"**{len(others)} more cluster{'s' if len(others) > 1 else ''} on this line**"
+    return "\n".join([*lines, "", "---", "", heading, "", *listed])
+
+
+def _closed(lines: list[str]) -> list[str]:
+    """`lines` with a code block cut open closed again."""
+    return [*lines, "```"] if sum(line.startswith("```") for line in lines) % 2 else lines
+
+
 def _library_section(c: Cluster, libraries: list[Library]) -> str:
-    """Where a cluster of a library's code is, and its lines as they read there."""
+    """Where a cluster of a library's code is, and its lines as they read there (the first CODE_LINES)."""
     span = f"line {c.lines[0]}" if c.lines[0] == c.lines[1] else f"lines {c.lines[0]}–{c.lines[1]}"
     function = f" (`{c.function}`)" if c.function else ""
     text = f"in **`{library_path(c.file, libraries)}`** {span}{function}"
     if c.code:
-        text += "\n```python\n" + textwrap.dedent("\n".join(c.code)) + "\n```"
+        code = textwrap.dedent("\n".join(c.code)).split("\n")
+        more = f"\n_… {len(code) - CODE_LINES} more lines_" if len(code) > CODE_LINES else ""
+        text += "\n```python\n" + "\n".join(code[:CODE_LINES]) + "\n```" + more
     return text
 
 
@@ -175,4 +280,4 @@ def _inductor_section(comparisons: InductorComparison, c: Cluster) -> str:
     names = sorted({k.name for i in comparison.instances for k in i.kernels})
     kernels = ", ".join(f"`{n}`" for n in names[:4]) or "—"
     where = "Triton for CPU tensors, a proxy for the GPU" if comparisons.backend == "triton-cpu" else "CUDA"
-    return f"**torch.compile** ({where}): **{comparison.status}** — {comparison.summary}\n\nkernels: {kernels}"
+    return f"**torch.compile** ({where}): **{comparison.status}** — {escaped(comparison.summary)}\n\nkernels: {kernels}"
