@@ -330,6 +330,7 @@ def _check_cluster(cluster: Cluster, kernel: Kernel, plans: list, kernels, devic
             return check_
         for actual, want in zip(got, expected, strict=True):
             cmp = compare(actual, want, precision)
+            check_.tolerance_ratio = max(check_.tolerance_ratio or 0.0, cmp.tolerance_ratio)
             if worst is None or (worst.ok and (not cmp.ok or cmp.max_abs > worst.max_abs)):
                 worst = cmp
         check_.instances += 1

@@ -101,7 +101,7 @@ describe("the real server, started as the extension starts it", function () {
       assert.deepStrictEqual(rows, view.models[0].rows);
       assert.deepStrictEqual([rows[0][0], rows[0][2]], ["c0", "verified"]);
       const legend = Array.from(page.document.querySelectorAll(".chart .legendtext")).map((t) => t.textContent);
-      assert.deepStrictEqual(legend, ["max |error|", "tolerance (atol)"]); // the interpreter: numerics, not times
+      assert.deepStrictEqual(legend, ["max |error| / tolerance", "tolerance: atol + rtol·|expected|"]); // the interpreter: numerics, not times
 
       // Later, from the palette: the server answers with the last run it kept for the file.
       clients[0].answer = (method, params) => connection.sendRequest(method, params);
