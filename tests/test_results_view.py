@@ -564,3 +564,31 @@ def test_markup_in_every_profile_string_shows_as_text_on_the_results_page():
     measured = figure[0][0]
     assert measured["x"] == [f"c0{SHOWN}", f"matmul{SHOWN}", "unattributed"]
     assert f"matmul{SHOWN}: mm{SHOWN}" in measured["hovertext"]
+
+
+def test_a_profile_names_the_inputs_it_ran_at_and_why_they_are_smaller_than_the_analyzed_ones():
+    ran = ModelProfile(
+        "LlamaBlock", forward_us=100.0, attributed_us=100.0, unattributed_us=0.0, inputs=[[2, 256, 1024]]
+    )
+    ran.cpu_budget_bytes = 256 * 2**20
+    profile = Profile("cpu", "cpu", 10, 3, models=[ran])
+    view = profile_view("model.py", profile, analyzed_inputs={"LlamaBlock": [[4, 2048, 1024]]})
+    assert view.models[0].heading.startswith(
+        "LlamaBlock at 2×256×1024 (smaller than the analyzed 4×2048×1024, to move at most 256 MB a forward): "
+    )
+    same = profile_view("model.py", profile, analyzed_inputs={"LlamaBlock": [[2, 256, 1024]]})
+    assert same.models[0].heading.startswith("LlamaBlock at 2×256×1024: where the time")
+
+
+def test_a_model_not_profiled_says_why_in_place_of_an_empty_chart():
+    """On every page that shows a profile (VS Code's panel, Neovim's markdown, the CLI's HTML)."""
+    refused = ModelProfile("Huge", 0.0, 0.0, 0.0, problem="its forward moves 8.0 GB even at (2, 8192)")
+    view = profile_view("model.py", Profile("cpu", "cpu", 10, 3, models=[refused]))
+    (model,) = view.models
+    assert model.no_data == "Huge was not profiled: its forward moves 8.0 GB even at (2, 8192)"
+    assert model.chart["data"] == [] and model.rows == []
+    assert "_No data: Huge was not profiled: its forward moves 8.0 GB" in view_markdown(view)
+    assert "| line |" not in view_markdown(view)  # no empty table either
+    results_page = pytest.importorskip("fuselens.cli.results_page")
+    page = results_page.page(view)
+    assert "No data: Huge was not profiled" in page and "plotly" not in page.lower()
