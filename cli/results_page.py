@@ -44,12 +44,17 @@ def page(view: ResultsView) -> str:
 
     title = f"fuselens {view.kind} of {view.file}"
     body = [f"<h1>{_text(title)}</h1>", f"<p class='note'>{_text(view.summary)}</p>"]
-    for index, model in enumerate(view.models):
+    charted = False
+    for model in view.models:
         body.append(f"<h2>{_text(model.heading)}</h2>")
+        if model.no_data:  # said in place of an empty table and chart
+            body.append(f"<p class='note'>{_text('No data: ' + model.no_data)}</p>")
+            continue
         body.append(_table(view.columns, model.rows))
         if model.whole_model:
             body.append(f"<p>{_text(model.whole_model)}</p>")
-        body.append(pio.to_html(model.chart, include_plotlyjs=index == 0, full_html=False, validate=True))
+        body.append(pio.to_html(model.chart, include_plotlyjs=not charted, full_html=False, validate=True))
+        charted = True
         if model.history.rows:
             body.append(f"<h3>{_text(model.history.title)}</h3>")
             body.append(_table(model.history.columns, model.history.rows))

@@ -7,8 +7,8 @@ the Python plotly package for `fuselens validate --html`: one chart, drawn the s
 Where clusters were timed (on a GPU) it shows each cluster's CUDA-graph time, eager against
 torch.compile (in the mode validation compiles with) against the fused kernel, and the kernel's
 share of the measured copy ceiling.  Where they were not (the Triton interpreter), it shows each
-cluster's largest error against its tolerance instead, so that the chart always has something to
-say.  Earlier runs of the same file add one faded series each.
+cluster's largest error as a share of the tolerance its check uses (atol + rtol·|expected|, element
+by element), so that the chart always has something to say, and says what the status does.  Earlier runs of the same file add one faded series each.
 
 The figure carries no colours: each place that draws it applies its own theme.
 
@@ -109,10 +109,16 @@ def _bandwidth(t: Timing) -> str:
 
 # ---- without timings: numerics per cluster -------------------------------------------------------
 
+ERRORS = "max |error| / tolerance"  # the bars: what the verdict compares with 1
+TOLERANCE = "tolerance: atol + rtol·|expected|"  # the line at 1 they pass under
+
 
 def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels) -> Figure:
+    """Each cluster's largest error as a share of the tolerance it is checked against, element by
+    element (atol + rtol·|expected|): a bar at most 1 is a check that passed, above it one that did not,
+    so the chart says what the status column says."""
     clusters = model.clusters
-    errors = _bar("max |error|", clusters, [_drawable(c.max_abs) for c in clusters])
+    errors = _bar(ERRORS, clusters, [_drawable(c.tolerance_ratio) for c in clusters])
     errors["hovertext"] = [_error_hover(c) for c in clusters]
     errors["hoverinfo"] = "text"
     data = [
@@ -120,21 +126,21 @@ def _numerics_figure(model: ModelValidation, where: str, earlier: EarlierModels)
         {
             "type": "scatter",
             "mode": "markers",
-            "name": "tolerance (atol)",
+            "name": TOLERANCE,
             "x": _ids(clusters),
-            "y": [_drawable(c.atol) for c in clusters],
+            "y": [1.0 if c.tolerance_ratio is not None else None for c in clusters],
             "marker": {"symbol": "line-ew-open", "size": 30, "line": {"width": 3}},
-            "hovertemplate": "%{x}: atol %{y:.1e}<extra></extra>",
+            "hovertemplate": "%{x}: passes at most 1<extra></extra>",
         },
     ]
     for label, before in _recent(earlier):
-        values = [_drawable(_error(_same(before, c))) for c in clusters]
-        data.append({**_bar(f"max |error|, {_text(label)}", clusters, values), "opacity": EARLIER_OPACITY})
+        values = [_drawable(_ratio(_same(before, c))) for c in clusters]
+        data.append({**_bar(f"{ERRORS}, {_text(label)}", clusters, values), "opacity": EARLIER_OPACITY})
     layout = _layout(
-        f"{_text(model.name)}: largest error per cluster,<br>{_text(where)}, against its tolerance",
-        "max |error| vs eager",
+        f"{_text(model.name)}: largest error per cluster,<br>{_text(where)}, as a share of its tolerance",
+        "max |error| / (atol + rtol·|expected|)",
     )
-    layout["yaxis"]["type"] = "log"  # errors and tolerances span decades (1e-7 in fp32, 1e-2 in bf16)
+    layout["yaxis"]["type"] = "log"  # errors span decades below their tolerance (1e-7 in fp32, 1e-2 in bf16)
     # A log axis cannot draw 0 (an exact match) or a check that never produced a number: say it in words.
     layout["annotations"] = [
         {
@@ -165,13 +171,18 @@ def _undrawn(c: ClusterCheck) -> str:
         return "exact (0)"
     if not math.isfinite(c.max_abs):
         return f"{c.max_abs} ({c.status})"
+    if c.tolerance_ratio is None:  # a run kept from before the ratio was recorded
+        return f"{c.status}, max |error| {c.max_abs:.1e}"
+    if not math.isfinite(c.tolerance_ratio):  # an error where the tolerance is 0
+        return f"over a tolerance of 0 ({c.status})"
     return ""
 
 
 def _error_hover(c: ClusterCheck) -> str:
     error = "—" if c.max_abs is None else f"{c.max_abs:.2e}"
+    share = "" if c.tolerance_ratio is None else f", {c.tolerance_ratio:.3g}× its tolerance"
     tolerance = "" if c.atol is None else f"; passes within atol {c.atol:g} + rtol {c.rtol or 0:g}·|expected|"
-    return f"{_text(c.id)} ({_text(c.ops)}): {_text(c.status)}, max |error| {error}{tolerance}"
+    return f"{_text(c.id)} ({_text(c.ops)}): {_text(c.status)}, max |error| {error}{share}{tolerance}"
 
 
 # ---- shared --------------------------------------------------------------------------------------
@@ -221,8 +232,8 @@ def _same(model: ModelValidation, check: ClusterCheck) -> ClusterCheck | None:
     return next((c for c in model.clusters if c.id == check.id), None)
 
 
-def _error(check: ClusterCheck | None) -> float | None:
-    return check.max_abs if check else None
+def _ratio(check: ClusterCheck | None) -> float | None:
+    return check.tolerance_ratio if check else None
 
 
 def _timing(check: ClusterCheck | None) -> Timing:

@@ -8,34 +8,45 @@ cell is text, as in a validation's view.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .chart import profile_figure
 from .profile import ModelProfile, Profile
 from .report import Library
 from .results_view import HistoryTable, ModelResults, ResultsView
-from .units import library_path
+from .units import bytes_label, library_path
 
 TOP_LINES = 15
 
 
-def profile_view(file: str, profile: Profile, libraries: Sequence[Library] = ()) -> ResultsView:
-    """The profile as a results view; `libraries` (the report's) name their files from the package down."""
+def profile_view(
+    file: str,
+    profile: Profile,
+    libraries: Sequence[Library] = (),
+    analyzed_inputs: Mapping[str, Sequence[Sequence[int]]] | None = None,
+) -> ResultsView:
+    """The profile as a results view; `libraries` (the report's) name their files from the package down;
+    `analyzed_inputs` (each model's analyzed input shapes) let a heading say when it ran at smaller ones."""
     where = f"on {profile.device}" if profile.mode == "cuda" else "on the CPU (each op's CPU time)"
     training = profile.step != "forward"
     share = f"% of the {'step' if training else 'forward'}"
     columns = ["line", "time", *(["backward"] if training else []), share, "calls", "ops", "clusters"]
-    models = [
-        ModelResults(
-            name=m.name,
-            heading=f"{m.name}: where the time of a {profile.step} goes, {where}",
-            rows=[] if m.problem else _rows(m, file, training, libraries),
-            whole_model=m.problem or _totals(m, profile.step),
-            chart={"data": [], "layout": {}} if m.problem else profile_figure(m, profile.step, where),
-            history=HistoryTable(),
+    analyzed = analyzed_inputs or {}
+    models = []
+    for m in profile.models:
+        no_data = _no_data(m)
+        models.append(
+            ModelResults(
+                name=m.name,
+                heading=f"{m.name}{_inputs_text(m, analyzed.get(m.name))}: where the time of a {profile.step} "
+                f"goes, {where}",
+                rows=[] if no_data else _rows(m, file, training, libraries),
+                whole_model="" if no_data else _totals(m, profile.step),
+                chart={"data": [], "layout": {}} if no_data else profile_figure(m, profile.step, where),
+                history=HistoryTable(),
+                no_data=no_data,
+            )
         )
-        for m in profile.models
-    ]
     versions = dict(profile.versions)
     return ResultsView(
         file=file,
@@ -53,6 +64,31 @@ def profile_view(file: str, profile: Profile, libraries: Sequence[Library] = ())
         earlier_runs=0,
         kind="profile",
     )
+
+
+def _no_data(model: ModelProfile) -> str:
+    """Why `model` has no chart or table to show ("" when it has them)."""
+    if model.problem:
+        return f"{model.name} was not profiled: {model.problem}"
+    if model.forward_us <= 0:
+        return f"the profiler recorded no time in {model.name}'s forward"
+    return ""
+
+
+def _inputs_text(model: ModelProfile, analyzed: Sequence[Sequence[int]] | None) -> str:
+    """The text after the name: " at 1×256×1024", and when those are smaller than the analyzed inputs,
+    which those were and why (a CPU profiles within a budget); "" when the model did not run."""
+    if not model.inputs:
+        return ""
+    ran = ", ".join(_shape(s) for s in model.inputs)
+    if analyzed is None or [list(s) for s in analyzed] == model.inputs:
+        return f" at {ran}"
+    budget = f", to move at most {bytes_label(model.cpu_budget_bytes)} a forward" if model.cpu_budget_bytes else ""
+    return f" at {ran} (smaller than the analyzed {', '.join(_shape(s) for s in analyzed)}{budget})"
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "×".join(map(str, shape)) or "scalar"
 
 
 def _rows(model: ModelProfile, file: str, training: bool, libraries: Sequence[Library]) -> list[list[str]]:

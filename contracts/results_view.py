@@ -47,6 +47,7 @@ class ModelResults:
     whole_model: str  # the whole-model check's line ("" when it did not run)
     chart: dict[str, Any]  # a Plotly figure: {"data": [...], "layout": {...}}
     history: HistoryTable
+    no_data: str = ""  # why there is no chart (and no table) to show, said in its place ("" when there is one)
 
 
 @dataclass
@@ -79,6 +80,7 @@ def results_view(run: ValidationRun, earlier: Sequence[ValidationRun] = ()) -> R
                 whole_model=whole_model_line(model),
                 chart=results_figure(model, where, [(run_label(r), m) for r, m in before]),
                 history=_history_table(run, model, before),
+                no_data="" if model.clusters else f"{model.name} has no clusters to validate",
             )
         )
     return ResultsView(
@@ -134,8 +136,9 @@ def view_markdown(view: ResultsView) -> str:
     """Every model's results table and its earlier runs, as markdown; the problems last."""
     parts = []
     for model in view.models:
-        lines = [f"### {model.heading}", "", *_markdown_table(view.columns, model.rows)]
-        if model.whole_model:
+        lines = [f"### {model.heading}", ""]
+        lines += [f"_No data: {model.no_data}_"] if model.no_data else _markdown_table(view.columns, model.rows)
+        if model.whole_model and model.whole_model != model.no_data:
             lines += ["", model.whole_model]
         history = model.history
         if history.rows:

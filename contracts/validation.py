@@ -53,6 +53,9 @@ class ClusterCheck:
     # Training: the backward kernel's gradients against eager autograd on the same values, with the same
     # seeded random upstream gradients ("" when the cluster has no backward kernel).
     backward: BackwardCheck | None = None
+    # The largest |error| / (atol + rtol·|expected|) over the elements of every output and instance: the
+    # check passes at most 1 (None: not compared, or a report from before it was kept).
+    tolerance_ratio: float | None = None
 
 
 @dataclass

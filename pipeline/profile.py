@@ -35,6 +35,18 @@ from fuselens.validate.runner import Subject
 from .analyze import AnalyzedFile, analyze
 from .profile_shapes import CPU_FORWARD_BYTES, TooLarge, cpu_shapes
 
+ANALYZED = 0.1  # the fraction of a profile's progress its analysis stands for
+
+
+def _within(progress: Progress, prefix: str, start: float, span: float) -> Progress:
+    """`progress` for one part of the job, from `start` to `start + span` of the whole: each note
+    `prefix`ed, its fraction of the part turned into one of the whole."""
+
+    def report(message: str, fraction: float | None = None) -> None:
+        progress(prefix + message, None if fraction is None else start + span * min(max(fraction, 0.0), 1.0))
+
+    return report
+
 
 def profile_file(
     path: str, analyze_options: AnalyzeOptions, options: ProfileOptions, progress: Progress = no_progress
@@ -58,21 +70,27 @@ def profile_file(
     )
     kernel_module = edits.kernel_module_path(path, analyze_options.out_dir)
     models = [m for m in analyzed.report.models if m.status == "analyzed" and m.name in analyzed.sources]
-    for index, model in enumerate(models):
-        progress(f"profiling {model.name}", index / max(len(models), 1))
-        profile.models.append(_profile_model(analyzed, model, device, options, kernel_module))
     before = _code_before_apply(path, analyzed.text, kernel_module)
+    # After the analysis, an equal part of what is left for each model's profile (and, in an applied
+    # file, for its profile before apply): the fraction moves with every forward.
+    parts = max(len(models), 1) * (2 if before is not None else 1)
+    part = (1.0 - ANALYZED) / parts
+    for index, model in enumerate(models):
+        within = _within(progress, f"{model.name}: ", ANALYZED + index * part, part)
+        profile.models.append(_profile_model(analyzed, model, device, options, kernel_module, progress=within))
     if before is not None:
-        progress("profiling the code before apply", None)
+        start = ANALYZED + len(models) * part
+        progress("analyzing the code before apply", start)
         earlier = analyze(path, dataclasses.replace(analyze_options, source_text=before))
         originals = {m.name: m for m in earlier.report.models if m.status == "analyzed" and m.name in earlier.sources}
-        for after in profile.models:
+        for index, after in enumerate(profile.models):
             original = originals.get(after.name)
             if original is not None and not after.problem:
                 # At the shapes the code as it is now ran at: the two are compared.
                 shapes = (after.inputs, after.cpu_budget_bytes)
+                within = _within(progress, f"{after.name} before apply: ", start + index * part, part)
                 _compare_with(
-                    after, _profile_model(earlier, original, device, options, kernel_module, shapes), original
+                    after, _profile_model(earlier, original, device, options, kernel_module, shapes, within), original
                 )
     progress("done", 1.0)
     analyzed.report.profile = profile
@@ -92,6 +110,7 @@ def _profile_model(
     options: ProfileOptions,
     kernel_module: str,
     shapes: tuple[list[list[int]], int | None] | None = None,
+    progress: Progress = no_progress,
 ) -> ModelProfile:
     """`model` profiled at its analyzed inputs, or at `shapes` (the input shapes, and the CPU's budget
     they were chosen for), or on a CPU by default at smaller ones (`profile_shapes.py`)."""
@@ -104,6 +123,7 @@ def _profile_model(
         specs = [dataclasses.replace(spec, shape=list(shape)) for spec, shape in zip(specs, shapes[0], strict=True)]
         budget = shapes[1]
     elif device == "cpu" and not options.full_size:
+        progress("choosing inputs a CPU profiles within its budget", 0.0)
         try:
             specs = cpu_shapes(subject, specs, names, analyzed.user_code)
         except TooLarge as exc:
@@ -117,10 +137,19 @@ def _profile_model(
         decisions = model.paths[0] if model.paths else []
         with _refusals(kernel_module) as refused:
             measured = measure(
-                real, inputs, names, analyzed.user_code, decisions, options.iterations, options.warmup, options.train
+                real,
+                inputs,
+                names,
+                analyzed.user_code,
+                decisions,
+                options.iterations,
+                options.warmup,
+                options.train,
+                progress,
             )
     except (capture.CaptureError, RuntimeError) as exc:
         return ModelProfile(model.name, 0.0, 0.0, 0.0, problem=f"the forward could not be profiled: {exc}")
+    progress("attributing the measured time", 1.0)
     profiled = attribute(model, measured, os.path.abspath(analyzed.report.file), kernel_module)
     profiled.inputs = [list(spec.shape) for spec in specs]
     profiled.cpu_budget_bytes = budget

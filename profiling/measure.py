@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from fuselens.analysis import capture
 from fuselens.analysis.graph import Graph
+from fuselens.contracts.options import Progress, no_progress
 
 _RANGE = "fuselens#"
 
@@ -52,15 +53,21 @@ def measure(
     iterations: int,
     warmup: int,
     train: bool = False,
+    progress: Progress = no_progress,
 ) -> Measured:
+    """`progress` hears of each forward as it starts, with the fraction of the warm-up and profiled
+    forwards done: on a CPU one forward can take seconds."""
     cuda = any(t.is_cuda for t in inputs)
     upstream = _Upstream(inputs[0].device if inputs else torch.device("cpu"))
-    for _ in range(warmup):
+    forwards = warmup + iterations
+    for done in range(warmup):
+        progress(f"warm-up forward {done + 1} of {warmup}", done / forwards)
         _run(model, inputs, upstream if train else None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     traces = []
     with profile(activities=activities) as prof:
         for iteration in range(iterations):
+            progress(f"profiled forward {iteration + 1} of {iterations}", (warmup + iteration) / forwards)
             traced = capture.trace(
                 model,
                 inputs,

@@ -195,13 +195,14 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
     if model is not None:
         options.model_class = model
     name = os.path.basename(path)
+    what = model or name
     ls.log_line(f"profiling {model or 'the models'} of {name}")
     w = ls.settings.worker
     remote = ls.settings.remote_profiler
     # With a remote profiler, the worker profiles only on a GPU of its own: a CPU profile here is
     # not what the user set one up for.
     profile_options = ProfileOptions(device="cuda" if remote else "")
-    progress = await _Progress.start(ls, f"fuselens: profiling {model or name}")
+    progress = await _Progress.start(ls, f"fuselens: profiling {what}")
     try:
         async with ls.scheduler.admission.turn():
             report: Report = await ls.get_worker().run(
@@ -213,9 +214,10 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
             ls.log_line(f"no CUDA GPU here: profiling {name} with the remote profiler")
             report = await ls.remote.profile(remote, path, w.validate_timeout_seconds, progress.report)
     except (JobFailed, RemoteFailed) as exc:
-        ls.log_line(f"profile of {name} did not run: {exc}")
-        ls.tell(f"fuselens: profile did not run: {exc}", lsp.MessageType.Warning)
-        return {"error": exc.kind, "message": str(exc)}
+        message = _profile_failure(ls, what, exc)
+        ls.log_line(message)
+        ls.tell(f"fuselens: {message}", lsp.MessageType.Error)
+        return {"error": exc.kind, "message": message}
     finally:
         progress.end()
     if report.problems or report.profile is None or report.profile.problems:
@@ -226,33 +228,66 @@ async def _profile(ls: FuselensServer, uri: str, model: str | None) -> dict[str,
             if report.profile is not None and report.profile.problems
             else "nothing was profiled"
         )
-        ls.tell(f"fuselens: profile did not run: {message}", lsp.MessageType.Warning)
+        ls.log_line(f"profile of {name} did not run: {message}")
+        ls.tell(f"fuselens: profiling {what} did not run: {message}", lsp.MessageType.Error)
         return {"error": "problem", "message": message}
-    ls.profiles[path] = (report.source_sha256, report.profile)
+    profile = report.profile
+    ls.profiles[path] = (report.source_sha256, profile)
     ls.refresh_views()
-    summary = _profile_summary(report.profile)
+    summary = _profile_summary(profile)
     ls.log_line(f"profile of {name}: {summary}")
-    ls.tell(f"fuselens: {summary}", lsp.MessageType.Info)
-    view = profile_view(path, report.profile, report.libraries)
+    unprofiled = [m for m in profile.models if m.problem]
+    if unprofiled:
+        # Said as a failure, with what to do about it: a model a CPU does not profile wants a GPU.
+        hint = "" if remote else f" {NO_GPU_PROFILE_HINT}" if profile.mode == "cpu" else ""
+        everything = len(unprofiled) == len(profile.models)
+        ls.tell(
+            f"fuselens: {summary.rstrip('.')}.{hint}", lsp.MessageType.Error if everything else lsp.MessageType.Warning
+        )
+    else:
+        ls.tell(f"fuselens: {summary}", lsp.MessageType.Info)
+    analyzed = {m.name: [i.shape or [] for i in m.inputs] for m in report.models}
+    view = profile_view(path, profile, report.libraries, analyzed)
     return {
-        "profile": to_plain(report.profile),
+        "profile": to_plain(profile),
         "results_view": to_plain(view),
         "results_markdown": view_markdown(view),
     }
+
+
+NO_GPU_PROFILE_HINT = "Set fuselens.remoteProfiler to profile it on a GPU machine."
+
+
+def _profile_failure(ls: FuselensServer, what: str, exc: JobFailed | RemoteFailed) -> str:
+    """Why the profile of `what` did not run, in the words of profiling and of the settings that bound it
+    (the worker's own message speaks of an analysis, the job it runs most)."""
+    w = ls.settings.worker
+    hint = "Raise that limit" if ls.settings.remote_profiler else f"{NO_GPU_PROFILE_HINT[:-1]}, or raise that limit"
+    if isinstance(exc, JobFailed) and exc.kind == "timeout":
+        failure = exc.error
+        where = f"; it was still running {os.path.basename(failure.file)}:{failure.line}" if failure.file else ""
+        return (
+            f"profiling {what} did not finish within {w.validate_timeout_seconds:g} s "
+            f"(fuselens.worker.validateTimeoutSeconds){where}. {hint}."
+        )
+    if isinstance(exc, JobFailed) and exc.kind == "memory":
+        return f"profiling {what} ran out of memory (fuselens.worker.memoryMb: {w.memory_mb} MB). {hint}."
+    return f"profiling {what} did not run: {exc}"
 
 
 def _profile_summary(profile: Profile) -> str:
     parts = []
     for m in profile.models:
         if m.problem:
-            parts.append(f"{m.name}: {m.problem}")
+            parts.append(f"{m.name} was not profiled: {m.problem}")
             continue
         share = m.attributed_us / m.forward_us if m.forward_us else 0.0
         text = f"{m.name} {time_label(m.forward_us)} per forward, {share:.0%} attributed"
         if m.clusters:
             text += f"; {m.clusters[0].id} takes {m.clusters[0].share:.0%}"
         parts.append(text)
-    return "; ".join(parts) + f" ({where_measured(profile)})"
+    measured = any(not m.problem for m in profile.models)
+    return "; ".join(parts) + (f" ({where_measured(profile)})" if measured else "")
 
 
 def _results(ls: FuselensServer, path: str, result: ValidationReport) -> dict[str, Any]:

@@ -138,8 +138,10 @@ def test_validate_html_writes_the_table_the_chart_and_the_earlier_runs_in_one_pa
         assert row in text, row
     assert "<th>torch.compile (default) µs</th>" in text
     assert text.count('class="plotly-graph-div"') == 1  # one chart for the one model
-    assert "max |error|" in text and "tolerance (atol)" in text  # the interpreter's chart: numerics
-    assert "max |error|, 2025-01-31 12:03 UTC" in text  # the earlier run, a series of the chart
+    # The interpreter's chart: numerics, each error as a share of its tolerance; the earlier run a series of it.
+    series = {json.loads(name) for name in re.findall(r'"name":("(?:[^"\\]|\\.)*")', text)}
+    assert {"max |error| / tolerance", "tolerance: atol + rtol·|expected|"} <= series, series
+    assert "max |error| / tolerance, 2025-01-31 12:03 UTC" in series, series
     assert "Earlier runs of this file" in text and "<td>NVIDIA H200</td>" in text and "<td>12.5 µs</td>" in text
     assert re.search(r"<script[^>]*\bsrc=", text) is None  # plotly.js is in the page, not fetched
     assert len(text) > 1_000_000  # (plotly.js itself, about 4.8 MB)

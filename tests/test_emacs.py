@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -135,6 +136,28 @@ def test_validate_command(session):
     _steps(session, "validate")
     assert session["validation-mode"] == "interpret"
     assert session["validation"] == [["c0", "verified"], ["c1", "verified"], ["c2", "verified"]]
+    results = session["validation-results"]  # the file's results buffer, opened when it ended
+    assert results["read-only"] and results["text"].startswith("### ExampleNet at ")
+    assert "Triton interpreter" in results["text"].splitlines()[0]
+
+
+def test_validation_leaves_emacs_free_while_it_runs(session):
+    """The command returns at once (it froze Emacs until the validation ended): the mode line says it
+    runs, a hover is answered meanwhile, and the answer comes later."""
+    _steps(session, "validate")
+    assert session["answered-when-command-returned"] is None
+    assert session["running"] == "validating" and session["mode-line"] is True  # " fuselens: validating…"
+    assert session["hover-while-validating"] is True
+    assert session["running-after"] is None
+
+
+def test_profile_command_shows_the_profile_in_the_file_s_results(session):
+    _steps(session, "profile")
+    assert session["profiling"] == "profiling"
+    text = session["profile-results"]["text"]
+    assert re.match(r"### ExampleNet at \d+×1024 \(smaller than the analyzed 16384×1024, ", text), text[:200]
+    assert "| line | time | % of the forward |" in text
+    assert session["results-again"] == session["profile-results"]  # M-x fuselens-eglot-results: the same
 
 
 def test_quick_fix_through_eglot_code_actions(session):

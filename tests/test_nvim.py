@@ -149,6 +149,13 @@ def test_diagnostics_one_per_cluster(session):
     assert session["status"] == "fuselens: 3 clusters"
 
 
+def test_the_statusline_says_analyzing_until_the_diagnostics_come(session):
+    _no_errors(session, "diagnostics")
+    drawn = session["statuslines_at_open"]  # every text the statusline was drawn with, in order
+    assert "fuselens: analyzing" in drawn and drawn[-1] == "fuselens: 3 clusters", drawn
+    assert drawn.index("fuselens: analyzing") < drawn.index("fuselens: 3 clusters"), drawn
+
+
 def test_the_statusline_names_a_syntax_error(session):
     _no_errors(session, "syntax error")
     assert session["syntax_status"] == "fuselens: syntax error"
@@ -189,6 +196,22 @@ def test_lens_runs_validation_with_progress(session):
     assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds
     assert session["progress"][0]["title"] == "fuselens: validating c0, c1, c2"
     assert any("verified" in m for m in session["messages"]), "the server's summary reached the user"
+
+
+def _percentages(statuslines: list[str], title: str) -> list[int]:
+    return [int(m[1]) for line in statuslines if (m := re.fullmatch(re.escape(title) + r" (\d+)%", line))]
+
+
+def test_the_statusline_is_drawn_again_as_a_validation_moves(session):
+    """A statusline calling `status()` is redrawn at each step of the validation, which moves: not a
+    status that stays as it was until something else redraws the screen."""
+    _no_errors(session, "validate from the lens")
+    drawn = session["statuslines_validating"]
+    assert drawn[0] == "fuselens: validating…", drawn  # at once, before the server's first progress
+    percentages = _percentages(drawn, "fuselens: validating c0, c1, c2")
+    assert [p for p in percentages if 0 < p < 100], drawn
+    assert percentages == sorted(percentages), drawn
+    assert drawn[-1] == "fuselens: 3 clusters", drawn
 
 
 def test_lenses_are_drawn_above_the_class_line_in_full(session):
@@ -237,6 +260,26 @@ def test_the_results_view_lists_the_earlier_runs_of_the_file(session):
     assert lines[at + 5] == EARLIER_RUN
 
 
+def test_a_profile_of_another_file_is_that_file_s_status_lens_and_results(session):
+    """The Profile lens of a second file: the progress shows in that file's status (the validated one
+    keeps its own), the lens is drawn once and gives the measured time, and :FuselensResults shows the
+    profile there and the validation in the validated file."""
+    _no_errors(session, "validate from the lens", "profile another file")
+    percentages = _percentages(session["profile_statuslines"], "fuselens: profiling ExampleNet")
+    assert [p for p in percentages if 0 < p < 100], session["profile_statuslines"]
+    assert set(session["validated_status_while_profiling"]) == {"fuselens: 3 clusters"}
+    drawing = session["profile_lens_drawing"]
+    assert drawing["at_line_end"] == [], "drawn once: not also by Neovim's own lens display"
+    assert [(mark["line"], mark["above"]) for mark in drawing["drawn"]] == [(11, True)]
+    assert "◔ " in " ".join(drawing["drawn"][0]["rows"])  # the lens now gives the measured time
+    profile = session["profile_results"]
+    assert profile["name"].startswith("fuselens://results/") and profile["name"].endswith("/other_net.py"), profile
+    assert profile["lines"][0].startswith("### ExampleNet at 512×1024: where the time of a forward goes"), profile
+    validated = session["validated_results"]
+    assert validated["name"].startswith("fuselens://results/") and validated["name"].endswith("/example_net.py")
+    assert validated["lines"][0].startswith("### ExampleNet at ") and "Triton interpreter" in validated["lines"][0]
+
+
 def test_quick_fix_through_code_action(session):
     _no_errors(session, "quick fix")
     buffer = session["buffer"]
@@ -251,6 +294,25 @@ def test_quick_fix_through_code_action(session):
     # Neovim (0.7.2, 0.12-dev) announces no documentChanges, so the server writes the module
     # itself (fuselens.writeKernelModule, run after the edit) rather than sending a CreateFile.
     assert session["module_on_disk_before_save"] is True
+
+
+SLOW = """import time
+
+import torch.nn as nn
+
+
+class Slow(nn.Module):  # fuselens: input=(8, 8)
+    def forward(self, x):
+        time.sleep(120)
+        return x * 2.0 + 1.0
+"""
+
+
+def test_an_analysis_past_its_time_limit_says_so_in_the_statusline(tmp_path):
+    data = run_nvim(tmp_path, "timeout", trusted=True, files={"slow.py": SLOW}, FUSELENS_ANALYSIS_TIMEOUT="5")
+    _no_errors(data, "open", "analysis timed out")
+    assert data["status"] == "fuselens: analysis timed out"  # not "0 clusters": nothing was analyzed
+    assert data["statuslines"][-2:] == ["fuselens: analyzing", "fuselens: analysis timed out"], data["statuslines"]
 
 
 def test_untrusted_folder_is_not_analyzed(tmp_path):
@@ -506,6 +568,25 @@ def _changed(before: str, after: str) -> tuple[list[str], list[str]]:
 
     old, new = code(before), code(after)
     return [line for line in old if line not in new], [line for line in new if line not in old]
+
+
+def test_pattern_hints_leave_every_cluster_s_message_in_view(kinds_session):
+    """With Neovim's default diagnostic config, the llama block's pattern hints share the clusters' lines:
+    the virtual text there (on by default before 0.11) shows a cluster's message, not the hint's, and the
+    sign column a cluster's sign (the plugin sorts its namespace's diagnostics by severity)."""
+    _no_errors(kinds_session, "diagnostics")
+    lines = kinds_session["cluster_lines"]
+    assert len(lines) == 6 and kinds_session["patterns"] > 0, kinds_session["cluster_lines"]
+    clusters_on = {}
+    for entry in lines:
+        clusters_on.setdefault(entry["line"], []).append(entry["message"])
+    major, minor = (int(x) for x in kinds_session["nvim"].split(".")[:2])
+    for entry in lines:
+        if (major, minor) < (0, 11):
+            assert any(entry["shown"].endswith(message) for message in clusters_on[entry["line"]]), entry
+        # The sign shown is the one of the highest priority: a cluster's (a warning here), and no other's.
+        top = max(sign["priority"] for sign in entry["signs"])
+        assert {sign["kind"] for sign in entry["signs"] if sign["priority"] == top} == {"Warn"}, entry
 
 
 def test_quick_fix_of_a_subexpression_keeps_the_matmul(kinds_session):

@@ -245,7 +245,8 @@ def test_the_profile_is_a_results_view_with_its_lines_and_a_chart_of_clusters_an
     assert predicted["x"] == [c.id for c in model.clusters]
     assert shown.whole_model.startswith(f"{time_text(model.forward_us)} per forward, ")
     text = view_markdown(view)
-    assert text.startswith("### LlamaBlock: where the time of a forward goes") and "| line | time |" in text
+    assert text.startswith("### LlamaBlock at 2×32×1024: where the time of a forward goes"), text[:200]
+    assert "| line | time |" in text
 
 
 # ---- a CPU profile is bounded by default ------------------------------------------------------------

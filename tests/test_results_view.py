@@ -75,8 +75,19 @@ def timed_report(fused: tuple[float, float] = (10.0, 20.0)) -> ValidationReport:
 def interpreted_report() -> ValidationReport:
     """A validation in the Triton interpreter: numerics only, one of them exact, one mismatched."""
     clusters = [
-        ClusterCheck("c0", "cluster0", "verified", ops="mul → relu → add", max_abs=0.0, atol=1e-4, rtol=1e-4),
-        ClusterCheck("c1", "cluster1", "mismatch", ops="gelu → sigmoid → mul", max_abs=3e-2, atol=1e-4, rtol=1e-4),
+        ClusterCheck(
+            "c0", "cluster0", "verified", ops="mul → relu → add", max_abs=0.0, atol=1e-4, rtol=1e-4, tolerance_ratio=0.0
+        ),
+        ClusterCheck(
+            "c1",
+            "cluster1",
+            "mismatch",
+            ops="gelu → sigmoid → mul",
+            max_abs=3e-2,
+            atol=1e-4,
+            rtol=1e-4,
+            tolerance_ratio=150.0,
+        ),
         ClusterCheck("c2", "cluster2", "error", ops="tanh → mul → softmax", message="launch failed"),
     ]
     model = ModelValidation("Net", [[128, 1024]], ["float32"], clusters, ModelCheck("mismatch", ["c0", "c1"]))
@@ -137,17 +148,48 @@ def test_earlier_runs_add_a_faded_series_each_newest_first():
 def test_an_interpreter_validation_charts_each_error_against_its_tolerance():
     model = interpreted_report().models[0]
     figure = results_figure(model, "in the Triton interpreter (numerics only)")
-    assert names(figure) == ["max |error|", "tolerance (atol)"]  # no time series: nothing was timed
-    errors = series(figure, "max |error|")
+    # no time series (nothing was timed): each error as a share of its tolerance, and the line at 1
+    assert names(figure) == ["max |error| / tolerance", "tolerance: atol + rtol·|expected|"]
+    errors = series(figure, "max |error| / tolerance")
     # A log axis cannot draw 0 or a check with no number: those clusters are named in words instead.
-    assert errors["x"] == ["c0", "c1", "c2"] and errors["y"] == [None, 3e-2, None]
+    assert errors["x"] == ["c0", "c1", "c2"] and errors["y"] == [None, 150.0, None]
     assert "mismatch" in errors["hovertext"][1] and "atol 0.0001" in errors["hovertext"][1]
-    assert series(figure, "tolerance (atol)")["y"] == [1e-4, 1e-4, None]
+    assert "150× its tolerance" in errors["hovertext"][1]
+    assert series(figure, "tolerance: atol + rtol·|expected|")["y"] == [1.0, 1.0, None]
     layout = figure["layout"]
     assert layout["yaxis"]["type"] == "log"
     assert {(a["x"], a["text"]) for a in layout["annotations"]} == {("c0", "exact (0)"), ("c2", "error")}
     assert "Triton interpreter" in layout["title"]["text"] and "tolerance" in layout["title"]["text"]
     check_with_plotly(figure)
+
+
+def test_a_bar_is_over_the_line_exactly_when_its_check_failed():
+    """The bars are what the verdict compares (|error| against atol + rtol·|expected|, element by
+    element), not max |error| against atol alone: an error above atol that the relative part covers
+    is under the line, as its status says."""
+    import torch
+
+    from fuselens.validate.numerics import compare
+
+    expected = torch.tensor([1000.0, 500.0, 2.0, 0.5])
+    cases = {  # an error above atol (1e-4) on a large value, within rtol·|expected|; and one past both
+        "c0": expected + torch.tensor([0.05, 0.0, 0.0, 0.0]),
+        "c1": expected + torch.tensor([0.0, 0.02, 0.0, 0.0]),
+        "c2": expected + torch.tensor([0.0, 0.0, 1e-3, 0.0]),
+    }
+    checks = []
+    for cid, actual in cases.items():
+        cmp = compare(actual, expected)
+        checks.append(
+            ClusterCheck(cid, cid, "verified" if cmp.ok else "mismatch", max_abs=cmp.max_abs, atol=cmp.atol,
+                         rtol=cmp.rtol, tolerance_ratio=cmp.tolerance_ratio)
+        )  # fmt: skip
+    assert [c.status for c in checks] == ["verified", "verified", "mismatch"]
+    assert all(c.max_abs > c.atol for c in checks)  # every error is above atol: the old line was under all three
+    figure = results_figure(ModelValidation("Net", [[4]], ["float32"], checks), "in the Triton interpreter")
+    bars = series(figure, "max |error| / tolerance")["y"]
+    line = series(figure, "tolerance: atol + rtol·|expected|")["y"]
+    assert [bar > at for bar, at in zip(bars, line, strict=True)] == [c.status == "mismatch" for c in checks], bars
 
 
 def test_a_model_with_nothing_to_validate_still_has_a_titled_chart():
@@ -434,6 +476,7 @@ def marked_up_report(timed: bool) -> ValidationReport:
             max_abs=max_abs,
             atol=1e-4,
             rtol=1e-4,
+            tolerance_ratio=None if max_abs is None else max_abs / 1e-4,
             message=MARKUP,
             timing=timing if timed else None,
         )
@@ -496,7 +539,8 @@ def test_markup_in_every_report_string_shows_as_text_on_the_results_page(timed: 
     for trace in data:  # the axis's categories, and the labels a hover shows
         assert all(SHOWN in x for x in trace["x"]), trace
         assert all(SHOWN in h for h in trace.get("hovertext", [SHOWN])), trace
-    assert any(trace["name"] == f"{'fused' if timed else 'max |error|'}, yesterday{SHOWN}" for trace in data)
+    series_name = "fused" if timed else "max |error| / tolerance"
+    assert any(trace["name"] == f"{series_name}, yesterday{SHOWN}" for trace in data)
     if not timed:  # the clusters a log axis cannot draw are named in words, their status among them
         assert {a["x"] for a in layout["annotations"]} == {f"c1{SHOWN}", f"c2{SHOWN}"}
         assert f"verified{SHOWN}" in {a["text"] for a in layout["annotations"]}
@@ -520,3 +564,31 @@ def test_markup_in_every_profile_string_shows_as_text_on_the_results_page():
     measured = figure[0][0]
     assert measured["x"] == [f"c0{SHOWN}", f"matmul{SHOWN}", "unattributed"]
     assert f"matmul{SHOWN}: mm{SHOWN}" in measured["hovertext"]
+
+
+def test_a_profile_names_the_inputs_it_ran_at_and_why_they_are_smaller_than_the_analyzed_ones():
+    ran = ModelProfile(
+        "LlamaBlock", forward_us=100.0, attributed_us=100.0, unattributed_us=0.0, inputs=[[2, 256, 1024]]
+    )
+    ran.cpu_budget_bytes = 256 * 2**20
+    profile = Profile("cpu", "cpu", 10, 3, models=[ran])
+    view = profile_view("model.py", profile, analyzed_inputs={"LlamaBlock": [[4, 2048, 1024]]})
+    assert view.models[0].heading.startswith(
+        "LlamaBlock at 2×256×1024 (smaller than the analyzed 4×2048×1024, to move at most 256 MB a forward): "
+    )
+    same = profile_view("model.py", profile, analyzed_inputs={"LlamaBlock": [[2, 256, 1024]]})
+    assert same.models[0].heading.startswith("LlamaBlock at 2×256×1024: where the time")
+
+
+def test_a_model_not_profiled_says_why_in_place_of_an_empty_chart():
+    """On every page that shows a profile (VS Code's panel, Neovim's markdown, the CLI's HTML)."""
+    refused = ModelProfile("Huge", 0.0, 0.0, 0.0, problem="its forward moves 8.0 GB even at (2, 8192)")
+    view = profile_view("model.py", Profile("cpu", "cpu", 10, 3, models=[refused]))
+    (model,) = view.models
+    assert model.no_data == "Huge was not profiled: its forward moves 8.0 GB even at (2, 8192)"
+    assert model.chart["data"] == [] and model.rows == []
+    assert "_No data: Huge was not profiled: its forward moves 8.0 GB" in view_markdown(view)
+    assert "| line |" not in view_markdown(view)  # no empty table either
+    results_page = pytest.importorskip("fuselens.cli.results_page")
+    page = results_page.page(view)
+    assert "No data: Huge was not profiled" in page and "plotly" not in page.lower()

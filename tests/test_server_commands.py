@@ -110,6 +110,12 @@ async def test_validate_in_the_interpreter_when_asked_to(client: Client, analyze
     result = await client.command("fuselens.validateKernel", analyzed, "c2", {"interpret": True})
     assert len(client.message_requests) == asked  # nothing to ask
     assert statuses(result) == {"c2": "verified"}
+    # Its largest error as a share of the tolerance the check used: under 1, as "verified" says; the
+    # chart's bar is that share.
+    (check,) = [c for m in result["models"] for c in m["clusters"]]
+    assert 0 <= check["tolerance_ratio"] <= 1, check
+    bars = next(t for t in result["results_view"]["models"][0]["chart"]["data"] if t["type"] == "bar")
+    assert bars["y"] == [check["tolerance_ratio"] or None], bars  # (an exact match has no bar on a log axis)
     # The results table the editors show, with the torch.compile mode its timings would compare with.
     table = result["results_markdown"].splitlines()
     assert table[0].startswith("### ExampleNet at ") and "Triton interpreter" in table[0]
@@ -156,7 +162,8 @@ async def test_a_validation_comes_with_its_results_view_and_the_files_earlier_ru
     assert first["earlier_runs"] == 0 and first["time"].endswith("Z")
     (model,) = first["models"]
     assert model["rows"][0][:3] == ["c0", "mul → relu → add", "verified"]
-    assert [t["name"] for t in model["chart"]["data"]] == ["max |error|", "tolerance (atol)"]  # numerics: no timings
+    numerics = ["max |error| / tolerance", "tolerance: atol + rtol·|expected|"]  # no timings: errors against tolerances
+    assert [t["name"] for t in model["chart"]["data"]] == numerics
     assert model["history"]["rows"] == []
 
     second = await client.command("fuselens.validateKernel", uri, "c0", {"interpret": True})
@@ -166,7 +173,8 @@ async def test_a_validation_comes_with_its_results_view_and_the_files_earlier_ru
     assert model["history"]["columns"] == ["run", "device", "torch", "revision", "c0", "whole model"]
     latest, before = model["history"]["rows"]
     assert latest[0] == "latest" and before[1] == "Triton interpreter" and before[4].startswith("err ")
-    assert [t["name"] for t in model["chart"]["data"]][2].startswith("max |error|, ")  # the earlier run's series
+    earlier = [t["name"] for t in model["chart"]["data"]][2]  # the earlier run's series
+    assert earlier.startswith("max |error| / tolerance, "), earlier
     assert "#### Earlier runs of this file" in second["results_markdown"]  # (Neovim's :FuselensResults)
 
     shown = await client.command("fuselens.validationResults", uri)  # the palette's "Show validation results"

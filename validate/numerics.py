@@ -26,6 +26,8 @@ class Comparison:
     atol: float
     rtol: float
     message: str = ""
+    # The largest |error| / (atol + rtol·|expected|) over the elements: what the verdict compares with 1.
+    tolerance_ratio: float = 0.0
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -61,19 +63,12 @@ def compare(
     atol, rtol = tolerance(narrow if narrow is not None else expected.dtype)
     if tol is not None:
         atol, rtol = max(atol, tol[0]), max(rtol, tol[1])
+    inf = float("inf")
     if actual.shape != expected.shape:
-        return Comparison(
-            False,
-            float("inf"),
-            float("inf"),
-            atol,
-            rtol,
-            f"shape {list(actual.shape)} instead of {list(expected.shape)}",
-        )
+        shape = f"shape {list(actual.shape)} instead of {list(expected.shape)}"
+        return Comparison(False, inf, inf, atol, rtol, shape, inf)
     if actual.dtype != expected.dtype:
-        return Comparison(
-            False, float("inf"), float("inf"), atol, rtol, f"dtype {actual.dtype} instead of {expected.dtype}"
-        )
+        return Comparison(False, inf, inf, atol, rtol, f"dtype {actual.dtype} instead of {expected.dtype}", inf)
     a = actual.detach().to(torch.float64)  # on its own device: a GPU compares 1 GB outputs in place
     e = expected.detach().to(a.device, torch.float64)
     if a.numel() == 0:
@@ -81,21 +76,29 @@ def compare(
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if not torch.equal(nan_a, nan_e):
         bad = int((nan_a != nan_e).sum())
-        return Comparison(
-            False, float("nan"), float("nan"), atol, rtol, f"{bad} element(s) NaN in one and not the other"
-        )
+        nan = float("nan")
+        return Comparison(False, nan, nan, atol, rtol, f"{bad} element(s) NaN in one and not the other", inf)
     inf_a, inf_e = torch.isinf(a), torch.isinf(e)
     if not torch.equal(inf_a, inf_e) or not torch.equal(a[inf_a], e[inf_e]):
-        return Comparison(False, float("inf"), float("inf"), atol, rtol, "infinities differ")
+        return Comparison(False, inf, inf, atol, rtol, "infinities differ", inf)
     finite = ~(nan_e | inf_e)
     diff = (a - e).abs()[finite]
     ref = e.abs()[finite]
     max_abs = float(diff.max()) if diff.numel() else 0.0
     sizable = ref > atol  # relative error means little next to values near zero
     max_rel = float((diff[sizable] / ref[sizable]).max()) if bool(sizable.any()) else 0.0
-    ok = bool((diff <= atol + rtol * ref).all())
+    bound = atol + rtol * ref
+    ok = bool((diff <= bound).all())
     message = "" if ok else f"max |error| {max_abs:.3g} exceeds atol {atol:g} + rtol {rtol:g}·|expected|"
-    return Comparison(ok, max_abs, max_rel, atol, rtol, message)
+    return Comparison(ok, max_abs, max_rel, atol, rtol, message, _tolerance_ratio(diff, bound))
+
+
+def _tolerance_ratio(diff: torch.Tensor, bound: torch.Tensor) -> float:
+    """max(|error| / tolerance) over the elements: an error where the tolerance is 0 (an exact dtype) is
+    infinitely over it, no error there is none (0 / 0)."""
+    if diff.numel() == 0:
+        return 0.0
+    return float(torch.nan_to_num(diff / bound, nan=0.0, posinf=float("inf")).max())
 
 
 # A narrow model's whole output, after many layers, differs from eager's by more than a few ulps

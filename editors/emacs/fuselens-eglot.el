@@ -20,6 +20,11 @@
 ;; place of your usual Python server.  Tested with Emacs 28.2 and Eglot 1.9 (Debian 12):
 ;; diagnostics (Flymake), hover (ElDoc), the quick fix (M-x eglot-code-actions) and the
 ;; commands below work; Eglot 1.9 has no code lenses, inlay hints or work-done progress.
+;;
+;; Validating and profiling take seconds to minutes: those commands return at once and Emacs
+;; stays usable; the mode line says "fuselens: validating…" meanwhile, and the results open in
+;; a buffer of their own, one per file, when they come (M-x fuselens-eglot-results shows them
+;; again).
 
 ;;; Code:
 
@@ -83,10 +88,72 @@ That checks numerics only, and needs no GPU."
                `((python-mode python-ts-mode) . (fuselens-eglot-server . ,fuselens-eglot-server-command))))
 
 (defun fuselens-eglot--request (command &rest arguments)
-  "Run the server's COMMAND with ARGUMENTS for this buffer; return its answer."
+  "Run the server's COMMAND with ARGUMENTS for this buffer; return its answer.
+For commands the server answers at once (analyze, show kernels)."
   (jsonrpc-request (eglot--current-server-or-lose) :workspace/executeCommand
                    (list :command command :arguments (vconcat arguments))
-                   :timeout 900))  ; validation can take minutes on a GPU machine
+                   :timeout 60))
+
+(defvar-local fuselens-eglot-running nil
+  "What fuselens is doing for this buffer (\"validating\", \"profiling\"), or nil.")
+
+(defvar-local fuselens-eglot-last-result nil
+  "The server's answer to this buffer's last validation or profile (a plist).")
+
+(defvar fuselens-eglot-result-functions nil
+  "Functions called with the buffer and the server's answer.
+They run when a validation or a profile ends.")
+
+;; The mode line of a buffer whose validation or profile is running says so.
+(add-to-list 'mode-line-misc-info
+             '(fuselens-eglot-running (" fuselens: " fuselens-eglot-running "…")))
+
+(defun fuselens-eglot--run (doing command &rest arguments)
+  "Run the server's COMMAND with ARGUMENTS for this buffer; do not wait for it.
+DOING (\"validating\") shows in the mode line until the answer comes; then the
+answer is this buffer's `fuselens-eglot-last-result' and its results are shown."
+  (let ((buffer (current-buffer)))
+    (setq fuselens-eglot-running doing)
+    (force-mode-line-update)
+    (message "fuselens: %s %s…" doing (file-name-nondirectory (buffer-file-name)))
+    (jsonrpc-async-request
+     (eglot--current-server-or-lose) :workspace/executeCommand
+     (list :command command :arguments (vconcat arguments))
+     :timeout 900  ; validation can take minutes on a GPU machine
+     :success-fn (lambda (result) (fuselens-eglot--answered buffer result))
+     :error-fn (lambda (error)
+                 (fuselens-eglot--answered buffer nil)
+                 (message "fuselens: %s" (plist-get error :message)))
+     :timeout-fn (lambda ()
+                   (fuselens-eglot--answered buffer nil)
+                   (message "fuselens: no answer from the server within 900 s")))))
+
+(defun fuselens-eglot--answered (buffer result)
+  "The server answered BUFFER's validation or profile with RESULT (nil: it failed)."
+  (when (buffer-live-p buffer)
+    (with-current-buffer buffer
+      (setq fuselens-eglot-running nil)
+      (force-mode-line-update)
+      (when result
+        (setq fuselens-eglot-last-result result)
+        (when (plist-get result :results_markdown)
+          (fuselens-eglot--show-results buffer (plist-get result :results_markdown))))))
+  (when result
+    (run-hook-with-args 'fuselens-eglot-result-functions buffer result)))
+
+(defun fuselens-eglot--show-results (buffer markdown)
+  "Show MARKDOWN, the results of BUFFER's file, in a read-only buffer of its own."
+  (let ((results (get-buffer-create
+                  (format "*fuselens results: %s*" (file-name-nondirectory (buffer-file-name buffer))))))
+    (with-current-buffer results
+      (let ((inhibit-read-only t))
+        (erase-buffer)
+        (insert markdown)
+        (goto-char (point-min)))
+      (when (fboundp 'markdown-mode) (markdown-mode))
+      (setq buffer-read-only t))
+    (display-buffer results)
+    results))
 
 (defun fuselens-eglot--uri ()
   "The URI of this buffer's file."
@@ -102,11 +169,30 @@ That checks numerics only, and needs no GPU."
   (fuselens-eglot--request "fuselens.analyze" (fuselens-eglot--uri)))
 
 (defun fuselens-eglot-validate (&optional cluster)
-  "Validate CLUSTER's kernel (an id such as c0), or every kernel of the file."
+  "Validate CLUSTER's kernel (an id such as c0), or every kernel of the file.
+Returns at once; the results open when the validation ends."
   (interactive (list (read-string "Cluster (empty: all): ")))
   (if (and cluster (not (string-empty-p cluster)))
-      (fuselens-eglot--request "fuselens.validateKernel" (fuselens-eglot--uri) cluster (fuselens-eglot--options))
-    (fuselens-eglot--request "fuselens.validateAll" (fuselens-eglot--uri) nil (fuselens-eglot--options))))
+      (fuselens-eglot--run "validating" "fuselens.validateKernel"
+                           (fuselens-eglot--uri) cluster (fuselens-eglot--options))
+    (fuselens-eglot--run "validating" "fuselens.validateAll" (fuselens-eglot--uri) nil (fuselens-eglot--options))))
+
+(defun fuselens-eglot-profile ()
+  "Profile the file's models: where a forward's time goes, by line and cluster.
+Returns at once; the results open when the profile ends."
+  (interactive)
+  (fuselens-eglot--run "profiling" "fuselens.profile" (fuselens-eglot--uri)))
+
+(defun fuselens-eglot-results ()
+  "Show this file's last validation or profile.
+Before any, the last validation the server kept for the file."
+  (interactive)
+  (if-let ((markdown (plist-get fuselens-eglot-last-result :results_markdown)))
+      (fuselens-eglot--show-results (current-buffer) markdown)
+    (let ((result (fuselens-eglot--request "fuselens.validationResults" (fuselens-eglot--uri))))
+      (if-let ((markdown (plist-get result :results_markdown)))
+          (fuselens-eglot--show-results (current-buffer) markdown)
+        (message "fuselens: %s" (or (plist-get result :message) "no validation yet"))))))
 
 (defun fuselens-eglot-show-kernel ()
   "Open the kernels generated for this file."

@@ -141,7 +141,7 @@ local scenes = {
       fuselens.validate(0)
       return true
     end,
-    function() return fuselens.state.last_validation ~= nil end,
+    function() return fuselens.state.results[vim.api.nvim_get_current_buf()] ~= nil end,
     function()
       vim.cmd("FuselensResults")
       vim.cmd("resize 24")

@@ -57,6 +57,16 @@
   (flymake-start)
   (cl-remove-if-not (lambda (d) (string-search text (flymake-diagnostic-text d))) (test-fuselens-diags)))
 
+;; fuselens-eglot-validate and -profile return at once; their answer comes to this hook.
+(defvar test-answered nil "The last validation's or profile's answer, as fuselens-eglot hands it on.")
+(add-hook 'fuselens-eglot-result-functions (lambda (_buffer result) (setq test-answered result)))
+(defun test-messages-say (text)
+  (with-current-buffer (messages-buffer)
+    (save-excursion (goto-char (point-min)) (and (search-forward text nil t) t))))
+(defun test-results-buffer ()
+  (with-current-buffer (format "*fuselens results: %s*" (file-name-nondirectory (getenv "FUSELENS_MODEL")))
+    (list :text (buffer-substring-no-properties (point-min) (point-max)) :read-only buffer-read-only)))
+
 (setq fuselens-eglot-server-command
       (list (getenv "FUSELENS_PYTHON") "-P" "-m" "fuselens.cli.main" "serve" "--stdio"))
 (setq fuselens-eglot-trusted-folders (list (getenv "FUSELENS_TRUSTED")))
@@ -132,8 +142,10 @@
     (test-step "validation error"
       ;; The kernel module's name is taken by a file of the user's: the whole-model check cannot run.
       (write-region "def mine():\n    pass\n" nil (expand-file-name "example_net_kernels.py" dir))
-      (setq test-messages nil)
-      (let ((result (fuselens-eglot-validate)))
+      (setq test-messages nil test-answered nil)
+      (fuselens-eglot-validate)
+      (unless (test-wait 300 (lambda () test-answered)) (error "no validation result"))
+      (let ((result test-answered))
         (test-put :whole-model (plist-get (plist-get (aref (plist-get result :models) 0) :model) :status))
         (test-put :results-markdown (plist-get result :results_markdown)))
       (test-wait 10 (lambda () (cl-some (lambda (m) (string-search "as a whole: error" m)) test-messages)))
@@ -160,12 +172,36 @@
     (test-put :hover (substring-no-properties hover))))
 
 (test-step "validate"
-  (let ((result (fuselens-eglot-validate)))
+  (with-current-buffer (messages-buffer) (let ((inhibit-read-only t)) (erase-buffer)))
+  (setq test-answered nil)
+  (fuselens-eglot-validate)
+  ;; The command is back at once: the validation runs, the mode line says so, Emacs is the user's.
+  (test-put :answered-when-command-returned (or test-answered (test-messages-say "verified")))
+  (test-put :running fuselens-eglot-running)
+  ;; (what the mode line shows: `format-mode-line' draws nothing in batch mode)
+  (test-put :mode-line (and (assq 'fuselens-eglot-running mode-line-misc-info) t))
+  (goto-char (point-min)) (forward-line 18) (forward-char 12)
+  (let (hover)
+    (eglot-hover-eldoc-function (lambda (info &rest _) (setq hover info)))
+    (test-put :hover-while-validating (and (test-wait 15 (lambda () hover)) t)))
+  (unless (test-wait 300 (lambda () test-answered)) (error "no validation result"))
+  (let ((result test-answered))
+    (test-put :running-after fuselens-eglot-running)
     (test-put :validation-mode (plist-get result :mode))
     (test-put :validation
               (vconcat (cl-loop for m across (plist-get result :models)
                                 append (cl-loop for c across (plist-get m :clusters)
-                                                collect (list (plist-get c :id) (plist-get c :status))))))))
+                                                collect (list (plist-get c :id) (plist-get c :status))))))
+    (test-put :validation-results (test-results-buffer))))
+
+(test-step "profile"
+  (setq test-answered nil)
+  (fuselens-eglot-profile)
+  (test-put :profiling fuselens-eglot-running)
+  (unless (test-wait 300 (lambda () test-answered)) (error "no profile"))
+  (test-put :profile-results (test-results-buffer))
+  (fuselens-eglot-results)
+  (test-put :results-again (test-results-buffer)))
 
 (test-step "quick fix"
   (goto-char (point-min)) (forward-line 17) (forward-char 8)  ; line 18: first line of c0

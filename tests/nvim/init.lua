@@ -10,7 +10,11 @@ require("fuselens").setup({
   python = os.getenv("FUSELENS_PYTHON"),
   trusted_folders = trusted and trusted ~= "" and { trusted } or {},
   interpret = true, -- no GPU here: check numerics in the Triton interpreter without asking
-  settings = { severity = "warning", compareInductor = false, worker = { timeoutSeconds = 240 } },
+  settings = {
+    severity = "warning",
+    compareInductor = false,
+    worker = { timeoutSeconds = tonumber(os.getenv("FUSELENS_ANALYSIS_TIMEOUT") or "240") },
+  },
 })
 
 -- Keep every message the user would have seen (the server's window/showMessage included).
@@ -25,3 +29,17 @@ vim.lsp.handlers["window/showMessage"] = function(err, result, ctx, config)
   table.insert(_G.fuselens_test_messages, result and result.message or "")
   return show_message(err, result, ctx, config)
 end
+
+-- A statusline as a user would set one, keeping every text it was drawn with (in order, each change
+-- once): what the user saw, and when Neovim drew it.
+_G.fuselens_test_statuslines = {}
+function _G.fuselens_test_statusline()
+  local text = require("fuselens").status()
+  local seen = _G.fuselens_test_statuslines
+  if seen[#seen] ~= text then
+    table.insert(seen, text)
+  end
+  return text
+end
+vim.o.laststatus = 2
+vim.o.statusline = "%!v:lua.fuselens_test_statusline()"

@@ -11,6 +11,7 @@
 --   $FUSELENS_MODE = "kinds": the quick fixes $FUSELENS_FIXES lists, one after the other, each
 --                             after the analysis of the previous one; then, where $FUSELENS_RESTORE
 --                             names them, the restore of one cluster and of every cluster
+--   $FUSELENS_MODE = "timeout": a model whose analysis does not finish within its time limit
 local fuselens = require("fuselens")
 local results = { steps = {}, errors = {} }
 local v = vim.version()
@@ -36,6 +37,51 @@ local function wait(ms, what, predicate)
   if not vim.wait(ms, predicate, 100) then
     error("timed out waiting for " .. what)
   end
+end
+
+--- The statusline texts drawn since the `from`th (what the user saw, in order).
+local function statuslines_since(from)
+  return vim.list_slice(_G.fuselens_test_statuslines, from + 1)
+end
+
+--- The virtual text at the end of 0-based `line` of `buf`, from every namespace: the diagnostics' own
+--- are anonymous (not in nvim_get_namespaces()), so every id up to past the last named one.
+local function virtual_text_on(buf, line)
+  local last = 0
+  for _, id in pairs(vim.api.nvim_get_namespaces()) do
+    last = math.max(last, id)
+  end
+  local text = {}
+  for ns = 1, last + 100 do
+    local ok, marks = pcall(vim.api.nvim_buf_get_extmarks, buf, ns, { line, 0 }, { line, -1 }, { details = true })
+    for _, mark in ipairs(ok and marks or {}) do
+      for _, chunk in ipairs(mark[4].virt_text or {}) do
+        table.insert(text, chunk[1])
+      end
+    end
+  end
+  return table.concat(text)
+end
+
+--- The signs on 0-based `line` of `buf`, each { kind = "Error" | "Warn" | "Info" | "Hint", priority }:
+--- the sign column shows the one of the highest priority. (0.10+ draws them as extmarks; before, as
+--- placed signs.)
+local function signs_on(buf, line)
+  local out = {}
+  if vim.fn.has("nvim-0.10") == 1 then
+    local marks = vim.api.nvim_buf_get_extmarks(buf, -1, { line, 0 }, { line, -1 }, { details = true, type = "sign" })
+    for _, mark in ipairs(marks) do
+      local group = mark[4].sign_hl_group or ""
+      table.insert(out, { kind = group:match("Diagnostic%a*(%u%l+)$") or group, priority = mark[4].priority })
+    end
+  else
+    for _, placed in ipairs(vim.fn.sign_getplaced(buf, { group = "*", lnum = line + 1 })) do
+      for _, sign in ipairs(placed.signs) do
+        table.insert(out, { kind = sign.name:match("(%u%l+)$") or sign.name, priority = sign.priority })
+      end
+    end
+  end
+  return out
 end
 
 local function ours(bufnr)
@@ -162,6 +208,24 @@ step("open", function()
   results.root_dir = client.config.root_dir
   results.workspace_trusted = client.config.init_options.workspaceTrusted
 end)
+
+if os.getenv("FUSELENS_MODE") == "timeout" then
+  step("analysis timed out", function()
+    wait(120000, "the diagnostic of the timeout", function()
+      for _, d in ipairs(vim.diagnostic.get(bufnr)) do
+        if d.source == "fuselens" and d.code == "timeout" then
+          return true
+        end
+      end
+      return false
+    end)
+    results.status = fuselens.status(bufnr)
+    results.statuslines = _G.fuselens_test_statuslines
+  end)
+  save()
+  vim.cmd("qa!")
+  return
+end
 
 if os.getenv("FUSELENS_MODE") == "untrusted" then
   step("no analysis", function()
@@ -392,6 +456,21 @@ if os.getenv("FUSELENS_MODE") == "kinds" then
       return #ours(bufnr) >= clusters
     end)
     results.original = text()
+    -- What the user reads at the end of each cluster's first line, with Neovim's default diagnostic
+    -- config: the virtual text of the line's diagnostics (a pattern's hint may share the line).
+    results.cluster_lines = {}
+    for _, d in ipairs(ours(bufnr)) do
+      if d.message:find("^fusable:") then
+        table.insert(results.cluster_lines, { line = d.lnum + 1, message = d.message, shown = virtual_text_on(bufnr, d.lnum),
+                                              signs = signs_on(bufnr, d.lnum) })
+      end
+    end
+    results.patterns = 0
+    for _, d in ipairs(ours(bufnr)) do
+      if d.severity == vim.diagnostic.severity.HINT then
+        results.patterns = results.patterns + 1
+      end
+    end
   end)
   -- Each fix: { kind, a line of code it starts on, the action's title pattern, what the edit writes }.
   for _, f in ipairs(vim.fn.json_decode(os.getenv("FUSELENS_FIXES"))) do
@@ -460,6 +539,7 @@ step("diagnostics", function()
     end
   end
   results.status = fuselens.status(bufnr)
+  results.statuslines_at_open = statuslines_since(0)
 end)
 
 step("hover", function()
@@ -478,15 +558,16 @@ end)
 
 --- What is drawn for the lenses: the plugin's virtual lines, and any end-of-line virtual text on
 --- the class line from any namespace (Neovim's own lens display included).
-local function lens_drawing()
+local function lens_drawing(buf)
+  buf = buf or bufnr
   local drawn = {}
-  for _, mark in ipairs(require("fuselens.lenses").drawn(bufnr)) do
+  for _, mark in ipairs(require("fuselens.lenses").drawn(buf)) do
     table.insert(drawn, { line = mark.line + 1, above = mark.above, rows = mark.rows })
   end
-  local line = vim.lsp.codelens.get(bufnr)[1].range.start.line
+  local line = vim.lsp.codelens.get(buf)[1].range.start.line
   local at_line_end = {}
   for _, ns in pairs(vim.api.nvim_get_namespaces()) do
-    for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(bufnr, ns, { line, 0 }, { line, -1 }, { details = true })) do
+    for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(buf, ns, { line, 0 }, { line, -1 }, { details = true })) do
       for _, chunk in ipairs(mark[4].virt_text or {}) do
         table.insert(at_line_end, chunk[1])
       end
@@ -527,6 +608,7 @@ step("results before validating", function()
 end)
 
 step("validate from the lens", function()
+  local from = #_G.fuselens_test_statuslines
   vim.api.nvim_win_set_cursor(0, { 11, 0 }) -- the class line carries the lenses
   choose("^Validate all$")
   vim.lsp.codelens.run()
@@ -543,6 +625,7 @@ step("validate from the lens", function()
     results.validation.model = m.model and m.model.status
   end
   results.progress = fuselens.state.progress_log
+  results.statuslines_validating = statuslines_since(from)
 end)
 
 step("results view", function()
@@ -557,6 +640,78 @@ step("results view", function()
   }
   vim.cmd("close")
   vim.api.nvim_set_current_win(model_win)
+end)
+
+step("profile another file", function()
+  -- A second model (the example at a smaller input) opened beside the validated one, and profiled
+  -- from its Profile lens: its status, its lens and its results are its own.
+  local other = vim.fn.fnamemodify(model, ":h") .. "/other_net.py"
+  local lines = vim.fn.readfile(model)
+  for i, line in ipairs(lines) do
+    lines[i] = line:gsub("input=%(16384, 1024%)", "input=(512, 1024)")
+  end
+  vim.fn.writefile(lines, other)
+  vim.cmd("edit " .. vim.fn.fnameescape(other))
+  local buf = vim.api.nvim_get_current_buf()
+  wait(240000, "its cluster diagnostics", function()
+    return #ours(buf) >= 3
+  end)
+  wait(30000, "its lenses", function()
+    return #vim.lsp.codelens.get(buf) >= 4 and #require("fuselens.lenses").drawn(buf) > 0
+  end)
+  -- Whatever the status of the validated file says while this one profiles (each change, in order).
+  local validated_status, recording = {}, false
+  vim.api.nvim_create_autocmd("User", {
+    pattern = "FuselensStatus",
+    callback = function()
+      local text = recording and fuselens.status(bufnr)
+      if not text then
+        return
+      end
+      if validated_status[#validated_status] ~= text then
+        table.insert(validated_status, text)
+      end
+    end,
+  })
+  local from = #_G.fuselens_test_statuslines
+  recording = true
+  vim.api.nvim_win_set_cursor(0, { 11, 0 })
+  choose("^Profile$")
+  vim.lsp.codelens.run()
+  wait(240000, "the profile", function()
+    return fuselens.state.last_result["fuselens.profile"] ~= nil
+  end)
+  wait(15000, "the lens with the measured time", function()
+    for _, lens in ipairs(vim.lsp.codelens.get(buf)) do
+      if lens.command and lens.command.title:find("^◔") then
+        return #require("fuselens.lenses").drawn(buf) > 0
+      end
+    end
+    return false
+  end)
+  recording = false
+  results.profile_statuslines = statuslines_since(from)
+  results.validated_status_while_profiling = validated_status
+  results.profile_lens_drawing = lens_drawing(buf)
+  local profile_win = vim.api.nvim_get_current_win()
+  vim.cmd("FuselensResults")
+  local shown = vim.api.nvim_get_current_buf()
+  results.profile_results = {
+    name = vim.api.nvim_buf_get_name(shown),
+    lines = vim.api.nvim_buf_get_lines(shown, 0, -1, false),
+  }
+  vim.cmd("close")
+  vim.api.nvim_set_current_win(profile_win)
+  -- Back in the validated file: its own results, still.
+  vim.cmd("buffer " .. bufnr)
+  vim.cmd("FuselensResults")
+  shown = vim.api.nvim_get_current_buf()
+  results.validated_results = {
+    name = vim.api.nvim_buf_get_name(shown),
+    lines = vim.api.nvim_buf_get_lines(shown, 0, -1, false),
+  }
+  vim.cmd("close")
+  vim.api.nvim_set_current_win(profile_win)
 end)
 
 step("quick fix", function()

@@ -72,6 +72,11 @@
   view.models.forEach((model) => {
     const section = root.appendChild(element("section", undefined, "model"));
     section.appendChild(element("h2", model.heading));
+    if (model.no_data) {
+      // Nothing measured or checked: why, where the table and the chart would be (never an empty chart).
+      section.appendChild(element("p", "No data: " + model.no_data, "no-data"));
+      return;
+    }
     section.appendChild(table(view.columns, model.rows, "results"));
     if (model.whole_model) {
       section.appendChild(element("p", model.whole_model));

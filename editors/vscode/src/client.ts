@@ -7,7 +7,11 @@ import * as vscode from "vscode";
 import {
   LanguageClient,
   LanguageClientOptions,
+  MessageActionItem,
+  MessageType,
   ServerOptions,
+  ShowMessageRequest,
+  ShowMessageRequestParams,
   State,
 } from "vscode-languageclient/node";
 import { serverSettings } from "./config";
@@ -80,7 +84,8 @@ export function clientOptions(
     middleware: {
       // A server command run from a code lens ("Validate all"): its result goes to the results view.
       executeCommand: async (command, args, next) => {
-        const result = await next(command, args);
+        const uri = typeof args[0] === "string" ? args[0] : undefined;
+        const result = await status.track(uri, command, Promise.resolve(next(command, args)));
         onCommandResult(result);
         return result;
       },
@@ -100,6 +105,9 @@ export function clientOptions(
         status.diagnostics(uri.toString(), diagnostics);
         next(uri, diagnostics);
       },
+      // Progress shows once: in the status item, on the document it is for, with its percentage. The
+      // client's own display (a second status bar entry, without the percentage) is never begun; it
+      // hears of the end only, to let go of the token.
       handleWorkDoneProgress: (token, params, next) => {
         const key = String(token);
         if (params.kind === "begin") {
@@ -108,8 +116,8 @@ export function clientOptions(
           status.progressReport(key, params.message, params.percentage);
         } else {
           status.progressEnd(key);
+          next(token, params);
         }
-        next(token, params); // keep the client's own progress UI
       },
       workspace: {
         // The server asks for section "fuselens"; answer with its keys only (see config.ts).
@@ -125,6 +133,23 @@ export function clientOptions(
       },
     },
   };
+}
+
+/**
+ * The server's questions (window/showMessageRequest: "No CUDA GPU here: check numerics in the
+ * interpreter?") as modal dialogs. The client's own shows a notification, which hides itself after
+ * a while and leaves the validation waiting on an answer nobody can see; a dialog stays until it is
+ * answered or dismissed (no answer, as Escape gives, is "no").
+ */
+export async function askUntilAnswered(params: ShowMessageRequestParams): Promise<MessageActionItem | null> {
+  const ask =
+    params.type === MessageType.Error
+      ? vscode.window.showErrorMessage
+      : params.type === MessageType.Warning
+        ? vscode.window.showWarningMessage
+        : vscode.window.showInformationMessage;
+  const answer = await ask<MessageActionItem>(params.message, { modal: true }, ...(params.actions ?? []));
+  return answer ?? null;
 }
 
 /** Owns the one LanguageClient; `restart` builds a new one (the interpreter may have changed). */
@@ -166,6 +191,7 @@ export class Controller {
     this.status.setServerError(undefined);
     try {
       await client.start();
+      client.onRequest(ShowMessageRequest.type, askUntilAnswered);
     } catch (error) {
       const why = error instanceof Error ? error.message : String(error);
       this.status.setServerError(`the server did not start: ${why}`);

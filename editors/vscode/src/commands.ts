@@ -39,6 +39,11 @@ export function clusterDiagnostics(uri: vscode.Uri): { id: string; diagnostic: v
     .filter((c): c is { id: string; diagnostic: vscode.Diagnostic } => typeof c.id === "string");
 }
 
+/**
+ * The cluster "Validate kernel at cursor…" validates: the one whose diagnostic holds the cursor; where
+ * several do (clusters on the same lines), or none, the user picks, from those at the cursor or else
+ * from all of the file's. Never every kernel: that is "Validate all".
+ */
 async function pickCluster(uri: vscode.Uri): Promise<string | undefined> {
   const clusters = clusterDiagnostics(uri);
   if (clusters.length === 0) {
@@ -51,12 +56,16 @@ async function pickCluster(uri: vscode.Uri): Promise<string | undefined> {
     return here[0].id;
   }
   const choice = await vscode.window.showQuickPick(
-    clusters.map((c) => ({
+    (here.length ? here : clusters).map((c) => ({
       label: c.id,
       description: `line ${c.diagnostic.range.start.line + 1}`,
       detail: c.diagnostic.message,
     })),
-    { placeHolder: "Validate which kernel?" },
+    {
+      placeHolder: here.length
+        ? "Clusters at the cursor: validate the kernel of which?"
+        : "No cluster at the cursor: validate the kernel of which?",
+    },
   );
   return choice?.label;
 }
@@ -98,7 +107,8 @@ export function registerCommands(
       return undefined;
     }
     try {
-      return await client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args });
+      const uri = typeof args[0] === "string" ? args[0] : undefined;
+      return await status.track(uri, command, client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args }));
     } catch (error) {
       // The server answers bad requests ("no analysis of ... yet") with a message for people.
       void vscode.window.showWarningMessage(`fuselens: ${error instanceof Error ? error.message : error}`);
@@ -151,7 +161,7 @@ export function registerCommands(
       results.show(view, false);
     } else if (result) {
       const why = (result as { message?: string }).message ?? "no validation results";
-      void vscode.window.showInformationMessage(`fuselens: ${why} (fuselens: Validate all kernels).`);
+      void vscode.window.showInformationMessage(`fuselens: ${why} (fuselens: Validate all).`);
     }
   });
   register(PALETTE_COMMANDS.showKernel, async () => {

@@ -21,6 +21,7 @@ export interface ModelResults {
   whole_model: string;
   chart: { data: unknown[]; layout: Record<string, unknown> };
   history: HistoryTable;
+  no_data?: string; // why there is no table or chart ("" when there are)
 }
 
 /** The server's results view of one validation (the fields the page reads). */

@@ -1,10 +1,12 @@
-// The status bar item: idle / analyzing / N clusters / validating / error.
+// The status bar item: idle / analyzing / N clusters / validating / profiling / error.
 //
 // `StatusModel` is plain state with no VS Code in it, so the tests drive it directly. It
-// is fed by the client's middleware (client.ts): a document sent to the server (open,
-// save, "Analyze") is "analyzing" until its diagnostics come back; the diagnostics say
-// how many clusters it has or that the analysis failed; work-done progress (validation)
-// shows while it runs. The item shows the state of the active editor's document.
+// is fed by the client's middleware (client.ts) and the palette commands (commands.ts): a
+// document sent to the server (open, save, "Analyze") is "analyzing" until its diagnostics
+// come back; the diagnostics say how many clusters it has or that the analysis failed; a
+// validation or a profile run for a document shows on that document while it runs, with the
+// server's work-done progress (its title and percentage) once it reports some. The item
+// shows the state of the active editor's document, and is the only place progress shows.
 
 export type Shown = { text: string; tooltip: string; error: boolean };
 
@@ -35,6 +37,26 @@ interface DocState {
   problem?: { words: string; message: string };
 }
 
+interface Progress {
+  title: string;
+  message?: string;
+  percentage?: number;
+}
+
+/** A server command that runs for a while on one document (a validation, a profile). */
+interface Running {
+  uri: string;
+  doing: string; // "validating", "profiling"
+  progress?: string; // the token of the work-done progress it reports through, once it began
+}
+
+/** What the status says a long command is doing, by the server's command id. */
+const DOING: Record<string, string> = {
+  "fuselens.validateAll": "validating",
+  "fuselens.validateKernel": "validating",
+  "fuselens.profile": "profiling",
+};
+
 function codeOf(d: DiagnosticLike): string {
   const code = d.code;
   return String(typeof code === "object" && code !== null ? code.value : code ?? "");
@@ -42,7 +64,8 @@ function codeOf(d: DiagnosticLike): string {
 
 export class StatusModel {
   private docs = new Map<string, DocState>();
-  private progress = new Map<string, { title: string; message?: string; percentage?: number }>();
+  private progress = new Map<string, Progress>();
+  private running: Running[] = [];
   private serverError: string | undefined;
   private onChange: () => void;
 
@@ -87,8 +110,37 @@ export class StatusModel {
     this.onChange();
   }
 
+  /**
+   * Show `work` (the server's command `command` for the document `uri`) on that document while it
+   * runs; its result, unchanged. Commands that end at once (analyze, show kernels) show nothing.
+   */
+  async track<T>(uri: string | undefined, command: string, work: Thenable<T>): Promise<T> {
+    const doing = DOING[command];
+    if (!uri || !doing) {
+      return work;
+    }
+    const run: Running = { uri, doing };
+    this.running.push(run);
+    this.onChange();
+    try {
+      return await work;
+    } finally {
+      this.running = this.running.filter((r) => r !== run);
+      this.onChange();
+    }
+  }
+
+  /**
+   * The server began a work-done progress. The server makes one for each command's work as it starts
+   * it (one after another: a validation, then the same in the interpreter), so it belongs to the
+   * earliest running command that has none going.
+   */
   progressBegin(token: string, title: string, percentage?: number): void {
     this.progress.set(token, { title, percentage });
+    const owner = this.running.find((r) => r.progress === undefined || !this.progress.has(r.progress));
+    if (owner) {
+      owner.progress = token;
+    }
     this.onChange();
   }
 
@@ -118,20 +170,37 @@ export class StatusModel {
     this.onChange();
   }
 
+  /** A command running on `uri`, with its progress if it reports some; else progress of no command's. */
+  private runningOn(uri: string | undefined): Shown | undefined {
+    const run = [...this.running].reverse().find((r) => r.uri === uri);
+    const owned = new Set(this.running.map((r) => r.progress));
+    const progress = run?.progress !== undefined
+      ? this.progress.get(run.progress)
+      : [...this.progress.entries()].filter(([token]) => !owned.has(token)).map(([, p]) => p).pop();
+    if (progress) {
+      const pct = progress.percentage !== undefined ? ` ${progress.percentage}%` : "";
+      const title = progress.title.replace(/^fuselens:\s*/, "");
+      return {
+        text: `$(sync~spin) fuselens: ${title}${pct}`,
+        tooltip: progress.message ? `${progress.title}\n${progress.message}` : progress.title,
+        error: false,
+      };
+    }
+    if (run) {
+      // Begun, with no progress yet or between two (waiting for the worker, or for an answer).
+      return { text: `$(sync~spin) fuselens: ${run.doing}…`, tooltip: `fuselens: ${run.doing} this file`, error: false };
+    }
+    return undefined;
+  }
+
   /** What to show while `activeUri` is the active editor's document. */
   shown(activeUri: string | undefined): Shown {
     if (this.serverError) {
       return { text: "$(error) fuselens", tooltip: `fuselens: ${this.serverError}`, error: true };
     }
-    const running = [...this.progress.values()].pop();
+    const running = this.runningOn(activeUri);
     if (running) {
-      const pct = running.percentage !== undefined ? ` ${running.percentage}%` : "";
-      const title = running.title.replace(/^fuselens:\s*/, "");
-      return {
-        text: `$(sync~spin) fuselens: ${title}${pct}`,
-        tooltip: running.message ? `${running.title}\n${running.message}` : running.title,
-        error: false,
-      };
+      return running;
     }
     const state = activeUri ? this.docs.get(activeUri) : undefined;
     if (!state) {

@@ -5,7 +5,7 @@ import * as assert from "assert";
 import * as fs from "fs";
 import * as os from "os";
 import * as path from "path";
-import { clients, fakeContext, FakeState, FakeUri, freshState, loadExtension } from "./fakes";
+import { clients, clusterDiagnostic, fakeContext, FakeState, FakeUri, freshState, loadExtension } from "./fakes";
 
 const ROOT = path.resolve(__dirname, "..", "..");
 const REPO = path.resolve(ROOT, "..", "..");
@@ -184,7 +184,7 @@ describe("activation", () => {
     assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0 50%");
     mw.handleWorkDoneProgress("t1", { kind: "end" }, () => progress.push("end"));
     assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
-    assert.deepStrictEqual(progress, ["begin", "report", "end"], "the client's own progress UI still runs");
+    assert.deepStrictEqual(progress, ["end"], "the client's own progress display never begins: it hears of the end");
 
     mw.handleDiagnostics(uri, [{ source: "fuselens", code: "timeout", message: "analysis timed out: 60 s" }], () => undefined);
     assert.strictEqual(item.text, "$(error) fuselens: failed");
@@ -193,6 +193,116 @@ describe("activation", () => {
     mw.handleDiagnostics(uri, [syntax], () => undefined);
     assert.strictEqual(item.text, "$(warning) fuselens: syntax error", "not '0 clusters': nothing was analyzed");
     assert.strictEqual(item.tooltip, "invalid syntax (line 12)");
+  });
+
+  it("shows a validation's progress once, on the document it is for, from the lens to its end", async () => {
+    const state = freshState();
+    const model = { uri: FakeUri.file("/w/model.py"), languageId: "python" };
+    const other = { uri: FakeUri.file("/w/other.py"), languageId: "python" };
+    state.activeEditor = { document: model };
+    await activate(state);
+    const [item] = state.statusItems;
+    const mw = clients[0].clientOptions.middleware;
+    const cluster = (id: string) => ({ source: "fuselens", code: "elementwise", message: "fusable", data: { cluster: id } });
+    mw.handleDiagnostics(model.uri, [cluster("c0"), cluster("c1"), cluster("c2")], () => undefined);
+    mw.handleDiagnostics(other.uri, [cluster("c0")], () => undefined);
+
+    // The "Validate all" lens: the command runs through the middleware until the server answers.
+    let answer: (value: unknown) => void = () => undefined;
+    const validation = mw.executeCommand("fuselens.validateAll", [model.uri.toString(), "ExampleNet"], () =>
+      new Promise((resolve) => (answer = resolve)));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating…", "visible before the first progress");
+
+    const passedOn: string[] = [];
+    mw.handleWorkDoneProgress("t1", { kind: "begin", title: "fuselens: validating c0, c1, c2", percentage: 0 }, () => passedOn.push("begin"));
+    mw.handleWorkDoneProgress("t1", { kind: "report", message: "ExampleNet: c1", percentage: 40 }, () => passedOn.push("report"));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0, c1, c2 40%");
+
+    state.activeEditor = { document: other }; // another file in front: its own state, not this validation
+    await state.activeEditorChange.fire(undefined);
+    assert.strictEqual(item.text, "$(zap) fuselens: 1 cluster");
+    state.activeEditor = { document: model };
+    await state.activeEditorChange.fire(undefined);
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0, c1, c2 40%");
+
+    // The first run ends (no GPU); the validation waits for the user's answer, then runs again.
+    mw.handleWorkDoneProgress("t1", { kind: "end" }, () => passedOn.push("end"));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating…", "still visible while it waits");
+    mw.handleWorkDoneProgress("t2", { kind: "begin", title: "fuselens: validating c0, c1, c2 in the interpreter", percentage: 0 }, () => passedOn.push("begin"));
+    mw.handleWorkDoneProgress("t2", { kind: "report", message: "ExampleNet: c2", percentage: 75 }, () => passedOn.push("report"));
+    assert.strictEqual(item.text, "$(sync~spin) fuselens: validating c0, c1, c2 in the interpreter 75%");
+    mw.handleWorkDoneProgress("t2", { kind: "end" }, () => passedOn.push("end"));
+    answer({ mode: "interpret", models: [] });
+    await validation;
+    assert.strictEqual(item.text, "$(zap) fuselens: 3 clusters");
+    // Once: the client's own progress display (a second entry in the status bar) never begins.
+    assert.deepStrictEqual(passedOn, ["end", "end"]);
+  });
+
+  it("asks the server's question in a dialog that stays until it is answered", async () => {
+    const state = freshState();
+    await activate(state);
+    const ask = clients[0].requestHandlers.get("window/showMessageRequest");
+    assert.ok(ask, "the extension answers the server's questions itself");
+    const interpret = { title: "Check numerics in the Triton interpreter" };
+    const params = { type: 3, message: "No CUDA GPU on this machine, ...", actions: [interpret, { title: "Always check in the interpreter" }] };
+
+    state.answer = (_text, actions) => actions[0];
+    assert.deepStrictEqual(await ask!(params), interpret);
+    const asked = state.messages.at(-1)!;
+    assert.strictEqual(asked.text, params.message);
+    assert.deepStrictEqual(asked.options, { modal: true }, "a modal dialog: a notification hides itself after a while");
+    assert.deepStrictEqual(asked.actions, params.actions);
+
+    state.answer = () => undefined; // dismissed (Escape)
+    assert.strictEqual(await ask!(params), null, "no answer is no");
+  });
+
+  it("validates the kernel at the cursor, or asks which, never every kernel", async () => {
+    const state = freshState();
+    const uri = FakeUri.file("/w/model.py");
+    const at = (line: number) => ({ active: { line: line - 1, character: 8 } });
+    state.activeEditor = { document: { uri, languageId: "python" }, selection: at(19) };
+    // c1 and c2 share line 24 (one cluster's output feeds the next on that line).
+    state.diagnostics.set(uri.toString(), [clusterDiagnostic("c0", 18, 20), clusterDiagnostic("c1", 23, 24), clusterDiagnostic("c2", 24, 26)]);
+    await activate(state);
+    const client = clients[0];
+    const validateKernel = state.commands.get("fuselens.palette.validateKernel")!;
+
+    await validateKernel();
+    assert.deepStrictEqual(client.requests.at(-1)!.params, { command: "fuselens.validateKernel", arguments: [uri.toString(), "c0"] });
+    assert.strictEqual(state.quickPicks.length, 0, "one cluster at the cursor: no question");
+
+    state.activeEditor.selection = at(24);
+    await validateKernel();
+    assert.deepStrictEqual(state.quickPicks.at(-1), { labels: ["c1", "c2"], placeHolder: "Clusters at the cursor: validate the kernel of which?" });
+    assert.deepStrictEqual(client.requests.at(-1)!.params, { command: "fuselens.validateKernel", arguments: [uri.toString(), "c1"] });
+
+    state.activeEditor.selection = at(40);
+    await validateKernel();
+    assert.deepStrictEqual(state.quickPicks.at(-1)!.labels, ["c0", "c1", "c2"]);
+    assert.ok(client.requests.every((r: any) => r.params.command === "fuselens.validateKernel"), "never fuselens.validateAll");
+  });
+
+  it("finds each palette command by its title alone, as VS Code's palette matches words", () => {
+    // The palette lists every command whose label holds the typed words, each at the start of a word
+    // of the label, in order (words between them skipped), and puts the recently used ones first:
+    // typing one command's title must not also list another, which a recent use puts above it.
+    const words = (text: string) => text.toLowerCase().replace(/…$/, "").split(/\s+/).filter(Boolean);
+    const matches = (query: string, label: string) => {
+      const target = words(label);
+      let at = 0;
+      return words(query).every((word) => {
+        while (at < target.length && !target[at].startsWith(word)) {
+          at++;
+        }
+        return at++ < target.length;
+      });
+    };
+    const labels = manifest.contributes.commands.map((c: { category: string; title: string }) => `${c.category}: ${c.title}`);
+    for (const typed of labels) {
+      assert.deepStrictEqual(labels.filter((label: string) => matches(typed, label)), [typed], `typing "${typed}"`);
+    }
   });
 
   it("does not mark a read-only file, such as a kernel view, as analyzing", async () => {

@@ -75,6 +75,41 @@ export class FakeWebviewPanel {
   }
 }
 
+/** A position and a range, as far as the extension reads them. */
+export class FakePosition {
+  constructor(readonly line: number, readonly character: number) {}
+}
+
+export class FakeRange {
+  constructor(readonly start: FakePosition, readonly end: FakePosition) {}
+  contains(p: FakePosition): boolean {
+    const after = (a: FakePosition, b: FakePosition) => a.line > b.line || (a.line === b.line && a.character >= b.character);
+    return after(p, this.start) && after(this.end, p);
+  }
+}
+
+/** A diagnostic of the server's, as VS Code hands it back (the language client keeps its `data`). */
+export function clusterDiagnostic(id: string, firstLine: number, lastLine: number) {
+  const range = new FakeRange(new FakePosition(firstLine - 1, 0), new FakePosition(lastLine - 1, 80));
+  return { source: "fuselens", message: `fusable: ${id}`, range, data: { cluster: id } };
+}
+
+/** A message the extension showed: its level, text, options ({ modal }) and the actions offered. */
+export interface ShownMessage {
+  level: string;
+  text: string;
+  options?: { modal?: boolean };
+  actions?: unknown[];
+}
+
+function message(state: FakeState, level: string, text: string, rest: unknown[]) {
+  const first = rest[0] as { modal?: boolean } | undefined;
+  const options = typeof first === "object" && first !== null && "modal" in first ? first : undefined;
+  const actions = options ? rest.slice(1) : rest;
+  state.messages.push({ level, text, ...(options ? { options } : {}), ...(actions.length ? { actions } : {}) });
+  return state.answer(text, actions);
+}
+
 export interface FakeState {
   settings: Record<string, unknown>; // "fuselens.x" -> value
   trusted: boolean;
@@ -82,12 +117,16 @@ export interface FakeState {
   executed: unknown[][];
   statusItems: any[];
   outputs: { name: string; lines: string[] }[];
-  messages: { level: string; text: string }[];
+  messages: ShownMessage[];
+  answer: (text: string, actions: unknown[]) => unknown; // what the user picks in a message (default: nothing)
+  quickPicks: { labels: string[]; placeHolder?: string }[];
+  diagnostics: Map<string, unknown[]>; // uri -> what vscode.languages.getDiagnostics gives
   panels: FakeWebviewPanel[];
   workspaceFolders: { uri: FakeUri }[];
   pythonExtension?: { exports: unknown };
-  activeEditor?: { document: { uri: FakeUri; languageId: string } };
+  activeEditor?: { document: { uri: FakeUri; languageId: string }; selection?: { active: FakePosition } };
   grantTrust: Emitter<void>;
+  activeEditorChange: Emitter<unknown>; // fired (by a test) after it sets `activeEditor`
   configChange: Emitter<{ affectsConfiguration(key: string): boolean }>;
 }
 
@@ -106,6 +145,8 @@ export function makeVscode(state: FakeState) {
   });
   return {
     Uri: FakeUri,
+    Position: FakePosition,
+    Range: FakeRange,
     ThemeColor: class {
       constructor(readonly id: string) {}
     },
@@ -139,11 +180,14 @@ export function makeVscode(state: FakeState) {
         state.panels.push(panel);
         return panel;
       },
-      onDidChangeActiveTextEditor: new Emitter<unknown>().event,
-      showErrorMessage: async (text: string) => void state.messages.push({ level: "error", text }),
-      showWarningMessage: async (text: string) => void state.messages.push({ level: "warning", text }),
-      showInformationMessage: async (text: string) => void state.messages.push({ level: "info", text }),
-      showQuickPick: async (items: { label: string }[]) => items[0],
+      onDidChangeActiveTextEditor: state.activeEditorChange.event,
+      showErrorMessage: async (text: string, ...rest: unknown[]) => message(state, "error", text, rest),
+      showWarningMessage: async (text: string, ...rest: unknown[]) => message(state, "warning", text, rest),
+      showInformationMessage: async (text: string, ...rest: unknown[]) => message(state, "info", text, rest),
+      showQuickPick: async (items: { label: string }[], options?: { placeHolder?: string }) => {
+        state.quickPicks.push({ labels: items.map((i) => i.label), placeHolder: options?.placeHolder });
+        return items[0];
+      },
     },
     workspace: {
       get isTrusted() {
@@ -166,7 +210,7 @@ export function makeVscode(state: FakeState) {
       },
       executeCommand: async (...args: unknown[]) => void state.executed.push(args),
     },
-    languages: { getDiagnostics: () => [] },
+    languages: { getDiagnostics: (uri: FakeUri) => state.diagnostics.get(uri.toString()) ?? [] },
     extensions: {
       getExtension: (id: string) =>
         id === "ms-python.python" && state.pythonExtension
@@ -209,6 +253,12 @@ export class FakeLanguageClient {
   isRunning() {
     return this.running;
   }
+  /** The handlers the extension set for the server's requests, by method. */
+  requestHandlers = new Map<string, (params: any) => unknown>();
+  onRequest(type: { method: string }, handler: (params: any) => unknown) {
+    this.requestHandlers.set(type.method, handler);
+    return { dispose: () => this.requestHandlers.delete(type.method) };
+  }
   /** What the "server" answers (a test may swap it: a canned answer, or a real server's). */
   answer: (method: string, params: unknown) => unknown = () => ({ scheduled: true });
   async sendRequest(type: { method: string }, params: unknown) {
@@ -235,9 +285,13 @@ export function freshState(): FakeState {
     statusItems: [],
     outputs: [],
     messages: [],
+    answer: () => undefined,
+    quickPicks: [],
+    diagnostics: new Map(),
     panels: [],
     workspaceFolders: [],
     grantTrust: new Emitter<void>(),
+    activeEditorChange: new Emitter<unknown>(),
     configChange: new Emitter(),
   };
 }

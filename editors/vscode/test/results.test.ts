@@ -33,6 +33,22 @@ latest = ValidationRun("2025-01-31T12:03:04Z", "NVIDIA H200", report(10.0))
 print(json.dumps(to_plain(results_view(latest, [earlier]))))
 `;
 
+// A profile of two models on a CPU: one too large to profile there, one profiled at smaller inputs.
+const MAKE_PROFILE_VIEW = `
+import json
+from fuselens.contracts.plain import to_plain
+from fuselens.contracts.profile import ClusterTime, LineTime, ModelProfile, Profile
+from fuselens.contracts.profile_view import profile_view
+
+huge = ModelProfile("Huge", 0.0, 0.0, 0.0, problem="its forward moves 8.0 GB even at (2, 8192)")
+small = ModelProfile("Net", 100.0, 100.0, 0.0, inputs=[[2, 256, 1024]], cpu_budget_bytes=256 * 2**20,
+                     lines=[LineTime("/ws/model.py", 3, "Net.forward", 100.0, 1.0, 2, ops=["mul"], clusters=["c0"])],
+                     clusters=[ClusterTime("c0", 100.0, 1.0, 2, 40.0, 2.5, 1, 1)])
+profile = Profile("cpu", "cpu", 10, 3, models=[huge, small])
+analyzed = {"Huge": [[4, 8192]], "Net": [[4, 2048, 1024]]}
+print(json.dumps(to_plain(profile_view("/ws/model.py", profile, analyzed_inputs=analyzed))))
+`;
+
 function serverView(modelName = "Net"): any {
   const done = spawnSync(PYTHON, ["-c", MAKE_VIEW, modelName], { encoding: "utf8" });
   assert.strictEqual(done.status, 0, done.stderr);
@@ -147,6 +163,27 @@ describe("the results view", function () {
     assert.strictEqual(state.panels[0].reveals.length, 1, "other commands leave it alone");
   });
 
+  it("shows a profile's inputs, and says why a model has no chart instead of drawing an empty one", async () => {
+    const state = freshState();
+    pythonEditor(state);
+    const { client } = await activate(state);
+    const done = spawnSync(PYTHON, ["-c", MAKE_PROFILE_VIEW], { encoding: "utf8" });
+    assert.strictEqual(done.status, 0, done.stderr);
+    const view = JSON.parse(done.stdout);
+    // The Profile lens's command: its result goes to the results view as a validation's does.
+    await client.clientOptions.middleware.executeCommand("fuselens.profile", ["file:///ws/model.py"], async () => ({ results_view: view }));
+    const page = await renderPage(state.panels[0].webview.html);
+    const [huge, net] = Array.from(page.document.querySelectorAll("section.model"));
+    assert.strictEqual(huge.querySelector("h2")!.textContent, "Huge: where the time of a forward goes, on the CPU (each op's CPU time)");
+    assert.strictEqual(huge.querySelector(".no-data")!.textContent, "No data: Huge was not profiled: its forward moves 8.0 GB even at (2, 8192)");
+    assert.strictEqual(huge.querySelector(".chart"), null, "no empty chart");
+    assert.strictEqual(huge.querySelector("table"), null, "no empty table");
+    assert.ok(net.querySelector("h2")!.textContent!.startsWith(
+      "Net at 2×256×1024 (smaller than the analyzed 4×2048×1024, to move at most 256 MB a forward): "));
+    assert.ok(net.querySelector(".chart svg.main-svg"), "the profiled model's chart is drawn");
+    assert.deepStrictEqual(page.errors.filter((e) => !/getContext|canvas/.test(e)), []);
+  });
+
   it("says so when the file has no validation yet", async () => {
     const state = freshState();
     pythonEditor(state);
@@ -156,7 +193,7 @@ describe("the results view", function () {
     assert.strictEqual(state.panels.length, 0);
     assert.deepStrictEqual(state.messages.at(-1), {
       level: "info",
-      text: "fuselens: no validation of model.py yet (fuselens: Validate all kernels).",
+      text: "fuselens: no validation of model.py yet (fuselens: Validate all).",
     });
   });
 

@@ -48,7 +48,7 @@ describe("the real server, started as the extension starts it", function () {
     const { serverOptions, clientOptions } = clients[0];
     const mw = clientOptions.middleware;
 
-    const { proc, connection, shown, stderr } = startServer(serverOptions, mw);
+    const { proc, connection, shown, progressed, stderr } = startServer(serverOptions, mw);
     const published = new Promise<{ uri: string; diagnostics: any[] }>((resolve) => {
       connection.onNotification("textDocument/publishDiagnostics", (p: { uri: string; diagnostics: any[] }) => {
         if (p.diagnostics.length > 0) {
@@ -93,7 +93,12 @@ describe("the real server, started as the extension starts it", function () {
       // A validation run from a code lens: its result opens the results view, drawn from the server's data.
       const execute = (command: string, args: unknown[]) =>
         connection.sendRequest("workspace/executeCommand", { command, arguments: args });
+      const status: string[] = []; // what the status bar said at each progress the server sent
+      progressed.push(() => status.push(item.text));
       const validation: any = await mw.executeCommand("fuselens.validateKernel", [uri.toString(), "c0", { interpret: true }], execute);
+      // The progress moved while it ran, on this document's status: not 0% until it was done.
+      const percentages = status.map((t) => /^\$\(sync~spin\) fuselens: validating c0.* (\d+)%$/.exec(t)?.[1]).filter(Boolean).map(Number);
+      assert.ok(percentages.some((p) => p > 0 && p < 100), status.join("\n"));
       const view = validation.results_view;
       assert.strictEqual(state.panels.length, 1, "the results view opened");
       const page = await renderPage(state.panels[0].webview.html);
@@ -101,7 +106,7 @@ describe("the real server, started as the extension starts it", function () {
       assert.deepStrictEqual(rows, view.models[0].rows);
       assert.deepStrictEqual([rows[0][0], rows[0][2]], ["c0", "verified"]);
       const legend = Array.from(page.document.querySelectorAll(".chart .legendtext")).map((t) => t.textContent);
-      assert.deepStrictEqual(legend, ["max |error|", "tolerance (atol)"]); // the interpreter: numerics, not times
+      assert.deepStrictEqual(legend, ["max |error| / tolerance", "tolerance: atol + rtol·|expected|"]); // the interpreter: numerics, not times
 
       // Later, from the palette: the server answers with the last run it kept for the file.
       clients[0].answer = (method, params) => connection.sendRequest(method, params);
@@ -213,6 +218,11 @@ function startServer(serverOptions: any, mw: any) {
     mw.workspace.configuration(params, undefined, () => assert.fail("the extension answers this itself")));
   connection.onRequest("client/registerCapability", () => null);
   connection.onRequest("window/workDoneProgress/create", () => null);
-  connection.onNotification("$/progress", () => undefined);
-  return { proc, connection, shown, stderr: () => stderr };
+  // Work-done progress goes where the language client sends it: the middleware, which feeds the status bar.
+  const progressed: (() => void)[] = []; // called after each progress notification is handled
+  connection.onNotification("$/progress", (p: { token: string; value: any }) => {
+    mw.handleWorkDoneProgress(p.token, p.value, () => undefined);
+    progressed.forEach((f) => f());
+  });
+  return { proc, connection, shown, progressed, stderr: () => stderr };
 }

@@ -40,15 +40,26 @@ local defaults = {
 
 M.config = vim.deepcopy(defaults)
 
--- What the plugin has seen, for statuslines and tests: require("fuselens").state
+-- What the plugin has seen, for statuslines and tests: require("fuselens").state. Everything about a
+-- document is kept by its buffer number: the status and :FuselensResults are of the buffer they are for.
 M.state = {
   clusters = {}, -- bufnr -> number of cluster diagnostics
   problems = {}, -- bufnr -> what stopped its analysis, in a status's words ("syntax error"), or nil
+  analyzing = {}, -- bufnr -> true from the moment it is sent for analysis (open, save) until its diagnostics
+  running = {}, -- bufnr -> { doing = "validating" | "profiling", token = its work-done progress, once begun }
   progress = {}, -- token -> { title, message, percentage, done }
   progress_log = {}, -- every work-done progress value received, in order
   last_result = {}, -- command name -> what the server answered last
-  last_validation = nil, -- the last validation's result: :FuselensResults shows its table and earlier runs
-  results_buffer = nil, -- the scratch buffer of :FuselensResults
+  results = {}, -- bufnr -> its last validation's or profile's result: :FuselensResults shows its view
+  results_buffers = {}, -- bufnr -> the scratch buffer :FuselensResults shows its results in
+  results_buffer = nil, -- the results buffer shown last
+}
+
+-- What the status says a long command of the server's is doing while it runs.
+local DOING = {
+  ["fuselens.validateAll"] = "validating",
+  ["fuselens.validateKernel"] = "validating",
+  ["fuselens.profile"] = "profiling",
 }
 
 local function server_cmd(cfg)
@@ -99,20 +110,40 @@ local function refresh_lenses(bufnr)
   end
 end
 
+--- Tell statuslines the status changed (`User FuselensStatus`), and draw them again: Neovim redraws a
+--- statusline on its own only when something else is redrawn, not while a validation runs.
 local function status_changed()
   pcall(vim.cmd, "doautocmd <nomodeline> User FuselensStatus")
+  pcall(vim.cmd, "redrawstatus!")
 end
 
---- Send workspace/executeCommand; `on_result(result)` gets the server's answer.
+local commands_sent = 0 -- (orders the commands running at once)
+
+--- Send workspace/executeCommand; `on_result(result)` gets the server's answer. A validation or a
+--- profile shows in `bufnr`'s status while it runs, and its results are `bufnr`'s.
 local function execute(client, bufnr, command, arguments, on_result)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local run = nil
+  if DOING[command] then
+    commands_sent = commands_sent + 1
+    run = { doing = DOING[command], order = commands_sent }
+  end
+  if run then
+    M.state.running[bufnr] = run
+    status_changed()
+  end
   compat.request(client, "workspace/executeCommand", { command = command, arguments = arguments }, function(err, result)
+    if run and M.state.running[bufnr] == run then
+      M.state.running[bufnr] = nil
+    end
     if err then
+      status_changed()
       notify(err.message or tostring(err), vim.log.levels.WARN)
       return
     end
     M.state.last_result[command] = result
     if type(result) == "table" and result.results_markdown then
-      M.state.last_validation = result -- :FuselensResults shows its table
+      M.state.results[bufnr] = result -- :FuselensResults in this buffer shows its view
     end
     status_changed()
     if on_result then
@@ -155,21 +186,34 @@ local function client_commands()
   local function show_kernel(command, ctx)
     show_kernel_view(vim.lsp.get_client_by_id(ctx.client_id), ctx.bufnr, command.arguments or {})
   end
+  -- The Profile lens: its result is the buffer's to show, and its lens then gives the measured time.
+  local function profile(command, ctx)
+    execute(vim.lsp.get_client_by_id(ctx.client_id), ctx.bufnr, command.command, command.arguments or {}, function()
+      refresh_lenses(ctx.bufnr)
+    end)
+  end
   return {
     ["fuselens.validateAll"] = validate,
     ["fuselens.validateKernel"] = validate,
     ["fuselens.showKernel"] = show_kernel,
+    ["fuselens.profile"] = profile,
   }
 end
 
 -- A diagnostic that stopped the analysis, by its code, as the status names it: "0 clusters" would
--- say the file was analyzed.
+-- say the file was analyzed. The first five are problems in the file; the others, an analysis that
+-- did not finish.
 local PROBLEM_WORDS = {
   syntax = "syntax error",
   import = "import error",
   construct = "model not built",
   inputs = "no inputs",
   trace = "forward failed",
+  timeout = "analysis timed out",
+  memory = "analysis out of memory",
+  crash = "analysis crashed",
+  internal = "analysis failed",
+  unavailable = "no worker",
 }
 
 local function problem_of(diagnostics)
@@ -191,6 +235,22 @@ local function count_clusters(diagnostics)
   return n
 end
 
+--- The server begins a work-done progress for each command's work as it starts it (one after another:
+--- a validation, then the same in the interpreter): it belongs to the buffer whose running command has
+--- none going, the one that began first where several have none.
+local function own_progress(token)
+  local owner
+  for _, run in pairs(M.state.running) do
+    local live = run.token and M.state.progress[run.token] and not M.state.progress[run.token].done
+    if not live and (owner == nil or run.order < owner.order) then
+      owner = run
+    end
+  end
+  if owner then
+    owner.token = token
+  end
+end
+
 local function handlers()
   return {
     ["textDocument/hover"] = compat.hover_handler(M.config.hover),
@@ -200,6 +260,7 @@ local function handlers()
       local bufnr = vim.uri_to_bufnr(result.uri)
       M.state.clusters[bufnr] = count_clusters(result.diagnostics)
       M.state.problems[bufnr] = problem_of(result.diagnostics)
+      M.state.analyzing[bufnr] = nil
       status_changed()
       if M.config.codelens and vim.api.nvim_buf_is_loaded(bufnr) then
         vim.schedule(function()
@@ -219,9 +280,22 @@ local function handlers()
       end, 300)
       return answer
     end,
+    -- Lenses are drawn by the plugin (lenses.lua); Neovim's own refresh would draw them a second time.
+    ["workspace/codeLens/refresh"] = function(_, _, ctx)
+      local client = vim.lsp.get_client_by_id(ctx.client_id)
+      for bufnr in pairs(client and client.attached_buffers or {}) do
+        vim.schedule(function()
+          refresh_lenses(bufnr)
+        end)
+      end
+      return vim.NIL
+    end,
     ["$/progress"] = function(err, result, ctx, config)
       local value = result and result.value or {}
       local token = tostring(result and result.token)
+      if value.kind == "begin" then
+        own_progress(token)
+      end
       local entry = M.state.progress[token] or {}
       entry.title = value.title or entry.title
       entry.message = value.message or entry.message
@@ -236,7 +310,36 @@ local function handlers()
   }
 end
 
+--- The diagnostics of fuselens' namespace sorted by severity, whatever the user's global config: a
+--- cluster (information) and a pattern (hint) often share a line, and unsorted, the hint's message is
+--- the one virtual text shows and its sign the one the line gets, for every cluster of the llama block.
+local function sort_diagnostics(client)
+  local ok, namespace = pcall(vim.lsp.diagnostic.get_namespace, client.id, false)
+  if ok and namespace then
+    vim.diagnostic.config({ severity_sort = true }, namespace)
+  end
+end
+
+--- `bufnr` was sent for analysis (opened, saved): "analyzing" until its diagnostics come back. Only in a
+--- folder the plugin trusts: elsewhere the server may analyze nothing, and the status would spin.
+local function sent_for_analysis(client, bufnr)
+  if client.config.init_options and client.config.init_options.workspaceTrusted then
+    M.state.analyzing[bufnr] = true
+    status_changed()
+  end
+end
+
 local function on_attach(client, bufnr)
+  sort_diagnostics(client)
+  sent_for_analysis(client, bufnr)
+  local analysis = vim.api.nvim_create_augroup("fuselens_analysis_" .. bufnr, { clear = true })
+  vim.api.nvim_create_autocmd("BufWritePost", {
+    group = analysis,
+    buffer = bufnr,
+    callback = function()
+      sent_for_analysis(client, bufnr)
+    end,
+  })
   if M.config.inlay_hints then
     compat.enable_inlay_hints(bufnr) -- Neovim 0.10+; older ones show the diagnostics only
   end
@@ -359,18 +462,21 @@ function M.restart()
   end, 500)
 end
 
---- `markdown` (the server's results view) in the read-only scratch buffer of :FuselensResults.
-local function show_markdown(markdown)
-  local buf = M.state.results_buffer
+--- `markdown` (the server's results view for the buffer `bufnr`) in that buffer's read-only scratch
+--- buffer, named after its file.
+local function show_markdown(bufnr, markdown)
+  local buf = M.state.results_buffers[bufnr]
   if not (buf and vim.api.nvim_buf_is_valid(buf)) then
     buf = vim.api.nvim_create_buf(false, true) -- unlisted scratch: nothing to save
-    vim.api.nvim_buf_set_name(buf, "fuselens://results")
+    local file = vim.fn.fnamemodify(vim.api.nvim_buf_get_name(bufnr), ":~:.")
+    pcall(vim.api.nvim_buf_set_name, buf, "fuselens://results/" .. file)
     vim.bo[buf].filetype = "markdown"
-    M.state.results_buffer = buf
+    M.state.results_buffers[bufnr] = buf
   end
   vim.bo[buf].modifiable = true
   vim.api.nvim_buf_set_lines(buf, 0, -1, false, vim.split(markdown, "\n", { plain = true }))
   vim.bo[buf].modifiable = false
+  M.state.results_buffer = buf
   if vim.fn.bufwinnr(buf) == -1 then
     vim.cmd("botright split")
     vim.api.nvim_win_set_buf(0, buf)
@@ -378,15 +484,15 @@ local function show_markdown(markdown)
   return buf
 end
 
---- The last validation's results table and the file's earlier runs (the server's markdown) in a
---- scratch buffer of its own. Before any validation in this session, the last run the server kept
---- for the current buffer's file, if there is one.
-function M.show_results()
-  local latest = M.state.last_validation
+--- The results of the buffer's last validation or profile in this session (the server's markdown: its
+--- table, and for a validation the file's earlier runs) in a scratch buffer of its own. Before any,
+--- the last validation the server kept for the buffer's file, if there is one.
+function M.show_results(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local latest = M.state.results[bufnr]
   if latest and latest.results_markdown then
-    return show_markdown(latest.results_markdown)
+    return show_markdown(bufnr, latest.results_markdown)
   end
-  local bufnr = vim.api.nvim_get_current_buf()
   local client = M.client(bufnr)
   if not client then
     notify("no validation yet: run :FuselensValidate", vim.log.levels.INFO)
@@ -394,7 +500,7 @@ function M.show_results()
   end
   execute(client, bufnr, "fuselens.validationResults", { vim.uri_from_bufnr(bufnr) }, function(result)
     if type(result) == "table" and result.results_markdown then
-      show_markdown(result.results_markdown)
+      show_markdown(bufnr, result.results_markdown)
     else
       notify(((type(result) == "table" and result.message) or "no validation yet") .. ": run :FuselensValidate",
         vim.log.levels.INFO)
@@ -404,15 +510,53 @@ function M.show_results()
 end
 
 
---- A short status for statuslines: "fuselens: validating c0 40%", "fuselens: 3 clusters", or "".
-function M.status(bufnr)
-  for _, p in pairs(M.state.progress) do
-    if not p.done and p.title then
-      local pct = p.percentage and (" " .. p.percentage .. "%") or ""
-      return p.title .. pct
+--- The buffer a statusline is drawn for: the window's (a statusline sets g:statusline_winid), else
+--- the current one.
+local function statusline_buffer()
+  local win = vim.g.statusline_winid
+  if win and vim.api.nvim_win_is_valid(win) then
+    return vim.api.nvim_win_get_buf(win)
+  end
+  return vim.api.nvim_get_current_buf()
+end
+
+--- What a validation or profile running for `bufnr` shows: its progress once it reports some.
+local function running_status(bufnr)
+  local run = M.state.running[bufnr]
+  local p = run and run.token and M.state.progress[run.token]
+  if p and not p.done and p.title then
+    return p.title .. (p.percentage and (" " .. p.percentage .. "%") or "")
+  end
+  if run then -- begun, with no progress yet or between two (waiting for the worker, or for an answer)
+    return "fuselens: " .. run.doing .. "…"
+  end
+  -- Progress no command of the plugin's began (another client's, say): shown wherever one looks.
+  local owned = {}
+  for _, r in pairs(M.state.running) do
+    if r.token then
+      owned[r.token] = true
     end
   end
-  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  for token, other in pairs(M.state.progress) do
+    if not other.done and other.title and not owned[token] then
+      return other.title .. (other.percentage and (" " .. other.percentage .. "%") or "")
+    end
+  end
+  return nil
+end
+
+--- A short status of `bufnr` (default: the buffer the statusline is drawn for) for statuslines:
+--- "fuselens: validating c0 40%", "fuselens: analyzing", "fuselens: 3 clusters", "fuselens: syntax
+--- error", "fuselens: analysis timed out", or "".
+function M.status(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and statusline_buffer() or bufnr
+  local running = running_status(bufnr)
+  if running then
+    return running
+  end
+  if M.state.analyzing[bufnr] then
+    return "fuselens: analyzing"
+  end
   if M.state.problems[bufnr] then
     return "fuselens: " .. M.state.problems[bufnr]
   end
@@ -438,7 +582,7 @@ local function define_commands()
   end, { nargs = "?", complete = complete_clusters, desc = "fuselens: open the generated kernels" })
   vim.api.nvim_create_user_command("FuselensResults", function()
     M.show_results()
-  end, { desc = "fuselens: the last validation's results table and the file's earlier runs" })
+  end, { desc = "fuselens: this file's last validation or profile, and its earlier runs" })
   vim.api.nvim_create_user_command("FuselensRestart", function()
     M.restart()
   end, { desc = "fuselens: restart the language server" })
