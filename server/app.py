@@ -44,7 +44,7 @@ from fuselens.contracts.version import TOOL_VERSION
 from fuselens.worker.confine import keep_descriptors_private
 from fuselens.worker.protocol import AnalyzeJob, Limits
 
-from . import framing
+from . import framing, last_analysis
 from . import settings as settings_mod
 from .commands import register_commands
 from .features import actions as actions_mod
@@ -490,7 +490,9 @@ class FuselensServer(LanguageServer):
         if path and self.document(uri) is not None:
             self.scheduler.admission.set_front(path)
 
-    def schedule(self, uri: str) -> None:
+    def schedule(self, uri: str, opened: bool = False) -> None:
+        """Analyze the document `uri` (`opened`: it was just opened, and its last analysis, kept from an
+        earlier session, may be shown while it runs)."""
         doc = self.document(uri)
         path = uri_to_path(uri)
         if doc is None or path is None or not path.endswith(".py") or is_view(path):
@@ -502,6 +504,24 @@ class FuselensServer(LanguageServer):
             return
         self.inductor.cancel(uri)  # a new analysis supersedes the comparison of the old text
         self.scheduler.request(uri, path, doc.version or 0, doc.source)
+        if opened:
+            self.in_background(self.show_last_analysis(uri, path, doc.version or 0, doc.source))
+
+    async def show_last_analysis(self, uri: str, path: str, version: int, text: str) -> None:
+        """Publish the kept analysis of this very text (`last_analysis.py`) unless the new one came first
+        or the user typed since: it stands until the analysis that is running replaces it."""
+        await self.settings_read()
+        report = last_analysis.load(
+            path, text, last_analysis.settings_key(self.settings.analyze_options()), self.log_line
+        )
+        doc = self.document(uri)
+        if report is None or uri in self.scheduler.cache or doc is None or (doc.version or 0) != version:
+            return
+        analysis = Analysis(version, text, report, kept=True)
+        self.scheduler.cache[uri] = analysis
+        self.log_line(f"showing the last analysis of {os.path.basename(path)} (the same text) while it runs again")
+        self.publish(uri, analysis)
+        self.refresh_views()
 
     async def settings_read(self) -> None:
         """Wait until the settings `initialized` reads are in (bounded: a client that never sends
@@ -529,9 +549,13 @@ class FuselensServer(LanguageServer):
         if (doc.version or 0) != analysis.version:
             self.stats["dropped_stale"] += 1  # the user typed since: never show stale results
             return
-        self.log_line(analysis.outcome(os.path.basename(uri_to_path(uri) or uri)))  # (in the log when they show)
+        path = uri_to_path(uri) or ""
+        self.log_line(analysis.outcome(os.path.basename(path or uri)))  # (in the log when they show)
         self.publish(uri, analysis)
         self.refresh_views()
+        if analysis.failure is None:
+            key = last_analysis.settings_key(self.settings.analyze_options())
+            last_analysis.store(path, analysis.text, key, analysis.report, self.log_line)
         if self.worker is not None:  # the next jobs of this model start with its library imported
             self.worker.keep_loaded(library_modules(analysis.report))
         if self.settings.compare_inductor:
@@ -702,7 +726,7 @@ async def on_shutdown(ls: FuselensServer, params: None) -> None:
 def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams) -> None:
     ls.reloads.opened(params.text_document.uri, params.text_document.version)
     ls.facing(params.text_document.uri)
-    ls.schedule(params.text_document.uri)
+    ls.schedule(params.text_document.uri, opened=True)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)

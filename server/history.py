@@ -5,17 +5,14 @@ One JSON file per validated file, `<cache>/history/<name>-<digest of its resolve
 the last `HISTORY_LIMIT` runs (`contracts/history.py`); never anything in the project.  A history
 file is only ever read as data (JSON, then the contract's checks): one that is corrupt, cut short,
 too large, of another schema or about another file is skipped with a log line, and the next run
-starts it afresh.  Writes go to a temporary file beside it, then move into place, so that a reader
-never sees half of one.  The editor's server and `fuselens validate` keep the same histories.
+starts it afresh.  Writes never leave half a file (`cache_files.py`).  The editor's server and `fuselens validate` keep the same histories.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +23,7 @@ from fuselens.contracts.plain import ContractError, from_plain, to_plain
 from fuselens.contracts.reading import read_bytes
 from fuselens.contracts.validation import ValidationReport
 
+from .cache_files import write_json
 from .git import head_revision
 
 MAX_HISTORY_BYTES = 16 << 20  # far above HISTORY_LIMIT runs of any model; a larger file is not ours
@@ -111,19 +109,7 @@ def _runs(entries: list[Any], path: str, log: Log) -> list[ValidationRun]:
 
 
 def _write(path: str, header: dict[str, Any], runs: list[ValidationRun]) -> None:
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    # allow_nan: a cluster's error can be inf or NaN; Python's json reads back what it writes.
-    text = json.dumps({**header, "runs": to_plain(runs)}, indent=1, allow_nan=True)
-    fd, tmp = tempfile.mkstemp(prefix=".history-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-        os.replace(tmp, path)  # (replaces a link at `path`, never writes through it)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_json(path, {**header, "runs": to_plain(runs)}, "history")
 
 
 def _iso(when: datetime) -> str:

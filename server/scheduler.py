@@ -30,6 +30,7 @@ class Analysis:
     failure: Failure | None = None  # why there is no real report
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
+    kept: bool = False  # the analysis of the same text kept from an earlier session, shown until the new one
 
     def outcome(self, name: str) -> str:
         """What became of the job, for the log: analyzed, failed (how, where) or timed out; `name` is
