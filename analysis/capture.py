@@ -927,6 +927,11 @@ def trace(
 
     from torch.nn.modules import module as module_hooks
 
+    # For the forward's duration this process is changed for everyone in it, and put back after: global
+    # module hooks (every nn.Module call passes through them), the default device (meta), a stand-in
+    # for `torch._dynamo` in sys.modules (`without_dynamo_import`) and torch.compile's "compiling" flag
+    # (`as_torch_compile_traces`).  A worker job runs one trace at a time, so nothing else sees them;
+    # an embedding process (a test, the CLI) must not trace from two threads at once.
     pre = module_hooks.register_module_forward_pre_hook(push)
     post = module_hooks.register_module_forward_hook(pop, always_call=True)
     complete = True

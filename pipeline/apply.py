@@ -138,10 +138,11 @@ def _failing_validation(
     does not compute what its lines do, and every cluster of a model that, patched, does not compute
     what the original does.  None: the kernels cannot run here (no Triton, no GPU and no interpreter)."""
     options = dataclasses.replace(options, clusters=ids, benchmark=False)
-    started = runner.start(path, options)
-    if started.problems:
-        return None
-    validated = validate_analyzed(started, analyzed, options, progress)
+    with runner.kernel_environment(options):
+        started = runner.start(path, options)
+        if started.problems:
+            return None
+        validated = validate_analyzed(started, analyzed, options, progress)
     failing: dict[str, str] = {}
     for model in validated.models:
         for check_ in model.clusters:

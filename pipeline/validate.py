@@ -21,6 +21,13 @@ def validate_file(
     """The validation of `path`'s kernels; its problems say what could not be validated and why: the
     clusters asked for that the file does not have, and each model the analysis failed on (or, when it
     analyzed none, each it skipped)."""
+    with runner.kernel_environment(options):
+        return _validate_file(path, analyze_options, options, progress)
+
+
+def _validate_file(
+    path: str, analyze_options: AnalyzeOptions, options: ValidateOptions, progress: Progress
+) -> ValidationReport:
     result = runner.start(path, options)
     if result.problems:
         return result

@@ -18,6 +18,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _USER_CACHE = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
 os.environ.setdefault("HF_HOME", os.path.join(_USER_CACHE, "huggingface"))
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fuselens-test-cache-")
+# Triton reads TRITON_INTERPRET when it is imported (its own `@triton.jit` functions are made then), so
+# whether kernels run in its interpreter is decided here, once for the run, before any test imports it.
+# Without a CUDA device (CI) the interpreter is on, and the tests marked `interpreter` check the kernels'
+# numerics in it.  On a CUDA device the GPU tests run compiled kernels, and the `interpreter` tests skip
+# unless the run was started with TRITON_INTERPRET=1 (`TRITON_INTERPRET=1 pytest -m interpreter`).
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 # The robustness suite's figures, one file a test module: the folder is the run's, shared by
 # pytest-xdist's workers (they inherit it from the process that starts them), read for the summary.
 os.environ.setdefault("FUSELENS_ROBUSTNESS_DIR", tempfile.mkdtemp(prefix="fuselens-robustness-"))
@@ -124,12 +135,20 @@ def chains(model) -> list[str]:
 def pytest_collection_modifyitems(config, items):
     """Tests marked `timing` (they assert wall-clock time or latency) run only when the -m expression
     names them (`pytest -m timing`), so a busy machine cannot fail a plain `pytest` or
-    `pytest -m "not slow"`.  GPU tests run only where CUDA is; elsewhere they are skipped, saying why."""
+    `pytest -m "not slow"`.  Interpreter tests run only when the run interprets kernels (see
+    INTERPRETING).  GPU tests run only where CUDA is; elsewhere they are skipped, saying why."""
     if "timing" not in (config.getoption("markexpr") or ""):
         timed = [item for item in items if item.get_closest_marker("timing")]
         if timed:
             config.hook.pytest_deselected(items=timed)
             items[:] = [item for item in items if not item.get_closest_marker("timing")]
+    if not INTERPRETING:
+        interpreted = pytest.mark.skip(
+            reason="runs kernels in the Triton interpreter: start the run with TRITON_INTERPRET=1"
+        )
+        for item in items:
+            if item.get_closest_marker("interpreter"):
+                item.add_marker(interpreted)
     if not any("gpu" in item.keywords for item in items):
         return
     import torch

@@ -753,3 +753,23 @@ def test_kernels_cannot_be_interpreted_where_triton_was_imported_first_and_valid
     env["TRITON_INTERPRET"] = "1"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert "imported in this process" not in done.stdout, done.stdout
+
+
+def test_a_validation_in_the_interpreter_leaves_triton_interpret_as_it_was(tmp_path):
+    """A process that validates in the interpreter and then does something else (a benchmark of compiled
+    kernels, a GPU test) must not find TRITON_INTERPRET=1 left behind by the validation."""
+    shutil.copy(os.path.join(EXAMPLES, "example_net.py"), tmp_path / "model.py")
+    code = (
+        "import os\n"
+        "from fuselens.contracts.options import AnalyzeOptions, ValidateOptions\n"
+        "from fuselens.pipeline.validate import validate_file\n"
+        "report = validate_file('model.py', AnalyzeOptions(input_shapes=['48,1024']), ValidateOptions(interpret=True))\n"
+        "print(sorted({c.status for m in report.models for c in m.clusters}), report.problems)\n"
+        "print('after:', os.environ.get('TRITON_INTERPRET'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
+    )
+    assert "['verified'] []" in done.stdout, done.stdout + done.stderr
+    assert "after: None" in done.stdout, done.stdout

@@ -35,11 +35,9 @@ from fuselens.pipeline.apply import apply_file
 
 from conftest import EXAMPLES, example
 
-# The generated modules import triton: its @jit helpers are interpretable only if this is set first.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.interpreter]
 
 EXAMPLE_FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py") and not f.endswith("_kernels.py"))
 

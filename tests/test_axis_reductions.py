@@ -25,11 +25,10 @@ from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.validate import validate_file
 from fuselens.validate.runner import load_kernel_module  # (the `launches` fixture wraps the runner's)
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 F = torch.nn.functional

@@ -31,14 +31,10 @@ from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.validate import validate_file
 
-# Before triton is first imported (fuselens imports it only when kernels run): triton.language's
-# own @jit helpers (tl.sigmoid, ...) are decorated at import time, and only become interpretable
-# when this is already set.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 # The interpreter runs kernels in numpy, which warns on log(0), 0 * inf, ... exactly where eager does.
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -20,15 +19,10 @@ import pytest
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.pipeline.apply import apply_file
 
-# The generated modules import triton: its @jit helpers are interpretable only if this is set first.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernels run in the Triton interpreter"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.interpreter]
 
 
 @dataclass

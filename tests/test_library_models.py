@@ -29,14 +29,11 @@ from fuselens.pipeline.apply import apply_file
 from library_corpus import ALL_CASES, CORPUS, Case
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing comes from the hub: every model is built from its config
-# Importing transformers imports triton: its @jit helpers (tl.sigmoid, ...) are interpretable only if this
-# is set first (validation sets it too, but a process that imported triton before it is too late).
-os.environ.setdefault("TRITON_INTERPRET", "1")
 transformers = pytest.importorskip("transformers")
 
 # The interpreter runs kernels in numpy, which warns on log(0) (T5's relative position buckets) exactly
 # where eager computes the same values.
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 pytest.importorskip("diffusers")  # the corpus's diffusion models (the `test` extra installs it)
 

@@ -34,10 +34,9 @@ from fuselens.pipeline.apply import ApplyResult, apply_file
 from library_corpus import ALL_CASES, CORPUS, Case
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: see test_library_models
 transformers = pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 LLAMA = next(c for c in CORPUS if c.id == "llama")
 

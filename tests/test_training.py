@@ -21,11 +21,10 @@ from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.analyze import analyze_file
 from fuselens.pipeline.validate import validate_file
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+pytestmark = [pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 

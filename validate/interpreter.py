@@ -19,7 +19,27 @@ kernel by kernel.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def interpreting(on: bool) -> Iterator[None]:
+    """TRITON_INTERPRET=1 while the block runs, when `on`; afterwards the variable is as it was, so that
+    what this process does after a validation (a GPU benchmark, a test of compiled kernels) is not
+    sent to the interpreter by it.  (Triton itself, once imported under it, stays as it was made.)"""
+    before = os.environ.get("TRITON_INTERPRET")
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
 
 
 def imported_problem() -> str | None:

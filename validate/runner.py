@@ -17,6 +17,7 @@ Kernels run in the Triton interpreter on CPU (`interpret=True`) or on CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -40,7 +41,7 @@ from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
 from .gradients import check_gradients, time_training
-from .interpreter import imported_problem, loop_problem
+from .interpreter import imported_problem, interpreting, loop_problem
 from .numerics import compare, narrowest
 from .replay import cluster_function
 from .shapes import scaled_specs, traced_signatures
@@ -75,14 +76,19 @@ class Subject:
         return loader.build_source(source, self.init, user_code, self.param_dtype).real(seed)
 
 
+def kernel_environment(options: ValidateOptions) -> contextlib.AbstractContextManager[None]:
+    """Where a validation runs, from its `start` (before the model's file can import Triton) to its end:
+    in the Triton interpreter when asked for or where no CUDA device is."""
+    return interpreting(options.interpret or not torch.cuda.is_available())
+
+
 def start(path: str, options: ValidateOptions) -> ValidationReport:
-    """The validation report for `path`, with a problem already in it when kernels cannot run here."""
+    """The validation report for `path`, with a problem already in it when kernels cannot run here.
+    Called inside `kernel_environment(options)`."""
     cuda = torch.cuda.is_available()
     mode = "interpret" if options.interpret or not cuda else "cuda"
     report = ValidationReport(os.path.abspath(path), mode, torch.cuda.get_device_name() if mode == "cuda" else "cpu")
     report.versions = {"torch": torch.__version__}
-    if mode == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton
 
