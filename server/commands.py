@@ -19,6 +19,7 @@ from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcInvalidParams
 
 from fuselens.codegen import files
+from fuselens.contracts import commands as command_ids
 from fuselens.contracts.options import ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
 from fuselens.contracts.profile import Profile
@@ -29,8 +30,6 @@ from fuselens.contracts.validation import ValidationReport, step_errors
 from fuselens.worker.protocol import Limits, ProfileJob, ValidateJob
 
 from . import history, views
-from .features.actions import WRITE_MODULE
-from .features.lenses import PROFILE
 from .features.measured import time_label, where_measured
 from .features.text import path_to_uri, uri_to_path
 from .runner import RemoteFailed
@@ -38,8 +37,6 @@ from .workers import JobFailed
 
 if TYPE_CHECKING:
     from .app import FuselensServer
-
-VALIDATION_RESULTS = "fuselens.validationResults"  # the results view of a file's last validation
 
 INTERPRET = "Check numerics in the Triton interpreter"
 ALWAYS_INTERPRET = "Always check in the interpreter"  # (for the rest of the session)
@@ -86,7 +83,7 @@ def _open_document_path(ls: FuselensServer, uri: str) -> str:
 
 
 def register_commands(server: FuselensServer) -> None:
-    @server.command("fuselens.analyze")
+    @server.command(command_ids.ANALYZE)
     async def analyze(ls, *args):
         (uri,) = _args(args, [("uri", str, True)])
         path = _open_document_path(ls, uri)
@@ -95,37 +92,37 @@ def register_commands(server: FuselensServer) -> None:
         ls.schedule(uri)
         return {"scheduled": True}
 
-    @server.command("fuselens.validateKernel")
+    @server.command(command_ids.VALIDATE_KERNEL)
     async def validate_kernel(ls, *args):
         uri, cluster, options = _args(args, [("uri", str, True), ("cluster", str, True), ("options", dict, False)])
         return await _validate(ls, uri, [cluster], None, options or {})
 
-    @server.command("fuselens.validateAll")
+    @server.command(command_ids.VALIDATE_ALL)
     async def validate_all(ls, *args):
         uri, model, options = _args(args, [("uri", str, True), ("model", str, False), ("options", dict, False)])
         return await _validate(ls, uri, None, model, options or {})
 
-    @server.command(PROFILE)
+    @server.command(command_ids.PROFILE)
     async def profile(ls, *args):
         uri, model = _args(args, [("uri", str, True), ("model", str, False)])
         return await _profile(ls, uri, model)
 
-    @server.command(VALIDATION_RESULTS)
+    @server.command(command_ids.VALIDATION_RESULTS)
     async def validation_results(ls, *args):
         (uri,) = _args(args, [("uri", str, True)])
         return _last_results(ls, _document_path(ls, uri))
 
-    @server.command("fuselens.showKernel")
+    @server.command(command_ids.SHOW_KERNEL)
     async def show_kernel(ls, *args):
         uri, which = _args(args, [("uri", str, True), ("which", str, False)])
         return await _show_kernel(ls, uri, which)
 
-    @server.command("fuselens.showInductorKernel")
+    @server.command(command_ids.SHOW_INDUCTOR_KERNEL)
     async def show_inductor_kernel(ls, *args):
         uri, cluster = _args(args, [("uri", str, True), ("cluster", str, True)])
         return await _show_inductor(ls, uri, cluster)
 
-    @server.command(WRITE_MODULE)
+    @server.command(command_ids.WRITE_KERNEL_MODULE)
     async def write_module(ls, *args):
         uri, version, ids = _args(args, [("uri", str, True), ("version", int, True), ("clusters", list, True)])
         return _write_module(ls, uri, version, ids)

@@ -15,20 +15,19 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fuselens.contracts.config import ConfigError, ModelSettings, model_settings
-from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.options import DEVICE_PROFILES, AnalyzeOptions
+from fuselens.worker.protocol import MAX_MEMORY_MB, MAX_SECONDS, MIN_MEMORY_MB, MIN_SECONDS
 
 from .runner_template import template_fault
 
 SEVERITIES = ("error", "warning", "information", "hint")
 KINDS = ("clusters", "patterns", "rejections", "breaks", "problems")
-DEVICES = ("h200", "h100", "a100", "rtx4090")
+DEVICES = DEVICE_PROFILES
 
-
-# Bounds on every number a client or a workspace can set: a job's limits must be ones the worker
-# can keep (a poll cannot wait 1e12 s; a job cannot start in a millisecond).
-MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 86400.0
-MIN_MEMORY_MB, MAX_MEMORY_MB = 256, 1024 * 1024
-MAX_PEAK_GBPS = 100000.0
+# Bounds on every number a client or a workspace can set: a job's limits are the ones the worker
+# keeps (`worker/protocol.py`: a poll cannot wait 1e12 s; a job cannot start in a millisecond).
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = MIN_SECONDS, MAX_SECONDS
+MIN_PEAK_GBPS, MAX_PEAK_GBPS = 1.0, 100000.0
 
 
 def _number_between(value: Any, low: float, high: float) -> bool:
@@ -114,8 +113,8 @@ def _apply(s: Settings, key: str, value: Any) -> None:
             raise ValueError(f"must be one of {', '.join(DEVICES)}")
         s.device = value.lower().replace("-", "")
     elif key == "peak_gbps":
-        if value is not None and not _number_between(value, 1.0, MAX_PEAK_GBPS):
-            raise ValueError(f"must be a number of GB/s from 1 to {MAX_PEAK_GBPS:.0f}")
+        if value is not None and not _number_between(value, MIN_PEAK_GBPS, MAX_PEAK_GBPS):
+            raise ValueError(f"must be a number of GB/s from {MIN_PEAK_GBPS:.0f} to {MAX_PEAK_GBPS:.0f}")
         s.peak_gbps = float(value) if value is not None else None
     elif key in ("severity", "pattern_severity"):
         if value not in SEVERITIES:

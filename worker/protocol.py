@@ -105,7 +105,7 @@ class Limits:
 # arithmetic long before it mattered, and an address space past 1 TiB is no limit at all: a value
 # past the most is the most.  Under the least no job can even start: it is refused, saying so.
 MIN_SECONDS, MAX_SECONDS = 0.1, 86400.0
-MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 2**20
+MIN_MEMORY_MB, MAX_MEMORY_MB = 256, 2**20  # (a job's torch needs more than 256 MB beyond the host)
 
 
 @dataclass

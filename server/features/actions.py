@@ -17,11 +17,10 @@ import os
 from lsprotocol import types as lsp
 
 from fuselens.codegen import edits as edits_mod
+from fuselens.contracts import commands as command_ids
 from fuselens.contracts.report import Cluster, Model, Report
 
 from .text import same_file, shown_at
-
-WRITE_MODULE = "fuselens.writeKernelModule"
 
 
 def line_edits_to_lsp(edits: list[edits_mod.LineEdit]) -> list[lsp.TextEdit]:
@@ -53,7 +52,9 @@ def fuse_action(
     edit = lsp.WorkspaceEdit(document_changes=[change])
     if not document_changes:  # the client reads only `changes`: give it those too
         edit.changes = {uri: doc_edits}
-    command = lsp.Command(title="Write the kernel module", command=WRITE_MODULE, arguments=[uri, version, ids])
+    command = lsp.Command(
+        title="Write the kernel module", command=command_ids.WRITE_KERNEL_MODULE, arguments=[uri, version, ids]
+    )
     return lsp.CodeAction(title=title, kind=kind, edit=edit, command=command, is_preferred=len(ids) == 1)
 
 

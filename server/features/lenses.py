@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from lsprotocol import types as lsp
 
+from fuselens.contracts import commands as command_ids
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report, Totals
 from fuselens.contracts.units import bytes_label
 
 from .measured import model_profile, time_label
 from .text import lines_range, same_file
-
-PROFILE = "fuselens.profile"
 
 
 def code_lenses(
@@ -34,7 +33,8 @@ def code_lenses(
             title += f" · Inductor agrees on {agree}/{len(model.inductor.clusters)}"
         lenses.append(
             lsp.CodeLens(
-                range=rng, command=lsp.Command(title=title, command="fuselens.showKernel", arguments=[uri, model.name])
+                range=rng,
+                command=lsp.Command(title=title, command=command_ids.SHOW_KERNEL, arguments=[uri, model.name]),
             )
         )
         if model.clusters:
@@ -42,7 +42,7 @@ def code_lenses(
                 lsp.CodeLens(
                     range=rng,
                     command=lsp.Command(
-                        title="Validate all", command="fuselens.validateAll", arguments=[uri, model.name]
+                        title="Validate all", command=command_ids.VALIDATE_ALL, arguments=[uri, model.name]
                     ),
                 )
             )
@@ -50,7 +50,7 @@ def code_lenses(
                 lsp.CodeLens(
                     range=rng,
                     command=lsp.Command(
-                        title="Show kernels", command="fuselens.showKernel", arguments=[uri, model.name]
+                        title="Show kernels", command=command_ids.SHOW_KERNEL, arguments=[uri, model.name]
                     ),
                 )
             )
@@ -63,7 +63,9 @@ def code_lenses(
                 title += f" · {top.id} {top.share:.0%}"
             title += " · Profile again"
         lenses.append(
-            lsp.CodeLens(range=rng, command=lsp.Command(title=title, command=PROFILE, arguments=[uri, model.name]))
+            lsp.CodeLens(
+                range=rng, command=lsp.Command(title=title, command=command_ids.PROFILE, arguments=[uri, model.name])
+            )
         )
     return lenses
 
