@@ -272,8 +272,15 @@ async def test_show_kernel_writes_nothing_through_a_linked_view(linked_views: Cl
     assert os.listdir(outside(linked_views.root)) == []
 
 
-async def test_always_the_interpreter_is_remembered(client: Client, analyzed: str):
-    """(Last in this module: the choice holds for the rest of the server's session.)"""
+# A server of its own: the choice holds for the rest of the server's session, and the other tests of
+# the module, in whatever order they run, must still be asked.
+remembering = server_fixture()
+
+
+async def test_always_the_interpreter_is_remembered(remembering: Client):
+    client = remembering
+    analyzed = client.open("example_net.py")
+    await client.diagnostics_of(analyzed, 1)
     client.answer = lambda params: "Always check in the interpreter"
     asked = len(client.message_requests)
     first = await client.command("fuselens.validateKernel", analyzed, "c1")
