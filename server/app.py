@@ -287,9 +287,7 @@ class FuselensServer(LanguageServer):
         """Publish the kept analysis of this very text (`last_analysis.py`) unless the new one came first
         or the user typed since: it stands until the analysis that is running replaces it."""
         await self.settings_read()
-        report = last_analysis.load(
-            path, text, last_analysis.settings_key(self.settings.analyze_options()), self.log_line
-        )
+        report = last_analysis.load(path, text, self.settings.analysis_key(), self.log_line)
         doc = self.document(uri)
         if report is None or uri in self.scheduler.cache or doc is None or (doc.version or 0) != version:
             return
@@ -330,7 +328,7 @@ class FuselensServer(LanguageServer):
         self.publish(uri, analysis)
         self.refresh_views()
         if analysis.failure is None:
-            key = last_analysis.settings_key(self.settings.analyze_options())
+            key = self.settings.analysis_key()
             last_analysis.store(path, analysis.text, key, analysis.report, self.log_line)
         if self.worker is not None:  # the next jobs of this model start with its library imported
             self.worker.keep_loaded(library_modules(analysis.report))

@@ -2,7 +2,7 @@
 
 The fast analysis publishes first; then, if `compareInductor` is on and the document has
 stayed as it is for a moment, the worker compiles the model with Inductor (seconds of CPU)
-and the comparison is merged into the cached report: hover gains a "torch.compile" section,
+and a new analysis holding the comparison replaces the cached one: hover gains a "torch.compile" section,
 the model's lens says how often Inductor agrees, and Inductor fusions fuselens does not make
 become Hint diagnostics.  It runs quietly: no progress in the editor's status, and the
 diagnostics are published again only when it adds one.  A new save cancels the job (a burst
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
-import json
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from fuselens.contracts.inductor import ComparisonResult
-from fuselens.contracts.plain import to_plain
 from fuselens.worker.protocol import CompareJob, Limits
 
 from .admission import Turn
@@ -49,7 +48,7 @@ class InductorComparer:
 
     def key(self, analysis: Analysis) -> str:
         worker = self.server.worker.info.torch if self.server.worker and self.server.worker.info else ""
-        settings = json.dumps(to_plain(self.server.settings.analyze_options()), sort_keys=True, default=str)
+        settings = self.server.settings.analysis_key()
         return hashlib.sha256(f"{analysis.text}\0{settings}\0{worker}".encode()).hexdigest()
 
     def cancel(self, uri: str) -> None:
@@ -131,20 +130,32 @@ class InductorComparer:
         return result
 
     def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
+        """Cache, in `analysis`'s place, a new analysis that holds the comparison: what was published is
+        never changed under a request that is answering from it."""
         server = self.server
         if server.scheduler.cache.get(uri) is not analysis:
             return  # a newer analysis replaced the one this comparison belongs to
-        for model in analysis.report.models:
-            comparison = result.models.get(model.name)
-            if comparison is not None:
-                model.inductor = comparison
-            model.inductor_error = result.errors.get(model.name, "")
-        analysis.inductor_sources = result.sources
+        compared = with_comparison(analysis, result)
+        server.scheduler.cache[uri] = compared
         doc = server.document(uri)
-        if doc is not None and (doc.version or 0) == analysis.version:
-            if any(m.inductor is not None and m.inductor.unmatched for m in analysis.report.models):
-                server.publish(uri, analysis)  # the fusions only torch.compile makes, as diagnostics
+        if doc is not None and (doc.version or 0) == compared.version:
+            if any(m.inductor is not None and m.inductor.unmatched for m in compared.report.models):
+                server.publish(uri, compared)  # the fusions only torch.compile makes, as diagnostics
             server.refresh_views()
+
+
+def with_comparison(analysis: Analysis, result: ComparisonResult) -> Analysis:
+    """`analysis` with the comparison in each of its models, as a new analysis (`analysis` is unchanged)."""
+    models = [
+        dataclasses.replace(
+            model,
+            inductor=comparison if (comparison := result.models.get(model.name)) is not None else model.inductor,
+            inductor_error=result.errors.get(model.name, ""),
+        )
+        for model in analysis.report.models
+    ]
+    report = dataclasses.replace(analysis.report, models=models)
+    return dataclasses.replace(analysis, report=report, inductor_sources=result.sources)
 
 
 def _name(path: str) -> str:

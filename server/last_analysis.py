@@ -17,7 +17,6 @@ least recently written dropped first.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -25,8 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuselens.contracts.folders import user_cache_folder
-from fuselens.contracts.options import AnalyzeOptions
-from fuselens.contracts.plain import ContractError, to_plain
+from fuselens.contracts.plain import ContractError
 from fuselens.contracts.reading import read_bytes
 from fuselens.contracts.report import Report
 from fuselens.contracts.version import TOOL_VERSION
@@ -45,12 +43,6 @@ def entry_path(file: str) -> str:
     real = os.path.realpath(file)
     digest = hashlib.sha256(real.encode()).hexdigest()[:16]
     return os.path.join(user_cache_folder(), "analyses", f"{os.path.basename(real)}-{digest}.json")
-
-
-def settings_key(options: AnalyzeOptions) -> str:
-    """What of the settings an analysis depends on, as one string (the editor's text left out)."""
-    plain = to_plain(dataclasses.replace(options, source_text=None))
-    return json.dumps(plain, sort_keys=True, default=str)
 
 
 def store(file: str, text: str, settings: str, report: Report, log: Log) -> None:

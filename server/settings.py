@@ -10,12 +10,14 @@ Trust is deliberately *not* a setting here: see `trust.py`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fuselens.contracts.config import ConfigError, ModelSettings, model_settings
 from fuselens.contracts.options import DEVICE_PROFILES, AnalyzeOptions
+from fuselens.contracts.plain import to_plain
 from fuselens.worker.protocol import MAX_MEMORY_MB, MAX_SECONDS, MIN_MEMORY_MB, MIN_SECONDS
 
 from .runner_template import template_fault
@@ -65,6 +67,10 @@ class Settings:
     def analyze_options(self, text: str | None = None) -> AnalyzeOptions:
         """What the worker analyzes with: these settings, and the editor's `text` of the file."""
         return AnalyzeOptions(device=self.device, peak_gbps=self.peak_gbps, models=dict(self.models), source_text=text)
+
+    def analysis_key(self) -> str:
+        """What of these settings an analysis depends on, as one string (to key what is kept of one)."""
+        return json.dumps(to_plain(self.analyze_options()), sort_keys=True, default=str)
 
 
 _ALIASES = {  # accept the camelCase spellings editors use
