@@ -160,6 +160,16 @@ def test_profile_command_shows_the_profile_in_the_file_s_results(session):
     assert session["results-again"] == session["profile-results"]  # M-x fuselens-eglot-results: the same
 
 
+def test_the_mode_line_says_fuselens_works_until_the_last_of_two_commands_ends(session):
+    """A validation and a profile of the file at once: the first answer left the mode line saying
+    nothing while the other still ran."""
+    _steps(session, "validate and profile at once")
+    first, second = session["both-answers"]
+    still = {"validation": "profiling", "profile": "validating"}[first["answered"]]
+    assert first["running"] == still, session["both-answers"]
+    assert second["running"] is None
+
+
 def test_quick_fix_through_eglot_code_actions(session):
     _steps(session, "quick fix")
     assert session["actions"][0] == "Fuse lines 18–20 into Triton kernel cluster0"

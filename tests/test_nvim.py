@@ -280,6 +280,18 @@ def test_a_profile_of_another_file_is_that_file_s_status_lens_and_results(sessio
     assert validated["lines"][0].startswith("### ExampleNet at ") and "Triton interpreter" in validated["lines"][0]
 
 
+def test_a_validation_and_a_profile_at_once_are_their_file_s_status_only(session):
+    """Both started from one file's lenses before either ended: the other open file's status went on
+    naming its clusters (it showed this file's profile), and this file's said it worked until both
+    answers were in."""
+    _no_errors(session, "validate and profile one file at once")
+    seen = session["statuses_with_both"]
+    assert seen["other"] == ["fuselens: 3 clusters"], seen
+    working = seen["validated"][:-1]
+    assert working and all(re.match(r"fuselens: (validating|profiling)", text) for text in working), seen
+    assert seen["validated"][-1] == "fuselens: 3 clusters", seen
+
+
 def test_quick_fix_through_code_action(session):
     _no_errors(session, "quick fix")
     buffer = session["buffer"]

@@ -95,7 +95,12 @@ For commands the server answers at once (analyze, show kernels)."
                    :timeout 60))
 
 (defvar-local fuselens-eglot-running nil
-  "What fuselens is doing for this buffer (\"validating\", \"profiling\"), or nil.")
+  "What fuselens is doing for this buffer (\"validating\", \"profiling\"), or nil.
+With several commands running, the one started last.")
+
+(defvar-local fuselens-eglot--runs nil
+  "The buffer's commands not yet answered, newest first: each a list (DOING).
+A validation and a profile can run at once; the mode line speaks until both end.")
 
 (defvar-local fuselens-eglot-last-result nil
   "The server's answer to this buffer's last validation or profile (a plist).")
@@ -112,7 +117,9 @@ They run when a validation or a profile ends.")
   "Run the server's COMMAND with ARGUMENTS for this buffer; do not wait for it.
 DOING (\"validating\") shows in the mode line until the answer comes; then the
 answer is this buffer's `fuselens-eglot-last-result' and its results are shown."
-  (let ((buffer (current-buffer)))
+  (let ((buffer (current-buffer))
+        (run (list doing)))
+    (push run fuselens-eglot--runs)
     (setq fuselens-eglot-running doing)
     (force-mode-line-update)
     (message "fuselens: %s %s…" doing (file-name-nondirectory (buffer-file-name)))
@@ -120,19 +127,21 @@ answer is this buffer's `fuselens-eglot-last-result' and its results are shown."
      (eglot--current-server-or-lose) :workspace/executeCommand
      (list :command command :arguments (vconcat arguments))
      :timeout 900  ; validation can take minutes on a GPU machine
-     :success-fn (lambda (result) (fuselens-eglot--answered buffer result))
+     :success-fn (lambda (result) (fuselens-eglot--answered buffer run result))
      :error-fn (lambda (error)
-                 (fuselens-eglot--answered buffer nil)
+                 (fuselens-eglot--answered buffer run nil)
                  (message "fuselens: %s" (plist-get error :message)))
      :timeout-fn (lambda ()
-                   (fuselens-eglot--answered buffer nil)
+                   (fuselens-eglot--answered buffer run nil)
                    (message "fuselens: no answer from the server within 900 s")))))
 
-(defun fuselens-eglot--answered (buffer result)
-  "The server answered BUFFER's validation or profile with RESULT (nil: it failed)."
+(defun fuselens-eglot--answered (buffer run result)
+  "The server answered RUN, a validation or profile of BUFFER, with RESULT.
+RESULT is nil when it failed."
   (when (buffer-live-p buffer)
     (with-current-buffer buffer
-      (setq fuselens-eglot-running nil)
+      (setq fuselens-eglot--runs (delq run fuselens-eglot--runs))
+      (setq fuselens-eglot-running (car (car fuselens-eglot--runs)))  ; the newest still running, if any
       (force-mode-line-update)
       (when result
         (setq fuselens-eglot-last-result result)

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Screenshots of the Neovim plugin at work, for the README (see README.md beside this file).
+# Screenshots of the Neovim plugin at work (see README.md beside this file).
 #
 #   editors/screenshots/nvim.sh [OUT_DIR]          (default: docs/images)
 #
-# Writes, from a copy of examples/example_net.py:
-#   nvim.png          cluster diagnostics as virtual text, inlay hints (0.10+), the code lens above
-#                     the class line, a cluster's hover and the statusline
-#   nvim-results.png  :FuselensResults after a validation in the Triton interpreter
+# Writes, from a copy of examples/example_net.py (and examples/branchy.py beside it for the status):
+#   nvim.png               cluster diagnostics as virtual text, inlay hints (0.10+), the code lens
+#                          above the class line, a cluster's hover and the statusline
+#   nvim-hover.png         the hover of the cluster under the cursor: its summary and kernel link first
+#   nvim-results.png       :FuselensResults after a validation in the Triton interpreter
+#   nvim-status.png        two models side by side, each window's statusline its own: one validating
+#                          (its progress), the other analyzed (its clusters)
+#   nvim-kernel.png, nvim-syntax-error.png, nvim-no-gpu-prompt.png, nvim-untrusted.png
 #
-# How: the real Neovim runs in a detached tmux pane of a fixed size with only this plugin (a
-# minimal init written below, a private HOME, the copy's folder in `trusted_folders`) and walks
-# through the scene; `tmux capture-pane -e` takes the screen with its colours, terminal_html.py
-# turns it into an HTML page of the same grid, and headless Chromium renders that. No display.
+# How: the real Neovim runs in a tmux pane (terminal_shot.sh) with only this plugin (a minimal init
+# written below, a private HOME, the copy's folder in `trusted_folders`) and walks through the scene.
 #
 # Environment:
 #   NVIM             the Neovim to run (default: nvim on PATH; README.md says where a 0.11 comes from)
 #   FUSELENS_PYTHON  an interpreter with fuselens and torch (default: the repository's .venv)
 #   CHROMIUM         the browser (default: chromium)
 #   COLS, ROWS       the terminal size (default 172x54)
-#   SCENES           which to take (default: all: "main results kernel syntax-error no-gpu untrusted")
+#   SCENES           which to take (default: the README's, "main results kernel syntax-error no-gpu
+#                    untrusted"; "hover" and "status" are taken into editors/screenshots, see
+#                    README.md)
 #   KEEP=1           keep the work folder (captured ANSI text, HTML, logs) and print its path
 set -euo pipefail
 
@@ -31,29 +35,11 @@ CHROMIUM=${CHROMIUM:-chromium}
 COLS=${COLS:-172}
 ROWS=${ROWS:-54}
 SCENES=${SCENES:-main results kernel syntax-error no-gpu untrusted}
+QUIT_KEYS=(Escape ':qa!' Enter)
 
-for tool in tmux "$CHROMIUM" python3; do
-  command -v "$tool" >/dev/null || { echo "missing $tool (Debian: apt-get install -y tmux chromium)" >&2; exit 2; }
-done
-[[ -x $PYTHON ]] || { echo "no Python with fuselens at $PYTHON (set FUSELENS_PYTHON)" >&2; exit 2; }
-
-WORK=$(mktemp -d /tmp/fuselens-nvim-shots.XXXXXX)
-SOCKET=$WORK/tmux.sock
-# Quit Neovim (and with it the server) before its pane goes: killing the pane alone can leave
-# Neovim's embedded core, and the server under it, running.
-quit_neovim() {
-  tmux -S "$SOCKET" send-keys Escape ':qa!' Enter 2>/dev/null || return 0
-  for _ in $(seq 20); do
-    tmux -S "$SOCKET" has-session 2>/dev/null || break
-    sleep 0.25
-  done
-  tmux -S "$SOCKET" kill-server 2>/dev/null || true
-}
-cleanup() {
-  quit_neovim
-  if [[ ${KEEP:-} == 1 ]]; then echo "work folder: $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
+# shellcheck source=terminal_shot.sh
+. "$HERE/terminal_shot.sh"
+shot_setup nvim
 
 # The minimal init: only the plugin, set up as a user would, plus what makes the picture. The
 # scene ($FUSELENS_SCENE) runs in steps polled every 250 ms, and writes $FUSELENS_READY when the
@@ -99,6 +85,11 @@ local function analyzed(bufnr)
   return n >= 3 and hints and #vim.lsp.codelens.get(bufnr) >= 3
 end
 
+-- Analyzed, whatever it found: the statusline counts its clusters.
+local function settled(bufnr)
+  return fuselens.state.clusters[bufnr] ~= nil and not fuselens.state.analyzing[bufnr]
+end
+
 local function float_open()
   for _, win in ipairs(vim.api.nvim_list_wins()) do
     if vim.api.nvim_win_get_config(win).relative ~= "" then
@@ -134,6 +125,31 @@ local scenes = {
       return true
     end,
     function() return float_open() end,
+  },
+  hover = { -- K on the middle line of cluster c1: the cluster under the cursor
+    function() return analyzed(0) end,
+    function()
+      vim.api.nvim_win_set_cursor(0, { 24, 18 }) -- x = torch.sigmoid(x)
+      vim.lsp.buf.hover({ max_width = 100, max_height = 30, anchor_bias = "below" })
+      return true
+    end,
+    function() return float_open() end,
+  },
+  status = { -- each window's statusline is its own buffer's: one validating, the other analyzed
+    function() return analyzed(0) end,
+    function()
+      vim.cmd("rightbelow vsplit branchy.py")
+      return true
+    end,
+    function() return settled(vim.api.nvim_get_current_buf()) end,
+    function()
+      vim.cmd("wincmd h")
+      vim.api.nvim_win_set_cursor(0, { 18, 8 })
+      fuselens.validate(0)
+      return true
+    end,
+    -- Past its start: the validation has reported how far it is.
+    function() return fuselens.status(vim.api.nvim_get_current_buf()):find("[1-9]%d*%%") ~= nil end,
   },
   results = {
     function() return analyzed(0) end,
@@ -191,59 +207,42 @@ timer:start(500, 250, vim.schedule_wrap(function()
 end))
 LUA
 
-printf '%s\n' 'set -g status off' 'set -g default-terminal tmux-256color' 'set -sg escape-time 0' >"$WORK/tmux.conf"
 mkdir -p "$OUT_DIR"
 echo "$("$NVIM" --version | head -1), ${COLS}x${ROWS}"
 
+# Two messages in a row (the validation's summary after its progress) leave Neovim at a hit-enter
+# prompt, where the scene's timer does not run: answer it as a user would.
+shot_poll() {
+  if shot_screen | grep -q "Press ENTER or type command to continue"; then
+    tmux -S "$SOCKET" send-keys Enter
+  fi
+}
+
 take() { # take SCENE OUT.png [TEXT]: TEXT on the screen, when given, is what the scene waits for
-  local scene=$1 out=$2 text=${3:-} project=$WORK/$1/project home=$WORK/$1/home
+  local scene=$1 out=$2 text=${3:-} project=$WORK/$1/models
   local trust=1 interpret=1
   [[ $scene == untrusted ]] && trust=0
   [[ $scene == no-gpu ]] && interpret=0
-  mkdir -p "$project" "$home"
-  cp "$REPO/examples/example_net.py" "$project/"
-  printf '[project]\nname = "models"\n' >"$project/pyproject.toml"
-  rm -f "$WORK/ready"
-  tmux -S "$SOCKET" -f "$WORK/tmux.conf" new-session -d -x "$COLS" -y "$ROWS" -c "$project" \
-    env HOME="$home" XDG_CONFIG_HOME="$home/.config" XDG_CACHE_HOME="$home/.cache" \
-        XDG_DATA_HOME="$home/.local/share" XDG_STATE_HOME="$home/.local/state" \
-        FUSELENS_PLUGIN="$REPO/editors/nvim" FUSELENS_PYTHON="$PYTHON" FUSELENS_SCENE="$scene" \
-        FUSELENS_PROJECT="$project" FUSELENS_READY="$WORK/ready" FUSELENS_TRUST="$trust" \
-        FUSELENS_INTERPRET="$interpret" \
-        "$NVIM" -i NONE -u "$WORK/init.lua" example_net.py
-  for _ in $(seq 600); do
-    [[ -e $WORK/ready ]] && break
-    if [[ -n $text ]] && tmux -S "$SOCKET" capture-pane -p | grep -q "$text"; then
-      touch "$WORK/ready"
-      break
-    fi
-    # Two messages in a row (the validation's summary after its progress) leave Neovim at a
-    # hit-enter prompt, where the scene's timer does not run: answer it as a user would.
-    if [[ -z $text ]] && tmux -S "$SOCKET" capture-pane -p | grep -q "Press ENTER or type command to continue"; then
-      tmux -S "$SOCKET" send-keys Enter
-    fi
-    sleep 0.5
-  done
-  [[ -e $WORK/ready ]] || { tmux -S "$SOCKET" capture-pane -p; echo "$scene: timed out" >&2; exit 1; }
-  sleep 1
-  tmux -S "$SOCKET" capture-pane -e -N -p >"$WORK/$scene.ansi"
-  quit_neovim
-  local size
-  size=$(python3 "$HERE/terminal_html.py" "$WORK/$scene.ansi" "$WORK/$scene.html" "$COLS" "$ROWS")
-  "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-background-networking --no-first-run \
-    --hide-scrollbars --user-data-dir="$WORK/chromium" --screenshot="$out" --window-size="$size" \
-    "file://$WORK/$scene.html" 2>/dev/null
-  echo "wrote $out (${size/,/x})"
+  shot_project "$project" example_net.py branchy.py
+  shot_start "$project" "$scene" \
+    FUSELENS_PLUGIN="$REPO/editors/nvim" FUSELENS_TRUST="$trust" FUSELENS_INTERPRET="$interpret" \
+    "$NVIM" -i NONE -u "$WORK/init.lua" example_net.py
+  shot_wait "$scene" "$text"
+  # The status scene is of a validation that runs.
+  if [[ $scene == status ]]; then shot_capture "$scene" "fuselens: validating"; else shot_capture "$scene"; fi
+  shot_render "$scene" "$out"
 }
 
 for scene in $SCENES; do
   case $scene in
     main) take main "$OUT_DIR/nvim.png" ;;
+    hover) take hover "$OUT_DIR/nvim-hover.png" ;;
     results) take results "$OUT_DIR/nvim-results.png" ;;
+    status) take status "$OUT_DIR/nvim-status.png" ;;
     kernel) take kernel "$OUT_DIR/nvim-kernel.png" ;;
     syntax-error) take syntax-error "$OUT_DIR/nvim-syntax-error.png" ;;
     no-gpu) take no-gpu "$OUT_DIR/nvim-no-gpu-prompt.png" "No CUDA GPU" ;;
     untrusted) take untrusted "$OUT_DIR/nvim-untrusted.png" "trust" ;;
-    *) echo "unknown scene $scene (main, results, kernel, syntax-error, no-gpu, untrusted)" >&2; exit 2 ;;
+    *) echo "unknown scene $scene (main, hover, results, status, kernel, syntax-error, no-gpu, untrusted)" >&2; exit 2 ;;
   esac
 done

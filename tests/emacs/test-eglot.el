@@ -203,6 +203,21 @@
   (fuselens-eglot-results)
   (test-put :results-again (test-results-buffer)))
 
+(test-step "validate and profile at once"
+  ;; Both started before either ends: the mode line says fuselens works until the second answer.
+  (let (answers)
+    (let ((record (lambda (buffer result)
+                    (push (list :answered (if (plist-get result :profile) "profile" "validation")
+                                :running (buffer-local-value 'fuselens-eglot-running buffer))
+                          answers))))
+      (add-hook 'fuselens-eglot-result-functions record)
+      (fuselens-eglot-validate)
+      (fuselens-eglot-profile)
+      (test-put :running-with-both fuselens-eglot-running)
+      (unwind-protect (test-wait 300 (lambda () (= 2 (length answers))))
+        (remove-hook 'fuselens-eglot-result-functions record)))
+    (test-put :both-answers (vconcat (reverse answers)))))
+
 (test-step "quick fix"
   (goto-char (point-min)) (forward-line 17) (forward-char 8)  ; line 18: first line of c0
   (let* ((actions (eglot-code-actions (point) (point)))

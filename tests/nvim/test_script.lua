@@ -714,6 +714,37 @@ step("profile another file", function()
   vim.api.nvim_set_current_win(profile_win)
 end)
 
+step("validate and profile one file at once", function()
+  -- "Validate all" and then "Profile" from the validated file's lenses, neither waiting for the other;
+  -- the profiled file stays open. Each file's status, as it changes, until both answers are in.
+  local other = vim.fn.bufnr(vim.fn.fnamemodify(model, ":h") .. "/other_net.py")
+  vim.cmd("buffer " .. bufnr)
+  fuselens.state.last_result["fuselens.validateAll"] = nil
+  fuselens.state.last_result["fuselens.profile"] = nil
+  local seen = { validated = {}, other = {} }
+  local function record()
+    for key, buf in pairs({ validated = bufnr, other = other }) do
+      local text = fuselens.status(buf)
+      if seen[key][#seen[key]] ~= text then
+        table.insert(seen[key], text)
+      end
+    end
+  end
+  local recording = vim.api.nvim_create_autocmd("User", { pattern = "FuselensStatus", callback = record })
+  vim.api.nvim_win_set_cursor(0, { 11, 0 })
+  choose("^Validate all$")
+  vim.lsp.codelens.run()
+  choose("^Profile$")
+  vim.lsp.codelens.run()
+  wait(240000, "both answers", function()
+    return fuselens.state.last_result["fuselens.validateAll"] ~= nil
+      and fuselens.state.last_result["fuselens.profile"] ~= nil
+  end)
+  record()
+  vim.api.nvim_del_autocmd(recording)
+  results.statuses_with_both = seen
+end)
+
 step("quick fix", function()
   vim.api.nvim_win_set_cursor(0, { 18, 8 }) -- x = x * 2.0, the first line of cluster c0
   code_action("^Fuse lines 18")

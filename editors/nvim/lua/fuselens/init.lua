@@ -46,7 +46,9 @@ M.state = {
   clusters = {}, -- bufnr -> number of cluster diagnostics
   problems = {}, -- bufnr -> what stopped its analysis, in a status's words ("syntax error"), or nil
   analyzing = {}, -- bufnr -> true from the moment it is sent for analysis (open, save) until its diagnostics
-  running = {}, -- bufnr -> { doing = "validating" | "profiling", token = its work-done progress, once begun }
+  -- bufnr -> its commands not yet answered, oldest first (a validation and a profile can run at once):
+  -- each { doing = "validating" | "profiling", order = when it was sent, token = its work-done progress }
+  running = {},
   progress = {}, -- token -> { title, message, percentage, done }
   progress_log = {}, -- every work-done progress value received, in order
   last_result = {}, -- command name -> what the server answered last
@@ -119,6 +121,20 @@ end
 
 local commands_sent = 0 -- (orders the commands running at once)
 
+--- `run`, one of `bufnr`'s commands, has its answer: the buffer's status is that of the others, if any.
+local function answered(bufnr, run)
+  local runs = M.state.running[bufnr] or {}
+  for i, other in ipairs(runs) do
+    if other == run then
+      table.remove(runs, i)
+      break
+    end
+  end
+  if #runs == 0 then
+    M.state.running[bufnr] = nil
+  end
+end
+
 --- Send workspace/executeCommand; `on_result(result)` gets the server's answer. A validation or a
 --- profile shows in `bufnr`'s status while it runs, and its results are `bufnr`'s.
 local function execute(client, bufnr, command, arguments, on_result)
@@ -129,12 +145,13 @@ local function execute(client, bufnr, command, arguments, on_result)
     run = { doing = DOING[command], order = commands_sent }
   end
   if run then
-    M.state.running[bufnr] = run
+    M.state.running[bufnr] = M.state.running[bufnr] or {}
+    table.insert(M.state.running[bufnr], run)
     status_changed()
   end
   compat.request(client, "workspace/executeCommand", { command = command, arguments = arguments }, function(err, result)
-    if run and M.state.running[bufnr] == run then
-      M.state.running[bufnr] = nil
+    if run then
+      answered(bufnr, run)
     end
     if err then
       status_changed()
@@ -235,15 +252,24 @@ local function count_clusters(diagnostics)
   return n
 end
 
+local function live(token)
+  local p = token and M.state.progress[token]
+  return p ~= nil and not p.done
+end
+
 --- The server begins a work-done progress for each command's work as it starts it (one after another:
---- a validation, then the same in the interpreter): it belongs to the buffer whose running command has
---- none going, the one that began first where several have none.
-local function own_progress(token)
-  local owner
-  for _, run in pairs(M.state.running) do
-    local live = run.token and M.state.progress[run.token] and not M.state.progress[run.token].done
-    if not live and (owner == nil or run.order < owner.order) then
-      owner = run
+--- a validation, then the same in the interpreter): it belongs to a running command that has none
+--- going, one doing what its title says ("fuselens: profiling Net") where there is one, the one sent
+--- first where several are alike.
+local function own_progress(token, title)
+  local owner, owner_fits
+  for _, runs in pairs(M.state.running) do
+    for _, run in ipairs(runs) do
+      local fits = title ~= nil and title:find(run.doing, 1, true) ~= nil
+      local better = owner == nil or (fits and not owner_fits) or (fits == owner_fits and run.order < owner.order)
+      if not live(run.token) and better then
+        owner, owner_fits = run, fits
+      end
     end
   end
   if owner then
@@ -294,7 +320,7 @@ local function handlers()
       local value = result and result.value or {}
       local token = tostring(result and result.token)
       if value.kind == "begin" then
-        own_progress(token)
+        own_progress(token, value.title)
       end
       local entry = M.state.progress[token] or {}
       entry.title = value.title or entry.title
@@ -520,26 +546,35 @@ local function statusline_buffer()
   return vim.api.nvim_get_current_buf()
 end
 
---- What a validation or profile running for `bufnr` shows: its progress once it reports some.
+local function progress_text(p)
+  return p.title .. (p.percentage and (" " .. p.percentage .. "%") or "")
+end
+
+--- What the validations and profiles running for `bufnr` show: the progress of the newest that reports
+--- some.
 local function running_status(bufnr)
-  local run = M.state.running[bufnr]
-  local p = run and run.token and M.state.progress[run.token]
-  if p and not p.done and p.title then
-    return p.title .. (p.percentage and (" " .. p.percentage .. "%") or "")
+  local runs = M.state.running[bufnr] or {}
+  for i = #runs, 1, -1 do
+    local p = live(runs[i].token) and M.state.progress[runs[i].token]
+    if p and p.title then
+      return progress_text(p)
+    end
   end
-  if run then -- begun, with no progress yet or between two (waiting for the worker, or for an answer)
-    return "fuselens: " .. run.doing .. "…"
+  if #runs > 0 then -- begun, with no progress yet or between two (waiting for the worker, or for an answer)
+    return "fuselens: " .. runs[#runs].doing .. "…"
   end
   -- Progress no command of the plugin's began (another client's, say): shown wherever one looks.
   local owned = {}
-  for _, r in pairs(M.state.running) do
-    if r.token then
-      owned[r.token] = true
+  for _, others in pairs(M.state.running) do
+    for _, r in ipairs(others) do
+      if r.token then
+        owned[r.token] = true
+      end
     end
   end
   for token, other in pairs(M.state.progress) do
     if not other.done and other.title and not owned[token] then
-      return other.title .. (other.percentage and (" " .. other.percentage .. "%") or "")
+      return progress_text(other)
     end
   end
   return nil
