@@ -45,14 +45,14 @@ def report_of(case: str, results: dict, model_file: str) -> ValidationReport:
     ]
     measured = results.get("provenance") or {}
     versions = {k: measured[k] for k in ("torch", "triton") if measured.get(k)}
-    shapes = [list(shape) for shape, _ in CASES[case].inputs]
-    model = ModelValidation("model", shapes, [dtype for _, dtype in CASES[case].inputs], checks)
+    shapes = [list(shape) for shape, _, _ in CASES[case].inputs]
+    model = ModelValidation("model", shapes, [dtype for _, dtype, _ in CASES[case].inputs], checks)
     return ValidationReport(model_file, "cuda", results["device"], [model], versions=versions)
 
 
 def model_file(folder: str, case: str) -> str:
     """The case's source in `folder`, its inputs in the `# fuselens:` comment a user would write."""
-    (shape, dtype), *more = CASES[case].inputs
+    (shape, dtype, _high), *more = CASES[case].inputs  # (their range matters to the run measured, not here)
     if more:
         raise SystemExit(f"{case} takes several inputs; pick a case with one")
     comment = f"  # fuselens: input=({', '.join(map(str, shape))}) {dtype}"

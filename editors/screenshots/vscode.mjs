@@ -1,35 +1,29 @@
 // Drives code-server with headless Chromium and saves screenshots of the fuselens extension at
-// work. Run through vscode.sh, which installs code-server and packages the extension first.
+// work. Run through vscode.sh, which installs code-server and packages the extension first; the
+// driving itself (profile, code-server, Chromium, the workbench's parts) is
+// editors/code-server/driver.mjs, which the end-to-end tests share.
 //
 //   node vscode.mjs --cache DIR --work DIR --python PY --chromium BIN --vsix FILE --model FILE --out DIR
 //                   [--scenes "problems hover ..."]
 //
-// Two sessions, each a fresh code-server profile on a fresh copy of the model:
-//   trusted:   problems, hover, kernel, no-gpu-prompt, results, syntax-error (in this order: each
-//              scene starts where the one before left the window)
+// Sessions, each a fresh code-server profile on a fresh copy of the model:
+//   trusted:   problems, hover, kernel, no-gpu-prompt, status, results, syntax-error (in this order:
+//              each scene starts where the one before left the window)
 //   untrusted: untrusted
 //   gpu:       results-gpu (the results view of a run measured on a GPU: see seed_gpu_history.py)
 //   profile:   profile (the Profile lens's results view), profile-hover (a line's measured time)
 // A scene not asked for is still walked through when a later one needs it, but not saved.
 
-import { execFileSync, spawn } from "child_process";
+import { execFileSync } from "child_process";
 import fs from "fs";
-import { createRequire } from "module";
-import net from "net";
 import path from "path";
+import {
+  answerTrust, appears, clearNotifications, closeTab, goToLine, lens, openFile, parseArgs, resultsView, runCommand, statusItem,
+  toasts, withCodeServer,
+} from "../code-server/driver.mjs";
 
-const args = Object.fromEntries(
-  process.argv.slice(2).reduce((pairs, a, i, all) => (a.startsWith("--") ? [...pairs, [a.slice(2), all[i + 1]]] : pairs), []),
-);
-for (const key of ["cache", "work", "python", "chromium", "vsix", "model", "out"]) {
-  if (!args[key]) {
-    console.error(`missing --${key}`);
-    process.exit(2);
-  }
-}
-const { chromium } = createRequire(path.join(args.cache, "package.json"))("playwright-core");
+const args = parseArgs(process.argv.slice(2), ["cache", "work", "python", "chromium", "vsix", "model", "out"]);
 const log = (...a) => console.log("[screenshot]", ...a);
-const codeServerBin = path.join(args.cache, "node_modules", ".bin", "code-server");
 
 /** What each scene saves, and the session it belongs to. */
 const SCENES = {
@@ -37,6 +31,7 @@ const SCENES = {
   hover: { file: "vscode-hover.png", session: "trusted" },
   kernel: { file: "vscode-kernel.png", session: "trusted" },
   "no-gpu-prompt": { file: "vscode-no-gpu-prompt.png", session: "trusted" },
+  status: { file: "vscode-status.png", session: "trusted" },
   results: { file: "vscode-results.png", session: "trusted" },
   "syntax-error": { file: "vscode-syntax-error.png", session: "trusted" },
   untrusted: { file: "vscode-untrusted.png", session: "untrusted" },
@@ -53,163 +48,36 @@ for (const name of wanted) {
   }
 }
 
-function freePort() {
-  return new Promise((resolve) => {
-    const server = net.createServer().listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitForHttp(url, ms) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    try {
-      if ((await fetch(url)).ok) {
-        return;
-      }
-    } catch {
-      // not listening yet
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
-  throw new Error(`${url} did not answer in ${ms / 1000} s`);
-}
-
-const appears = (locator, timeout) => locator.waitFor({ timeout }).then(() => true, () => false);
-
-/**
- * A code-server profile of its own (user settings, the extension installed) on a workspace holding
- * a copy of the model, and a Chromium page on it; `run(page, ...)` walks the session's scenes.
- * Everything is stopped when it returns.
- */
+/** A fresh profile on a workspace holding a copy of the model; `run(page, model)` walks its scenes. */
 async function session(name, run) {
   const dir = path.join(args.work, name);
   const workspace = path.join(dir, "models");
   fs.mkdirSync(workspace, { recursive: true });
   const model = path.join(workspace, path.basename(args.model));
   fs.copyFileSync(args.model, model);
-
-  // User settings: the server from the venv; a quiet, readable workbench; Workspace Trust on and
-  // asked at start, so that the session trusts (or declines) as a user does.
-  const userDir = path.join(dir, "user", "User");
-  fs.mkdirSync(userDir, { recursive: true });
-  fs.writeFileSync(path.join(userDir, "settings.json"), JSON.stringify({
-    "fuselens.server.python": args.python,
-    "security.workspace.trust.enabled": true,
-    "security.workspace.trust.startupPrompt": "always",
-    "editor.inlayHints.enabled": "on",
-    "editor.minimap.enabled": false,
-    "editor.fontSize": 14,
-    "workbench.colorTheme": "Default Dark Modern",
-    "workbench.startupEditor": "none",
-    "workbench.tips.enabled": false,
-    "workbench.secondarySideBar.defaultVisibility": "hidden",
-    "chat.commandCenter.enabled": false,
-    "extensions.ignoreRecommendations": true,
-    "telemetry.telemetryLevel": "off",
-    "update.mode": "none",
-    "git.enabled": false,
-  }, null, 2));
-
-  // code-server keeps its own config under XDG folders: keep them in the session's folder.
-  const env = { ...process.env, XDG_CONFIG_HOME: path.join(dir, "config"), XDG_DATA_HOME: path.join(dir, "data") };
-  const profile = ["--user-data-dir", path.join(dir, "user"), "--extensions-dir", path.join(dir, "extensions")];
-  execFileSync(codeServerBin, [...profile, "--install-extension", args.vsix], { env, stdio: "ignore" });
-
-  const port = await freePort();
-  const codeServer = spawn(codeServerBin, [
-    "--auth", "none", "--bind-addr", `127.0.0.1:${port}`, ...profile,
-    "--disable-telemetry", "--disable-update-check", "--disable-getting-started-override",
-  ], { stdio: ["ignore", "pipe", "pipe"], env });
-  const serverLog = fs.createWriteStream(path.join(dir, "code-server.log"));
-  codeServer.stdout.pipe(serverLog);
-  codeServer.stderr.pipe(serverLog);
-
-  let browser;
-  let page;
-  try {
-    await waitForHttp(`http://127.0.0.1:${port}/healthz`, 60_000);
-    browser = await chromium.launchPersistentContext(path.join(dir, "chromium"), {
-      executablePath: args.chromium,
-      headless: true,
-      viewport: { width: 1440, height: 900 },
-      args: [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-      ],
-    });
-    page = await browser.newPage();
-    await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
-    await page.locator(".monaco-workbench").waitFor({ timeout: 120_000 });
-    log(name, "workbench loaded");
-    await run(page, model);
-  } catch (error) {
-    if (page) {
-      const debug = path.join(args.work, "..", `fuselens-screenshot-${name}-failure.png`);
-      await page.screenshot({ path: debug }).catch(() => undefined);
-      console.error(`[screenshot] ${name} failed; the page as it was: ${debug}; code-server log: ${path.join(dir, "code-server.log")}`);
-    }
-    throw error;
-  } finally {
-    await browser?.close();
-    codeServer.kill();
-  }
+  const failureShot = path.join(args.work, "..", `fuselens-screenshot-${name}-failure.png`);
+  await withCodeServer(
+    { ...args, dir, workspace, failureShot, log: (...a) => log(name, ...a) },
+    (page) => run(page, model),
+  );
 }
 
-async function save(page, scene) {
+/** Save the page (or only `clip` of it) as `scene`'s picture, if that scene was asked for. */
+async function save(page, scene, clip) {
   if (!wanted.has(scene)) {
     return;
   }
   const file = path.join(args.out, SCENES[scene].file);
-  await page.screenshot({ path: file });
+  await page.screenshot({ path: file, clip });
   log("saved", file);
 }
 
-async function answerTrust(page, trust) {
-  const button = page.getByRole("button", { name: trust ? /Yes, I trust the authors/i : /No, I don.t trust the authors/i });
-  if (await appears(button, 30_000)) {
-    await button.click();
-    log(trust ? "trusted the workspace" : "declined to trust the workspace");
-  } else {
-    log("no trust prompt");
-  }
-}
-
-async function openFile(page, file) {
-  // A double click in the Explorer opens it pinned (not as a preview another editor replaces).
-  const row = page.locator(".explorer-folders-view .monaco-list-row").filter({ hasText: path.basename(file) }).first();
-  await row.waitFor({ timeout: 60_000 });
-  await row.dblclick();
-  await page.locator(".tab.active").filter({ hasText: path.basename(file) }).waitFor({ timeout: 60_000 });
-  await page.locator(".monaco-editor .view-lines").first().waitFor({ timeout: 60_000 });
-  log("opened", path.basename(file));
-}
-
-async function clearNotifications(page) {
-  await page.keyboard.press("Control+Shift+P");
-  await page.keyboard.type("Notifications: Clear All Notifications", { delay: 10 });
-  await page.locator(".quick-input-list .monaco-list-row").filter({ hasText: "Clear All Notifications" }).first()
-    .waitFor({ timeout: 10_000 });
-  await page.keyboard.press("Enter");
-  await toasts(page).first().waitFor({ state: "hidden", timeout: 10_000 }).catch(() => undefined);
-}
-
-async function closeTab(page, title) {
-  const tab = page.locator(".tab").filter({ hasText: title }).first();
-  await tab.hover();
-  await tab.locator(".codicon-close").click();
-  await tab.waitFor({ state: "detached", timeout: 10_000 });
-}
-
-const statusItem = (page, pattern) => page.locator(".statusbar-item").filter({ hasText: pattern }).first();
-const lens = (page, title) => page.locator(".codelens-decoration a").filter({ hasText: title }).first();
-const toasts = (page) => page.locator(".notifications-toasts .notification-toast:visible");
+/** The status bar's left end, with the Problems panel above it. */
+const STATUS_CLIP = { x: 0, y: 900 - 316, width: 900, height: 316 };
 
 async function trustedScenes(page, model) {
-  await answerTrust(page, true);
-  await openFile(page, model);
+  await answerTrust(page, true, log);
+  await openFile(page, model, log);
 
   // What a user sees once the analysis is in: status bar, code lens, inlay hints, squiggles.
   await statusItem(page, /fuselens: \d+ clusters?/).waitFor({ timeout: 240_000 });
@@ -221,16 +89,17 @@ async function trustedScenes(page, model) {
   await page.waitForTimeout(1500);
   await save(page, "problems");
 
-  // The compact hover on a cluster's line: cost, ops, and the link that opens the kernel.
+  // The compact hover on a cluster's line: the cluster, its cost and the link that opens its kernel,
+  // then its ops. Over the squiggle VS Code puts the diagnostic's own hover above the extension's;
+  // the pointer rests in the indentation of the cluster's first line, before the diagnostic's range.
   await page.keyboard.press("Control+Shift+M"); // close the panel: the hover is tall
-  // Without a Python grammar the line is a few plain spans; "relu" ends the one with " F.relu".
-  const token = page.locator(".editor-group-container .view-line span span").filter({ hasText: "F.relu" }).first();
-  const box = await token.boundingBox();
-  await page.mouse.move(box.x + box.width - 30, box.y + box.height / 2);
-  await page.mouse.move(box.x + box.width - 12, box.y + box.height / 2, { steps: 5 });
+  const first = page.locator(".editor-group-container .view-line").filter({ hasText: "x = x * 2.0" }).first();
+  const box = await first.boundingBox();
+  await page.mouse.move(box.x + 30, box.y + box.height / 2);
+  await page.mouse.move(box.x + 18, box.y + box.height / 2, { steps: 5 });
   const hover = page.locator(".monaco-hover").filter({ hasText: "elementwise" }).first();
   if (!(await appears(hover, 10_000))) {
-    await token.click(); // the keyboard way: Ctrl+K Ctrl+I shows the hover at the cursor
+    await page.mouse.click(box.x + 18, box.y + box.height / 2); // the keyboard way: Ctrl+K Ctrl+I at the cursor
     await page.keyboard.press("Control+K");
     await page.keyboard.press("Control+I");
   }
@@ -243,26 +112,37 @@ async function trustedScenes(page, model) {
   // "Show kernels": the server opens the generated module as a read-only view in its cache folder.
   await lens(page, "Show kernels").click();
   await page.locator(".tab").filter({ hasText: "_kernels.py" }).first().waitFor({ timeout: 60_000 });
-  await page.locator(".editor-group-container .view-lines").filter({ hasText: "triton" }).first().waitFor({ timeout: 30_000 });
+  // (It opens at the cluster's entry point, `def cluster0(x):`, under the generated Triton code.)
+  await page.locator(".editor-group-container .view-lines").filter({ hasText: "def cluster" }).first().waitFor({ timeout: 30_000 });
   await page.waitForTimeout(1000);
   await save(page, "kernel");
   await closeTab(page, "_kernels.py");
   await page.locator(".tab.active").filter({ hasText: path.basename(model) }).waitFor({ timeout: 10_000 });
 
-  // "Validate all" on a machine without CUDA: the server asks, once, whether to use the interpreter.
+  // "Validate all" on a machine without CUDA: the server asks, once, whether to use the interpreter,
+  // in a dialog that stays until it is answered.
   await lens(page, "Validate all").click();
-  const prompt = toasts(page).filter({ hasText: "No CUDA GPU" }).first();
+  const prompt = page.locator(".monaco-dialog-box").filter({ hasText: "No CUDA GPU" }).first();
   if (!(await appears(prompt, 60_000))) {
-    throw new Error("no prompt about validating without a GPU (is there a CUDA GPU here?)");
+    throw new Error("no question about validating without a GPU (is there a CUDA GPU here?)");
   }
   await page.waitForTimeout(800);
   await save(page, "no-gpu-prompt");
   await prompt.getByRole("button", { name: /Check numerics in the Triton interpreter/ }).click();
+
+  // While it runs, the status bar item gives its progress, on the document it is for; the Problems
+  // panel above it lists the clusters being checked.
   await page.keyboard.press("Control+B"); // the side bar away: the results view needs the width
+  await page.keyboard.press("Control+Shift+M");
+  const progress = statusItem(page, /fuselens: validating .* [1-9]\d*%/);
+  await progress.waitFor({ timeout: 120_000 });
+  log("status bar:", (await progress.innerText()).trim());
+  await save(page, "status", STATUS_CLIP);
+  await page.keyboard.press("Control+Shift+M");
 
   // The results view opens beside the editor when the validation ends: its table and chart.
   await page.locator(".tab").filter({ hasText: "fuselens results" }).first().waitFor({ timeout: 300_000 });
-  const view = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+  const view = resultsView(page);
   await view.locator("table.results").first().waitFor({ timeout: 60_000 });
   await view.locator(".chart .legendtext").first().waitFor({ timeout: 60_000 });
   await page.mouse.move(700, 300); // (no tooltip of a notification under the pointer)
@@ -274,9 +154,7 @@ async function trustedScenes(page, model) {
   await clearNotifications(page);
   await closeTab(page, "fuselens results");
   await page.locator(".tab").filter({ hasText: path.basename(model) }).first().click();
-  await page.keyboard.press("Control+G");
-  await page.keyboard.type("30", { delay: 20 });
-  await page.keyboard.press("Enter");
+  await goToLine(page, 30);
   await page.keyboard.press("End");
   await page.keyboard.type(")");
   await page.keyboard.press("Control+S");
@@ -288,8 +166,8 @@ async function trustedScenes(page, model) {
 }
 
 async function untrustedScenes(page, model) {
-  await answerTrust(page, false);
-  await openFile(page, model);
+  await answerTrust(page, false, log);
+  await openFile(page, model, log);
   // The server's one notification, in VS Code's words; nothing else of fuselens' stacks on it.
   await toasts(page).filter({ hasText: "waits until you trust this folder" }).first().waitFor({ timeout: 120_000 });
   await page.waitForTimeout(3000); // (a second notification would be here by now)
@@ -313,16 +191,12 @@ async function gpuScenes(page, model) {
   const results = path.join(HERE, "..", "..", "benchmarks", "results", "held_out_h200.json");
   const seeded = execFileSync(args.python, [path.join(HERE, "seed_gpu_history.py"), path.dirname(model), "llama", results])
     .toString().trim();
-  await answerTrust(page, true);
-  await openFile(page, seeded);
+  await answerTrust(page, true, log);
+  await openFile(page, seeded, log);
   await page.keyboard.press("Control+B"); // the side bar away: the results view needs the width
-  await page.keyboard.press("Control+Shift+P");
-  await page.keyboard.type("fuselens: Show validation results", { delay: 10 });
-  await page.locator(".quick-input-list .monaco-list-row").filter({ hasText: "Show validation results" }).first()
-    .waitFor({ timeout: 10_000 });
-  await page.keyboard.press("Enter");
+  await runCommand(page, "fuselens: Show validation results");
   await page.locator(".tab").filter({ hasText: "fuselens results" }).first().waitFor({ timeout: 120_000 });
-  const view = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+  const view = resultsView(page);
   await view.locator("table.results").first().waitFor({ timeout: 60_000 });
   await view.locator(".chart .legendtext").first().waitFor({ timeout: 60_000 });
   await page.mouse.move(700, 300);
@@ -333,13 +207,13 @@ async function gpuScenes(page, model) {
 async function profileScenes(page, model) {
   // The Profile lens runs the forward under the profiler in the worker (here, on the CPU: each op's
   // CPU time); its results view opens beside the editor, and the hover gives the measured time.
-  await answerTrust(page, true);
-  await openFile(page, model);
+  await answerTrust(page, true, log);
+  await openFile(page, model, log);
   await lens(page, "Profile").waitFor({ timeout: 240_000 });
   await page.keyboard.press("Control+B"); // the side bar away: the results view needs the width
   await lens(page, "Profile").click();
   await page.locator(".tab").filter({ hasText: "fuselens results" }).first().waitFor({ timeout: 300_000 });
-  const view = page.frameLocator("iframe.webview.ready").frameLocator("iframe#active-frame");
+  const view = resultsView(page);
   await view.locator("table.results").first().waitFor({ timeout: 60_000 });
   await view.locator(".chart .legendtext").first().waitFor({ timeout: 60_000 });
   await page.mouse.move(700, 300);
