@@ -83,8 +83,8 @@ def run_vscode(tmp_path, vsix: str, mode: str, model: str, **extra_env: str) -> 
         *("--python", sys.executable, "--dir", str(tmp_path / "session"), "--model", model),
         *("--results", str(results)),
     ]
-    # Its own process group: whatever is left of code-server's (extension host, server, worker) when it
-    # ends or times out is stopped with it.
+    # A process group of its own, stopped whole however the script ends: on a timeout, SIGTERM first
+    # (the script then stops code-server's group: its extension host, and the server, which ends its worker).
     proc = subprocess.Popen(
         command,
         env=env,
@@ -98,7 +98,8 @@ def run_vscode(tmp_path, vsix: str, mode: str, model: str, **extra_env: str) -> 
     try:
         output, _ = proc.communicate(timeout=1200)
     except subprocess.TimeoutExpired:
-        output = "timed out"
+        os.killpg(proc.pid, signal.SIGTERM)
+        output = "timed out\n" + proc.communicate(timeout=60)[0]
     finally:
         with contextlib.suppress(ProcessLookupError):  # (nothing was left)
             os.killpg(proc.pid, signal.SIGKILL)

@@ -68,22 +68,28 @@ async function waitForHttp(url, ms) {
   throw new Error(`${url} did not answer in ${ms / 1000} s`);
 }
 
-/** Stop code-server and wait for it: it stops its extension host, which stops the language server. */
-function stopProcess(child, ms) {
-  if (child.exitCode !== null || child.signalCode !== null) {
-    return Promise.resolve();
+/** Send `signal` to the process group `pgid`; false when no process of it is left. */
+function signalGroup(pgid, signal) {
+  try {
+    process.kill(-pgid, signal);
+    return true;
+  } catch {
+    return false;
   }
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => {
-      child.kill("SIGKILL");
-      resolve();
-    }, ms);
-    child.once("exit", () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill("SIGTERM");
-  });
+}
+
+/**
+ * Stop code-server and what it started (its extension host, which stops the language server, which
+ * stops its worker): the process group it leads gets SIGTERM; whatever of it is left after `ms`,
+ * SIGKILL. (SIGTERM to code-server alone can leave its extension host running, reparented.)
+ */
+async function stopGroup(child, ms) {
+  const end = Date.now() + ms;
+  signalGroup(child.pid, "SIGTERM");
+  while (Date.now() < end && signalGroup(child.pid, 0)) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  signalGroup(child.pid, "SIGKILL");
 }
 
 /**
@@ -111,7 +117,14 @@ export async function withCodeServer({ cache, chromium, vsix, python, dir, works
   const codeServer = spawn(codeServerBin, [
     "--auth", "none", "--bind-addr", `127.0.0.1:${port}`, ...profile,
     "--disable-telemetry", "--disable-update-check", "--disable-getting-started-override",
-  ], { stdio: ["ignore", "pipe", "pipe"], env });
+  ], { stdio: ["ignore", "pipe", "pipe"], env, detached: true }); // (a process group of its own, to stop whole)
+  // Stopped by a signal (a test's time limit, Ctrl+C), this process takes code-server's group with it.
+  const onSignal = (signal) => {
+    signalGroup(codeServer.pid, "SIGKILL");
+    process.exit(signal === "SIGINT" ? 130 : 143);
+  };
+  process.once("SIGTERM", onSignal);
+  process.once("SIGINT", onSignal);
   const serverLog = path.join(dir, "code-server.log");
   const logStream = fs.createWriteStream(serverLog);
   codeServer.stdout.pipe(logStream);
@@ -144,7 +157,9 @@ export async function withCodeServer({ cache, chromium, vsix, python, dir, works
     throw error;
   } finally {
     await browser?.close();
-    await stopProcess(codeServer, 15_000);
+    await stopGroup(codeServer, 15_000);
+    process.off("SIGTERM", onSignal);
+    process.off("SIGINT", onSignal);
   }
 }
 
