@@ -40,7 +40,11 @@ const SCENES = {
   "profile-hover": { file: "vscode-profile-hover.png", session: "profile" },
 };
 const HERE = path.dirname(new URL(import.meta.url).pathname);
-const wanted = new Set(args.scenes ? args.scenes.split(/\s+/).filter(Boolean) : Object.keys(SCENES));
+// By default the pictures of docs/images; `status` is one of this folder's (with hover and results).
+const FOLDER_ONLY = new Set(["status"]);
+const wanted = new Set(
+  args.scenes ? args.scenes.split(/\s+/).filter(Boolean) : Object.keys(SCENES).filter((name) => !FOLDER_ONLY.has(name)),
+);
 for (const name of wanted) {
   if (!SCENES[name]) {
     console.error(`unknown scene ${name}; the scenes are: ${Object.keys(SCENES).join(" ")}`);
