@@ -733,6 +733,7 @@ def test_apply_validates_each_kernel_and_the_model_as_a_whole_before_writing(tmp
         "… ExampleNet: c0 (mul → relu → add)",
         "… ExampleNet: c1 (gelu → sigmoid → mul)",
         "… ExampleNet: c2 (tanh → mul → softmax)",
+        "… ExampleNet: the whole model",
     ]
     assert "applied c0, c1, c2" in done.stdout and "skip" not in done.stdout
 
