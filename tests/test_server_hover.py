@@ -28,6 +28,11 @@ async def test_hover_on_every_line_of_a_cluster(client: Client, analyzed: str, i
         assert hover.contents.kind == lsp.MarkupKind.Markdown
         text = hover.contents.value
         assert f"c{index}" in text and f"cluster{index}" in text and want["kind"] in text
+        # It opens with a bold line, not a markdown heading (editors showing markdown as text keep its
+        # `###`), broken before the summary so that the summary is a line of its own everywhere.
+        heading, summary = text.split("\n")[:2]
+        assert heading == f"**⚡ c{index} · {want['kind']} · `cluster{index}` · ExampleNet**  ", heading
+        assert summary.startswith(f"**{want['bytes']}**"), summary
         ops = " → ".join(
             f"`{op}` {op_line}" for op, op_line in zip(want["chain"].split(" → "), want["ops"], strict=True)
         )
@@ -116,7 +121,7 @@ async def test_a_library_models_hover_opens_with_its_most_useful_cluster_and_is_
     lines = text.split("\n")
     assert len(lines) <= HOVER_LINES, len(lines)
     # It opens with one cluster: its heading, then one line that says what fusing it saves, with its link.
-    first = re.match(r"### ⚡ (c\d+) · ", lines[0])
+    first = re.match(r"\*\*⚡ (c\d+) · .*\*\*  $", lines[0])
     assert first, lines[0]
     assert "DRAM traffic" in lines[1] and _kernel_links(lines[1]) == [first[1]], lines[1]
     # The others follow, a line each, with their own links; every cluster once.

@@ -43,6 +43,7 @@ def _shape(shape) -> str:
     return "×".join(map(str, shape)) if shape else "scalar"
 
 
+HARD_BREAK = "  \n"  # a line break inside a paragraph: the heading, then the summary on a line of its own
 MAX_LINES = 40  # the most lines a hover takes (its details first, then the other clusters)
 CODE_LINES = 6  # the most lines of a library's code shown for a cluster
 
@@ -52,7 +53,7 @@ def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", 
     then what it costs in all, its ops, whether the quick fix applies, whether its backward is a
     kernel and what torch.compile does with it (the diagnostic already says why the ops next to it
     were left out)."""
-    parts = [f"{_heading(model, c, libraries)}\n{_summary(c, uri)}"]
+    parts = [f"{_heading(model, c, libraries)}{HARD_BREAK}{_summary(c, uri)}"]
     if c.multiplicity > 1:
         where = ", ".join(i or "(root)" for i in c.instances[:4]) + (" …" if len(c.instances) > 4 else "")
         parts.append(
@@ -88,9 +89,12 @@ def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", 
 
 
 def _heading(model: Model, c: Cluster, libraries: list[Library]) -> str:
-    """`### ⚡ c1 · reduction · `cluster1` · Net`, and the function its code is in when that is not here."""
+    """`**⚡ c1 · reduction · `cluster1` · Net**`, and the function its code is in when that is not here.
+
+    A bold line rather than a markdown heading: editors that show the hover's markdown as text (Neovim)
+    leave a heading's `###` in it."""
     function = f" · `{c.function}`" if _elsewhere(c, libraries) else ""
-    return f"### ⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {escaped(model.name)}{function}"
+    return f"**⚡ {c.id} · {c.kind} · `{c.kernel.name if c.kernel else '—'}` · {escaped(model.name)}{function}**"
 
 
 def _summary(c: Cluster, uri: str) -> str:
