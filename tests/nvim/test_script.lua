@@ -1,6 +1,6 @@
 -- Drives the fuselens plugin in headless Neovim the way a user would, and writes what
 -- happened to $FUSELENS_RESULTS as JSON for tests/test_nvim.py to assert on.
---   $FUSELENS_MODE = "full": diagnostics, hover, lens -> validation, quick fix
+--   $FUSELENS_MODE = "full": diagnostics, hover (K, its kernel link), lens -> validation, quick fix
 --   $FUSELENS_MODE = "untrusted": the folder is not trusted; nothing may be analyzed
 --   $FUSELENS_MODE = "library": a transformers model; diagnostics, hover and the quick fix of a
 --                               cluster in the library's code, the analysis after saving, then the
@@ -113,34 +113,52 @@ local function choose(pattern, key)
   end
 end
 
+--- The floating window open, if any.
+local function open_float()
+  for _, win in ipairs(vim.api.nvim_list_wins()) do
+    if vim.api.nvim_win_get_config(win).relative ~= "" then
+      return win
+    end
+  end
+  return nil
+end
+
+--- What the hover float `win` shows: its text, and how it is drawn.
+local function hover_shown(win)
+  local lines = vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(win), 0, -1, false)
+  local config = vim.api.nvim_win_get_config(win)
+  local bordered = false -- (a float without a border reports none, or blank padding: "" and " ")
+  for _, part in ipairs(type(config.border) == "table" and config.border or {}) do
+    local char = type(part) == "table" and part[1] or part
+    bordered = bordered or (char ~= "" and char ~= " ")
+  end
+  return table.concat(lines, "\n"), {
+    bordered = bordered,
+    width = vim.api.nvim_win_get_width(win),
+    height = vim.api.nvim_win_get_height(win),
+    linebreak = vim.wo[win].linebreak,
+    line_widths = vim.tbl_map(vim.fn.strdisplaywidth, lines),
+  }
+end
+
 --- The text of the hover window at (`line`, `col`), closed after reading.
 local function hover_at(line, col)
   vim.api.nvim_win_set_cursor(0, { line, col })
   vim.lsp.buf.hover()
   local float
   wait(15000, "the hover window", function()
-    for _, win in ipairs(vim.api.nvim_list_wins()) do
-      if vim.api.nvim_win_get_config(win).relative ~= "" then
-        float = win
-        return true
-      end
-    end
-    return false
+    float = open_float()
+    return float ~= nil
   end)
-  local text = table.concat(vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(float), 0, -1, false), "\n")
-  local config = vim.api.nvim_win_get_config(float)
-  local bordered = false -- (a float without a border reports none, or blank padding: "" and " ")
-  for _, part in ipairs(type(config.border) == "table" and config.border or {}) do
-    local char = type(part) == "table" and part[1] or part
-    bordered = bordered or (char ~= "" and char ~= " ")
-  end
-  results.hover_window = {
-    bordered = bordered,
-    width = vim.api.nvim_win_get_width(float),
-    height = vim.api.nvim_win_get_height(float),
-  }
+  local text, window = hover_shown(float)
+  results.hover_window = window
   vim.api.nvim_win_close(float, true)
   return text
+end
+
+--- Press `keys` as a user types them (mappings apply).
+local function press(keys)
+  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(keys, true, false, true), "mx", false)
 end
 
 --- Apply the code action at the cursor whose title matches `pattern`, as a user would; every
@@ -545,6 +563,75 @@ end)
 step("hover", function()
   results.hover = hover_at(19, 12) -- x = F.relu(x)
 end)
+
+--- `fn`, then the model's buffer back in a window of its own, however `fn` ended (a float left open,
+--- the cursor in it, another buffer shown), so that the steps after it start as they would have.
+local function then_back_to_the_model(fn)
+  return function()
+    local ok, err = pcall(fn)
+    for _, win in ipairs(vim.api.nvim_list_wins()) do
+      if vim.api.nvim_win_get_config(win).relative ~= "" then
+        vim.api.nvim_win_close(win, true)
+      end
+    end
+    vim.cmd("silent! only")
+    vim.cmd("buffer " .. bufnr)
+    if not ok then
+      error(err, 0)
+    end
+  end
+end
+
+--- Press K on 0-based `line`, `col` of the model and wait for the hover float. Before 0.10, K runs
+--- 'keywordprg' (pydoc for Python, which headless Neovim would wait on): a command stands in for it
+--- here, once the plugin has attached, and says when K ran it.
+local function press_k(line, col)
+  results.keywordprg_ran = nil
+  vim.api.nvim_create_user_command("FuselensTestKeywordprg", function(opts)
+    results.keywordprg_ran = opts.args
+  end, { nargs = "*", force = true })
+  vim.bo[bufnr].keywordprg = ":FuselensTestKeywordprg"
+  vim.api.nvim_win_set_cursor(0, { line, col })
+  press("K")
+  wait(15000, "the hover window", function()
+    return open_float() ~= nil or results.keywordprg_ran ~= nil
+  end)
+  if results.keywordprg_ran then
+    error("K ran 'keywordprg' (" .. results.keywordprg .. ") on " .. results.keywordprg_ran)
+  end
+  return open_float()
+end
+
+step("K", then_back_to_the_model(function()
+  results.keywordprg = vim.bo[bufnr].keywordprg
+  results.hover_from_k, results.hover_window_from_k = hover_shown(press_k(19, 12)) -- x = F.relu(x)
+end))
+
+step("open the kernel from the hover", then_back_to_the_model(function()
+  -- K, K again to go into the float, then <CR> on the cluster's "Open the kernel".
+  local float = press_k(19, 12)
+  press("K")
+  wait(15000, "the cursor in the hover window", function()
+    return vim.api.nvim_get_current_win() == float
+  end)
+  for row, line in ipairs(vim.api.nvim_buf_get_lines(0, 0, -1, false)) do
+    local col = line:find("Open the kernel", 1, true)
+    if col then
+      vim.api.nvim_win_set_cursor(0, { row, col + 4 })
+      break
+    end
+  end
+  press("<CR>")
+  wait(15000, "the kernel view", function()
+    return vim.api.nvim_buf_get_name(0):find("example_net_cluster0%.py$") ~= nil
+  end)
+  results.kernel_view = {
+    path = vim.api.nvim_buf_get_name(0),
+    readonly = vim.bo.readonly,
+    line = vim.api.nvim_get_current_line(),
+    floats = open_float() ~= nil,
+  }
+end))
 
 step("codelens", function()
   wait(30000, "code lenses", function()

@@ -8,6 +8,7 @@
 --   code_action filter  (vim.ui.select picks)    {filter, apply}       {filter, apply}
 --   client methods      client.request(...)      client.request(...)   client:request(...) (0.11+)
 --   hover float options the client's handler   the client's handler  vim.lsp.buf.hover(opts) (0.11+)
+--   K -> LSP hover      -                        -                     Neovim maps it (0.10+)
 
 local M = {}
 
@@ -116,6 +117,26 @@ function M.hover_handler(opts)
     return nil
   end
   return vim.lsp.with(vim.lsp.handlers.hover, opts)
+end
+
+--- Whether Neovim makes K show the LSP hover itself in a buffer a client attaches to (0.10+).
+function M.maps_hover_key()
+  return M.has("0.10")
+end
+
+--- Whether `bufnr`'s 'keywordprg' is as Neovim or its runtime files set it (a Python ftplugin's pydoc),
+--- not the user's choice: the rule by which Neovim 0.10+ maps K to the hover.
+function M.keywordprg_is_default(bufnr)
+  local shown = vim.api.nvim_buf_call(bufnr, function()
+    return vim.api.nvim_exec("verbose setlocal keywordprg?", true)
+  end)
+  local value = shown:match("keywordprg=([^\n]*)")
+  if value == nil or value == "" then
+    return true
+  end
+  local from = shown:match("Last set from ([^\n]*)") -- a script ("... line 128"), or "Lua", ...
+  local runtime = vim.fn.expand("$VIMRUNTIME") .. "/"
+  return from == nil or from:sub(1, #runtime) == runtime
 end
 
 return M

@@ -9,9 +9,11 @@
 --   })
 --
 -- Diagnostics, hover and code actions are Neovim's own LSP features; this file adds what
--- they need from fuselens: trust, settings, code lens refresh, inlay hints, commands.
+-- they need from fuselens: trust, settings, code lens refresh, inlay hints, commands, the hover's
+-- kernel links (hover.lua) and K for the hover where Neovim does not map it.
 
 local compat = require("fuselens.compat")
+local hover = require("fuselens.hover")
 local lenses = require("fuselens.lenses")
 local trust = require("fuselens.trust")
 
@@ -176,14 +178,28 @@ local function validate_options()
   return { interpret = M.config.interpret }
 end
 
+--- Put the cursor on the definition of `kernel` in the current buffer, if it is there.
+local function go_to_definition(kernel)
+  for i, line in ipairs(vim.api.nvim_buf_get_lines(0, 0, -1, false)) do
+    if line:sub(1, #kernel + 5) == "def " .. kernel .. "(" then
+      vim.api.nvim_win_set_cursor(0, { i, 0 })
+      return
+    end
+  end
+end
+
 --- fuselens.showKernel with `args` ([uri] or [uri, cluster or model]): the server shows the view.
 local function show_kernel_view(client, bufnr, args)
   execute(client, bufnr, "fuselens.showKernel", args, function(result)
-    -- A client that supports window/showDocument has been shown the file by the server.
+    -- A client that supports window/showDocument has been shown the file by the server, at the
+    -- kernel; Neovim 0.7 does not support it, and the plugin opens the view there.
     local caps = vim.lsp.protocol.make_client_capabilities()
     local shown = caps.window and caps.window.showDocument and caps.window.showDocument.support
     if result and result.path and not shown then
       vim.cmd("split " .. vim.fn.fnameescape(result.path))
+      if result.kernels and #result.kernels == 1 then
+        go_to_definition(result.kernels[1])
+      end
     end
   end)
 end
@@ -215,6 +231,22 @@ local function client_commands()
     ["fuselens.showKernel"] = show_kernel,
     ["fuselens.profile"] = profile,
   }
+end
+
+--- Run the server's `command` with `arguments` for `bufnr`, as a link in its hover names it ("Open the
+--- kernel"): through the plugin's handler of that command where it has one, as a lens would.
+local function run_link(bufnr, command, arguments)
+  local client = M.client(bufnr)
+  if not client then
+    notify("no fuselens server for this buffer", vim.log.levels.WARN)
+    return
+  end
+  local handler = client_commands()[command]
+  if handler then
+    handler({ title = command, command = command, arguments = arguments }, { client_id = client.id, bufnr = bufnr })
+  else
+    execute(client, bufnr, command, arguments)
+  end
 end
 
 -- A diagnostic that stopped the analysis, by its code, as the status names it: "0 clusters" would
@@ -279,7 +311,8 @@ end
 
 local function handlers()
   return {
-    ["textDocument/hover"] = compat.hover_handler(M.config.hover),
+    -- (nil on 0.11+, where vim.lsp.buf.hover() draws the float: setup() follows its links then)
+    ["textDocument/hover"] = hover.handler(compat.hover_handler(M.config.hover), run_link, M.config.hover),
     -- New diagnostics mean a new analysis: lenses are answered from it, so ask for them now.
     ["textDocument/publishDiagnostics"] = function(err, result, ctx, config)
       vim.lsp.handlers["textDocument/publishDiagnostics"](err, result, ctx, config)
@@ -355,8 +388,23 @@ local function sent_for_analysis(client, bufnr)
   end
 end
 
+--- K shows the hover in `bufnr` where Neovim does not map it so itself (before 0.10, K runs 'keywordprg':
+--- pydoc in a Python buffer), by the rule of later Neovims: unless the user mapped K or chose their
+--- own 'keywordprg'.
+local function map_hover_key(bufnr)
+  if compat.maps_hover_key() or not compat.keywordprg_is_default(bufnr) then
+    return
+  end
+  vim.api.nvim_buf_call(bufnr, function()
+    if vim.fn.maparg("K", "n") == "" then
+      vim.keymap.set("n", "K", vim.lsp.buf.hover, { buffer = bufnr, desc = "vim.lsp.buf.hover()" })
+    end
+  end)
+end
+
 local function on_attach(client, bufnr)
   sort_diagnostics(client)
+  map_hover_key(bufnr)
   sent_for_analysis(client, bufnr)
   local analysis = vim.api.nvim_create_augroup("fuselens_analysis_" .. bufnr, { clear = true })
   vim.api.nvim_create_autocmd("BufWritePost", {
@@ -628,6 +676,9 @@ function M.setup(opts)
   define_commands()
   local group = vim.api.nvim_create_augroup("fuselens", { clear = true })
   lenses.follow_window_widths(group)
+  hover.follow_links(group, function(bufnr)
+    return M.client(bufnr) ~= nil
+  end, run_link, M.config.hover)
   vim.api.nvim_create_autocmd("FileType", {
     group = group,
     pattern = M.config.filetypes,
