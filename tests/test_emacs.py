@@ -132,6 +132,28 @@ def test_hover_through_eldoc(session):
     assert "c0 · elementwise · `cluster0` · ExampleNet" in session["hover"]
 
 
+def _kernel_view(view: dict, cluster: str) -> None:
+    """`view` is the server's read-only view of `cluster`'s kernel, at its definition."""
+    assert view["file"].endswith(f"/kernels/example_net_{cluster}.py"), view
+    assert os.stat(view["file"]).st_mode & 0o222 == 0 and view["read-only"], view
+    assert view["line"] == f"def {cluster}(x):", view
+
+
+def test_the_hover_s_kernel_link_opens_the_kernel(session):
+    """RET on "Open the kernel" in ElDoc's buffer runs the server's command: markdown-mode would
+    have looked for a file named after the command."""
+    _steps(session, "open the kernel from the hover")
+    # The hover's first line ends at its text: markdown-mode underlines the spaces of a hard break.
+    assert session["hover-buffer"].startswith("**⚡ c0 · elementwise · `cluster0` · ExampleNet**\n")
+    assert session["hover-link-key"] == "fuselens-eglot-open-kernel-at-point"
+    _kernel_view(session["kernel-from-hover"], "cluster0")
+
+
+def test_open_kernel_at_point_on_a_cluster_s_line(session):
+    _steps(session, "open the kernel at point")
+    _kernel_view(session["kernel-at-point"], "cluster1")
+
+
 def test_validate_command(session):
     _steps(session, "validate")
     assert session["validation-mode"] == "interpret"

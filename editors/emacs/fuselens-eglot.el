@@ -25,13 +25,19 @@
 ;; stays usable; the mode line says "fuselens: validating…" meanwhile, and the results open in
 ;; a buffer of their own, one per file, when they come (M-x fuselens-eglot-results shows them
 ;; again).
+;;
+;; The hover's "Open the kernel" link (M-x eldoc-doc-buffer shows the hover in a buffer) opens
+;; the cluster's kernel with RET or a click; M-x fuselens-eglot-open-kernel-at-point does the
+;; same there, or, on a cluster's line of the model, for the cluster there.
 
 ;;; Code:
 
 (require 'cl-lib)
 (require 'eglot)
+(require 'eldoc)
 (require 'jsonrpc)
 (require 'project)
+(require 'url-util)
 
 (defgroup fuselens-eglot nil
   "The fuselens language server in Eglot."
@@ -85,7 +91,8 @@ That checks numerics only, and needs no GPU."
 (defun fuselens-eglot-register ()
   "Make Eglot use fuselens for Python buffers."
   (add-to-list 'eglot-server-programs
-               `((python-mode python-ts-mode) . (fuselens-eglot-server . ,fuselens-eglot-server-command))))
+               `((python-mode python-ts-mode) . (fuselens-eglot-server . ,fuselens-eglot-server-command)))
+  (add-hook 'eglot-managed-mode-hook #'fuselens-eglot--use-hover-view))
 
 (defun fuselens-eglot--request (command &rest arguments)
   "Run the server's COMMAND with ARGUMENTS for this buffer; return its answer.
@@ -203,13 +210,119 @@ Before any, the last validation the server kept for the file."
           (fuselens-eglot--show-results (current-buffer) markdown)
         (message "fuselens: %s" (or (plist-get result :message) "no validation yet"))))))
 
+(defun fuselens-eglot--show-view (result)
+  "Show the view the server answered with, RESULT (its :path), at its kernel.
+An Eglot that supports window/showDocument has been shown it by the server."
+  (when-let ((path (plist-get result :path)))
+    (if-let ((shown (get-file-buffer path))
+             (window (get-buffer-window shown)))
+        (select-window window)
+      (find-file-other-window path)
+      (let ((kernels (plist-get result :kernels)))
+        (when (= (length kernels) 1)
+          (goto-char (point-min))
+          (re-search-forward (concat "^def " (regexp-quote (elt kernels 0)) "(") nil t)
+          (beginning-of-line))))))
+
 (defun fuselens-eglot-show-kernel ()
   "Open the kernels generated for this file."
   (interactive)
   (let ((result (fuselens-eglot--request "fuselens.showKernel" (fuselens-eglot--uri))))
-    (when-let ((path (plist-get result :path)))
-      (find-file-other-window path))
+    (fuselens-eglot--show-view result)
     result))
+
+;;; The hover's links to the server's commands ("Open the kernel")
+
+;; The server writes them as markdown links to `command:fuselens.showKernel?ARGUMENTS' URIs (the
+;; arguments a URL-encoded JSON list), which VS Code runs.  markdown-mode draws them as links,
+;; and following one would find a file named after the command; here RET or a click on one runs
+;; its command.
+
+(defconst fuselens-eglot--link-regexp
+  "\\[\\([^]\n]*\\)\\](command:\\(fuselens\\.[[:alnum:]_.]+\\)\\??\\([^)[:space:]]*\\))"
+  "A markdown link to a server command: its label, command and encoded arguments.")
+
+(defvar fuselens-eglot-link-map
+  (let ((map (make-sparse-keymap)))
+    (define-key map (kbd "RET") #'fuselens-eglot-open-kernel-at-point)
+    (define-key map [mouse-2] #'fuselens-eglot-open-kernel-at-point)
+    (define-key map [follow-link] 'mouse-face)
+    map)
+  "Keys on a hover's link to a server command: RET or a click runs it.")
+
+(defun fuselens-eglot--matched-link (string)
+  "The link `fuselens-eglot--link-regexp' last matched in STRING.
+A plist (:command COMMAND :arguments ARGUMENTS)."
+  (let ((command (match-string 2 string))
+        (query (match-string 3 string)))
+    (save-match-data
+      (let ((json (decode-coding-string (url-unhex-string query t) 'utf-8)))
+        (list :command command
+              :arguments (unless (string-empty-p json)
+                           (let ((arguments (json-parse-string json :array-type 'list :null-object nil)))
+                             (if (listp arguments) arguments (list arguments)))))))))
+
+(defun fuselens-eglot--hover-view (hover)
+  "HOVER, the text Eglot made of the server's markdown, as a view.
+Its command links are made followable, and the trailing spaces of a hard line
+break go: markdown-mode marks them, for editing."
+  (when (stringp hover)
+    (let ((text (replace-regexp-in-string "[ \t]+$" "" hover t t))
+          (start 0))
+      (while (string-match fuselens-eglot--link-regexp text start)
+        (add-text-properties (match-beginning 0) (match-end 0)
+                             (list 'fuselens-eglot-link (fuselens-eglot--matched-link text)
+                                   'keymap fuselens-eglot-link-map
+                                   'mouse-face 'highlight
+                                   'help-echo "RET, mouse-2: open the kernel")
+                             text)
+        (setq start (match-end 0)))
+      text)))
+
+(defun fuselens-eglot-hover-eldoc-function (callback &rest _)
+  "Eglot's hover for ElDoc (CALLBACK gets it), its kernel links followable."
+  (eglot-hover-eldoc-function
+   (lambda (info &rest properties)
+     (apply callback (fuselens-eglot--hover-view info) properties))))
+
+(defun fuselens-eglot--use-hover-view ()
+  "ElDoc shows the hover as a view, its links followable, in fuselens' buffers."
+  (when (and (eglot-managed-p) (cl-typep (eglot-current-server) 'fuselens-eglot-server))
+    (setq-local eldoc-documentation-functions
+                (cl-substitute #'fuselens-eglot-hover-eldoc-function #'eglot-hover-eldoc-function
+                               eldoc-documentation-functions))))
+
+(defun fuselens-eglot--hover-link ()
+  "The first command link of the server's hover at point, in a fuselens buffer."
+  (when (and (eglot-managed-p) (cl-typep (eglot-current-server) 'fuselens-eglot-server))
+    (let* ((hover (jsonrpc-request (eglot--current-server-or-lose) :textDocument/hover
+                                   (eglot--TextDocumentPositionParams)))
+           (contents (plist-get hover :contents))
+           (markdown (if (stringp contents) contents (plist-get contents :value))))
+      (when (and markdown (string-match fuselens-eglot--link-regexp markdown))
+        (fuselens-eglot--matched-link markdown)))))
+
+(defun fuselens-eglot--follow (link)
+  "Run LINK's command in the buffer of the file it names; show the view it answers."
+  (let* ((uri (car (plist-get link :arguments)))
+         (buffer (and (stringp uri) (find-buffer-visiting (eglot--uri-to-path uri)))))
+    (unless buffer
+      (user-error "fuselens: the file of this link is not open"))
+    (fuselens-eglot--show-view
+     (with-current-buffer buffer
+       (apply #'fuselens-eglot--request (plist-get link :command) (plist-get link :arguments))))))
+
+(defun fuselens-eglot-open-kernel-at-point (&optional event)
+  "Open the kernel of the hover link at point, or of the cluster at point.
+On a hover's \"Open the kernel\" link (in the ElDoc buffer), or where EVENT,
+a click, is, run the link; on a cluster's line of a model, open the kernel its
+hover shows first."
+  (interactive (list last-nonmenu-event))
+  (when (mouse-event-p event)
+    (posn-set-point (event-end event)))
+  (if-let ((link (or (get-text-property (point) 'fuselens-eglot-link) (fuselens-eglot--hover-link))))
+      (fuselens-eglot--follow link)
+    (user-error "fuselens: no kernel link or cluster here")))
 
 (provide 'fuselens-eglot)
 ;;; fuselens-eglot.el ends here

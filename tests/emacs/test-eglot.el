@@ -171,6 +171,47 @@
     (unless (test-wait 15 (lambda () hover)) (error "no hover"))
     (test-put :hover (substring-no-properties hover))))
 
+(defun test-kernel-view ()
+  "What the selected window shows: the file, whether it is read-only, the line at point."
+  (list :file (buffer-file-name) :read-only buffer-read-only
+        :line (buffer-substring-no-properties (line-beginning-position) (line-end-position))))
+(defun test-back-to-the-model (model)
+  (delete-other-windows)
+  (switch-to-buffer model))
+
+(test-step "open the kernel from the hover"
+  ;; As a user: the hover of a cluster's line in ElDoc's buffer (M-x eldoc-doc-buffer), then RET on
+  ;; its "Open the kernel".
+  (let ((model (current-buffer)))
+    (unwind-protect
+        (progn
+          (goto-char (point-min)) (forward-line 18) (forward-char 12)  ; line 19: x = F.relu(x)
+          (eldoc-print-current-symbol-info t)
+          (unless (test-wait 15 (lambda () (and (buffer-live-p eldoc--doc-buffer)
+                                                (with-current-buffer eldoc--doc-buffer
+                                                  (string-search "Open the kernel" (buffer-string))))))
+            (error "no hover in the ElDoc buffer"))
+          (pop-to-buffer eldoc--doc-buffer)
+          (test-put :hover-buffer (buffer-substring-no-properties (point-min) (point-max)))
+          (goto-char (point-min))
+          (search-forward "Open the kernel")
+          (goto-char (match-beginning 0))
+          (let ((key (key-binding (kbd "RET"))))
+            (test-put :hover-link-key (format "%s" key))
+            (command-execute key))
+          (test-put :kernel-from-hover (test-kernel-view)))
+      (test-back-to-the-model model))))
+
+(test-step "open the kernel at point"
+  ;; M-x fuselens-eglot-open-kernel-at-point on another cluster's line: that cluster's kernel.
+  (let ((model (current-buffer)))
+    (unwind-protect
+        (progn
+          (goto-char (point-min)) (forward-line 23) (forward-char 12)  ; line 24: x = torch.sigmoid(x)
+          (command-execute 'fuselens-eglot-open-kernel-at-point)
+          (test-put :kernel-at-point (test-kernel-view)))
+      (test-back-to-the-model model))))
+
 (test-step "validate"
   (with-current-buffer (messages-buffer) (let ((inhibit-read-only t)) (erase-buffer)))
   (setq test-answered nil)
