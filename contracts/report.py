@@ -104,8 +104,15 @@ class Boundary:
 class Kernel:
     name: str  # launcher name, e.g. "cluster0"
     path: str  # the kernel module file it is written to
-    source: str  # the @triton.jit kernel plus its launcher
+    # The @triton.jit kernel plus its launcher (its backward, its `fits`).  "" in an analysis that leaves
+    # the code to be generated when something asks for it (the editor's, on a save): its cluster's
+    # BACKWARD_FIELDS are then unknown too.
+    source: str
     strategy: str = ""  # e.g. "elementwise-2d", "row-single-block", "row-looped"
+
+    @property
+    def has_code(self) -> bool:
+        return bool(self.source)
 
 
 @dataclass
@@ -183,6 +190,17 @@ PASS_THROUGH_BACKWARD = "pass-through"
 # ... and when its gradients are a scatter into a table (an embedding's), which torch runs as eager
 # autograd does: the forward still runs the kernel, keeping only what the gradients read.
 TORCH_BACKWARD = "torch"
+
+
+# What a cluster's backward, worked out with its kernel's code, says (`Kernel.source`).
+BACKWARD_FIELDS = (
+    "backward",
+    "backward_detail",
+    "backward_bytes_unfused",
+    "backward_bytes_fused",
+    "saved_bytes_eager",
+    "saved_bytes_fused",
+)
 
 
 @dataclass

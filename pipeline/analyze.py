@@ -7,6 +7,9 @@ subprocess) run:
            -> capture (one trace per branch path) -> detect -> cost -> patterns
            -> source map (`findings.py`) -> codegen (`kernels.py`) -> Report
 
+With `code=False` (the editor's analysis on a save) the report's kernels keep no source and its
+clusters no backward: everything else is as with them (`kernels.py`).
+
 Every failure in user code becomes a `Problem` at the user's line; one model failing
 never hides the others.
 """
@@ -49,15 +52,16 @@ class AnalyzedFile:
     user_code: capture.UserCode = field(default_factory=capture.UserCode)
 
 
-def analyze_file(path: str, options: AnalyzeOptions | None = None) -> R.Report:
-    return analyze(path, options).report
+def analyze_file(path: str, options: AnalyzeOptions | None = None, code: bool = True) -> R.Report:
+    return analyze(path, options, code).report
 
 
-def analyze(path: str, options: AnalyzeOptions | None = None) -> AnalyzedFile:
-    return _analyze(os.path.abspath(path), options or AnalyzeOptions())
+def analyze(path: str, options: AnalyzeOptions | None = None, code: bool = True) -> AnalyzedFile:
+    """The file's report; `code`: with each kernel's source and each cluster's backward."""
+    return _analyze(os.path.abspath(path), options or AnalyzeOptions(), code)
 
 
-def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
+def _analyze(path: str, options: AnalyzeOptions, code: bool) -> AnalyzedFile:
     text = options.source_text
     unreadable = None
     if text is None:
@@ -106,7 +110,7 @@ def _analyze(path: str, options: AnalyzeOptions) -> AnalyzedFile:
         report.models.append(model)
         found.append(model_found)
     _note_parents(report, candidates.classes)
-    generate_kernels(report, found, source, options.out_dir)
+    generate_kernels(report, found, source, options.out_dir, code)
     report.libraries = packages.libraries(_files_named(report), path)
     return analyzed
 

@@ -4,6 +4,12 @@ Cluster ids (`c0`, `c1`, ...) and kernel names (`cluster0`, ...) are numbered ac
 file's models in report order, skipping names the file already imports from its kernel
 module (those keep their kernels).  Exact clusters get the call-site edit `fuselens apply`
 and the quick fix make.
+
+The kernels' code, and each cluster's backward (its gradients captured and planned as one more
+kernel: most of the step's time), are for what reads them: `apply`, validation, the quick fix and
+the kernel views.  The editor's analysis goes without them (`code=False`): every kernel is still
+emitted, to know that its cluster lowers, but keeps no source, and a `GenerateJob` makes them when
+something asks (`worker/protocol.py`).
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from .findings import Found
 
 
 def generate_kernels(
-    report: R.Report, found: list[list[Found]], source: sourcemap.SourceIndex, out_dir: str | None
+    report: R.Report, found: list[list[Found]], source: sourcemap.SourceIndex, out_dir: str | None, code: bool = True
 ) -> None:
-    """Number the clusters of the file, emit each kernel, and attach exact call-site edits."""
+    """Number the clusters of the file, emit each kernel, and attach exact call-site edits.  Without
+    `code` (the editor's analysis) each kernel is emitted only to know that its cluster lowers, and
+    keeps no source; its backward is not worked out (`R.Kernel.source`)."""
     module_path = edits_mod.kernel_module_path(report.file, out_dir)
     taken = _kernel_names_in_use(source.text, module_path)
     placed: list[_Placed] = []
@@ -50,43 +58,10 @@ def generate_kernels(
             params = _launcher_params(cluster)
             numbers = _number_params(instance.plan.scalars, params)
             cluster.numbers = _numbers(instance, numbers)
-            try:
-                reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain, numbers)
-            except NoReference as exc:
-                reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
-            else:
-                no_reference = ""
-            if no_reference:
-                cluster.backward_detail = f"its ops are not torch code it can train through: {no_reference}"
-                trained = None
-            else:
-                trained = _backward(cluster, instance, name, params, numbers, reference)
-            try:
-                emitted = emit(
-                    instance.plan,
-                    name,
-                    params,
-                    [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)],
-                    _doc(cluster, source),
-                    _comments(instance, source, params),
-                    reference,
-                    numbers,
-                    trained.trains if trained else None,
-                )
-            except Exception as exc:  # codegen must never lose the analysis
-                cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
-                cluster.apply_detail = cluster.lowering
+            kernel = _kernel(cluster, instance, name, params, numbers, module_path, source, code)
+            if kernel is None:
                 continue
-            region = instance.mapping.region
-            checks = region.checks if region is not None else []
-            text = emitted.kernels + "\n\n\n" + emitted.launcher
-            if trained:
-                text += "\n\n\n" + trained.text
-            sized = bool(trained and trained.sized)
-            trains = trained.trains if trained else None
-            made = region.made if region is not None else []
-            text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized, made)
-            cluster.kernel = R.Kernel(name, module_path, text, emitted.strategy)
+            cluster.kernel = kernel
             place = _place(cluster, instance, name, module_path, report.file)
             if place is not None:
                 placed.append(place)
@@ -94,6 +69,59 @@ def generate_kernels(
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
     carried = _write_edits(report, placed, module_path, source)
     _nest_shared_lines(report, module_path, carried)
+
+
+def _kernel(
+    cluster: R.Cluster,
+    instance: Found,
+    name: str,
+    params: list[str],
+    numbers: list[str],
+    module_path: str,
+    source: sourcemap.SourceIndex,
+    code: bool,
+) -> R.Kernel | None:
+    """The cluster's kernel: its source (the kernels, the launcher, the backward and `fits`) with `code`,
+    else its name and strategy alone; None, with why on the cluster, when code generation fails."""
+    try:
+        reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain, numbers)
+    except NoReference as exc:
+        reference, no_reference = _refusing_reference(name, params + numbers, str(exc)), str(exc)
+    else:
+        no_reference = ""
+    trained = None
+    if code and no_reference:
+        cluster.backward_detail = f"its ops are not torch code it can train through: {no_reference}"
+    elif code:
+        trained = _backward(cluster, instance, name, params, numbers, reference)
+    try:
+        emitted = emit(
+            instance.plan,
+            name,
+            params,
+            [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)],
+            _doc(cluster, source),
+            _comments(instance, source, params),
+            reference,
+            numbers,
+            trained.trains if trained else None,
+        )
+    except Exception as exc:  # codegen must never lose the analysis
+        cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
+        cluster.apply_detail = cluster.lowering
+        return None
+    if not code:
+        return R.Kernel(name, module_path, "", emitted.strategy)
+    region = instance.mapping.region
+    checks = region.checks if region is not None else []
+    text = emitted.kernels + "\n\n\n" + emitted.launcher
+    if trained:
+        text += "\n\n\n" + trained.text
+    sized = bool(trained and trained.sized)
+    trains = trained.trains if trained else None
+    made = region.made if region is not None else []
+    text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized, made)
+    return R.Kernel(name, module_path, text, emitted.strategy)
 
 
 def _nest_shared_lines(report: R.Report, module_path: str, carried: dict[str, tuple[str, str]]) -> None:

@@ -46,6 +46,7 @@ from .features.hover import hover
 from .features.inlay import inlay_hints
 from .features.lenses import code_lenses
 from .features.text import same_file, uri_to_path
+from .generation import Generation
 from .inductor import InductorComparer
 from .libraries import library_modules
 from .protocol import FuselensProtocol, remember
@@ -87,6 +88,7 @@ class FuselensServer(LanguageServer):
         self.reloads = Reloads()  # open documents whose files changed on disk, until the editor reloads them
         self.stats = {"published": 0, "dropped_stale": 0}
         self.inductor = InductorComparer(self)
+        self.generation = Generation(self)  # the kernels' code, when something asks for it
         self.background: set[asyncio.Future[Any]] = set()
         self.remote = RemoteRunners()
         self.configured = asyncio.Event()  # set once `initialized` has read the settings

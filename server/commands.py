@@ -1,5 +1,5 @@
 """Workspace commands: analyze now, validate kernels (with progress), profile the forward, show and
-write kernels.
+write kernels (their code generated first where the analysis left it out: `generation.py`).
 
 Validation runs in the worker, like analysis.  On a machine without CUDA it says so and
 offers the Triton interpreter instead (numerics only); a configured remote runner (a
@@ -32,7 +32,9 @@ from fuselens.worker.protocol import Limits, ProfileJob, ValidateJob
 from . import history, views
 from .features.measured import time_label, where_measured
 from .features.text import path_to_uri, uri_to_path
+from .generation import NotTheSameAnalysis, has_code
 from .runner import RemoteFailed
+from .scheduler import Analysis
 from .workers import JobFailed
 
 if TYPE_CHECKING:
@@ -125,7 +127,7 @@ def register_commands(server: FuselensServer) -> None:
     @server.command(command_ids.WRITE_KERNEL_MODULE)
     async def write_module(ls, *args):
         uri, version, ids = _args(args, [("uri", str, True), ("version", int, True), ("clusters", list, True)])
-        return _write_module(ls, uri, version, ids)
+        return await _write_module(ls, uri, version, ids)
 
 
 def _analysis_for(ls: FuselensServer, uri: str):
@@ -464,7 +466,7 @@ async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
-    report = _analysis_for(ls, uri).report
+    report = await _with_code(ls, uri, path, _analysis_for(ls, uri))
     chosen = [
         c for m in report.models for c in m.clusters if c.kernel and (which in (None, m.name, c.id, c.kernel.name))
     ]
@@ -523,16 +525,29 @@ async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str
     return {"path": target, "kernels": ids, "status": comparison.status, "text": text}
 
 
-def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict[str, Any]:
+async def _with_code(ls: FuselensServer, uri: str, path: str, analysis: Analysis) -> Report:
+    """The analysis's report with its kernels' code (`generation.py`); an error the client is told when
+    it cannot be generated (generating runs the model's code: only where it may run)."""
+    if not has_code(analysis.report) and not ls.trusted(path):
+        raise JsonRpcInvalidParams.of(ValueError(ls.untrusted(path)))
+    try:
+        return await ls.generation.with_code(uri, path, analysis)
+    except (JobFailed, NotTheSameAnalysis) as exc:
+        ls.log_line(f"the kernels of {os.path.basename(path)} were not generated: {exc}")
+        raise JsonRpcInvalidParams.of(ValueError(f"the kernels were not generated: {exc}")) from None
+
+
+async def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict[str, Any]:
     """Write the kernel module of the quick fix for `ids` on disk (the fix's edit holds only the model's
-    lines: an editor would leave a module it edits unsaved)."""
+    lines: an editor would leave a module it edits unsaved), its code generated first if it was not."""
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
     analysis = ls.scheduler.cache.get(uri)  # not ls.current(): the edit this command follows changed the document
     if analysis is None or analysis.failure is not None or analysis.version != version:
         raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
-    kernels = [c.kernel for _, c in analysis.report.clusters() if c.id in ids and c.kernel]
+    report = await _with_code(ls, uri, path, analysis)  # (for this version, whatever the user does meanwhile)
+    kernels = [c.kernel for _, c in report.clusters() if c.id in ids and c.kernel]
     if not kernels:
         raise JsonRpcInvalidParams.of(ValueError(f"no kernels for clusters {ids}"))
     target = kernels[0].path
@@ -546,7 +561,7 @@ def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -> dict
     try:
         with lock:
             files.check_kernel_module(target)
-            files.replace_text(target, kernel_module_text(analysis.report, [str(i) for i in ids]))
+            files.replace_text(target, kernel_module_text(report, [str(i) for i in ids]))
     except files.Refused as exc:
         raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
     ls.log_line(f"wrote {os.path.basename(target)} with the kernels of {', '.join(map(str, ids))}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from lsprotocol import types as lsp
@@ -171,6 +174,45 @@ async def test_a_second_fix_merges_into_the_module_on_disk(client: Client):
     assert [d.message.split(",")[0] for d in diags if d.message.startswith("fusable:")] == [
         "fusable: tanh → mul → softmax"
     ]
+
+
+def generated(client: Client, name: str) -> list[str]:
+    """The server's log lines that say it generated the kernels' code of `name`."""
+    return [m.message for m in client.log_messages if m.message.startswith(f"generated the kernels of {name} ")]
+
+
+async def test_a_fix_offered_is_a_few_kb_and_its_module_is_the_one_apply_writes(client: Client, tmp_path):
+    """A save's analysis leaves the kernels' code out, and so does offering a fix (its edit is the model's
+    lines); the fix's module, generated once for the version whatever asks for it first (a kernel
+    view here), is byte for byte the one `fuselens apply` writes."""
+    uri = client.open("fuse_as_apply.py", example_text())
+    await client.diagnostics_of(uri, 1)
+    actions = await client.code_actions(uri, 18)
+    sizes = [len(json.dumps(client.protocol._converter.unstructure(a))) for a in actions]
+    assert len(sizes) == 2 and max(sizes) < 4096, sizes
+    await client.roundtrip()
+    assert generated(client, "fuse_as_apply.py") == []
+
+    shown = await client.command("fuselens.showKernel", uri, "c0")
+    assert "@triton.jit" in shown["text"]
+    await fuse(client, uri, actions[0])
+    assert [m.split(" in ")[0] for m in generated(client, "fuse_as_apply.py")] == [
+        "generated the kernels of fuse_as_apply.py v1"
+    ]
+
+    elsewhere = tmp_path / "fuse_as_apply.py"
+    elsewhere.write_text(example_text())
+    applied = subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", "apply", str(elsewhere), "--cluster", "c0", "--yes", "--no-check"],
+        capture_output=True,
+        text=True,
+    )
+    assert applied.returncode == 0, applied.stderr
+    with (
+        open(client.path("fuse_as_apply_kernels.py"), encoding="utf-8") as fix,
+        open(tmp_path / "fuse_as_apply_kernels.py", encoding="utf-8") as apply,
+    ):
+        assert fix.read() == apply.read()
 
 
 def chains(diags: list[lsp.Diagnostic]) -> list[str]:

@@ -13,14 +13,14 @@ from typing import Any
 from fuselens.contracts.options import Progress
 from fuselens.contracts.plain import to_plain
 
-from .protocol import AnalyzeJob, CompareJob, Job, PingJob, Pong, ProfileJob, ValidateJob
+from .protocol import AnalyzeJob, CompareJob, GenerateJob, Job, PingJob, Pong, ProfileJob, ValidateJob
 
 
 def run_job(job: Job, progress: Progress) -> dict[str, Any]:
-    if isinstance(job, AnalyzeJob):
+    if isinstance(job, AnalyzeJob | GenerateJob):
         from fuselens.pipeline.analyze import analyze_file
 
-        return analyze_file(job.path, job.options).to_dict()
+        return analyze_file(job.path, job.options, code=isinstance(job, GenerateJob)).to_dict()
     if isinstance(job, ValidateJob):
         from fuselens.pipeline.validate import validate_file
 

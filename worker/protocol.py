@@ -9,7 +9,7 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
     host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
-A job is what to run (`AnalyzeJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `PingJob`); the result of a
+A job is what to run (`AnalyzeJob`, `GenerateJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `PingJob`); the result of a
 finished job is the plain form of its `result_type()`.  Every line is at most
 `MAX_MESSAGE_BYTES` long, either way: a longer one is dropped whole, never half-read.
 """
@@ -37,9 +37,22 @@ FAILURES: tuple[str, ...] = FailureKind.__args__  # type: ignore[attr-defined]
 
 @dataclass
 class AnalyzeJob:
+    """The analysis of a save: everything the diagnostics, hovers, inlay hints, lenses and the quick
+    fixes' edits read; its kernels keep no source, its clusters no backward (`GenerateJob`)."""
+
     path: str
     options: AnalyzeOptions  # `options.source_text` is the editor's buffer
     kind: Literal["analyze"] = "analyze"
+
+
+@dataclass
+class GenerateJob:
+    """The analysis with the kernels' code and each cluster's backward, for what reads them: the kernel
+    module a quick fix writes, a kernel view."""
+
+    path: str
+    options: AnalyzeOptions
+    kind: Literal["generate"] = "generate"
 
 
 @dataclass
@@ -79,10 +92,11 @@ class PingJob:
     kind: Literal["ping"] = "ping"
 
 
-Job = AnalyzeJob | ValidateJob | CompareJob | ProfileJob | PingJob
+Job = AnalyzeJob | GenerateJob | ValidateJob | CompareJob | ProfileJob | PingJob
 
 _RESULTS: dict[str, type] = {
     "analyze": Report,
+    "generate": Report,
     "validate": ValidationReport,
     "compare": ComparisonResult,
     "profile": Report,

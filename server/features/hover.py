@@ -171,7 +171,10 @@ def escaped(text: str) -> str:
 
 
 def _training_line(c: Cluster) -> str:
-    """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs."""
+    """Whether `loss.backward()` runs a fused backward kernel for the cluster, and for which inputs; or,
+    before the kernel's code is generated (a save's analysis leaves it out), when that is known."""
+    if c.kernel is not None and not c.kernel.has_code:
+        return "**training**: whether its backward is a kernel is worked out with the kernel's code (open the kernel)"
     if c.backward == PASS_THROUGH_BACKWARD:
         return f"**training**: no backward kernel is needed: the {c.backward_detail}"
     if c.backward == TORCH_BACKWARD:
