@@ -26,10 +26,12 @@ from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.admission import fits_text
 from fuselens.codegen.emit import emit
+from fuselens.codegen.files import MAX_KERNEL_MODULE_BYTES
 from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.plan import ScalarSlot
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
+from fuselens.contracts.reading import read_text
 
 from .backward import Backward, NoBackwardKernel, backward_for, saved_by_autograd
 from .findings import Found
@@ -578,9 +580,8 @@ def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
     for node in ast.walk(tree) if tree else []:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == module:
             names |= {a.name for a in node.names}
-    try:
-        with open(module_path, encoding="utf-8") as fh:
-            module_text = fh.read()
+    try:  # (a FIFO or a file of gigabytes there is no module of ours: not read, never waited on)
+        module_text = read_text(module_path, MAX_KERNEL_MODULE_BYTES, errors="replace")
     except OSError:
         return names
     for kernels in patched_kernels(module_text).values():

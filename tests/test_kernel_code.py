@@ -3,9 +3,13 @@ them when something asks.  Everything else a save's analysis says is what the an
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -90,3 +94,27 @@ def test_a_saves_analysis_takes_at_most_60_percent_of_the_analysis_with_code(nam
             timed[code].append(cpu_ms(path, code))
     with_code, saved = statistics.median(timed[True]), statistics.median(timed[False])
     assert saved <= 0.6 * with_code, f"{saved:.0f} ms CPU without the code, {with_code:.0f} ms with it"
+
+
+def test_the_analysis_with_code_never_waits_on_a_fifo_where_the_kernel_module_goes(tmp_path):
+    """It reads the kernel module beside the model for the names the model already calls.  A FIFO there
+    (or a file of gigabytes) is no module of ours: left unread, where a plain `open()` waited for ever,
+    and the kernel view or the fix that asked for the code with it."""
+    model = tmp_path / "fifo_net.py"
+    model.write_text(example_text())
+    os.mkfifo(tmp_path / "fifo_net_kernels.py")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fuselens.cli.main", "analyze", str(model), "--json", "-"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the analysis waited on the FIFO")
+    finally:
+        with contextlib.suppress(OSError):  # (whatever still waits on it gets its end of file)
+            os.close(os.open(tmp_path / "fifo_net_kernels.py", os.O_WRONLY | os.O_NONBLOCK))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [c["kernel"]["name"] for c in report["models"][0]["clusters"]] == ["cluster0", "cluster1", "cluster2"]
