@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
@@ -39,7 +40,7 @@ from fuselens.worker.protocol import AnalyzeJob, Limits
 
 from . import framing, last_analysis
 from . import settings as settings_mod
-from .commands import register_commands
+from .commands import register_commands, with_code
 from .features import actions as actions_mod
 from .features.diagnostics import diagnostics
 from .features.hover import hover
@@ -360,12 +361,13 @@ class FuselensServer(LanguageServer):
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, diags, analysis.version))
 
     def current(self, uri: str) -> Analysis | None:
-        """The cached analysis, if it is of the document's current version."""
+        """The cached analysis, if it is of the document's current version; with its kernels' code where
+        that was generated (`generation.py`)."""
         analysis = self.scheduler.cache.get(uri)
         doc = self.document(uri)
         if analysis is None or analysis.failure is not None or doc is None or (doc.version or 0) != analysis.version:
             return None  # typed since: its lines no longer line up with the document's
-        return analysis
+        return self.generation.joined(uri, analysis)
 
     def profile_for(self, path: str, analysis: Analysis) -> Profile | None:
         """The last profile of `path`, when it measured the text `analysis` is of."""
@@ -533,6 +535,7 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams) -> Non
     ls.reloads.closed(params.text_document.uri)
     ls.inductor.cancel(params.text_document.uri)
     ls.scheduler.forget(params.text_document.uri)
+    ls.generation.forget(params.text_document.uri)
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(params.text_document.uri, []))
 
 
@@ -587,7 +590,7 @@ def on_code_lens(ls: FuselensServer, params: lsp.CodeLensParams) -> list[lsp.Cod
 @server.feature(
     lsp.TEXT_DOCUMENT_CODE_ACTION,
     lsp.CodeActionOptions(
-        code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite], resolve_provider=False
+        code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite], resolve_provider=True
     ),
 )
 def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
@@ -605,9 +608,6 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
     except files.Refused as exc:  # a file of the module's name that the user wrote is never replaced
         reason = lsp.CodeActionDisabled(reason=str(exc))
         return [lsp.CodeAction(title="Fuse into Triton kernels", kind=lsp.CodeActionKind.QuickFix, disabled=reason)]
-    caps = ls.client_capabilities.workspace
-    edit_caps = caps.workspace_edit if caps else None
-    document_changes = bool(edit_caps and edit_caps.document_changes)
     restores = _restore_actions(path, uri, analysis.version, analysis.text, params.range)
     return (
         actions_mod.code_actions(
@@ -618,10 +618,45 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
             analysis.text,
             params.range.start.line + 1,
             params.range.end.line + 1,
-            document_changes,
+            _document_changes(ls),
+            resolved=not _resolves_edits(ls),
         )
         + restores
     )
+
+
+@server.feature(lsp.CODE_ACTION_RESOLVE)
+async def on_code_action_resolve(ls: FuselensServer, action: lsp.CodeAction) -> lsp.CodeAction:
+    """The fix the user picked, with its edit, once the kernels' code the command after it writes is
+    generated (the restore actions come whole)."""
+    fix = actions_mod.unresolved_fix(action)
+    if fix is None:
+        return action
+    uri, version, ids = fix
+    path = uri_to_path(uri)
+    analysis = ls.current(uri)
+    if path is None or analysis is None or analysis.version != version:
+        why = f"the document changed since version {version}: the fix is offered again once it is analyzed"
+        raise JsonRpcInvalidParams.of(ValueError(why))
+    report = await with_code(ls, uri, path, analysis)
+    action.edit = actions_mod.fuse_edit(report, uri, version, analysis.text, ids, _document_changes(ls))
+    return action
+
+
+def _document_changes(ls: FuselensServer) -> bool:
+    """Whether the client reads a workspace edit's `documentChanges`."""
+    caps = ls.client_capabilities.workspace
+    edit_caps = caps.workspace_edit if caps else None
+    return bool(edit_caps and edit_caps.document_changes)
+
+
+def _resolves_edits(ls: FuselensServer) -> bool:
+    """Whether the client asks for a code action's edit when the user picks it (`codeAction/resolve`),
+    sending back the action's `data`."""
+    text_document = ls.client_capabilities.text_document
+    caps = text_document.code_action if text_document else None
+    support = caps.resolve_support if caps else None
+    return bool(caps and caps.data_support and support and "edit" in support.properties)
 
 
 def _restore_actions(path: str, uri: str, version: int, text: str, where: lsp.Range) -> list[lsp.CodeAction]:

@@ -466,7 +466,7 @@ async def _show_kernel(ls: FuselensServer, uri: str, which: str | None) -> dict[
     from .app import kernel_module_text
 
     path = _document_path(ls, uri)
-    report = await _with_code(ls, uri, path, _analysis_for(ls, uri))
+    report = await with_code(ls, uri, path, _analysis_for(ls, uri))
     chosen = [
         c for m in report.models for c in m.clusters if c.kernel and (which in (None, m.name, c.id, c.kernel.name))
     ]
@@ -525,10 +525,10 @@ async def _show_inductor(ls: FuselensServer, uri: str, cluster: str) -> dict[str
     return {"path": target, "kernels": ids, "status": comparison.status, "text": text}
 
 
-async def _with_code(ls: FuselensServer, uri: str, path: str, analysis: Analysis) -> Report:
+async def with_code(ls: FuselensServer, uri: str, path: str, analysis: Analysis) -> Report:
     """The analysis's report with its kernels' code (`generation.py`); an error the client is told when
     it cannot be generated (generating runs the model's code: only where it may run)."""
-    if not has_code(analysis.report) and not ls.trusted(path):
+    if not ls.trusted(path) and not has_code(ls.generation.joined(uri, analysis).report):
         raise JsonRpcInvalidParams.of(ValueError(ls.untrusted(path)))
     try:
         return await ls.generation.with_code(uri, path, analysis)
@@ -546,7 +546,7 @@ async def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -
     analysis = ls.scheduler.cache.get(uri)  # not ls.current(): the edit this command follows changed the document
     if analysis is None or analysis.failure is not None or analysis.version != version:
         raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
-    report = await _with_code(ls, uri, path, analysis)  # (for this version, whatever the user does meanwhile)
+    report = await with_code(ls, uri, path, analysis)  # (for this version, whatever the user does meanwhile)
     kernels = [c.kernel for _, c in report.clusters() if c.id in ids and c.kernel]
     if not kernels:
         raise JsonRpcInvalidParams.of(ValueError(f"no kernels for clusters {ids}"))

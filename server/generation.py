@@ -4,15 +4,17 @@ A save's analysis (`AnalyzeJob`) leaves out each kernel's source and each cluste
 diagnostics, hovers, inlay hints, lenses and the quick fixes' edits do not read them, and working
 them out (the backward is captured and planned like a forward) took a third to a half of the
 analysis.  What reads them asks here: the kernel module a quick fix writes, a kernel view.  A
-`GenerateJob` analyzes the same text with the settings of now in the worker, in a foreground turn,
-and its code is merged into the cached analysis of that version, where the next request (a second
-fix, the hover's training line) finds it.  One job per text and settings at a time: a request made
-while it runs waits for it.
+`GenerateJob` analyzes the same text with the same settings in the worker, in a foreground turn,
+once per text and settings whatever asks first (a request made while it runs waits for it), and is
+kept for the document.  The cached analysis is never changed: the server answers from that analysis
+joined with the code (`joined`), a new analysis made once for each cached one, so that the hover's
+training line and the next fix find the code there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import time
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING
 from fuselens.contracts.report import BACKWARD_FIELDS, Cluster, Edit, LibraryPatch, Report
 from fuselens.worker.protocol import GenerateJob, Limits
 
-from . import last_analysis
 from .scheduler import Analysis
 
 if TYPE_CHECKING:
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
 
 class NotTheSameAnalysis(Exception):
-    """The analysis with code found other clusters than the cached one (the settings or a file the
-    model imports changed since): its code is not that of the clusters the editor shows."""
+    """The analysis with code found other clusters than the cached one (a file the model imports
+    changed since): its code is not that of the clusters the editor shows."""
 
 
 def has_code(report: Report) -> bool:
@@ -42,35 +43,58 @@ class Generation:
     def __init__(self, server: FuselensServer) -> None:
         self.server = server
         self.running: dict[str, tuple[str, asyncio.Future[Report]]] = {}  # uri -> (its key, the job)
-        self.completed = 0
+        self.generated: dict[str, tuple[str, Report]] = {}  # uri -> (its key, the analysis with code)
+        self._joined: dict[str, tuple[Analysis, Analysis]] = {}  # uri -> (a cached analysis, it joined)
+
+    def joined(self, uri: str, analysis: Analysis) -> Analysis:
+        """`analysis` with the code generated for its text and settings, when there is that code and it
+        is of the same clusters; else `analysis` itself."""
+        if has_code(analysis.report):
+            return analysis
+        made = self._joined.get(uri)
+        if made is not None and made[0] is analysis:
+            return made[1]
+        generated = self.generated.get(uri)
+        if generated is None or generated[0] != self._key(analysis):
+            return analysis
+        try:
+            joined = dataclasses.replace(analysis, report=with_code(analysis.report, generated[1]))
+        except NotTheSameAnalysis:
+            return analysis
+        self._joined[uri] = (analysis, joined)
+        return joined
 
     async def with_code(self, uri: str, path: str, analysis: Analysis) -> Report:
-        """`analysis.report`, every kernel with its source and every cluster with its backward: at once
-        when it has them, else once they are generated.  JobFailed when the job fails, and
-        NotTheSameAnalysis when it found other clusters."""
-        if has_code(analysis.report):
-            return analysis.report
-        key = self._key(path, analysis.text)
+        """`analysis.report` with every kernel's source and every cluster's backward: at once when it
+        has them, else once they are generated.  JobFailed when the job fails, NotTheSameAnalysis when
+        it found other clusters."""
+        if has_code(self.joined(uri, analysis).report):
+            return self.joined(uri, analysis).report
+        key = self._key(analysis)
         running = self.running.get(uri)
         if running is None or running[0] != key:
             job = asyncio.ensure_future(self._generate(path, analysis))
-            self.running[uri] = (key, job)
-            job.add_done_callback(lambda done: self._forget(uri, done))
-            running = (key, job)
+            self.running[uri] = running = (key, job)
+            job.add_done_callback(lambda done: self._done(uri, key, done))
         generated = await asyncio.shield(running[1])  # (a request cancelled leaves it to the others)
-        if not has_code(analysis.report):
-            take_code(analysis.report, generated)
-        return analysis.report
+        return with_code(analysis.report, generated)
 
-    def _key(self, path: str, text: str) -> str:
-        settings = last_analysis.settings_key(self.server.settings.analyze_options())
-        return hashlib.sha256(f"{path}\0{text}\0{settings}".encode()).hexdigest()
+    def forget(self, uri: str) -> None:
+        """The document was closed: nothing of it is kept (a job that runs finishes for whoever waits)."""
+        self.running.pop(uri, None)
+        self.generated.pop(uri, None)
+        self._joined.pop(uri, None)
 
-    def _forget(self, uri: str, job: asyncio.Future[Report]) -> None:
-        if self.running.get(uri, ("", None))[1] is job:
-            del self.running[uri]
-        if not job.cancelled():
-            job.exception()  # (seen: each request that waited has it raised; one cancelled meanwhile does not)
+    def _key(self, analysis: Analysis) -> str:
+        settings = self.server.settings.analysis_key()
+        return hashlib.sha256(f"{analysis.text}\0{settings}".encode()).hexdigest()
+
+    def _done(self, uri: str, key: str, job: asyncio.Future[Report]) -> None:
+        if self.running.get(uri, ("", None))[1] is not job:
+            return  # the document was closed, or a newer text's job replaced this one
+        del self.running[uri]
+        if not job.cancelled() and job.exception() is None:  # (each request that waited was told why)
+            self.generated[uri] = (key, job.result())
 
     async def _generate(self, path: str, analysis: Analysis) -> Report:
         server = self.server
@@ -79,26 +103,28 @@ class Generation:
         started = time.perf_counter()
         async with server.scheduler.admission.turn():
             report: Report = await server.get_worker().run(job, Limits(w.timeout_seconds, w.memory_mb))
-        self.completed += 1
         took = (time.perf_counter() - started) * 1000
         server.log_line(f"generated the kernels of {os.path.basename(path)} v{analysis.version} in {took:.0f} ms")
         return report
 
 
-def take_code(report: Report, generated: Report) -> None:
-    """Each kernel's source and each cluster's backward from `generated`, the analysis of the same text
-    with code, into `report`."""
+def with_code(report: Report, generated: Report) -> Report:
+    """`report` with each kernel's source and each cluster's backward of `generated`, the analysis of the
+    same text with code, as a new report (`report` is unchanged)."""
     if generated.source_sha256 != report.source_sha256 or _clusters(generated) != _clusters(report):
         raise NotTheSameAnalysis(
-            "the kernels were generated from another analysis of the file than the one shown (a setting or "
-            "a file it imports changed since): save it to analyze it again"
+            "the kernels were generated from another analysis of the file than the one shown (a file it "
+            "imports changed since): save it to analyze it again"
         )
     theirs = {c.id: c for _, c in generated.clusters()}
-    for _, cluster in report.clusters():
+
+    def coded(cluster: Cluster) -> Cluster:
         source = theirs[cluster.id]
-        cluster.kernel = source.kernel
-        for name in BACKWARD_FIELDS:
-            setattr(cluster, name, getattr(source, name))
+        backward = {name: getattr(source, name) for name in BACKWARD_FIELDS}
+        return dataclasses.replace(cluster, kernel=source.kernel, **backward)
+
+    models = [dataclasses.replace(m, clusters=[coded(c) for c in m.clusters]) for m in report.models]
+    return dataclasses.replace(report, models=models)
 
 
 def _clusters(report: Report) -> list[tuple[str, str, list[int], str | None, Edit | None, LibraryPatch | None, str]]:

@@ -313,10 +313,13 @@ class Client(LanguageClient):
     async def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
         return await self.text_document_code_lens_async(lsp.CodeLensParams(lsp.TextDocumentIdentifier(uri))) or []
 
-    async def code_actions(self, uri: str, line: int, diagnostics: list[lsp.Diagnostic] | None = None) -> list:
-        """Code actions for a cursor on a 1-based line."""
+    async def code_actions(
+        self, uri: str, line: int, diagnostics: list[lsp.Diagnostic] | None = None, resolve: bool = True
+    ) -> list:
+        """Code actions for a cursor on a 1-based line; each one offered without its edit resolved, as an
+        editor resolves the one the user picks (`resolve=False`: as offered)."""
         here = lsp.Range(lsp.Position(line - 1, 0), lsp.Position(line - 1, 0))
-        return (
+        actions = (
             await self.text_document_code_action_async(
                 lsp.CodeActionParams(
                     lsp.TextDocumentIdentifier(uri), here, lsp.CodeActionContext(diagnostics=diagnostics or [])
@@ -324,6 +327,14 @@ class Client(LanguageClient):
             )
             or []
         )
+        return [await self.resolved(a) for a in actions] if resolve else actions
+
+    async def resolved(self, action: lsp.CodeAction) -> lsp.CodeAction:
+        """The action with its edit, as the server resolves it (`codeAction/resolve`) when it was offered
+        without one."""
+        if not isinstance(action, lsp.CodeAction) or action.edit is not None or action.data is None:
+            return action
+        return await self.code_action_resolve_async(action)
 
     def supports_document_changes(self) -> bool:
         edit = self.capabilities.workspace.workspace_edit if self.capabilities and self.capabilities.workspace else None
@@ -474,8 +485,10 @@ async def running_server(
     configuration: dict | None = None,
     server_env: dict[str, str] | None = None,
     wait_ready: bool = True,
+    capabilities: lsp.ClientCapabilities | None = None,
 ):
-    """A server started on workspace `root` and initialised as `profile`; shut down on leaving."""
+    """A server started on workspace `root` and initialised as `profile` (with `capabilities` in place of
+    the profile's, if given); shut down on leaving."""
     config = ClientServerConfig(
         server_command=SERVER, client_factory=make_client, server_env={**os.environ, **(server_env or {})}
     )
@@ -489,7 +502,7 @@ async def running_server(
         options["settings"] = {"compareInductor": False, **options.get("settings", {})}
     client.init_result = await client.initialize_session(
         lsp.InitializeParams(
-            capabilities=client_capabilities(profile),
+            capabilities=capabilities or client_capabilities(profile),
             client_info=lsp.ClientInfo(name=CLIENT_NAMES[profile]),
             initialization_options=options,
             root_uri=uri_of(root),

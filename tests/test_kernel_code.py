@@ -4,6 +4,7 @@ them when something asks.  Everything else a save's analysis says is what the an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.contracts.report import BACKWARD_FIELDS, Report
 from fuselens.pipeline.analyze import analyze_file
+from fuselens.server.generation import NotTheSameAnalysis, with_code
 from fuselens.server.workers import WorkerClient
 from fuselens.worker.protocol import AnalyzeJob, Done, GenerateJob, Limits, encode
 
@@ -94,6 +96,20 @@ def test_a_saves_analysis_takes_at_most_60_percent_of_the_analysis_with_code(nam
             timed[code].append(cpu_ms(path, code))
     with_code, saved = statistics.median(timed[True]), statistics.median(timed[False])
     assert saved <= 0.6 * with_code, f"{saved:.0f} ms CPU without the code, {with_code:.0f} ms with it"
+
+
+def test_the_code_joins_a_saves_analysis_as_a_new_report_of_the_same_clusters_only():
+    """What the server published is never changed under a request answering from it; and code
+    generated from an analysis that found other clusters is not taken for theirs."""
+    path = os.path.join(EXAMPLES, "example_net.py")
+    saved, generated = analyze_file(path, code=False), analyze_file(path)
+    joined = with_code(saved, generated)
+    assert [c.kernel.source for _, c in joined.clusters()] == [c.kernel.source for _, c in generated.clusters()]
+    assert [c.backward_detail for _, c in joined.clusters()] == [c.backward_detail for _, c in generated.clusters()]
+    assert all(not c.kernel.has_code and c.backward_detail == "" for _, c in saved.clusters())
+    without_clusters = dataclasses.replace(generated, models=[dataclasses.replace(generated.models[0], clusters=[])])
+    with pytest.raises(NotTheSameAnalysis):
+        with_code(saved, without_clusters)
 
 
 def test_the_analysis_with_code_never_waits_on_a_fifo_where_the_kernel_module_goes(tmp_path):

@@ -78,7 +78,7 @@ class Latency:
 async def every_feature(client: Client, latency: Latency, uri: str, lines: list[int]) -> None:
     for line in lines:
         await latency("hover", client.hover(uri, line))
-        await latency("codeAction", client.code_actions(uri, line))
+        await latency("codeAction", client.code_actions(uri, line, resolve=False))  # (as an editor asks: unresolved)
     await latency("inlayHint", client.inlay_hints(uri))
     await latency("codeLens", client.code_lenses(uri))
 

@@ -11,8 +11,11 @@ import sys
 import pytest
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcException
+from pytest_lsp import client_capabilities
 
-from lsp_helpers import Client, example_text, server_fixture
+from fuselens.contracts import commands as command_ids
+
+from lsp_helpers import Client, example_text, make_workspace, running_server, server_fixture
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -181,21 +184,34 @@ def generated(client: Client, name: str) -> list[str]:
     return [m.message for m in client.log_messages if m.message.startswith(f"generated the kernels of {name} ")]
 
 
-async def test_a_fix_offered_is_a_few_kb_and_its_module_is_the_one_apply_writes(client: Client, tmp_path):
-    """A save's analysis leaves the kernels' code out, and so does offering a fix (its edit is the model's
-    lines); the fix's module, generated once for the version whatever asks for it first (a kernel
-    view here), is byte for byte the one `fuselens apply` writes."""
+async def test_a_fix_is_offered_in_a_few_hundred_bytes_and_resolved_once_its_code_is_generated(
+    client: Client, tmp_path
+):
+    """A save's analysis leaves the kernels' code out, and so does offering a fix: its title, the command
+    and the ids its edit is resolved from when the user picks it.  Resolving generates the code the
+    command then writes, once for the version whatever asks for it (a kernel view after it here); the
+    module is byte for byte the one `fuselens apply` writes."""
     uri = client.open("fuse_as_apply.py", example_text())
     await client.diagnostics_of(uri, 1)
-    actions = await client.code_actions(uri, 18)
-    sizes = [len(json.dumps(client.protocol._converter.unstructure(a))) for a in actions]
-    assert len(sizes) == 2 and max(sizes) < 4096, sizes
+    offered = await client.code_actions(uri, 18, resolve=False)
+    assert [a.title for a in offered] == [
+        "Fuse lines 18–20 into Triton kernel cluster0",
+        "Fuse all 3 applicable clusters in ExampleNet",
+    ]
+    for action in offered:
+        size = len(json.dumps(client.protocol._converter.unstructure(action)))
+        assert action.edit is None and size < 1024, (size, action)
     await client.roundtrip()
     assert generated(client, "fuse_as_apply.py") == []
 
-    shown = await client.command("fuselens.showKernel", uri, "c0")
-    assert "@triton.jit" in shown["text"]
-    await fuse(client, uri, actions[0])
+    action = await client.resolved(offered[0])
+    assert model_edit(action, uri).text_document.version == 1
+    check_how_the_module_is_written(client, action, uri, client.path("fuse_as_apply_kernels.py"), ["c0"])
+    assert "@triton.jit" in (await client.command(command_ids.SHOW_KERNEL, uri, "c0"))["text"]
+    await fuse(client, uri, action)
+    assert client.texts[uri] == expected_model(
+        "fuse_as_apply", {(18, 20): fused("cluster0", 18, 20, "x = cluster0(x)")}
+    )
     assert [m.split(" in ")[0] for m in generated(client, "fuse_as_apply.py")] == [
         "generated the kernels of fuse_as_apply.py v1"
     ]
@@ -213,6 +229,29 @@ async def test_a_fix_offered_is_a_few_kb_and_its_module_is_the_one_apply_writes(
         open(tmp_path / "fuse_as_apply_kernels.py", encoding="utf-8") as apply,
     ):
         assert fix.read() == apply.read()
+
+
+async def test_a_client_that_does_not_resolve_gets_the_edit_at_once_and_the_command_generates_the_code(tmp_path):
+    """Emacs' Eglot (1.9) resolves no code action: its fixes come whole, and the command that follows the
+    edit generates the kernels' code before it writes the module."""
+    capabilities = client_capabilities("neovim")
+    capabilities.text_document.code_action.resolve_support = None
+    root = make_workspace(str(tmp_path / "ws"))
+    async with running_server("neovim", root, capabilities=capabilities) as eager:
+        uri = eager.open("fuse_eager.py", example_text())
+        await eager.diagnostics_of(uri, 1)
+        action = (await eager.code_actions(uri, 18, resolve=False))[0]
+        assert action.data is None
+        check_how_the_module_is_written(eager, action, uri, eager.path("fuse_eager_kernels.py"), ["c0"])
+        await eager.roundtrip()
+        assert generated(eager, "fuse_eager.py") == []
+        await fuse(eager, uri, action)
+        assert eager.texts[uri] == expected_model(
+            "fuse_eager", {(18, 20): fused("cluster0", 18, 20, "x = cluster0(x)")}
+        )
+        with open(eager.path("fuse_eager_kernels.py"), encoding="utf-8") as fh:
+            assert "\ndef cluster0(x):" in fh.read()
+        assert len(generated(eager, "fuse_eager.py")) == 1
 
 
 def chains(diags: list[lsp.Diagnostic]) -> list[str]:

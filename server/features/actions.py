@@ -8,6 +8,13 @@ module is never part of the edit: a client leaves a file it edits as text modifi
 (Neovim and Emacs do, once the module exists), and the fix would do nothing until the user saved
 every buffer.  The server writes the module itself, on disk, with the `fuselens.writeKernelModule`
 command that runs after the edit (`commands.py`, under the lock `fuselens apply` takes).
+
+A client that resolves code actions (`codeAction.resolveSupport` with `edit`, and `dataSupport`) is
+offered each fix as its title, the command and a few ids (`data`: the document, its version, the
+clusters), and asks for the edit when the user picks the fix (`codeAction/resolve`): the server then
+generates the kernels' code first (`generation.py`), so that the command after the edit only writes
+the module, before a save of the edited file could analyze it without its kernels.  Any other
+client gets the edit at once, and the command generates the code.
 """
 
 from __future__ import annotations
@@ -41,21 +48,51 @@ def fuse_action(
     title: str,
     kind: str = lsp.CodeActionKind.QuickFix,
     document_changes: bool = True,
+    resolved: bool = True,
 ) -> lsp.CodeAction | None:
-    """The action that applies `clusters`: the edit of the document's lines, then the command that
-    writes the kernel module they need."""
+    """The action that applies `clusters`: the edit of the document's lines (`resolved`; else what
+    `codeAction/resolve` gives it, in `data`), then the command that writes the kernel module they need."""
     ids = [c.id for c in clusters if c.edit is not None or c.patch is not None]
     if not ids:
         return None
+    command = lsp.Command(
+        title="Write the kernel module", command=command_ids.WRITE_KERNEL_MODULE, arguments=[uri, version, ids]
+    )
+    action = lsp.CodeAction(title=title, kind=kind, command=command, is_preferred=len(ids) == 1)
+    if resolved:
+        action.edit = fuse_edit(report, uri, version, text, ids, document_changes)
+    else:
+        action.data = {FUSE: ids, "uri": uri, "version": version}
+    return action
+
+
+FUSE = "fuse"  # the key of an unresolved fix's `data` that holds the ids of the clusters it applies
+
+
+def fuse_edit(
+    report: Report, uri: str, version: int, text: str, ids: list[str], document_changes: bool = True
+) -> lsp.WorkspaceEdit:
+    """The edit of the document's lines that applies the clusters `ids`."""
     doc_edits = line_edits_to_lsp(_changing(text, edits_mod.cluster_edits(text, report, ids)))
     change = lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)
     edit = lsp.WorkspaceEdit(document_changes=[change])
     if not document_changes:  # the client reads only `changes`: give it those too
         edit.changes = {uri: doc_edits}
-    command = lsp.Command(
-        title="Write the kernel module", command=command_ids.WRITE_KERNEL_MODULE, arguments=[uri, version, ids]
-    )
-    return lsp.CodeAction(title=title, kind=kind, edit=edit, command=command, is_preferred=len(ids) == 1)
+    return edit
+
+
+def unresolved_fix(action: lsp.CodeAction) -> tuple[str, int, list[str]] | None:
+    """(document, version, cluster ids) of a fix offered unresolved; None for any other action, or data
+    that is not what the server put there."""
+    data = action.data
+    if not isinstance(data, dict):
+        return None
+    uri, version, ids = data.get("uri"), data.get("version"), data.get(FUSE)
+    if not isinstance(uri, str) or not isinstance(version, int) or isinstance(version, bool):
+        return None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        return None
+    return uri, version, ids
 
 
 def _changing(text: str, edits: list[edits_mod.LineEdit]) -> list[edits_mod.LineEdit]:
@@ -97,8 +134,10 @@ def code_actions(
     first: int,
     last: int,
     document_changes: bool = True,
+    resolved: bool = True,
 ) -> list[lsp.CodeAction]:
-    """Actions for lines first..last (1-based): one per applicable cluster there, plus "fuse all" for its model."""
+    """Actions for lines first..last (1-based): one per applicable cluster there, plus "fuse all" for its
+    model; each with its edit (`resolved`), or to be resolved."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
@@ -107,7 +146,9 @@ def code_actions(
             continue
         start, end = shown
         if start <= last and end >= first:
-            action = fuse_action(report, uri, version, text, [c], _title(c), document_changes=document_changes)
+            action = fuse_action(
+                report, uri, version, text, [c], _title(c), document_changes=document_changes, resolved=resolved
+            )
             if action:
                 actions.append(action)
             if model not in models:
@@ -124,6 +165,7 @@ def code_actions(
                 f"Fuse all {len(fixable)} applicable clusters in {model.name}",
                 kind=lsp.CodeActionKind.RefactorRewrite,
                 document_changes=document_changes,
+                resolved=resolved,
             )
             if action:
                 actions.append(action)
