@@ -20,6 +20,7 @@ import re
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from .kernel_args import KernelArgs
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
 from .plan import (
@@ -122,77 +123,124 @@ def emit(
     if full_rank_loads(plan) or folds_a_row_dim(plan):  # the across and wide kernels find every row coordinate
         used |= set(range(plan.row_dims))
     _coords(plan, used, "r", divs)
+    if plan.kind != "elementwise" and row_layouts(plan):  # the across row kernel's, so that every kernel takes them
+        _across_row_coords(plan, set(range(plan.row_dims)), divs)
+    args = _kernel_args(plan, input_names, divs)
+    taken = len(divs.exprs)
     if plan.kind == "elementwise":
-        kernels = _elementwise(plan, kernel_name + "_tile", comments, divs, flat=False)
+        kernels = _elementwise(plan, kernel_name + "_tile", comments, divs, args["tile"], flat=False)
         strategy = "elementwise-tile"
         if full_rank_loads(plan):
-            kernels += "\n\n" + _elementwise(plan, kernel_name + "_across", comments, divs, flat=False, across=True)
+            kernels += "\n\n" + _elementwise(
+                plan, kernel_name + "_across", comments, divs, args["across"], flat=False, across=True
+            )
             strategy = "elementwise-tile/across"
         if folds_a_row_dim(plan):
-            kernels += "\n\n" + _elementwise(plan, kernel_name + "_wide", comments, divs, flat=False, wide=True)
+            kernels += "\n\n" + _elementwise(
+                plan, kernel_name + "_wide", comments, divs, args["wide"], flat=False, wide=True
+            )
             strategy = "elementwise-tile/wide"
         if flat:
-            kernels = _elementwise(plan, kernel_name + "_flat", comments, divs, flat=True) + "\n\n" + kernels
+            kernels = (
+                _elementwise(plan, kernel_name + "_flat", comments, divs, args["flat"], flat=True) + "\n\n" + kernels
+            )
             strategy = "elementwise-flat/" + strategy.removeprefix("elementwise-")
     else:
-        if row_layouts(plan):  # the across row kernel's coordinates, so that every kernel takes them
-            _across_row_coords(plan, set(range(plan.row_dims)), divs)
-        kernels = _rows(plan, kernel_name + "_block", comments, divs, looped=False)
-        kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, looped=True)
+        kernels = _rows(plan, kernel_name + "_block", comments, divs, args["block"], looped=False)
+        kernels += "\n\n" + _rows(plan, kernel_name + "_loop", comments, divs, args["loop"], looped=True)
         strategy = "row-block/row-loop"
         if split_groups(plan):
-            kernels += "\n\n" + _split_groups(plan, kernel_name, comments, divs)
+            kernels += "\n\n" + _split_groups(plan, kernel_name, comments, args)
             strategy += "/group-split"
         if row_layouts(plan):
-            kernels += "\n\n" + _rows(plan, kernel_name + "_across", comments, divs, looped=False, across=True)
+            kernels += "\n\n" + _rows(
+                plan, kernel_name + "_across", comments, divs, args["across"], looped=False, across=True
+            )
             strategy = "row-block/row-loop/across"
+    if len(divs.exprs) != taken:
+        raise AssertionError("a kernel divides by a size its arguments do not take the magic number of")
     numbers = number_names if number_names is not None else [slot.name for slot in plan.scalars]
     text = launcher_text(
-        plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference, trains
+        plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference, trains, args
     )
     return Emitted(kernels, text, strategy, helpers_used(kernels))
+
+
+# ---- arguments ----------------------------------------------------------------------------
+
+
+def _plan_args(plan: KernelPlan, input_names: list[str], divs: Divisors) -> KernelArgs:
+    """The arguments every kernel of `plan` takes first, as the launcher passes them (its locals are
+    named as the kernels' parameters, but for the inputs, their strides `st<k>` and what it gathers
+    in one sequence), then the constexprs every kernel takes."""
+    args = KernelArgs()
+    for k, x in enumerate(input_names):
+        args.add(f"in{k}_ptr", x)
+    for k in range(len(plan.outputs)):
+        args.add(f"out{k}_ptr", f"out{k}")
+    args.add_each(f"d{i}" for i in range(len(plan.domain)))
+    for k, slot in enumerate(plan.inputs):
+        for j in sorted(slot.strides_used):
+            args.add(f"in{k}_s{j}", f"st{k}[{j}]")
+    for k in permuted_outputs(plan):
+        for j in range(len(plan.domain)):
+            args.add(f"out{k}_s{j}", f"out{k}.stride({j})")
+    args.add_each(["R", "C"])
+    if plan.kind == "elementwise":
+        args.unpacked([f"p{i}" for i in range(plan.row_dims)], "pitches")
+        if full_rank_loads(plan):
+            args.unpacked([f"o{i}" for i in range(plan.row_dims)] + ["oc"], "out_strides")
+    if plan.groups:
+        args.add("G")
+    args.add_each(f"e{k}" for k in padded_windows(plan))
+    if divs.exprs:
+        args.unpacked([f"q{j}" for j in range(len(divs.exprs))], "magic")
+    args.add_each(slot.name for slot in plan.scalars if slot.runtime)
+    return args.constexpr("BLOCK_R", "BLOCK_C", "INDEX_64", "WIDTH" if plan.fixed_width else "ALIGN")
+
+
+def _kernel_args(plan: KernelPlan, input_names: list[str], divs: Divisors) -> dict[str, KernelArgs]:
+    """Each kernel's arguments (by its name's suffix): the plan's, then its own."""
+    base = _plan_args(plan, input_names, divs)
+    args = {"base": base}
+    if plan.kind == "elementwise":
+        args["flat"] = base.copy()
+        args["tile"] = base.copy().add("col_blocks").constexpr("CONTIG")
+        args["across"] = base.copy().add_each(["col_blocks", "fast_blocks", "F"]).constexpr("FAST")
+        rows = [f"r{i}" for i in range(plan.row_dims)]
+        args["wide"] = base.copy().add_each(["col_blocks", "F"]).unpacked(rows, "row_pitches")
+        args["wide"].constexpr("FOLD", "CONTIG")
+        return args
+    layout = ("CL", "CG") if channels_last_groups(plan) else ()
+    args["block"] = base.copy().constexpr("CONTIG", *layout)
+    args["loop"] = args["block"]
+    args["across"] = base.copy().add_each(["fast_blocks", "F"]).constexpr("CONTIG", *layout)
+    split = ("BLOCK_P", "GP", "CG", "CGP")
+    args["stats"] = base.copy().add("ws_ptr", "ws").add_each(["HW", "PB"]).add("PLANE", "d0 * PB * GP")
+    args["stats"].constexpr(*split)
+    args["apply"] = base.copy().add("stats_ptr", "stats").add_each(["HW", "PB"]).add("N", "d0")
+    for k in range(len(plan.outputs)):
+        for j in (0, 1, 3):
+            args["apply"].add(f"out{k}_s{j}", f"out{k}.stride({j})")
+    args["apply"].constexpr(*split)
+    args["combine"] = KernelArgs().add("ws_ptr", "ws").add("stats_ptr", "stats").add("PB")
+    args["combine"].add("PLANE", "d0 * PB * GP").add("N", "d0").add("G").constexpr("GP", "BLOCK_B")
+    return args
 
 
 # ---- kernel text --------------------------------------------------------------------------
 
 
-def _signature(
-    plan: KernelPlan, kernel_name: str, divs: Divisors, extra: tuple[str, ...] = (), scalars: tuple[str, ...] = ()
-) -> str:
-    args = [f"in{k}_ptr" for k in range(len(plan.inputs))]
-    args += [f"out{k}_ptr" for k in range(len(plan.outputs))]
-    args += [f"d{i}" for i in range(len(plan.domain))]
-    for k, slot in enumerate(plan.inputs):
-        args += [f"in{k}_s{j}" for j in sorted(slot.strides_used)]
-    for k in permuted_outputs(plan):
-        args += [f"out{k}_s{j}" for j in range(len(plan.domain))]
-    args += ["R", "C"]
-    if plan.kind == "elementwise":
-        args += [f"p{i}" for i in range(plan.row_dims)]
-        if full_rank_loads(plan):
-            args += [f"o{i}" for i in range(plan.row_dims)] + ["oc"]
-    if plan.groups:
-        args += ["G"]
-    args += [f"e{k}" for k in padded_windows(plan)]
-    args += [f"q{j}" for j in range(len(divs.exprs))]
-    args += [slot.name for slot in plan.scalars if slot.runtime] + list(scalars)
-    width = "WIDTH: tl.constexpr" if plan.fixed_width else "ALIGN: tl.constexpr"
-    args += ["BLOCK_R: tl.constexpr", "BLOCK_C: tl.constexpr", "INDEX_64: tl.constexpr", width, *extra]
-    lines, line = [], f"def {kernel_name}("
-    for a in args:
-        piece = a + ", "
-        if len(line) + len(piece) > 96:
-            lines.append(line.rstrip())
-            line = "    "
-        line += piece
-    lines.append(line.rstrip(", ") + "):")
+def _signature(plan: KernelPlan, kernel_name: str, args: KernelArgs) -> str:
+    """The kernel's `def` from its arguments, then what it knows of the row width."""
+    lines = args.signature(kernel_name)
     # Told the width (a constant of the model's) or what power of two it is a multiple of (the
     # launcher's `_align`), Triton moves rows, and masks them, in vectors of up to 16 bytes.
     if plan.fixed_width:
         lines.append("    C = WIDTH  # the row width, fixed by the model: a constant to triton")
     else:
         lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
-    return "@triton.jit\n" + "\n".join(lines)
+    return "\n".join(lines)
 
 
 def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list[str]:
@@ -391,6 +439,7 @@ def _elementwise(
     kernel_name: str,
     comments: dict[str, str],
     divs: Divisors,
+    args: KernelArgs,
     flat: bool,
     across: bool = False,
     wide: bool = False,
@@ -455,7 +504,7 @@ def _elementwise(
         body = [b for b in body if not b.startswith(("rows =", "cols ="))]
         if inner is not None:  # the dim laid out innermost: plain `%` lets triton see its runs
             body.append(f"c{inner} = offs % d{inner}")
-        return _flat_kernel(plan, kernel_name, divs, body + lines)
+        return _flat_kernel(plan, kernel_name, args, body + lines)
     used = _used_coords(stmts, plan)
     if not (across or wide):  # their heads define every row coordinate themselves
         body += _coords(plan, used, "r", divs)
@@ -463,26 +512,17 @@ def _elementwise(
     by_name = {st.name: st for st in plan.stmts}
     for k, o in enumerate(plan.outputs):
         body.append(_store(plan, k, by_name[o.stmt], "orow" if across else "rows"))
-    flags: tuple[str, ...]
-    scalars: tuple[str, ...]
-    if across:
-        flags, scalars = ("FAST: tl.constexpr",), ("col_blocks", "fast_blocks", "F")
-    elif wide:
-        flags = ("FOLD: tl.constexpr", "CONTIG: tl.constexpr")
-        scalars = ("col_blocks", "F", *(f"r{i}" for i in range(plan.row_dims)))
-    else:
-        flags, scalars = ("CONTIG: tl.constexpr",), ("col_blocks",)
-    return _signature(plan, kernel_name, divs, flags, scalars) + "\n" + "\n".join(_indented(body))
+    return _signature(plan, kernel_name, args) + "\n" + "\n".join(_indented(body))
 
 
-def _flat_kernel(plan: KernelPlan, kernel_name: str, divs: Divisors, body: list[str]) -> str:
+def _flat_kernel(plan: KernelPlan, kernel_name: str, args: KernelArgs, body: list[str]) -> str:
     """The 1-D kernel from its head and loads: each output stored at the flat offset."""
     by_name = {st.name: st for st in plan.stmts}
     for k, o in enumerate(plan.outputs):
         value = by_name[o.stmt]
         v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
         body.append(f"tl.store(out{k}_ptr + offs, {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
-    return _signature(plan, kernel_name, divs) + "\n" + "\n".join(_indented(body))
+    return _signature(plan, kernel_name, args) + "\n" + "\n".join(_indented(body))
 
 
 def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
@@ -590,7 +630,13 @@ class _RowKernel:
 
 
 def _rows(
-    plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors, looped: bool, across: bool = False
+    plan: KernelPlan,
+    kernel_name: str,
+    comments: dict[str, str],
+    divs: Divisors,
+    args: KernelArgs,
+    looped: bool,
+    across: bool = False,
 ) -> str:
     """A row kernel: `_block` holds a whole row in registers, `_loop` (`looped`) walks it in column
     blocks, `_across` (`across`) holds whole rows too, its tiles' rows down the last row dim.  With
@@ -601,11 +647,7 @@ def _rows(
     head = _across_row_head(plan, used, divs) if across else _row_head(plan, used, divs, looped)
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
-    scalars = ("fast_blocks", "F") if across else ()
-    flags: tuple[str, ...] = ("CONTIG: tl.constexpr",)
-    if channels_last_groups(plan):
-        flags += ("CL: tl.constexpr", "CG: tl.constexpr")
-    signature = _signature(plan, kernel_name, divs, flags, scalars)
+    signature = _signature(plan, kernel_name, args)
     if column_totals(plan) and not looped:
         return signature + "\n" + "\n".join(_indented(_totalling_rows(plan, head, body)))
     return signature + "\n" + "\n".join(_indented(head + body))
@@ -919,12 +961,10 @@ def _note(s: Stmt, comments: dict[str, str]) -> str:
 # the one it is written in.
 
 
-def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], divs: Divisors) -> str:
+def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], args: dict[str, KernelArgs]) -> str:
     every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     first, second = [s for s in every if s.reduce]
     before = every[: every.index(first)]
-    strides = tuple(f"out{k}_s{j}" for k in range(len(plan.outputs)) for j in (0, 1, 3))
-    flags = ("BLOCK_P: tl.constexpr", "GP: tl.constexpr", "CG: tl.constexpr", "CGP: tl.constexpr")
     stats = [*_split_tile(), *_split_lines(plan, before, comments)]
     stats += [
         f"u = tl.where(mask, {first.expr}, 0.0)",
@@ -952,12 +992,12 @@ def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], 
             v = s.name if s.axes >= {"r", "c"} else f"tl.zeros([BLOCK_P, GP, CGP], tl.float32) + {s.name}"
             offset = f"c0 * out{k}_s0 + c1 * out{k}_s1 + hw * out{k}_s3"
             apply.append(f"tl.store(out{k}_ptr + ({offset}), {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
-    stats_signature = _signature(plan, kernel_name + "_stats", divs, flags, ("ws_ptr", "HW", "PB", "PLANE"))
-    apply_signature = _signature(plan, kernel_name + "_apply", divs, flags, ("stats_ptr", "HW", "PB", "N", *strides))
+    stats_signature = _signature(plan, kernel_name + "_stats", args["stats"])
+    apply_signature = _signature(plan, kernel_name + "_apply", args["apply"])
     return "\n\n".join(
         [
             stats_signature + "\n" + "\n".join(_indented(stats)),
-            _split_combine(kernel_name + "_combine"),
+            _split_combine(kernel_name + "_combine", args["combine"]),
             apply_signature + "\n" + "\n".join(_indented(apply)),
         ]
     )
@@ -998,7 +1038,7 @@ def _split_statement(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str
     return _SPATIAL.sub(r"hw * \1_s3", _stmt_line(plan, s, comments))
 
 
-def _split_combine(name: str) -> str:
+def _split_combine(name: str, args: KernelArgs) -> str:
     """One program a sample: its blocks' sums and centered squares, added up per group (Chan's
     parallel variance), written as the group's sum and centered sum of squares."""
     lines = [
@@ -1026,5 +1066,4 @@ def _split_combine(name: str) -> str:
         "tl.store(stats_ptr + n * GP + g, total, mask=g < G)",
         "tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)",
     ]
-    signature = f"@triton.jit\ndef {name}(ws_ptr, stats_ptr, PB, PLANE, N, G, GP: tl.constexpr, BLOCK_B: tl.constexpr):"
-    return signature + "\n" + "\n".join(_indented(lines))
+    return "\n".join([*args.signature(name, wrap=False), *_indented(lines)])

@@ -6,13 +6,14 @@ autograd wrapper and the public function the user's code calls.
 domain sizes, outputs, rows and columns, the early return, strides and magic numbers, the
 launch (elementwise or rows), then the wrapper class and the public function.  The names
 the text uses (`d<i>`, `out<k>`, `st<k>`, `R`, `C`, `G`, `dense`, `pitches`, `magic`,
-`index_64`) are the launcher's locals, and the kernels' signatures (`emit._signature`)
-take them in the order `_kernel_arguments` lists them."""
+`index_64`) are the launcher's locals, which each kernel's arguments (`kernel_args.KernelArgs`,
+recorded by `emit._kernel_args`) pass in the order its signature takes them."""
 
 from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
+from .kernel_args import KernelArgs
 from .lowering import dtype_tuple, literal, tuple_display
 from .plan import (
     KernelPlan,
@@ -27,7 +28,6 @@ from .plan import (
     identity_inputs,
     mergeable_row_end,
     padded_windows,
-    permuted_outputs,
     returned_outputs,
     row_layouts,
     row_views,
@@ -46,15 +46,17 @@ def launcher_text(
     flat: bool,
     divisors: list[str],
     reference: str | None,
-    trains: list[int] | None = None,
+    trains: list[int] | None,
+    args: dict[str, KernelArgs],
 ) -> str:
     """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
     `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
     it passes (see `emit.Divisors`); `reference`: the cluster's ops as torch code
     (`reference.reference_text`), which runs wherever the kernel cannot; None for a kernel the
     module calls only from its own code (a backward kernel): no reference, no public function.
-    `trains`: the inputs whose gradients the cluster's backward computes, when it has one."""
-    lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors)
+    `trains`: the inputs whose gradients the cluster's backward computes, when it has one; `args`:
+    each kernel's arguments (`emit._kernel_args`), by its name's suffix."""
+    lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors, args)
     if reference is None:
         return "\n".join([*lines, "", "", *_op_registration(plan, name)])
     lines += ["", "", *reference.splitlines()]
@@ -67,7 +69,13 @@ def launcher_text(
 
 
 def _launch_function(
-    plan: KernelPlan, name: str, kernel_name: str, input_names: list[str], flat: bool, divisors: list[str]
+    plan: KernelPlan,
+    name: str,
+    kernel_name: str,
+    input_names: list[str],
+    flat: bool,
+    divisors: list[str],
+    args: dict[str, KernelArgs],
 ) -> list[str]:
     """`_<name>_launch(inputs)`: everything from the inputs to the launched kernel and its outputs."""
     body = _shape_guards(plan, name, input_names)
@@ -83,11 +91,10 @@ def _launch_function(
     body += _width_alignment(plan)
     body += _stride_reads(plan, input_names)
     body += _magic_numbers(divisors)
-    call_args = ", ".join(_kernel_arguments(plan, input_names, divisors))
     if plan.kind == "elementwise":
-        body += _elementwise_launch(plan, kernel_name, input_names, call_args, flat, divisors)
+        body += _elementwise_launch(plan, kernel_name, input_names, args, flat, divisors)
     else:
-        body += _row_launch(plan, kernel_name, input_names, call_args)
+        body += _row_launch(plan, kernel_name, input_names, args)
     body.append("return " + _returns(plan))
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
     if plan.grad_layout:
@@ -318,10 +325,17 @@ def _width_alignment(plan: KernelPlan) -> list[str]:
     return [] if plan.fixed_width else ["align = _align(C)"]
 
 
-def _width_keyword(plan: KernelPlan) -> str:
-    """How a launch tells its kernel about the row width: the width itself, as a constant, where it
-    is the model's (`WIDTH=C`), else the power of two it is a multiple of (`ALIGN=align`)."""
-    return "WIDTH=C" if plan.fixed_width else "ALIGN=align"
+def _constexprs(plan: KernelPlan, block_r: str = "block_r", block_c: str = "block_c", **own: str) -> dict[str, str]:
+    """What a launch passes for the constexprs every kernel of the plan takes, then for its kernel's
+    `own`: the tile, the offsets' width, and what the kernel knows of the row width, the width itself
+    as a constant where it is the model's (`WIDTH=C`), else the power of two it is a multiple of
+    (`ALIGN=align`)."""
+    width = {"WIDTH": "C"} if plan.fixed_width else {"ALIGN": "align"}
+    return {"BLOCK_R": block_r, "BLOCK_C": block_c, "INDEX_64": "index_64", **width, **own}
+
+
+# Every launch's option.
+_WARPS = ("num_warps=warps",)
 
 
 def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -336,34 +350,18 @@ def _magic_numbers(divisors: list[str]) -> list[str]:
     return [f"magic = _magic({', '.join(divisors)})"] if divisors else []
 
 
-def _kernel_arguments(plan: KernelPlan, input_names: list[str], divisors: list[str]) -> list[str]:
-    """The kernels' run-time arguments, in their signature's order (`emit._signature`)."""
-    args = input_names + _output_names(plan) + [f"d{i}" for i in range(len(plan.domain))]
-    for k, slot in enumerate(plan.inputs):
-        args += [f"st{k}[{j}]" for j in sorted(slot.strides_used)]
-    for k in permuted_outputs(plan):
-        args += [f"out{k}.stride({j})" for j in range(len(plan.domain))]
-    args += ["R", "C"]
-    if plan.kind == "elementwise":
-        args.append("*pitches")
-        if full_rank_loads(plan):
-            args.append("*out_strides")
-    if plan.groups:
-        args.append("G")
-    args += [f"e{k}" for k in padded_windows(plan)]
-    if divisors:
-        args.append("*magic")
-    args += [slot.name for slot in plan.scalars if slot.runtime]
-    return args
-
-
 def _elementwise_launch(
-    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, flat: bool, divisors: list[str]
+    plan: KernelPlan,
+    kernel_name: str,
+    input_names: list[str],
+    args: dict[str, KernelArgs],
+    flat: bool,
+    divisors: list[str],
 ) -> list[str]:
     """The tile kernel's launch; with `flat`, the flat kernel's when the inputs are dense, the tile's otherwise."""
-    tile = _tile_launch(plan, kernel_name, input_names, call_args)
+    tile = _tile_launch(plan, kernel_name, input_names, args)
     if folds_a_row_dim(plan):
-        tile = _wide_launch(plan, kernel_name, input_names, call_args, divisors, tile)
+        tile = _wide_launch(plan, kernel_name, input_names, args["wide"], divisors, tile)
     if not flat:
         return tile
     inner = flat_inner_dim(plan)
@@ -372,16 +370,18 @@ def _elementwise_launch(
         leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
         domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
         condition = f"like and _flat_over({leads}, {domain}, {_layouts(full_rank_loads(plan), input_names)}, {inner})"
+    call = args["flat"].call(
+        f"{kernel_name}_flat", "((R * C + block - 1) // block,)", _constexprs(plan, "1", "block"), _WARPS
+    )
     return [
         f"if {condition}:  # one flat offset addresses every full-size input and the output",
         f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
-        f"    {kernel_name}_flat[((R * C + block - 1) // block,)]({call_args},",
-        f"        BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, {_width_keyword(plan)}, num_warps=warps)",
+        *["    " + line for line in call],
         "else:",
     ] + ["    " + line for line in tile]
 
 
-def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
     """The 2-D tile kernel's launch: one program a (row block, column block), numbered row-block
     major; the kernel takes the column-block count to split its program id.  With inputs read
     along every dim their own way, the across kernel's instead when one is laid out along a row
@@ -392,12 +392,12 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         f"block_r, block_c, warps = _pointwise_tile(R, C, {item}, {element_loads(plan)})",
         "col_blocks = (C + block_c - 1) // block_c",
         "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
-        f"{kernel_name}_tile[grid]({call_args}, col_blocks,",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG={contig}, num_warps=warps)",
+        *args["tile"].call(f"{kernel_name}_tile", "grid", _constexprs(plan, CONTIG=contig), _WARPS),
     ]
     if not full_rank_loads(plan):
         return tile
     rows = tuple_display([f"d{i}" for i in range(plan.row_dims)])
+    across = args["across"].call(f"{kernel_name}_across", "grid", _constexprs(plan, FAST="fast"), _WARPS)
     return [
         "if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows",
         f"    F = {rows}[fast]",
@@ -405,15 +405,14 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], cal
         "    col_blocks = (C + block_c - 1) // block_c",
         "    fast_blocks = (F + block_r - 1) // block_r",
         "    grid = ((R // F) * fast_blocks * col_blocks,)",
-        f"    {kernel_name}_across[grid]({call_args}, col_blocks, fast_blocks, F,",
-        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, FAST=fast, num_warps=warps)",
+        *["    " + line for line in across],
         "else:",
         *["    " + line for line in tile],
     ]
 
 
 def _wide_launch(
-    plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str, divisors: list[str], tile: list[str]
+    plan: KernelPlan, kernel_name: str, input_names: list[str], args: KernelArgs, divisors: list[str], tile: list[str]
 ) -> list[str]:
     """The wide kernel's launch (`emit._wide_head`) where the full-size inputs lay a row dim out one
     row's width apart (`fold`, the module's `_folded_row_dim`), the `tile` launch otherwise.  The
@@ -421,6 +420,8 @@ def _wide_launch(
     magic numbers follow) and takes the outputs' own row steps (`row_pitches`) besides."""
     leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
     domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
+    constexprs = _constexprs(plan, FOLD="fold", CONTIG=_contig_condition(plan, input_names))
+    wide = args.call(f"{kernel_name}_wide", "grid", constexprs, _WARPS, break_before="CONTIG")
     return [
         f"fold = _folded_row_dim({leads}, {domain})",
         "if fold >= 0:  # a row dim whose rows lie one after another: read with each row as one",
@@ -430,9 +431,7 @@ def _wide_launch(
         f"    block_r, block_c, warps = _wide_tile(R // F, F * C, {_widest_item(plan)})",
         "    col_blocks = (F * C + block_c - 1) // block_c",
         "    grid = (((R // F + block_r - 1) // block_r) * col_blocks,)",
-        f"    {kernel_name}_wide[grid]({call_args}, col_blocks, F, *row_pitches,",
-        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, FOLD=fold,",
-        f"        CONTIG={_contig_condition(plan, input_names)}, num_warps=warps)",
+        *["    " + line for line in wide],
         "else:",
         *["    " + line for line in tile],
     ]
@@ -452,18 +451,18 @@ def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
     return " and ".join(["dense"] + [f"{stride(k)} == {stride(lead)}" for k in views])
 
 
-def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
     """A row kernel's launch: one program a block of rows, the whole-row `_block` kernel when a row
     fits in registers and the looped `_loop` one otherwise (the module's `_row_tile` decides);
     CONTIG when the full-size inputs are contiguous, so they share the outputs' flat offsets.  With
     inputs read along every dim, the `_across` kernel when one runs along the last row dim."""
     direct = [input_names[k] for k in identity_inputs(plan)]
     contiguous = " and ".join(f"{x}.is_contiguous()" for x in direct) or "True"
-    layout = ""
+    layout = {}
     if channels_last_groups(plan):  # the inputs laid out as the group is walked
         laid_out = " and ".join(f"{x}.is_contiguous(memory_format=torch.channels_last)" for x in direct) or "True"
         contiguous = f"({laid_out}) if cl else ({contiguous})"
-        layout = ", CL=cl, CG=d1 // G"
+        layout = {"CL": "cl", "CG": "d1 // G"}
     item = _widest_item(plan)
     rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
     switches = (
@@ -483,13 +482,12 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         "grid = ((R + block_r - 1) // block_r,)",
         *_column_total_buffers(plan, input_names),
         f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
-        f"kernel[grid]({call_args},",
-        f"    BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG={contiguous}{layout}, num_warps=warps)",
+        *args["block"].call("kernel", "grid", _constexprs(plan, CONTIG=contiguous, **layout), _WARPS),
         *_column_totals_added(plan),
     ]
     if split_groups(plan):
         return [
-            *_split_launch(plan, kernel_name, input_names, call_args),
+            *_split_launch(plan, kernel_name, input_names, args),
             "else:",
             *["    " + t for t in tile + launch],
         ]
@@ -498,6 +496,9 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         return tile + launch
     domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
     last = f"d{plan.row_dims - 1}"
+    across = args["across"].call(
+        f"{kernel_name}_across", "((R // F) * fast_blocks,)", _constexprs(plan, CONTIG="False"), _WARPS
+    )
     return [
         *tile,
         f"across = whole_row and _down_rows({_layouts(layouts, input_names)}, {domain}, {plan.row_dims})",
@@ -505,20 +506,23 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call
         "if tile is not None:  # an input runs along the last row dim: down the tiles' rows",
         f"    (block_r, warps), F = tile, {last}",
         "    fast_blocks = (F + block_r - 1) // block_r",
-        f"    {kernel_name}_across[((R // F) * fast_blocks,)]({call_args}, fast_blocks, F,",
-        f"        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, {_width_keyword(plan)}, CONTIG=False, num_warps=warps)",
+        *["    " + line for line in across],
         "else:",
         *["    " + line for line in launch],
     ]
 
 
-def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], call_args: str) -> list[str]:
+def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
     """The split group kernels' launches (`emit._split_groups`): a block of pixels with every channel
     a program, `_SPLIT_TILE` elements a tile, fewer warps for a channels-first input (whose pixels
     are the tile's contiguous runs)."""
     device = f"{input_names[0]}.device"
-    strides = ", ".join(f"out{k}.stride({j})" for k in range(len(plan.outputs)) for j in (0, 1, 3))
-    sizes = "BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP"
+    sizes = {"BLOCK_P": "block_p", "GP": "GP", "CG": "d1 // G", "CGP": "CGP"}
+    stats = args["stats"].call(f"{kernel_name}_stats", "(d0 * PB,)", _constexprs(plan, "1", "1", **sizes), _WARPS)
+    apply = args["apply"].call(f"{kernel_name}_apply", "(d0 * PB,)", _constexprs(plan, "1", "1", **sizes), _WARPS)
+    combine = args["combine"].call(
+        f"{kernel_name}_combine", "(d0,)", {"GP": "GP", "BLOCK_B": "max(1, 4096 // GP)"}, one_line=True
+    )
     return [
         "if split:  # pixels with every channel a program: either layout at streaming speed",
         "    GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
@@ -527,11 +531,7 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ca
         "    PB = (HW + block_p - 1) // block_p",
         f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
         f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
-        f"    {kernel_name}_stats[(d0 * PB,)]({call_args}, ws, HW, PB, d0 * PB * GP,",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {_width_keyword(plan)}, {sizes}, num_warps=warps)",
-        f"    {kernel_name}_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))",
-        f"    {kernel_name}_apply[(d0 * PB,)]({call_args}, stats, HW, PB, d0, {strides},",
-        f"        BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, {_width_keyword(plan)}, {sizes}, num_warps=warps)",
+        *["    " + line for line in stats + combine + apply],
     ]
 
 

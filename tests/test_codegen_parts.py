@@ -1,0 +1,42 @@
+"""The code generator's parts on their own: the record of a kernel's arguments, ..."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuselens.codegen.kernel_args import KernelArgs
+
+
+def _record() -> KernelArgs:
+    args = KernelArgs().add("in0_ptr", "x").add_each(["d0", "d1"]).unpacked(["p0"], "pitches")
+    return args.add("in0_s1", "st0[1]").constexpr("BLOCK_R", "CONTIG")
+
+
+def test_a_kernels_signature_and_its_launch_are_written_from_one_record():
+    args = _record()
+    assert args.signature("_k") == [
+        "@triton.jit",
+        "def _k(in0_ptr, d0, d1, p0, in0_s1, BLOCK_R: tl.constexpr, CONTIG: tl.constexpr):",
+    ]
+    assert args.call("_k", "grid", {"BLOCK_R": "4", "CONTIG": "dense"}, ["num_warps=warps"]) == [
+        "_k[grid](x, d0, d1, *pitches, st0[1],",
+        "    BLOCK_R=4, CONTIG=dense, num_warps=warps)",
+    ]
+    # What the launcher passes for each parameter, one of an unpacked sequence included.
+    assert [args.value_of(p) for p in ("in0_ptr", "d1", "p0", "in0_s1")] == ["x", "d1", "pitches[0]", "st0[1]"]
+
+
+def test_a_launch_gives_every_constexpr_of_the_kernel_in_its_order():
+    with pytest.raises(ValueError, match="takes constexprs"):
+        _record().call("_k", "grid", {"CONTIG": "dense", "BLOCK_R": "4"})
+    with pytest.raises(ValueError, match="takes constexprs"):
+        _record().call("_k", "grid", {"BLOCK_R": "4"})
+
+
+def test_a_long_signature_wraps_and_a_kernels_own_arguments_leave_the_plans_alone():
+    plan = KernelArgs().add_each(f"in{k}_ptr" for k in range(12)).constexpr("BLOCK_R")
+    tile = plan.copy().add("col_blocks").constexpr("CONTIG")
+    lines = tile.signature("_cluster0_kernel_tile")
+    assert all(len(line) <= 96 for line in lines) and len(lines) == 4
+    assert lines[-2].endswith(" col_blocks, BLOCK_R: tl.constexpr,") and lines[-1] == "    CONTIG: tl.constexpr):"
+    assert "col_blocks" not in plan.parameters()
