@@ -25,6 +25,7 @@ import inspect
 from fuselens.analysis import settings
 from fuselens.analysis.module_checks import ModuleCheck
 
+from .code_buffer import CodeBuffer
 from .launcher import domain_size_exprs
 from .lowering import dtype_tuple, literal, tuple_display
 from .plan import KernelPlan, is_loaded_index
@@ -61,21 +62,23 @@ def fits_text(
     pinned = _reduced_sizes(plan, input_names) if sized and trains is not None else []
     if pinned:
         conditions.append(f"(_no_gradients(tensors) or ({' and '.join(pinned)}))")
-    lines += [
-        f"def _{name}_fits({', '.join([*input_names, *numbers, 'module=None', *(['made=()'] if made else [])])}):",
-        f'    """Whether {name} computes, for these arguments, what the lines it stands in for compute (else they run)."""',
-        f"    tensors = {tensors}",
-        f"    if not _tensors_of_ranks(tensors, {ranks}) or not _kernel_runs(tensors, {dtypes}{trained}):",
-        "        return False",
-    ]
-    if conditions:
-        lines.append("    return (")
-        lines += [f"        {'and ' if k else ''}{c}" for k, c in enumerate(conditions)]
-        lines.append("    )")
-    else:
-        lines.append("    return True")
-    lines += ["", "", f"{name}.fits = _{name}_fits"]
-    return "\n".join(lines)
+    code = CodeBuffer(lines)
+    parameters = [*input_names, *numbers, "module=None", *(["made=()"] if made else [])]
+    with code.block(f"def _{name}_fits({', '.join(parameters)}):"):
+        code.write(
+            f'"""Whether {name} computes, for these arguments, what the lines it stands in for compute (else they run)."""'
+        )
+        code.write(f"tensors = {tensors}")
+        with code.block(f"if not _tensors_of_ranks(tensors, {ranks}) or not _kernel_runs(tensors, {dtypes}{trained}):"):
+            code.write("return False")
+        if conditions:
+            with code.block("return ("):
+                code.write(*[f"{'and ' if k else ''}{c}" for k, c in enumerate(conditions)])
+            code.write(")")
+        else:
+            code.write("return True")
+    code.write("", "", f"{name}.fits = _{name}_fits")
+    return code.text()
 
 
 def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:

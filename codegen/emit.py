@@ -20,6 +20,7 @@ import re
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from .code_buffer import CodeBuffer
 from .kernel_args import KernelArgs
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
@@ -231,16 +232,27 @@ def _kernel_args(plan: KernelPlan, input_names: list[str], divs: Divisors) -> di
 # ---- kernel text --------------------------------------------------------------------------
 
 
-def _signature(plan: KernelPlan, kernel_name: str, args: KernelArgs) -> str:
-    """The kernel's `def` from its arguments, then what it knows of the row width."""
-    lines = args.signature(kernel_name)
-    # Told the width (a constant of the model's) or what power of two it is a multiple of (the
-    # launcher's `_align`), Triton moves rows, and masks them, in vectors of up to 16 bytes.
-    if plan.fixed_width:
-        lines.append("    C = WIDTH  # the row width, fixed by the model: a constant to triton")
-    else:
-        lines.append("    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
-    return "\n".join(lines)
+def _in_64_bits(*names: str) -> str:
+    """With 64-bit offsets (INDEX_64), `names` (the program's positions) in 64 bits, so that every
+    offset computed from them is."""
+    code = CodeBuffer()
+    with code.block("if INDEX_64:"):
+        code.write(*[f"{name} = {name}.to(tl.int64)" for name in names])
+    return code.text()
+
+
+def _kernel_text(plan: KernelPlan, kernel_name: str, args: KernelArgs, body: list[str]) -> str:
+    """A kernel: its `def` from its arguments, what it knows of the row width, then `body`."""
+    code = CodeBuffer(args.signature(kernel_name))
+    with code.indent():
+        # Told the width (a constant of the model's) or what power of two it is a multiple of (the
+        # launcher's `_align`), Triton moves rows, and masks them, in vectors of up to 16 bytes.
+        if plan.fixed_width:
+            code.write("C = WIDTH  # the row width, fixed by the model: a constant to triton")
+        else:
+            code.write("C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors")
+        code.write(*body)
+    return code.text()
 
 
 def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list[str]:
@@ -267,7 +279,7 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
             # [32, 256, 64, 64] on an H200: 159 µs, against 239 with CG a run-time divisor).
             nchw = [f"c1 = g * CG + {divide.div('cols', hw)}", f"hw = {divide.mod('cols', hw)}"]
             nhwc = ["c1 = g * CG + cols % CG", "hw = cols // CG"]
-            out.append("\n".join(["if CL:", *["    " + t for t in nhwc], "else:", *["    " + t for t in nchw]]))
+            out.append(CodeBuffer().branches("CL", CodeBuffer(nhwc), CodeBuffer(nchw)).text())
             out.append(f"flat = c0 * (d1 * {hw}) + hw * d1 + c1 if CL else rows * C + cols")
             return out + _delinearize("hw", spatial, [i for i in used if i >= 2], divide)
         if 1 in used:
@@ -367,7 +379,7 @@ def _stmt_line(
         if col is not None:
             offset = "flat" if channels_last_groups(plan) and col == "cols" else f"(rows * C + {col})"
             flat = f"{s.name} = tl.load(in{s.load_input}_ptr + {offset}{masked}){convert}{tail}"
-            return f"if CONTIG:\n    {flat}\nelse:\n    {strided}"
+            return CodeBuffer().branches("CONTIG", CodeBuffer([flat]), CodeBuffer([strided])).text()
         return strided
     return f"{s.name} = {s.expr}{tail}"
 
@@ -381,10 +393,6 @@ def _flat_column(plan: KernelPlan, s: Stmt) -> str | None:
     if len(coords) != n or coords[:-1] != [f"c{i}" for i in range(n - 1)]:
         return None
     return "cols" if coords[-1] == f"c{n - 1}" else coords[-1]
-
-
-def _indented(lines: list[str], prefix: str = "    ") -> list[str]:
-    return [prefix + part for line in lines for part in line.split("\n")]
 
 
 def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
@@ -452,11 +460,13 @@ def _elementwise(
     if flat:
         body = [
             "offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)",
-            "if INDEX_64:",
-            "    offs = offs.to(tl.int64)",
-            "    numel = R.to(tl.int64) * C",
-            "else:",
-            "    numel = R * C",
+            CodeBuffer()
+            .branches(
+                "INDEX_64",
+                CodeBuffer(["offs = offs.to(tl.int64)", "numel = R.to(tl.int64) * C"]),
+                CodeBuffer(["numel = R * C"]),
+            )
+            .text(),
             "mask = offs < numel",
             "rmask = mask",
             "cmask = mask",
@@ -474,9 +484,7 @@ def _elementwise(
             "pid = tl.program_id(0)",
             "rows = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
             "cols = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
-            "if INDEX_64:",
-            "    rows = rows.to(tl.int64)",
-            "    cols = cols.to(tl.int64)",
+            _in_64_bits("rows", "cols"),
             "rmask = rows < R",
             "cmask = cols < C",
             "mask = rmask & cmask",
@@ -512,7 +520,7 @@ def _elementwise(
     by_name = {st.name: st for st in plan.stmts}
     for k, o in enumerate(plan.outputs):
         body.append(_store(plan, k, by_name[o.stmt], "orow" if across else "rows"))
-    return _signature(plan, kernel_name, args) + "\n" + "\n".join(_indented(body))
+    return _kernel_text(plan, kernel_name, args, body)
 
 
 def _flat_kernel(plan: KernelPlan, kernel_name: str, args: KernelArgs, body: list[str]) -> str:
@@ -522,7 +530,7 @@ def _flat_kernel(plan: KernelPlan, kernel_name: str, args: KernelArgs, body: lis
         value = by_name[o.stmt]
         v = value.name if value.axes else f"tl.broadcast_to({value.name}, [BLOCK_C])"
         body.append(f"tl.store(out{k}_ptr + offs, {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
-    return _signature(plan, kernel_name, args) + "\n" + "\n".join(_indented(body))
+    return _kernel_text(plan, kernel_name, args, body)
 
 
 def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
@@ -540,10 +548,7 @@ def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
         "outer = pid // tiles",
         "fast = ((pid % tiles) // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
         "cols = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
-        "if INDEX_64:",
-        "    outer = outer.to(tl.int64)",
-        "    fast = fast.to(tl.int64)",
-        "    cols = cols.to(tl.int64)",
+        _in_64_bits("outer", "fast", "cols"),
         "rmask = fast < F",
         "cmask = cols < C",
         "mask = rmask & cmask",
@@ -556,15 +561,11 @@ def _across_head(plan: KernelPlan, divs: Divisors) -> list[str]:
 def _outer_coords(plan: KernelPlan, divs: Divisors, flag: str, value: str) -> list[str]:
     """Each row coordinate: `value` for the row dim the constant `flag` names, else its position in
     `outer`, the count of the other row dims' positions (`p<i>` being each one's step there)."""
-    lines = []
+    code = CodeBuffer()
     for i in range(plan.row_dims):
-        lines += [
-            f"if {flag} == {i}:",
-            f"    c{i} = {value}",
-            "else:",
-            f"    c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}",
-        ]
-    return lines
+        outer = CodeBuffer([f"c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}"])
+        code.branches(f"{flag} == {i}", CodeBuffer([f"c{i} = {value}"]), outer)
+    return code.lines()
 
 
 def _wide_head(plan: KernelPlan, divs: Divisors) -> list[str]:
@@ -581,9 +582,7 @@ def _wide_head(plan: KernelPlan, divs: Divisors) -> list[str]:
         "pid = tl.program_id(0)",
         "outer = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
         "wide = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]",
-        "if INDEX_64:",
-        "    outer = outer.to(tl.int64)",
-        "    wide = wide.to(tl.int64)",
+        _in_64_bits("outer", "wide"),
         # FOLD's coordinate varies along the columns: a load of one value a row reads at it too, so
         # every mask covers both ways.
         "cmask = wide < F * C",
@@ -647,10 +646,9 @@ def _rows(
     head = _across_row_head(plan, used, divs) if across else _row_head(plan, used, divs, looped)
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
-    signature = _signature(plan, kernel_name, args)
     if column_totals(plan) and not looped:
-        return signature + "\n" + "\n".join(_indented(_totalling_rows(plan, head, body)))
-    return signature + "\n" + "\n".join(_indented(head + body))
+        return _kernel_text(plan, kernel_name, args, _totalling_rows(plan, head, body))
+    return _kernel_text(plan, kernel_name, args, head + body)
 
 
 def _totalling_rows(plan: KernelPlan, head: list[str], body: list[str]) -> list[str]:
@@ -665,14 +663,14 @@ def _totalling_rows(plan: KernelPlan, head: list[str], body: list[str]) -> list[
         for k, line in enumerate(head)
         if not line.startswith("pid = ")
     ]
-    return [
-        "pid = tl.program_id(0)",
-        *[f"total{k} = tl.zeros([1, BLOCK_C], dtype=tl.float32)" for k in totals],
-        "for blk in range(pid, tl.cdiv(R, BLOCK_R), tl.num_programs(0)):",
-        *["    " + line for part in loop + body for line in part.split("\n")],
-        "cols = tl.arange(0, BLOCK_C)[None, :]",
-        *[f"tl.store(out{k}_ptr + (pid * C + cols), total{k}, mask=cols < C)" for k in totals],
-    ]
+    code = CodeBuffer(
+        ["pid = tl.program_id(0)", *[f"total{k} = tl.zeros([1, BLOCK_C], dtype=tl.float32)" for k in totals]]
+    )
+    with code.block("for blk in range(pid, tl.cdiv(R, BLOCK_R), tl.num_programs(0)):"):
+        code.write(*loop, *body)
+    code.write("cols = tl.arange(0, BLOCK_C)[None, :]")
+    code.write(*[f"tl.store(out{k}_ptr + (pid * C + cols), total{k}, mask=cols < C)" for k in totals])
+    return code.lines()
 
 
 def _across_row_head(plan: KernelPlan, used: set[int], divs: Divisors) -> list[str]:
@@ -686,9 +684,7 @@ def _across_row_head(plan: KernelPlan, used: set[int], divs: Divisors) -> list[s
         "pid = tl.program_id(0)",
         "outer = pid // fast_blocks",
         "last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
-        "if INDEX_64:",
-        "    outer = outer.to(tl.int64)",
-        "    last = last.to(tl.int64)",
+        _in_64_bits("outer", "last"),
         "rows = outer * F + last",
         "rmask = last < F",
         *_across_row_coords(plan, used, divs),
@@ -710,8 +706,7 @@ def _row_head(plan: KernelPlan, used: set[int], divs: Divisors, looped: bool) ->
     return [
         "pid = tl.program_id(0)",
         rows,
-        "if INDEX_64:",
-        "    rows = rows.to(tl.int64)",
+        _in_64_bits("rows"),
         "rmask = rows < R",
         *_coords(plan, used, "r", divs),
     ]
@@ -905,8 +900,11 @@ def _column_loop(
     col_coords: list[str], lines: list[str], header: str = "for col0 in range(0, C, BLOCK_C):"
 ) -> list[str]:
     """A loop over the row's column blocks: each block's columns, masks and column coordinates, then `lines`."""
-    block = ["cols = col0 + tl.arange(0, BLOCK_C)", "cmask = cols < C", "mask = rmask & cmask", *col_coords, *lines]
-    return [header, *_indented(block)]
+    code = CodeBuffer()
+    with code.block(header):
+        code.write("cols = col0 + tl.arange(0, BLOCK_C)", "cmask = cols < C", "mask = rmask & cmask")
+        code.write(*col_coords, *lines)
+    return code.lines()
 
 
 def _loop_store(
@@ -992,13 +990,11 @@ def _split_groups(plan: KernelPlan, kernel_name: str, comments: dict[str, str], 
             v = s.name if s.axes >= {"r", "c"} else f"tl.zeros([BLOCK_P, GP, CGP], tl.float32) + {s.name}"
             offset = f"c0 * out{k}_s0 + c1 * out{k}_s1 + hw * out{k}_s3"
             apply.append(f"tl.store(out{k}_ptr + ({offset}), {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
-    stats_signature = _signature(plan, kernel_name + "_stats", args["stats"])
-    apply_signature = _signature(plan, kernel_name + "_apply", args["apply"])
     return "\n\n".join(
         [
-            stats_signature + "\n" + "\n".join(_indented(stats)),
+            _kernel_text(plan, kernel_name + "_stats", args["stats"], stats),
             _split_combine(kernel_name + "_combine", args["combine"]),
-            apply_signature + "\n" + "\n".join(_indented(apply)),
+            _kernel_text(plan, kernel_name + "_apply", args["apply"], apply),
         ]
     )
 
@@ -1012,9 +1008,7 @@ def _split_tile() -> list[str]:
         "hw = pb * BLOCK_P + tl.arange(0, BLOCK_P)[:, None, None]",
         "g = tl.arange(0, GP)[None, :, None]",
         "cg = tl.arange(0, CGP)[None, None, :]",
-        "if INDEX_64:",
-        "    c0 = c0.to(tl.int64)",
-        "    hw = hw.to(tl.int64)",
+        _in_64_bits("c0", "hw"),
         "rows = c0 * G + g",
         "rmask = (g < G) & (hw < HW)",
         "cmask = cg < CG",
@@ -1041,29 +1035,27 @@ def _split_statement(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str
 def _split_combine(name: str, args: KernelArgs) -> str:
     """One program a sample: its blocks' sums and centered squares, added up per group (Chan's
     parallel variance), written as the group's sum and centered sum of squares."""
-    lines = [
-        "n = tl.program_id(0)",
-        "g1 = tl.arange(0, GP)[None, :]",
-        "total = tl.zeros([GP], tl.float32)",
-        "count = tl.zeros([GP], tl.float32)",
-        "for b0 in range(0, PB, BLOCK_B):",
-        "    b = b0 + tl.arange(0, BLOCK_B)[:, None]",
-        "    m = (b < PB) & (g1 < G)",
-        "    at = (n * PB + b) * GP + g1",
-        "    total += tl.sum(tl.load(ws_ptr + at, mask=m, other=0.0), axis=0)",
-        "    count += tl.sum(tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0), axis=0)",
-        "mean = total / tl.maximum(count, 1.0)",
-        "squares = tl.zeros([GP], tl.float32)",
-        "for b0 in range(0, PB, BLOCK_B):",
-        "    b = b0 + tl.arange(0, BLOCK_B)[:, None]",
-        "    m = (b < PB) & (g1 < G)",
-        "    at = (n * PB + b) * GP + g1",
-        "    s = tl.load(ws_ptr + at, mask=m, other=0.0)",
-        "    k = tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0)",
-        "    d = tl.where(k > 0, s / tl.maximum(k, 1.0) - mean[None, :], 0.0)",
-        "    squares += tl.sum(tl.load(ws_ptr + PLANE + at, mask=m, other=0.0) + k * d * d, axis=0)",
-        "g = tl.arange(0, GP)",
-        "tl.store(stats_ptr + n * GP + g, total, mask=g < G)",
-        "tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)",
-    ]
-    return "\n".join([*args.signature(name, wrap=False), *_indented(lines)])
+    code = CodeBuffer(args.signature(name, wrap=False))
+    with code.indent():
+        code.write("n = tl.program_id(0)", "g1 = tl.arange(0, GP)[None, :]")
+        code.write("total = tl.zeros([GP], tl.float32)", "count = tl.zeros([GP], tl.float32)")
+        with code.block("for b0 in range(0, PB, BLOCK_B):"):
+            code.write(*_combined_block())
+            code.write("total += tl.sum(tl.load(ws_ptr + at, mask=m, other=0.0), axis=0)")
+            code.write("count += tl.sum(tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0), axis=0)")
+        code.write("mean = total / tl.maximum(count, 1.0)", "squares = tl.zeros([GP], tl.float32)")
+        with code.block("for b0 in range(0, PB, BLOCK_B):"):
+            code.write(*_combined_block())
+            code.write(
+                "s = tl.load(ws_ptr + at, mask=m, other=0.0)", "k = tl.load(ws_ptr + 2 * PLANE + at, mask=m, other=0.0)"
+            )
+            code.write("d = tl.where(k > 0, s / tl.maximum(k, 1.0) - mean[None, :], 0.0)")
+            code.write("squares += tl.sum(tl.load(ws_ptr + PLANE + at, mask=m, other=0.0) + k * d * d, axis=0)")
+        code.write("g = tl.arange(0, GP)", "tl.store(stats_ptr + n * GP + g, total, mask=g < G)")
+        code.write("tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)")
+    return code.text()
+
+
+def _combined_block() -> list[str]:
+    """A block of a sample's programs' partial results, as `_combine` walks them."""
+    return ["b = b0 + tl.arange(0, BLOCK_B)[:, None]", "m = (b < PB) & (g1 < G)", "at = (n * PB + b) * GP + g1"]

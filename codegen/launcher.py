@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
+from .code_buffer import CodeBuffer
 from .kernel_args import KernelArgs
 from .lowering import dtype_tuple, literal, tuple_display
 from .plan import (
@@ -99,7 +100,10 @@ def _launch_function(
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
     if plan.grad_layout:
         params.append("layout")
-    return [f"def _{name}_launch({', '.join(params)}):"] + ["    " + line for line in body]
+    code = CodeBuffer([f"def _{name}_launch({', '.join(params)}):"])
+    with code.indent():
+        code.write(*body)
+    return code.lines()
 
 
 def _constant_sizes(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -160,14 +164,14 @@ def _merge_row_end(plan: KernelPlan, name: str, input_names: list[str]) -> list[
         numbers += ", ()"
     shape = tuple_display([f"d{i}" for i in range(n)])
     back = "merged.view(shape)" if len(plan.outputs) == 1 else "tuple(out.view(shape) for out in merged)"
-    return [
-        f"if d{n - 1} & (d{n - 1} - 1) and d{n - 2} > 1:  # short rows of an odd width: one long row, if memory allows",
-        f"    merged = _merged_row_end({tuple_display(input_names)}, {listed}, {n})",
-        "    if merged is not None:",
-        f"        shape = {shape}",
-        f"        merged = _{name}_launch(*merged{numbers})",
-        f"        return {back}",
-    ]
+    code = CodeBuffer()
+    with code.block(
+        f"if d{n - 1} & (d{n - 1} - 1) and d{n - 2} > 1:  # short rows of an odd width: one long row, if memory allows"
+    ):
+        code.write(f"merged = _merged_row_end({tuple_display(input_names)}, {listed}, {n})")
+        with code.block("if merged is not None:"):
+            code.write(f"shape = {shape}", f"merged = _{name}_launch(*merged{numbers})", f"return {back}")
+    return code.lines()
 
 
 def domain_size_exprs(plan: KernelPlan, names: list[str]) -> list[str]:
@@ -306,10 +310,10 @@ def _return_early(plan: KernelPlan, input_names: list[str]) -> list[str]:
     re-analysis of code that already calls the kernel, fake ones in torch.compile's trace), or when
     there is nothing to do."""
     shapes = f"_shapes_only({input_names[0]}) or " if input_names else ""
-    return [
-        f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do",
-        "    return " + _returns(plan),
-    ]
+    code = CodeBuffer()
+    with code.block(f"if {shapes}R == 0 or C == 0:  # shapes only, or nothing to do"):
+        code.write("return " + _returns(plan))
+    return code.lines()
 
 
 def _index_width(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -373,12 +377,9 @@ def _elementwise_launch(
     call = args["flat"].call(
         f"{kernel_name}_flat", "((R * C + block - 1) // block,)", _constexprs(plan, "1", "block"), _WARPS
     )
-    return [
-        f"if {condition}:  # one flat offset addresses every full-size input and the output",
-        f"    block, warps = _flat_tile(R * C, {_widest_item(plan)})",
-        *["    " + line for line in call],
-        "else:",
-    ] + ["    " + line for line in tile]
+    launch = CodeBuffer([f"block, warps = _flat_tile(R * C, {_widest_item(plan)})", *call])
+    note = "one flat offset addresses every full-size input and the output"
+    return CodeBuffer().branches(condition, launch, CodeBuffer(tile), note).lines()
 
 
 def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
@@ -398,17 +399,11 @@ def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], arg
         return tile
     rows = tuple_display([f"d{i}" for i in range(plan.row_dims)])
     across = args["across"].call(f"{kernel_name}_across", "grid", _constexprs(plan, FAST="fast"), _WARPS)
-    return [
-        "if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows",
-        f"    F = {rows}[fast]",
-        f"    block_r, block_c, warps = _across_tile(F, C, {item})",
-        "    col_blocks = (C + block_c - 1) // block_c",
-        "    fast_blocks = (F + block_r - 1) // block_r",
-        "    grid = ((R // F) * fast_blocks * col_blocks,)",
-        *["    " + line for line in across],
-        "else:",
-        *["    " + line for line in tile],
-    ]
+    launch = CodeBuffer([f"F = {rows}[fast]", f"block_r, block_c, warps = _across_tile(F, C, {item})"])
+    launch.write("col_blocks = (C + block_c - 1) // block_c", "fast_blocks = (F + block_r - 1) // block_r")
+    launch.write("grid = ((R // F) * fast_blocks * col_blocks,)", *across)
+    note = "an input is laid out along row dim `fast`: down the tiles' rows"
+    return CodeBuffer().branches("fast >= 0", launch, CodeBuffer(tile), note).lines()
 
 
 def _wide_launch(
@@ -422,19 +417,14 @@ def _wide_launch(
     domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
     constexprs = _constexprs(plan, FOLD="fold", CONTIG=_contig_condition(plan, input_names))
     wide = args.call(f"{kernel_name}_wide", "grid", constexprs, _WARPS, break_before="CONTIG")
-    return [
-        f"fold = _folded_row_dim({leads}, {domain})",
-        "if fold >= 0:  # a row dim whose rows lie one after another: read with each row as one",
-        f"    row_pitches, pitches = pitches, _outer_steps(pitches, {domain}, fold)",
-        *["    " + line for line in _magic_numbers(divisors)],
-        f"    F = {domain}[fold]",
-        f"    block_r, block_c, warps = _wide_tile(R // F, F * C, {_widest_item(plan)})",
-        "    col_blocks = (F * C + block_c - 1) // block_c",
-        "    grid = (((R // F + block_r - 1) // block_r) * col_blocks,)",
-        *["    " + line for line in wide],
-        "else:",
-        *["    " + line for line in tile],
-    ]
+    launch = CodeBuffer([f"row_pitches, pitches = pitches, _outer_steps(pitches, {domain}, fold)"])
+    launch.write(*_magic_numbers(divisors), f"F = {domain}[fold]")
+    launch.write(f"block_r, block_c, warps = _wide_tile(R // F, F * C, {_widest_item(plan)})")
+    launch.write("col_blocks = (F * C + block_c - 1) // block_c")
+    launch.write("grid = (((R // F + block_r - 1) // block_r) * col_blocks,)", *wide)
+    code = CodeBuffer([f"fold = _folded_row_dim({leads}, {domain})"])
+    note = "a row dim whose rows lie one after another: read with each row as one"
+    return code.branches("fold >= 0", launch, CodeBuffer(tile), note).lines()
 
 
 def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
@@ -472,47 +462,39 @@ def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args
         ("windows", bool(plan.windows)),
     )
     flags = "".join(f", {flag}=True" for flag, on in switches if on)
-    tile = [f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"]
+    tile = CodeBuffer([f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"])
     if plan.groups:
         # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)
         # over [32, 256, 64, 64] on an H200 took 61.0 µs instead of 63.2 with 16 (with the residual
         # add, 74.9 instead of 80.6).  A whole 32768-wide group in registers spilled: 190 µs.
-        tile += ["if not whole_row:", "    warps = 8"]
-    launch = [
-        "grid = ((R + block_r - 1) // block_r,)",
-        *_column_total_buffers(plan, input_names),
-        f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop",
-        *args["block"].call("kernel", "grid", _constexprs(plan, CONTIG=contiguous, **layout), _WARPS),
-        *_column_totals_added(plan),
-    ]
+        with tile.block("if not whole_row:"):
+            tile.write("warps = 8")
+    launch = CodeBuffer(["grid = ((R + block_r - 1) // block_r,)", *_column_total_buffers(plan, input_names)])
+    launch.write(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
+    launch.write(*args["block"].call("kernel", "grid", _constexprs(plan, CONTIG=contiguous, **layout), _WARPS))
+    launch.write(*_column_totals_added(plan))
     if split_groups(plan):
-        return [
-            *_split_launch(plan, kernel_name, input_names, args),
-            "else:",
-            *["    " + t for t in tile + launch],
-        ]
+        split = _split_launch(plan, kernel_name, input_names, args)
+        note = "pixels with every channel a program: either layout at streaming speed"
+        return CodeBuffer().branches("split", split, tile.splice(launch), note).lines()
     layouts = row_layouts(plan)
     if not layouts:
-        return tile + launch
+        return tile.splice(launch).lines()
     domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
     last = f"d{plan.row_dims - 1}"
     across = args["across"].call(
         f"{kernel_name}_across", "((R // F) * fast_blocks,)", _constexprs(plan, CONTIG="False"), _WARPS
     )
-    return [
-        *tile,
-        f"across = whole_row and _down_rows({_layouts(layouts, input_names)}, {domain}, {plan.row_dims})",
-        f"tile = _across_rows_tile({last}, block_c, {item}) if across else None",
-        "if tile is not None:  # an input runs along the last row dim: down the tiles' rows",
-        f"    (block_r, warps), F = tile, {last}",
-        "    fast_blocks = (F + block_r - 1) // block_r",
-        *["    " + line for line in across],
-        "else:",
-        *["    " + line for line in launch],
-    ]
+    tile.write(f"across = whole_row and _down_rows({_layouts(layouts, input_names)}, {domain}, {plan.row_dims})")
+    tile.write(f"tile = _across_rows_tile({last}, block_c, {item}) if across else None")
+    down = CodeBuffer([f"(block_r, warps), F = tile, {last}", "fast_blocks = (F + block_r - 1) // block_r", *across])
+    note = "an input runs along the last row dim: down the tiles' rows"
+    return tile.branches("tile is not None", down, launch, note).lines()
 
 
-def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
+def _split_launch(
+    plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]
+) -> CodeBuffer:
     """The split group kernels' launches (`emit._split_groups`): a block of pixels with every channel
     a program, `_SPLIT_TILE` elements a tile, fewer warps for a channels-first input (whose pixels
     are the tile's contiguous runs)."""
@@ -523,16 +505,19 @@ def _split_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], ar
     combine = args["combine"].call(
         f"{kernel_name}_combine", "(d0,)", {"GP": "GP", "BLOCK_B": "max(1, 4096 // GP)"}, one_line=True
     )
-    return [
-        "if split:  # pixels with every channel a program: either layout at streaming speed",
-        "    GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
-        "    block_p = max(1, _SPLIT_TILE // (GP * CGP))",
-        "    warps = _SPLIT_WARPS_LAST if cl else _SPLIT_WARPS_FIRST",
-        "    PB = (HW + block_p - 1) // block_p",
-        f"    ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
-        f"    stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
-        *["    " + line for line in stats + combine + apply],
-    ]
+    return CodeBuffer(
+        [
+            "GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
+            "block_p = max(1, _SPLIT_TILE // (GP * CGP))",
+            "warps = _SPLIT_WARPS_LAST if cl else _SPLIT_WARPS_FIRST",
+            "PB = (HW + block_p - 1) // block_p",
+            f"ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
+            f"stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
+            *stats,
+            *combine,
+            *apply,
+        ]
+    )
 
 
 def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -543,19 +528,17 @@ def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]
     if not totals:
         return []
     device = f"{input_names[0]}.device"
-    return [
-        # 16 warps of programs a multiprocessor keep enough rows in flight; their partial sums are
-        # that many float32 rows, not one for every row.  Summing them is a column reduction torch
-        # runs slowly (on an H200, 8 x 132 rows of 4096 took 19.7 µs a sum beside a 111 µs bf16
-        # LayerNorm backward), so the programs take bigger tiles with more warps (`_total_tile`).
-        "if whole_row:",
-        f"    block_r, warps, programs = _total_tile(R, block_r, warps, {len(identity_inputs(plan))})",
-        "    grid = (programs,)",
-        *[
-            f"out{k} = torch.empty((grid[0] if whole_row else R, C), device={device}, dtype=torch.float32)"
-            for k in totals
-        ],
-    ]
+    code = CodeBuffer()
+    # 16 warps of programs a multiprocessor keep enough rows in flight; their partial sums are
+    # that many float32 rows, not one for every row.  Summing them is a column reduction torch
+    # runs slowly (on an H200, 8 x 132 rows of 4096 took 19.7 µs a sum beside a 111 µs bf16
+    # LayerNorm backward), so the programs take bigger tiles with more warps (`_total_tile`).
+    with code.block("if whole_row:"):
+        code.write(f"block_r, warps, programs = _total_tile(R, block_r, warps, {len(identity_inputs(plan))})")
+        code.write("grid = (programs,)")
+    for k in totals:
+        code.write(f"out{k} = torch.empty((grid[0] if whole_row else R, C), device={device}, dtype=torch.float32)")
+    return code.lines()
 
 
 def _column_totals_added(plan: KernelPlan) -> list[str]:
@@ -638,13 +621,15 @@ def _public_function(
         f"{n} == {literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True) if not slot.runtime
     ]
     fits = "".join(f" and {check}" for check in checks)
-    return [
-        f"def {name}({', '.join(input_names + numbers)}):",
-        _docstring(doc),
-        f"    if _kernel_runs({tuple_display(input_names)}, {dtype_tuple(dtypes)}{_trains(trains)}){fits}:",
-        f"        return _{name}_call({', '.join(passed)}){_returned_part(plan)}",
-        f"    return _{name}_reference({', '.join(input_names + number_names)})",
-    ]
+    code = CodeBuffer()
+    with code.block(f"def {name}({', '.join(input_names + numbers)}):"):
+        code.write(*_docstring(doc))
+        with code.block(
+            f"if _kernel_runs({tuple_display(input_names)}, {dtype_tuple(dtypes)}{_trains(trains)}){fits}:"
+        ):
+            code.write(f"return _{name}_call({', '.join(passed)}){_returned_part(plan)}")
+        code.write(f"return _{name}_reference({', '.join(input_names + number_names)})")
+    return code.lines()
 
 
 def _returned_part(plan: KernelPlan) -> str:
@@ -660,8 +645,9 @@ def _trains(trains: list[int] | None) -> str:
     return "" if trains is None else f", trains={tuple(trains)!r}"
 
 
-def _docstring(doc: str) -> str:
+def _docstring(doc: str) -> list[str]:
+    """`doc` as a docstring's lines."""
     lines = doc.strip().splitlines() or [""]
     if len(lines) == 1:
-        return f'    """{lines[0]}"""'
-    return '    """' + lines[0] + "\n" + "\n".join(("    " + line) if line else "" for line in lines[1:]) + '\n    """'
+        return [f'"""{lines[0]}"""']
+    return ['"""' + lines[0], *lines[1:], '"""']

@@ -1,9 +1,11 @@
-"""The code generator's parts on their own: the record of a kernel's arguments, ..."""
+"""The code generator's parts on their own: the record of a kernel's arguments, the code buffer the
+printers write into, ..."""
 
 from __future__ import annotations
 
 import pytest
 
+from fuselens.codegen.code_buffer import CodeBuffer
 from fuselens.codegen.kernel_args import KernelArgs
 
 
@@ -40,3 +42,28 @@ def test_a_long_signature_wraps_and_a_kernels_own_arguments_leave_the_plans_alon
     assert all(len(line) <= 96 for line in lines) and len(lines) == 4
     assert lines[-2].endswith(" col_blocks, BLOCK_R: tl.constexpr,") and lines[-1] == "    CONTIG: tl.constexpr):"
     assert "col_blocks" not in plan.parameters()
+
+
+def test_code_is_indented_by_the_blocks_it_is_written_in():
+    inner = CodeBuffer(["x = 1", "if y:\n    z = 2"])
+    code = CodeBuffer(["def f():"])
+    with code.indent():
+        with code.block("for i in range(3):"):
+            code.splice(inner)
+        code.write("", "return x")
+    code.branches("CONTIG", CodeBuffer(["a = 1"]), CodeBuffer(["a = 2"]), note="dense")
+    assert code.text() == "\n".join(
+        [
+            "def f():",
+            "    for i in range(3):",
+            "        x = 1",
+            "        if y:",
+            "            z = 2",
+            "",  # a blank line stays blank
+            "    return x",
+            "if CONTIG:  # dense",
+            "    a = 1",
+            "else:",
+            "    a = 2",
+        ]
+    )
