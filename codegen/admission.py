@@ -27,8 +27,9 @@ from fuselens.analysis.module_checks import ModuleCheck
 
 from .code_buffer import CodeBuffer
 from .launcher import domain_size_exprs
-from .lowering import dtype_tuple, literal, tuple_display
+from .lowering import dtype_tuple, tuple_display
 from .plan import KernelPlan, is_loaded_index
+from .terms import Dim, Term, literal
 
 
 def fits_text(
@@ -84,7 +85,7 @@ def fits_text(
 def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
     """Each input dim's size: that of the domain dim it is read along (its size where the launcher
     reads it), or the size it had when the kernel reads it any other way, or not at all."""
-    coords: dict[tuple[int, int], set[str]] = {}
+    coords: dict[tuple[int, int], set[Term]] = {}
     for stmt in plan.stmts:
         if stmt.load_input is not None:
             for j, coord in enumerate(stmt.load_coords):
@@ -95,8 +96,8 @@ def _size_conditions(plan: KernelPlan, names: list[str]) -> list[str]:
         for j, size in enumerate(slot.shape):
             own = f"{names[k]}.shape[{j}]"
             read = coords.get((k, j), set())
-            along = next(iter(read)) if len(read) == 1 else ""
-            i = int(along[1:]) if along[:1] == "c" and along[1:].isdigit() else -1
+            along = next(iter(read)) if len(read) == 1 else None
+            i = along.index if isinstance(along, Dim) else -1
             if i >= 0 and plan.domain[i] == size:
                 if sources[i] != own:
                     conditions.append(f"{own} == {sources[i]}")
@@ -114,7 +115,7 @@ def _reduced_sizes(plan: KernelPlan, names: list[str]) -> list[str]:
         if stmt.load_input is None:
             continue
         for j, coord in enumerate(stmt.load_coords):
-            i = int(coord[1:]) if coord[:1] == "c" and coord[1:].isdigit() else -1
+            i = coord.index if isinstance(coord, Dim) else -1
             condition = f"{names[stmt.load_input]}.shape[{j}] == {plan.inputs[stmt.load_input].shape[j]}"
             if i >= plan.row_dims and condition not in pinned:
                 pinned.append(condition)

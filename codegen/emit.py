@@ -15,8 +15,8 @@ the launcher checks those before launching.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -25,7 +25,6 @@ from .kernel_args import KernelArgs
 from .launcher import launcher_text
 from .lowering import FLOAT, helpers_used
 from .plan import (
-    COORD,
     KernelPlan,
     Stmt,
     channels_last_groups,
@@ -41,6 +40,7 @@ from .plan import (
     row_views,
     split_groups,
 )
+from .terms import Bin, Dim, Load, Name, Term, TermLike, call, dims, paren, term
 
 MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
 LOOP_BLOCK = 4096  # column block of the `_loop` variant
@@ -48,6 +48,17 @@ LOOP_BLOCK = 4096  # column block of the `_loop` variant
 _IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 _COMBINE = {"sum": "{acc} + {x}", "max": "tl.maximum({acc}, {x})", "min": "tl.minimum({acc}, {x})"}
 _FINAL = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+# A divisor: the kernel arguments it is the product of (`("d2", "d3")`, `("p0",)`).
+Factors = tuple[str, ...]
+
+
+def _product(factors: Factors) -> Term:
+    product: Term = Name(factors[0])
+    for f in factors[1:]:
+        product = product * Name(f)
+    return product
 
 
 class Divisors:
@@ -58,26 +69,27 @@ class Divisors:
     has about that many for each element."""
 
     def __init__(self) -> None:
-        self.exprs: list[str] = []
+        self.exprs: list[Factors] = []
 
-    def _magic(self, d: str) -> str:
+    def _magic(self, d: Factors) -> Name:
         if d not in self.exprs:
             self.exprs.append(d)
-        return f"q{self.exprs.index(d)}"
+        return Name(f"q{self.exprs.index(d)}")
 
-    def div(self, n: str, d: str) -> str:
-        return f"_div({n}, {d}, {self._magic(d)}, INDEX_64)"
+    def div(self, n: TermLike, d: Factors) -> Term:
+        return call("_div", n, _product(d), self._magic(d), Name("INDEX_64"))
 
-    def mod(self, n: str, d: str) -> str:
-        return f"_mod({n}, {d}, {self._magic(d)}, INDEX_64)"
+    def mod(self, n: TermLike, d: Factors) -> Term:
+        return call("_mod", n, _product(d), self._magic(d), Name("INDEX_64"))
 
-    def launcher_exprs(self) -> list[str]:
-        """The divisors over the launcher's names (its `pitches` list holds the kernel's p<i>)."""
-        return [re.sub(r"\bp(\d+)\b", r"pitches[\1]", d) for d in self.exprs]
+    def launcher_exprs(self, args: KernelArgs) -> list[str]:
+        """The divisors as the launcher computes them, from what it passes the kernels for each factor
+        (`args`: `pitches[0]` for `p0`)."""
+        return [" * ".join(args.value_of(f) for f in d) for d in self.exprs]
 
 
-def _operand(x: str) -> str:
-    return f"({x})" if " " in x else x
+def _operand(x: Term) -> Term:
+    return paren(x) if isinstance(x, Bin) else x
 
 
 class PlainDivision:
@@ -87,12 +99,12 @@ class PlainDivision:
     bf16 kernel at DRAM size took 104 µs instead of 81 on an H200."""
 
     @staticmethod
-    def div(n: str, d: str) -> str:
-        return f"{_operand(n)} // {_operand(d)}"
+    def div(n: TermLike, d: Factors) -> Term:
+        return _operand(term(n)) // _operand(_product(d))
 
     @staticmethod
-    def mod(n: str, d: str) -> str:
-        return f"{_operand(n)} % {_operand(d)}"
+    def mod(n: TermLike, d: Factors) -> Term:
+        return _operand(term(n)) % _operand(_product(d))
 
 
 @dataclass
@@ -162,7 +174,17 @@ def emit(
         raise AssertionError("a kernel divides by a size its arguments do not take the magic number of")
     numbers = number_names if number_names is not None else [slot.name for slot in plan.scalars]
     text = launcher_text(
-        plan, name, kernel_name, input_names, numbers, doc, flat, divs.launcher_exprs(), reference, trains, args
+        plan,
+        name,
+        kernel_name,
+        input_names,
+        numbers,
+        doc,
+        flat,
+        divs.launcher_exprs(args["base"]),
+        reference,
+        trains,
+        args,
     )
     return Emitted(kernels, text, strategy, helpers_used(kernels))
 
@@ -264,13 +286,13 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
     if plan.groups:
         if axis == "r":
             if 0 in used or channels_last_groups(plan):
-                out.append(f"c0 = {divide.div('rows', 'G')}")
+                out.append(f"c0 = {divide.div('rows', ('G',))}")
             if 1 in used:
-                out.append(f"g = {divide.mod('rows', 'G')}")
+                out.append(f"g = {divide.mod('rows', ('G',))}")
             return out
         # Columns run over (channel-in-group, *spatial); the channel is g * (C / G) + that.
         spatial = list(range(2, n))
-        hw = " * ".join(f"d{i}" for i in spatial) or "1"
+        hw = tuple(f"d{i}" for i in spatial) or ("1",)
         if channels_last_groups(plan):
             # Or, under CL, (spatial, channel-in-group), as a channels-last input lies; `flat`: the
             # offset of an element of the outputs (and of the inputs, under CONTIG), channels-last or
@@ -280,7 +302,7 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
             nchw = [f"c1 = g * CG + {divide.div('cols', hw)}", f"hw = {divide.mod('cols', hw)}"]
             nhwc = ["c1 = g * CG + cols % CG", "hw = cols // CG"]
             out.append(CodeBuffer().branches("CL", CodeBuffer(nhwc), CodeBuffer(nchw)).text())
-            out.append(f"flat = c0 * (d1 * {hw}) + hw * d1 + c1 if CL else rows * C + cols")
+            out.append(f"flat = c0 * (d1 * {_product(hw)}) + hw * d1 + c1 if CL else rows * C + cols")
             return out + _delinearize("hw", spatial, [i for i in used if i >= 2], divide)
         if 1 in used:
             out.append(f"c1 = g * (d1 // G) + {divide.div('cols', hw)}")
@@ -294,17 +316,17 @@ def _coords(plan: KernelPlan, used: set[int], axis: str, divs: Divisors) -> list
     if plan.kind == "elementwise" and axis == "r":
         # Rows are numbered in the memory order of the inputs (the launcher's pitches), so a
         # permuted view such as x.transpose(1, 2) is read and written front to back.
-        return [f"c{i} = {divide.mod(divide.div('rows', f'p{i}'), f'd{i}')}" for i in sorted(used) if i < k]
+        return [f"c{i} = {divide.mod(divide.div('rows', (f'p{i}',)), (f'd{i}',))}" for i in sorted(used) if i < k]
     return out + _delinearize(index, dims, [i for i in used if i in dims], divide)
 
 
 def _delinearize(index: str, dims: list[int], wanted: list[int], divide: Divisors | type[PlainDivision]) -> list[str]:
     out = []
     for i in sorted(wanted):
-        inner = " * ".join(f"d{j}" for j in dims if j > i)
-        value = divide.div(index, inner) if inner else index
+        inner = tuple(f"d{j}" for j in dims if j > i)
+        value = divide.div(index, inner) if inner else term(index)
         if i != dims[0]:
-            value = divide.mod(value, f"d{i}")
+            value = divide.mod(value, (f"d{i}",))
         out.append(f"c{i} = {value}")
     return out
 
@@ -314,7 +336,7 @@ def _used_coords(stmts: list[Stmt], plan: KernelPlan | None = None) -> set[int]:
     strides (a permuted output is addressed from all of them)."""
     used: set[int] = set()
     for s in stmts:
-        used |= {int(m) for m in COORD.findall(s.expr + " " + s.load_guard)}
+        used |= dims(s.expr) | dims(s.load_guard)
     if plan is not None and permuted_outputs(plan):
         used |= set(range(len(plan.domain)))
     return used
@@ -338,7 +360,7 @@ def _broadcast(plan: KernelPlan, s: Stmt) -> bool:
     types): a vocabulary's rows are each read about once, and kept in L2 they only push out what
     streams past (BERT's embeddings + LayerNorm, [32, 512] ids over 30522 words, bf16 on an H100:
     16.4 µs with the word rows read plainly, 18.9 kept in L2)."""
-    used = {int(m) for c in s.load_coords for m in COORD.findall(str(c))}
+    used = {i for c in s.load_coords for i in dims(c)}
     n = len(plan.domain)
     along_columns = used & set(range(plan.row_dims, n)) <= {n - 1}
     if used >= set(range(n)) or not along_columns or plan.groups:
@@ -364,8 +386,8 @@ def _stmt_line(
     tail = f"  # {note}" if note else ""
     if s.load_input is not None:
         mask = _mask_for(s.axes)
-        if s.load_guard:
-            mask = f"{mask} & {s.load_guard}" if mask else s.load_guard
+        if s.load_guard is not None:
+            mask = f"{mask} & {s.load_guard}" if mask else str(s.load_guard)
         masked = f", mask={mask}, other=0" if mask else ""
         if evict and s.load_input in contiguous:
             masked += f", eviction_policy='{evict}'"
@@ -389,10 +411,10 @@ def _flat_column(plan: KernelPlan, s: Stmt) -> str | None:
     `cols`, or a column moved along the row (`(c3 + 64)`, a half of `rotate_half(q)`).  None for a
     load at other rows (a broadcast, a gather), which must use the strides."""
     n = len(plan.domain)
-    coords = [str(c) for c in s.load_coords]
-    if len(coords) != n or coords[:-1] != [f"c{i}" for i in range(n - 1)]:
+    coords = s.load_coords
+    if len(coords) != n or list(coords[:-1]) != [Dim(i) for i in range(n - 1)]:
         return None
-    return "cols" if coords[-1] == f"c{n - 1}" else coords[-1]
+    return "cols" if coords[-1] == Dim(n - 1) else str(coords[-1])
 
 
 def _store(plan: KernelPlan, k: int, value: Stmt, rows: str = "rows") -> str:
@@ -470,8 +492,6 @@ def _elementwise(
             "mask = offs < numel",
             "rmask = mask",
             "cmask = mask",
-            "rows = offs // C",
-            "cols = offs % C",
         ]
     elif across:
         body = _across_head(plan, divs)
@@ -509,7 +529,6 @@ def _elementwise(
         else:
             lines.append(_stmt_line(plan, st, comments, direct, views=views))
     if flat:
-        body = [b for b in body if not b.startswith(("rows =", "cols ="))]
         if inner is not None:  # the dim laid out innermost: plain `%` lets triton see its runs
             body.append(f"c{inner} = offs % d{inner}")
         return _flat_kernel(plan, kernel_name, args, body + lines)
@@ -563,7 +582,7 @@ def _outer_coords(plan: KernelPlan, divs: Divisors, flag: str, value: str) -> li
     `outer`, the count of the other row dims' positions (`p<i>` being each one's step there)."""
     code = CodeBuffer()
     for i in range(plan.row_dims):
-        outer = CodeBuffer([f"c{i} = {divs.mod(divs.div('outer', f'p{i}'), f'd{i}')}"])
+        outer = CodeBuffer([f"c{i} = {divs.mod(divs.div('outer', (f'p{i}',)), (f'd{i}',))}"])
         code.branches(f"{flag} == {i}", CodeBuffer([f"c{i} = {value}"]), outer)
     return code.lines()
 
@@ -643,31 +662,34 @@ def _rows(
     rows * C + cols, the same flat offset the output uses."""
     every = _closure(plan, [o.stmt for o in plan.outputs], lambda s: True)
     used = _used_coords(every, plan)
-    head = _across_row_head(plan, used, divs) if across else _row_head(plan, used, divs, looped)
+    # The loop kernel owns one row a program and keeps it 1-D: the same code over [1, BLOCK_C]
+    # tiles took 126 µs instead of 97 µs on an H200 (GroupNorm, 32768-wide rows).
+    first = "pid" if looped else "pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
     row = _RowKernel(plan, comments, every, _coords(plan, used, "c", divs))
     body = _loop_body(row) if looped else _block_body(row)
     if column_totals(plan) and not looped:
-        return _kernel_text(plan, kernel_name, args, _totalling_rows(plan, head, body))
+        walked = _row_head(plan, used, divs, "blk * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
+        return _kernel_text(plan, kernel_name, args, _totalling_rows(plan, walked, body))
+    head = (
+        _across_row_head(plan, used, divs)
+        if across
+        else ["pid = tl.program_id(0)", *_row_head(plan, used, divs, first)]
+    )
     return _kernel_text(plan, kernel_name, args, head + body)
 
 
-def _totalling_rows(plan: KernelPlan, head: list[str], body: list[str]) -> list[str]:
+def _totalling_rows(plan: KernelPlan, walked: list[str], body: list[str]) -> list[str]:
     """A whole-row kernel with outputs summed over the rows: each program walks blocks of rows
     (pid, pid + programs, ...), adds each block's columns into float32 accumulators, and writes its
     partial sums once, as row `pid` of a [programs, C] buffer the launcher adds up.  One program a
-    block of rows would write a partial for every block: as much as the full-size product."""
+    block of rows would write a partial for every block: as much as the full-size product.
+    `walked`: each block's rows (`blk`'s), their mask and coordinates."""
     totals = column_totals(plan)
-    first = head.index("rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
-    loop = [
-        "rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]" if k == first else line
-        for k, line in enumerate(head)
-        if not line.startswith("pid = ")
-    ]
     code = CodeBuffer(
         ["pid = tl.program_id(0)", *[f"total{k} = tl.zeros([1, BLOCK_C], dtype=tl.float32)" for k in totals]]
     )
     with code.block("for blk in range(pid, tl.cdiv(R, BLOCK_R), tl.num_programs(0)):"):
-        code.write(*loop, *body)
+        code.write(*walked, *body)
     code.write("cols = tl.arange(0, BLOCK_C)[None, :]")
     code.write(*[f"tl.store(out{k}_ptr + (pid * C + cols), total{k}, mask=cols < C)" for k in totals])
     return code.lines()
@@ -698,14 +720,10 @@ def _across_row_coords(plan: KernelPlan, used: set[int], divs: Divisors) -> list
     return out + _delinearize("outer", list(range(k - 1)), [i for i in used if i < k - 1], divs)
 
 
-def _row_head(plan: KernelPlan, used: set[int], divs: Divisors, looped: bool) -> list[str]:
-    """The program's rows, their mask and the row coordinates the statements use."""
-    # The loop kernel owns one row a program and keeps it 1-D: the same code over [1, BLOCK_C]
-    # tiles took 126 µs instead of 97 µs on an H200 (GroupNorm, 32768-wide rows).
-    rows = "rows = pid" if looped else "rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
+def _row_head(plan: KernelPlan, used: set[int], divs: Divisors, first: str) -> list[str]:
+    """The rows `first` (their index), their mask and the row coordinates the statements use."""
     return [
-        "pid = tl.program_id(0)",
-        rows,
+        f"rows = {first}",
         _in_64_bits("rows"),
         "rmask = rows < R",
         *_coords(plan, used, "r", divs),
@@ -800,7 +818,7 @@ def _folded_into(reductions: list[Stmt], every: list[Stmt]) -> dict[str, Stmt]:
 def _reduction_pass(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stmt]) -> list[str]:
     """A pass that accumulates `reductions` (and those `folded` into them) lane by lane over the
     row's column blocks, then reduces the lanes to the row's values."""
-    operands = _closure(row.plan, [r.expr for r in reductions], _varies_along_columns)
+    operands = _closure(row.plan, [r.reduced for r in reductions], _varies_along_columns)
     loop = [row.reduction_pass_statement(s) for s in operands]
     loop += [line for r in reductions for line in _accumulate(r, folded.get(r.name))]
     body = _accumulators(row, reductions, folded) + _column_loop(row.col_coords, loop)
@@ -816,7 +834,7 @@ def _accumulators(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stm
     for r in reductions:
         later = folded.get(r.name)
         if later is not None and later.centered:
-            operands = _closure(row.plan, [r.expr], _varies_along_columns)
+            operands = _closure(row.plan, [r.reduced], _varies_along_columns)
             lines += _shift_prologue(r, [row.reduction_pass_statement(s) for s in operands], row.col_coords)
         lanes = "[]" if later is not None and later.online else "[BLOCK_C]"  # an online max is the row's so far
         lines.append(f"{r.name}_acc = tl.full({lanes}, {_IDENTITY[r.how]}, tl.float32)")
@@ -926,9 +944,9 @@ def _loop_store(
 def _folds(later: Stmt, r: Stmt) -> bool:
     """Whether the reduction `later` can be accumulated in the same pass as `r`."""
     if later.centered:
-        return r.reduce == "sum" and later.centered == (r.expr, r.name)
+        return r.reduce == "sum" and later.centered == (r.reduced, r.name)
     if later.online:
-        return r.reduce == "max" and later.online == (r.expr, r.name)
+        return r.reduce == "max" and later.online == (r.reduced, r.name)
     return False
 
 
@@ -1019,9 +1037,6 @@ def _split_tile() -> list[str]:
     ]
 
 
-_SPATIAL = re.compile(r"c2 \* (in\d+)_s2 \+ c3 \* \1_s3")
-
-
 def _split_lines(plan: KernelPlan, stmts: list[Stmt], comments: dict[str, str]) -> list[str]:
     return [_split_statement(plan, s, comments) for s in stmts]
 
@@ -1029,7 +1044,13 @@ def _split_lines(plan: KernelPlan, stmts: list[Stmt], comments: dict[str, str]) 
 def _split_statement(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str:
     """`s` over the split tile.  A load's spatial dims are one (the launcher checks every input's
     are dense), so the pixel index addresses them and Triton sees the runs of pixels in memory."""
-    return _SPATIAL.sub(r"hw * \1_s3", _stmt_line(plan, s, comments))
+    if isinstance(s.expr, Load):
+        at = list(s.expr.at)
+        for k in range(len(at) - 1):
+            if at[k] == (2, Dim(2)) and at[k + 1] == (3, Dim(3)):
+                pixels = Load(s.expr.input, (*at[:k], (3, Name("hw")), *at[k + 2 :]))
+                return _stmt_line(plan, dataclasses.replace(s, expr=pixels), comments)
+    return _stmt_line(plan, s, comments)
 
 
 def _split_combine(name: str, args: KernelArgs) -> str:

@@ -15,7 +15,7 @@ from fuselens.analysis.graph import DTYPE_BYTES
 
 from .code_buffer import CodeBuffer
 from .kernel_args import KernelArgs
-from .lowering import dtype_tuple, literal, tuple_display
+from .lowering import dtype_tuple, tuple_display
 from .plan import (
     KernelPlan,
     OutputSlot,
@@ -35,6 +35,7 @@ from .plan import (
     saved_counts,
     split_groups,
 )
+from .terms import Dim, literal
 
 
 def launcher_text(
@@ -193,7 +194,7 @@ def _size_expr(plan: KernelPlan, names: list[str], i: int, size: int) -> str | N
             continue
         slot = plan.inputs[s.load_input]
         for j, c in enumerate(s.load_coords):
-            if c == f"c{i}" and slot.shape[j] == size:
+            if c == Dim(i) and slot.shape[j] == size:
                 return f"{names[s.load_input]}.shape[{j}]"
     return None
 

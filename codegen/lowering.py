@@ -1,18 +1,20 @@
-"""Per-op lowering: one canonical op -> one Triton expression.
+"""Per-op lowering: one canonical op -> one Triton expression, as a term (`terms.py`).
 
 Values are computed in float32 (loads of fp16/bf16 convert right away: that is also what
 makes the Triton interpreter exact), integers in their own type, predicates as int1.
 Only functions that exist in Triton >= 3.0 *and* its CPU interpreter are used; the few
 missing ones (tanh, pow) are small `@triton.jit` helpers emitted once per module.
 
-`lower(op, operands, params, out_kind)` returns the expression text; operands arrive as
-`Operand(text, kind)`, already converted to the kind the op computes in.
+`lower(op, operands, params, out_kind)` returns the expression; operands arrive as
+`Operand(term, kind)`, already converted to the kind the op computes in.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from .terms import NONE, Lit, Name, Term, call, compare, literal, paren
 
 FLOAT, INT, BOOL = "float", "int", "bool"
 
@@ -56,9 +58,16 @@ def kind_of(dtype: str) -> str:
 
 @dataclass(frozen=True)
 class Operand:
-    text: str
+    term: Term
     kind: str  # FLOAT | INT | BOOL
     is_scalar: bool = False  # a Python constant rather than a tensor value
+    # A constant's value, where `term` is its literal (not the name of a number the kernel is passed).
+    number: float | int | bool | None = None
+
+    @property
+    def left_out(self) -> bool:
+        """An optional operand the call did not pass (a clamp's missing bound)."""
+        return self.term == NONE
 
 
 def tuple_display(items: list[str]) -> str:
@@ -72,34 +81,20 @@ def dtype_tuple(dtypes) -> str:
     return tuple_display([f"torch.{d}" for d in dtypes])
 
 
-def literal(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "float('nan')"
-        if math.isinf(value):
-            return "float('inf')" if value > 0 else "float('-inf')"
-        text = repr(value)
-        return text if ("." in text or "e" in text) else text + ".0"
-    raise LoweringError(f"constant {value!r} has no Triton literal")
-
-
-def convert(operand: Operand, kind: str) -> str:
+def convert(operand: Operand, kind: str) -> Term:
     """`operand` as a value of `kind`."""
     if operand.kind == kind:
-        return operand.text
+        return operand.term
     if operand.is_scalar:
-        if kind == FLOAT:
-            return literal(float(operand.text)) if operand.text.lstrip("-").isdigit() else operand.text
-        return operand.text
+        number = operand.number
+        if kind == FLOAT and number is not None and not isinstance(number, float):
+            return Lit(literal(float(number)))  # an integer (or flag) constant computed with as a float
+        return operand.term
     if kind == FLOAT:
-        return f"{operand.text}.to(tl.float32)"
+        return operand.term.to("tl.float32")
     if kind == BOOL:
-        return f"({operand.text} != 0)"
-    return f"{operand.text}.to(tl.int64)"
+        return paren(compare(operand.term, "!=", 0))
+    return operand.term.to("tl.int64")
 
 
 # Helpers a kernel module defines once when any kernel uses them.
@@ -137,53 +132,73 @@ def _mod(n, d, q, WIDE: tl.constexpr):
 }
 
 
-def _max(a: str, b: str) -> str:
-    # torch's relu, clamp, maximum, ... propagate NaN; tl.maximum/minimum drop it by default.
-    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+# torch's relu, clamp, maximum, ... propagate NaN; tl.maximum/minimum drop it by default.
+_PROPAGATE = Name("tl.PropagateNan.ALL")
 
 
-def _min(a: str, b: str) -> str:
-    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+def _max(a: Term | float, b: Term | float) -> Term:
+    return call("tl.maximum", a, b, propagate_nan=_PROPAGATE)
+
+
+def _min(a: Term | float, b: Term | float) -> Term:
+    return call("tl.minimum", a, b, propagate_nan=_PROPAGATE)
+
+
+def _where(condition: Term, a: Term | float, b: Term | float) -> Term:
+    return call("tl.where", condition, a, b)
+
+
+def _tl(function: str, *args: Term | float) -> Term:
+    return call(f"tl.{function}", *args)
+
+
+_INF, _NEG_INF = Lit("float('inf')"), Lit("float('-inf')")
+
+
+def _trunc(a: Term) -> Term:
+    return _where(compare(a, ">=", 0), _tl("floor", a), _tl("ceil", a))
 
 
 UNARY_FLOAT = {
-    "neg": "-{a}",
-    "abs": "tl.abs({a})",
-    "relu": _max("{a}", "0.0"),
-    "sigmoid": "tl.sigmoid({a})",
-    "silu": "{a} * tl.sigmoid({a})",
-    "tanh": "_tanh({a})",
-    "exp": "tl.exp({a})",
-    "exp2": "tl.exp2({a})",
-    "log": "tl.log({a})",
-    "log2": "tl.log2({a})",
-    "log10": "tl.log({a}) * 0.4342944819032518",
-    "log1p": "tl.log(1.0 + {a})",
-    "expm1": "tl.exp({a}) - 1.0",
-    "sqrt": "tl.sqrt({a})",
-    "rsqrt": "tl.rsqrt({a})",
-    "reciprocal": "1.0 / {a}",
-    "sin": "tl.sin({a})",
-    "cos": "tl.cos({a})",
-    "erf": "tl.erf({a})",
-    "floor": "tl.floor({a})",
-    "ceil": "tl.ceil({a})",
-    "trunc": "tl.where({a} >= 0, tl.floor({a}), tl.ceil({a}))",
-    "sign": "tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))",
-    "square": "{a} * {a}",
-    "hardsigmoid": _min(_max("{a} / 6.0 + 0.5", "0.0"), "1.0"),
-    "hardswish": "{a} * tl.minimum(tl.maximum({a} + 3.0, 0.0), 6.0) / 6.0",
-    "mish": "{a} * _tanh(tl.where({a} > 20.0, {a}, tl.log(1.0 + tl.exp({a}))))",
-    "logsigmoid": "tl.minimum({a}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({a})))",
-    "softsign": "{a} / (1.0 + tl.abs({a}))",
-    "selu": "1.0507009873554805 * tl.where({a} > 0, {a}, 1.6732632423543772 * (tl.exp({a}) - 1.0))",
-    "copy": "{a}",
+    "neg": lambda a: -a,
+    "abs": lambda a: _tl("abs", a),
+    "relu": lambda a: _max(a, 0.0),
+    "sigmoid": lambda a: _tl("sigmoid", a),
+    "silu": lambda a: a * _tl("sigmoid", a),
+    "tanh": lambda a: call("_tanh", a),
+    "exp": lambda a: _tl("exp", a),
+    "exp2": lambda a: _tl("exp2", a),
+    "log": lambda a: _tl("log", a),
+    "log2": lambda a: _tl("log2", a),
+    "log10": lambda a: _tl("log", a) * 0.4342944819032518,
+    "log1p": lambda a: _tl("log", 1.0 + a),
+    "expm1": lambda a: _tl("exp", a) - 1.0,
+    "sqrt": lambda a: _tl("sqrt", a),
+    "rsqrt": lambda a: _tl("rsqrt", a),
+    "reciprocal": lambda a: 1.0 / a,
+    "sin": lambda a: _tl("sin", a),
+    "cos": lambda a: _tl("cos", a),
+    "erf": lambda a: _tl("erf", a),
+    "floor": lambda a: _tl("floor", a),
+    "ceil": lambda a: _tl("ceil", a),
+    "trunc": _trunc,
+    "sign": lambda a: _where(compare(a, ">", 0), 1.0, _where(compare(a, "<", 0), -1.0, 0.0)),
+    "square": lambda a: a * a,
+    "hardsigmoid": lambda a: _min(_max(a / 6.0 + 0.5, 0.0), 1.0),
+    "hardswish": lambda a: a * _tl("minimum", _tl("maximum", a + 3.0, 0.0), 6.0) / 6.0,
+    "mish": lambda a: a * call("_tanh", _where(compare(a, ">", 20.0), a, _tl("log", 1.0 + _tl("exp", a)))),
+    "logsigmoid": lambda a: _tl("minimum", a, 0.0) - _tl("log", 1.0 + _tl("exp", -_tl("abs", a))),
+    "softsign": lambda a: a / paren(1.0 + _tl("abs", a)),
+    "selu": lambda a: (
+        1.0507009873554805 * _where(compare(a, ">", 0), a, 1.6732632423543772 * paren(_tl("exp", a) - 1.0))
+    ),
+    "copy": lambda a: a,
 }
 
 PREDICATES = {
-    "isnan": "{a} != {a}",
-    "isinf": "tl.abs({a}) == float('inf')",
-    "isfinite": "({a} == {a}) & (tl.abs({a}) != float('inf'))",
+    "isnan": lambda a: compare(a, "!=", a),
+    "isinf": lambda a: compare(_tl("abs", a), "==", _INF),
+    "isfinite": lambda a: paren(compare(a, "==", a)) & paren(compare(_tl("abs", a), "!=", _INF)),
 }
 
 COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -213,33 +228,32 @@ def operand_kind(op: str, operand_kinds: list[str], out_kind: str) -> str:
     return out_kind
 
 
-def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dtype: str) -> str:
-    a = operands[0].text if operands else ""
+def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dtype: str) -> Term:
+    a = operands[0].term if operands else NONE
     if op in UNARY_FLOAT:
         _need(out_kind == FLOAT or op in ("neg", "abs", "copy", "square"), op, "float")
-        return UNARY_FLOAT[op].format(a=a)
+        return UNARY_FLOAT[op](a)
     if op in PREDICATES:
-        return PREDICATES[op].format(a=a)
+        return PREDICATES[op](a)
     if op == "gelu":
         if params.get("approximate", "none") == "tanh":
-            return f"0.5 * {a} * (1.0 + _tanh(0.7978845608028654 * ({a} + 0.044715 * {a} * {a} * {a})))"
-        return f"0.5 * {a} * (1.0 + tl.erf({a} * 0.7071067811865476))"
+            return 0.5 * a * paren(1.0 + call("_tanh", 0.7978845608028654 * paren(a + 0.044715 * a * a * a)))
+        return 0.5 * a * paren(1.0 + _tl("erf", a * 0.7071067811865476))
     if op == "softplus":
         beta, threshold = float(params.get("beta", 1.0)), float(params.get("threshold", 20.0))
-        scaled = f"({a} * {literal(beta)})" if beta != 1.0 else a
-        soft = f"tl.log(1.0 + tl.exp({scaled}))" + (f" / {literal(beta)}" if beta != 1.0 else "")
-        return f"tl.where({scaled} > {literal(threshold)}, {a}, {soft})"
+        scaled = paren(a * beta) if beta != 1.0 else a
+        soft = _tl("log", 1.0 + _tl("exp", scaled))
+        return _where(compare(scaled, ">", threshold), a, soft / beta if beta != 1.0 else soft)
     if op == "elu":
-        alpha = literal(float(params.get("alpha", 1.0)))
-        return f"tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))"
+        alpha = float(params.get("alpha", 1.0))
+        return _where(compare(a, ">", 0), a, alpha * paren(_tl("exp", a) - 1.0))
     if op == "celu":
-        alpha = literal(float(params.get("alpha", 1.0)))
-        return f"tl.where({a} > 0, {a}, {alpha} * (tl.exp({a} / {alpha}) - 1.0))"
+        alpha = float(params.get("alpha", 1.0))
+        return _where(compare(a, ">", 0), a, alpha * paren(_tl("exp", a / alpha) - 1.0))
     if op == "leaky_relu":
-        return f"tl.where({a} > 0, {a}, {a} * {literal(float(params.get('negative_slope', 0.01)))})"
+        return _where(compare(a, ">", 0), a, a * float(params.get("negative_slope", 0.01)))
     if op == "hardtanh":
-        lo, hi = literal(float(params.get("min_val", -1.0))), literal(float(params.get("max_val", 1.0)))
-        return _min(_max(a, lo), hi)
+        return _min(_max(a, float(params.get("min_val", -1.0))), float(params.get("max_val", 1.0)))
     if op == "clamp":
         out = a
         if params.get("min") is not None:
@@ -249,20 +263,18 @@ def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dty
         return out
     if op == "nan_to_num":
         big = FINFO_MAX.get(out_dtype, FINFO_MAX["float32"])
-        nan = literal(float(params.get("nan") or 0.0))
-        pos = literal(float(params["posinf"])) if params.get("posinf") is not None else literal(big)
-        neg = literal(float(params["neginf"])) if params.get("neginf") is not None else literal(-big)
-        return (
-            f"tl.where({a} != {a}, {nan}, tl.where({a} == float('inf'), {pos}, "
-            f"tl.where({a} == float('-inf'), {neg}, {a})))"
-        )
+        nan = float(params.get("nan") or 0.0)
+        pos = float(params["posinf"]) if params.get("posinf") is not None else big
+        neg = float(params["neginf"]) if params.get("neginf") is not None else -big
+        infinite = _where(compare(a, "==", _INF), pos, _where(compare(a, "==", _NEG_INF), neg, a))
+        return _where(compare(a, "!=", a), nan, infinite)
     if op == "cast":
         return _cast(operands[0], out_dtype)
     if op == "logical_not":
-        return f"~{a}" if operands[0].kind == BOOL else f"({a} == 0)"
+        return ~a if operands[0].kind == BOOL else paren(compare(a, "==", 0))
     if op == "bitwise_not":
         _need(out_kind in (INT, BOOL), op, "integer or bool")
-        return f"~{a}"
+        return ~a
     if op == "round":
         raise LoweringError("round-half-to-even has no Triton function that also runs in the interpreter")
     if len(operands) >= 2:
@@ -270,45 +282,48 @@ def lower(op: str, operands: list[Operand], params: dict, out_kind: str, out_dty
     raise LoweringError(f"`{op}` has no Triton lowering")
 
 
-def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) -> str:
-    a, b = operands[0].text, operands[1].text
+def _floor_quotient(a: Term, b: Term) -> Term:
+    """a // b rounded towards -inf for integers (Triton's // truncates)."""
+    inexact = paren(compare(a % b, "!=", 0))
+    signs_differ = paren(compare(paren(compare(a, "<", 0)), "!=", paren(compare(b, "<", 0))))
+    return _where(inexact & signs_differ, a // b - 1, a // b)
+
+
+def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) -> Term:
+    a, b = operands[0].term, operands[1].term
+    c = operands[2].term if len(operands) > 2 else NONE
     if op == "add":
         alpha = params.get("alpha", 1)
-        return f"{a} + {b}" if alpha == 1 else f"{a} + {_scalar(alpha, out_kind)} * {b}"
+        return a + b if alpha == 1 else a + _scalar(alpha, out_kind) * b
     if op == "sub":
         alpha = params.get("alpha", 1)
-        return f"{a} - {b}" if alpha == 1 else f"{a} - {_scalar(alpha, out_kind)} * {b}"
+        return a - b if alpha == 1 else a - _scalar(alpha, out_kind) * b
     if op == "mul":
-        return f"{a} * {b}"
+        return a * b
     if op == "div":
         mode = params.get("rounding_mode")
         if out_kind == INT:
             _need(mode == "floor" or mode == "trunc", op, "integer division with a rounding mode")
-            q = (
-                f"({a} // {b})"
-                if mode == "trunc"
-                else f"tl.where(({a} % {b} != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
-            )
-            return q
+            return paren(a // b) if mode == "trunc" else _floor_quotient(a, b)
         if mode == "floor":
-            return f"tl.floor({a} / {b})"
+            return _tl("floor", a / b)
         if mode == "trunc":
-            q = f"({a} / {b})"
-            return f"tl.where({q} >= 0, tl.floor({q}), tl.ceil({q}))"
-        return f"{a} / {b}"
+            return _trunc(paren(a / b))
+        return a / b
     if op == "floor_divide":
         if out_kind == INT:
-            return f"tl.where(({a} % {b} != 0) & (({a} < 0) != ({b} < 0)), {a} // {b} - 1, {a} // {b})"
-        return f"tl.floor({a} / {b})"
+            return _floor_quotient(a, b)
+        return _tl("floor", a / b)
     if op == "remainder":
         if out_kind == INT:
-            return f"tl.where(({a} % {b} != 0) & (({a} % {b} < 0) != ({b} < 0)), {a} % {b} + {b}, {a} % {b})"
-        return f"{a} - {b} * tl.floor({a} / {b})"
+            inexact = paren(compare(a % b, "!=", 0))
+            signs_differ = paren(compare(paren(compare(a % b, "<", 0)), "!=", paren(compare(b, "<", 0))))
+            return _where(inexact & signs_differ, a % b + b, a % b)
+        return a - b * _tl("floor", a / b)
     if op == "fmod":
         if out_kind == INT:
-            return f"{a} % {b}"
-        q = f"({a} / {b})"
-        return f"{a} - {b} * tl.where({q} >= 0, tl.floor({q}), tl.ceil({q}))"
+            return a % b
+        return a - b * _trunc(paren(a / b))
     if op == "pow":
         return _pow(operands[0], operands[1], out_kind)
     if op == "maximum":
@@ -316,106 +331,106 @@ def _lower_multi(op: str, operands: list[Operand], params: dict, out_kind: str) 
     if op == "minimum":
         return _min(a, b)
     if op in COMPARISONS:
-        return f"{a} {COMPARISONS[op]} {b}"
+        return compare(a, COMPARISONS[op], b)
     if op in ("logical_and", "bitwise_and"):
-        return f"{a} & {b}"
+        return a & b
     if op in ("logical_or", "bitwise_or"):
-        return f"{a} | {b}"
+        return a | b
     if op in ("logical_xor", "bitwise_xor"):
-        return f"{a} ^ {b}"
+        return a ^ b
     if op == "copysign":
-        return f"tl.where({b} < 0, -tl.abs({a}), tl.abs({a}))"
+        return _where(compare(b, "<", 0), -_tl("abs", a), _tl("abs", a))
     if op == "hypot":
-        return f"tl.sqrt({a} * {a} + {b} * {b})"
+        return _tl("sqrt", a * a + b * b)
     if op == "where":
-        return f"tl.where({a}, {b}, {operands[2].text})"
+        return _where(a, b, c)
     if op == "masked_fill":
-        return f"tl.where({b}, {operands[2].text}, {a})"
+        return _where(b, c, a)
     if op == "lerp":
-        return f"{a} + {operands[2].text} * ({b} - {a})"
+        return a + c * paren(b - a)
     if op == "addcmul":
-        return f"{a} + {_scalar(params.get('value', 1), out_kind)} * {b} * {operands[2].text}"
+        return a + _scalar(params.get("value", 1), out_kind) * b * c
     if op == "addcdiv":
-        return f"{a} + {_scalar(params.get('value', 1), out_kind)} * {b} / {operands[2].text}"
+        return a + _scalar(params.get("value", 1), out_kind) * b / c
     if op == "clamp_tensor":
         out = a
-        if operands[1].text != "None":
+        if not operands[1].left_out:
             out = _max(out, b)
-        if len(operands) > 2 and operands[2].text != "None":
-            out = _min(out, operands[2].text)
+        if len(operands) > 2 and not operands[2].left_out:
+            out = _min(out, c)
         return out
     raise LoweringError(f"`{op}` has no Triton lowering")
 
 
-def batch_norm_scale(var: str, weight: str | None, eps: str) -> str:
+def batch_norm_scale(var: Term, weight: Term | None, eps: Term) -> Term:
     """Eval-mode batch norm's per-channel scale, alpha = weight / sqrt(running_var + eps)."""
-    alpha = f"tl.rsqrt({var} + {eps})"
-    return f"{alpha} * {weight}" if weight is not None else alpha
+    alpha = _tl("rsqrt", var + eps)
+    return alpha * weight if weight is not None else alpha
 
 
-def batch_norm_apply(x: str, mean: str, alpha: str, bias: str | None) -> str:
+def batch_norm_apply(x: Term, mean: Term, alpha: Term, bias: Term | None) -> Term:
     """Eval-mode batch norm as eager computes it: x * alpha + (bias - running_mean * alpha)."""
-    return f"{x} * {alpha} + ({bias} - {mean} * {alpha})" if bias is not None else f"{x} * {alpha} - {mean} * {alpha}"
+    return x * alpha + paren(bias - mean * alpha) if bias is not None else x * alpha - mean * alpha
 
 
-def _pow(base: Operand, exponent: Operand, out_kind: str) -> str:
-    a = base.text
+def _finite(operand: Operand) -> float | None:
+    """A constant operand's value, where it is a finite number."""
+    n = operand.number
+    return float(n) if n is not None and math.isfinite(n) else None
+
+
+def _pow(base: Operand, exponent: Operand, out_kind: str) -> Term:
+    a = base.term
     if exponent.is_scalar:
-        e = float(exponent.text.replace("float('inf')", "inf")) if "float(" not in exponent.text else None
+        e = _finite(exponent)
         if e is not None and e == int(e) and abs(e) <= 8:
             k = int(abs(e))
             if k == 0:
-                return "1.0" if out_kind == FLOAT else "1"
-            product = " * ".join([a] * k)
-            product = f"({product})" if k > 1 else a
-            return f"1.0 / {product}" if e < 0 else product
+                return Lit("1.0" if out_kind == FLOAT else "1")
+            product = a
+            for _ in range(k - 1):
+                product = product * a
+            if k > 1:
+                product = paren(product)
+            return 1.0 / product if e < 0 else product
         if e == 0.5:
-            return f"tl.sqrt({a})"
+            return _tl("sqrt", a)
         if e == -0.5:
-            return f"tl.rsqrt({a})"
+            return _tl("rsqrt", a)
         _need(out_kind == FLOAT, "pow", "float")
         # The helper needs both arguments as tensors: a bare constant fails in the interpreter.
-        return f"_pow({a}, tl.zeros_like({a}) + {literal(e) if e is not None else exponent.text})"
+        return call("_pow", a, _tl("zeros_like", a) + (e if e is not None else exponent.term))
     if base.is_scalar:
-        value = float(base.text) if "float(" not in base.text else None
+        value = _finite(base)
         _need(out_kind == FLOAT, "pow", "float")
         if value is not None and value > 0:
-            return f"tl.exp2({exponent.text} * {literal(math.log2(value))})"
-        constant = literal(value) if value is not None else base.text
+            return _tl("exp2", exponent.term * math.log2(value))
+        constant = value if value is not None else base.term
         # zeros_like, not `0.0 * exponent`: that is NaN where the exponent is infinite.
-        return f"_pow(tl.zeros_like({exponent.text}) + {constant}, {exponent.text})"
+        return call("_pow", _tl("zeros_like", exponent.term) + constant, exponent.term)
     _need(out_kind == FLOAT, "pow", "float")
-    return f"_pow({a}, {exponent.text})"
+    return call("_pow", a, exponent.term)
 
 
-def _cast(operand: Operand, out_dtype: str) -> str:
+def _cast(operand: Operand, out_dtype: str) -> Term:
     target = kind_of(out_dtype)
     if target == BOOL:
-        return f"({operand.text} != 0)"
+        return paren(compare(operand.term, "!=", 0))
     if target == INT:
-        return f"{operand.text}.to({TL_DTYPES[out_dtype]})"
+        return operand.term.to(TL_DTYPES[out_dtype])
     value = convert(operand, FLOAT)
     if out_dtype in ("float16", "bfloat16"):
         # Round to the narrower type exactly as eager does, then keep computing in fp32.
-        return f"{value}.to({TL_DTYPES[out_dtype]}).to(tl.float32)"
+        return value.to(TL_DTYPES[out_dtype]).to("tl.float32")
     return value
 
 
-def _scalar(value, kind: str) -> str:
+def _scalar(value, kind: str) -> Term:
     if kind == FLOAT:
-        return literal(float(value))
-    return literal(int(value)) if not isinstance(value, bool) else literal(value)
+        return Lit(literal(float(value)))
+    return Lit(literal(int(value)) if not isinstance(value, bool) else literal(value))
 
 
 def _need(condition: bool, op: str, what: str) -> None:
     if not condition:
         raise LoweringError(f"`{op}` is lowered for {what} values only")
-
-
-# Reductions, as (combine, identity) for the primitive ones a kernel accumulates.
-REDUCE = {
-    "sum": ("tl.sum", "0.0"),
-    "max": ("tl.max", "float('-inf')"),
-    "min": ("tl.min", "float('inf')"),
-    "prod": (None, "1.0"),
-}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 
 from fuselens.analysis.graph import Graph, Node, Ref, TensorMeta, is_named
@@ -38,10 +37,11 @@ from .lowering import (
     batch_norm_scale,
     convert,
     kind_of,
-    literal,
     lower,
     operand_kind,
 )
+from .terms import NONE, Dim, Lit, Load, Name, Term, Value, all_of, call, compare, dims, literal, paren, reads_values
+from .terms import values as values_read
 
 
 class PlanError(Exception):
@@ -53,9 +53,9 @@ class PlanError(Exception):
 
 @dataclass(frozen=True)
 class Coord:
-    text: str
+    index: Term  # where along its dim: the domain's coordinate `c<i>`, an offset from one, a loaded index
     axes: frozenset = frozenset()  # tile axes it varies along: "r" (rows), "c" (columns)
-    guard: str = ""  # lanes where this coordinate is in range (a `cat` piece); loads mask the rest
+    guard: Term | None = None  # lanes where this coordinate is in range (a `cat` piece); loads mask the rest
     # The guard checks the coordinate against the dim's run-time size (a picked index), so the dim
     # may have any size; a `cat` piece's guard holds the analyzed sizes, which the launcher checks.
     any_size: bool = False
@@ -63,30 +63,42 @@ class Coord:
 
     @staticmethod
     def const(value: int) -> Coord:
-        return Coord(str(value))
+        return Coord(Lit(str(value)))
+
+    @property
+    def plain(self) -> bool:
+        """Whether it is a domain coordinate itself (`c3`), not an offset from one or an index."""
+        return isinstance(self.index, Dim)
 
 
-ZERO = Coord("0")
-# Coordinate expressions name the domain's dims c0, c1, ...: this finds which ones they read.
-COORD = re.compile(r"\bc(\d+)\b")
+ZERO = Coord(Lit("0"))
 
 
 @dataclass
 class Stmt:
-    name: str
-    expr: str
+    number: int  # the statement is `v<number>`
+    expr: Term  # a reduction's: the value it reduces
     kind: str  # FLOAT | INT | BOOL
     axes: frozenset
     level: int = 0  # reduction phases it depends on
-    reduce: str | None = None  # "sum" | "max" | "min": expr is the operand's name
+    reduce: str | None = None  # "sum" | "max" | "min"
     comment: str = ""
     deps: tuple[str, ...] = ()
     load_input: int | None = None
-    load_coords: tuple[str, ...] = ()
-    load_guard: str = ""  # extra load mask (lanes of another `cat` piece)
+    load_coords: tuple[Term, ...] = ()  # a load's: where along each of its input's dims
+    load_guard: Term | None = None  # extra load mask (lanes of another `cat` piece)
     # Reductions a looped kernel may fold into the pass of the one they depend on:
     centered: tuple[str, str] | None = None  # sum((x - sum_x / C)^2), as (x, sum_x): shifted sums
     online: tuple[str, str] | None = None  # sum(exp(x - max_x)), as (x, max_x): online softmax
+
+    @property
+    def name(self) -> str:
+        return f"v{self.number}"
+
+    @property
+    def value(self) -> Value:
+        """The statement's value, as other statements read it."""
+        return Value(self.number)
 
     @property
     def how(self) -> str:
@@ -94,6 +106,13 @@ class Stmt:
         if self.reduce is None:
             raise ValueError(f"{self.name} is not a reduction")
         return self.reduce
+
+    @property
+    def reduced(self) -> str:
+        """The name of the statement a reduction reduces."""
+        if self.reduce is None:
+            raise ValueError(f"{self.name} is not a reduction")
+        return self.deps[0]
 
 
 @dataclass
@@ -197,6 +216,9 @@ class ScalarSlot:
 # the backward: 8 bytes a row are under 1% of what a bfloat16 forward reads and writes from 256
 # columns, while below that the backward recomputes them from a row it holds on chip anyway.
 _KEEP_ROW_STATISTICS_FROM = 256
+
+# The row's width: the number of columns, which the kernels know at run time.
+_WIDTH = Name("C")
 
 # What a reduction computes, where its name says another thing: a pool its windows' (or its whole
 # dims') max or mean, torch.max(x, dim)'s values their max.
@@ -358,9 +380,9 @@ class _Planner:
             self.domain = next(iter(shapes))
             self.row_dims = max(len(self.domain) - 1, 0)
         n = len(self.domain)
-        full = tuple(Coord(f"c{i}", frozenset({"r" if i < self.row_dims else "c"})) for i in range(n))
+        full = tuple(Coord(Dim(i), frozenset({"r" if i < self.row_dims else "c"})) for i in range(n))
         if self.groups and n > 1:  # the channel coordinate mixes the group (row) and the column
-            full = (*full[:1], Coord("c1", frozenset({"r", "c"})), *full[2:])
+            full = (*full[:1], Coord(Dim(1), frozenset({"r", "c"})), *full[2:])
         self.full = full
         self._natural_coords()
         out_slots = []
@@ -441,11 +463,11 @@ class _Planner:
         width = self.domain[-1]
         if any(self.g[s.node].op in ("param", "buffer") and s.shape[-1:] == (width,) for s in self.inputs):
             return True
-        last = str(len(self.domain) - 1)
+        last = len(self.domain) - 1
         return any(
             j in self.inputs[s.load_input].guarded_dims
             and self.inputs[s.load_input].shape[j] == width
-            and last in COORD.findall(str(c))
+            and last in dims(c)
             for s in self.stmts
             if s.load_input is not None
             for j, c in enumerate(s.load_coords)
@@ -502,12 +524,12 @@ class _Planner:
         return kept
 
     # ---- numbers of the model's state ---------------------------------------------------
-    def _number(self, value, runtime: bool) -> str:
-        """The kernel's text for a number an op takes: a literal, or for one of the model's state the
+    def _number(self, value, runtime: bool) -> Term:
+        """The kernel's term for a number an op takes: a literal, or for one of the model's state the
         argument `sc<k>` (`runtime`) or, where the lowering needs the value itself, the literal the
         public function checks the caller's value against."""
         if not is_named(value):
-            return literal(value)
+            return Lit(literal(value))
         slot = next((s for s in self.scalars if s.value is value), None)
         if slot is None:
             slot = ScalarSlot(f"sc{len(self.scalars)}", value, value.text, value.at, runtime)
@@ -515,7 +537,7 @@ class _Planner:
         elif runtime and not slot.runtime:
             slot.runtime = True
         plain = float(value) if isinstance(value, float) else int(value)
-        return slot.name if slot.runtime else literal(plain)
+        return Name(slot.name) if slot.runtime else Lit(literal(plain))
 
     def _baked_numbers(self) -> None:
         """Every other number of the model's state the members take (a clamp's bounds, a group count)
@@ -644,12 +666,14 @@ class _Planner:
         if self.windows:
             coords = list(self.full[: len(self.natural_shape)])
             for k, w in enumerate(self.windows):
-                at, offset = self.full[w.out].text, self.full[w.offset].text
-                step = f"{at} * {w.stride}" if w.stride != 1 else at
-                reach = f"{offset} * {w.dilation}" if w.dilation != 1 else offset
-                text = f"({step} + {reach} - {w.padding})" if w.padding else f"({step} + {reach})"
-                guard = f"({text} >= 0) & ({text} < e{k})" if w.padding else ""
-                coords[w.dim] = Coord(text, frozenset({"r", "c"}), guard, any_size=True, window=k)
+                at, offset = self.full[w.out].index, self.full[w.offset].index
+                step = at * w.stride if w.stride != 1 else at
+                reach = offset * w.dilation if w.dilation != 1 else offset
+                index = paren(step + reach - w.padding) if w.padding else paren(step + reach)
+                guard = (
+                    paren(compare(index, ">=", 0)) & paren(compare(index, "<", Name(f"e{k}"))) if w.padding else None
+                )
+                coords[w.dim] = Coord(index, frozenset({"r", "c"}), guard, any_size=True, window=k)
             self.natural, self.natural_dims = tuple(coords), None
             return
         if self.order is None:
@@ -688,7 +712,7 @@ class _Planner:
 
     # ---- evaluation -------------------------------------------------------------------
     def value(self, node_id: int, coords: tuple[Coord, ...]) -> Stmt:
-        key = (node_id, tuple(c.text for c in coords))
+        key = (node_id, tuple(c.index for c in coords))
         hit = self.memo.get(key)
         if hit is not None:
             return hit
@@ -714,7 +738,7 @@ class _Planner:
 
     def _emit(
         self,
-        expr: str,
+        expr: Term,
         kind: str,
         deps: list[Stmt],
         comment: str = "",
@@ -725,9 +749,7 @@ class _Planner:
         level = max((d.level for d in deps), default=0) + (1 if reduce else 0)
         if axes is None:
             axes = frozenset().union(*(d.axes for d in deps)) if deps else frozenset()
-        stmt = Stmt(
-            f"v{len(self.stmts)}", expr, kind, axes, level, reduce, comment, tuple(d.name for d in deps), load_input
-        )
+        stmt = Stmt(len(self.stmts), expr, kind, axes, level, reduce, comment, tuple(d.name for d in deps), load_input)
         self.stmts.append(stmt)
         return stmt
 
@@ -743,31 +765,31 @@ class _Planner:
             self.input_index[node.id] = slot_index
             self.inputs.append(InputSlot(node.id, meta.shape, meta.dtype))
         slot = self.inputs[slot_index]
-        terms = []
+        at: list[tuple[int, Term]] = []
         axes: set = set()
         for j, c in enumerate(coords):
-            if c.text == "0":  # a broadcast dim (its stride is 0 at run time if it is one of size 1)
+            if c.index == ZERO.index:  # a broadcast dim (its stride is 0 at run time if it is one of size 1)
                 continue
             if c.window >= 0 and self.windows[c.window].read is None:  # sizes the pooled output
                 self.windows[c.window] = dataclasses.replace(self.windows[c.window], read=(slot_index, j))
             slot.strides_used.add(j)
-            terms.append(f"{c.text} * in{slot_index}_s{j}")
+            at.append((j, c.index))
             axes |= c.axes
-            if not (c.text.startswith("c") and c.text[1:].isdigit()) and not c.any_size:
+            if not c.plain and not c.any_size:
                 slot.guarded_dims.add(j)
-        address = " + ".join(terms) if terms else "0"
         # A coordinate may be a value the kernel computed (the index a pick reads at): the load needs it.
-        named = re.findall(r"\bv\d+\b", " ".join(c.text + " " + c.guard for c in coords))
+        named = dict.fromkeys(name for c in coords for t in (c.index, c.guard) for name in values_read(t))
         stmt = self._emit(
-            f"in{slot_index}_ptr + ({address})",
+            Load(slot_index, tuple(at)),
             kind,
-            [self._stmt(name) for name in dict.fromkeys(named)],
+            [self._stmt(name) for name in named],
             comment=self._input_comment(node),
             axes=frozenset(axes),
             load_input=slot_index,
         )
-        stmt.load_coords = tuple(c.text for c in coords)
-        stmt.load_guard = " & ".join(sorted({c.guard for c in coords if c.guard}))
+        stmt.load_coords = tuple(c.index for c in coords)
+        # Sorted as the kernel's text has them, so that the same guards always read the same.
+        stmt.load_guard = all_of(*sorted({c.guard for c in coords if c.guard is not None}, key=str))
         return stmt
 
     def _input_comment(self, node: Node) -> str:
@@ -800,38 +822,38 @@ class _Planner:
         if isinstance(arg, Ref):
             src = self.g[arg.node]
             stmt = self.value(arg.node, self._broadcast(coords, _meta(node).shape, _meta(src).shape))
-            return Operand(stmt.name, stmt.kind)
+            return Operand(stmt.value, stmt.kind)
         if arg is None:
-            return Operand("None", FLOAT, True)
+            return Operand(NONE, FLOAT, True)
         if isinstance(arg, bool):
-            return Operand(literal(arg), BOOL, True)
+            return Operand(Lit(literal(arg)), BOOL, True, arg)
         if isinstance(arg, (int, float)):
-            text = self._number(arg, runtime=node.op in _NUMBER_ARGUMENTS)
-            return Operand(text, FLOAT if isinstance(arg, float) else "int", True)
+            number = self._number(arg, runtime=node.op in _NUMBER_ARGUMENTS)
+            value = (float(arg) if isinstance(arg, float) else int(arg)) if isinstance(number, Lit) else None
+            return Operand(number, FLOAT if isinstance(arg, float) else "int", True, value)
         raise PlanError("no-lowering", f"{_describe(node)} takes a {type(arg).__name__} argument")
 
     def _pointwise(self, node: Node, coords) -> Stmt:
         out_kind = self._kind(node)
         operands = [self._operand(node, a, coords) for a in node.args]
-        if node.op != "clamp_tensor" and any(o.text == "None" for o in operands):  # only clamp has optional operands
+        if node.op != "clamp_tensor" and any(o.left_out for o in operands):  # only clamp has optional operands
             raise PlanError("no-lowering", f"{_describe(node)} was recorded without one of its operands")
-        deps = [self._stmt(o.text) for o in operands if not o.is_scalar]
+        deps = [self._read(o.term) for o in operands if not o.is_scalar]
         compute_kind = operand_kind(node.op, [o.kind for o in operands if not o.is_scalar] or [out_kind], out_kind)
+
+        def converted(o: Operand, kind: str) -> Operand:
+            return Operand(convert(o, kind), kind, o.is_scalar, o.number)
+
         if node.op in ("where",):
-            operands = [Operand(convert(operands[0], BOOL), BOOL)] + [
-                Operand(convert(o, compute_kind), compute_kind, o.is_scalar) for o in operands[1:]
-            ]
+            operands = [converted(operands[0], BOOL)] + [converted(o, compute_kind) for o in operands[1:]]
         elif node.op == "masked_fill":
             operands = [
-                Operand(convert(operands[0], compute_kind), compute_kind),
-                Operand(convert(operands[1], BOOL), BOOL),
-                Operand(convert(operands[2], compute_kind), compute_kind, operands[2].is_scalar),
+                converted(operands[0], compute_kind),
+                converted(operands[1], BOOL),
+                converted(operands[2], compute_kind),
             ]
         elif node.op != "cast":
-            operands = [
-                o if o.text == "None" else Operand(convert(o, compute_kind), compute_kind, o.is_scalar)
-                for o in operands
-            ]
+            operands = [o if o.left_out else converted(o, compute_kind) for o in operands]
         try:
             expr = lower(node.op, operands, node.params, out_kind, _meta(node).dtype)
         except LoweringError as exc:
@@ -848,7 +870,7 @@ class _Planner:
         index = self.value(ids.id, tuple(coords[:-1]))
         if index.kind == FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} with float indices")
-        row = _at_index(index, str(_meta(table).shape[0]), any_size=False)
+        row = _at_index(index, Lit(str(_meta(table).shape[0])), any_size=False)
         return self.value(table.id, (row, coords[-1]))
 
     def _one_hot(self, node: Node, coords) -> Stmt:
@@ -859,7 +881,7 @@ class _Planner:
             raise PlanError("no-lowering", f"{_describe(node)} of {_meta(self.g[node.inputs[0]]).dtype} values")
         column = coords[-1]
         return self._emit(
-            f"({column.text} == {index.name}).to(tl.int64)",
+            paren(compare(column.index, "==", index.value)).to("tl.int64"),
             INT,
             [index],
             comment=self._comment(node),
@@ -892,20 +914,23 @@ class _Planner:
         if mean is None or var is None:
             raise PlanError("no-lowering", f"{_describe(node)} was recorded without its running statistics")
 
-        def text(s: Stmt | None) -> str | None:
-            return None if s is None else convert(Operand(s.name, s.kind), FLOAT)
+        def as_float(s: Stmt | None) -> Term | None:
+            return None if s is None else convert(Operand(s.value, s.kind), FLOAT)
 
         comment = self._comment(node)
+        eps = self._number(node.params.get("eps", 1e-5), runtime=True)
         scale = self._emit(
-            batch_norm_scale(text(var) or "", text(weight), self._number(node.params.get("eps", 1e-5), runtime=True)),
+            batch_norm_scale(convert(Operand(var.value, var.kind), FLOAT), as_float(weight), eps),
             FLOAT,
             [s for s in (var, weight) if s is not None],
             comment=comment + " (scale per channel)",
         )
         return self._emit(
-            batch_norm_apply(convert(x, FLOAT), text(mean) or "", scale.name, text(bias)),
+            batch_norm_apply(
+                convert(x, FLOAT), convert(Operand(mean.value, mean.kind), FLOAT), scale.value, as_float(bias)
+            ),
             FLOAT,
-            [s for s in (self._stmt(x.text), mean, scale, bias) if s is not None],
+            [s for s in (self._read(x.term), mean, scale, bias) if s is not None],
             comment=comment,
         )
 
@@ -921,18 +946,20 @@ class _Planner:
             shifted = list(coords)
             # Shifted, not clamped: an affine index keeps loads vectorised; lanes that belong
             # to another piece are masked off instead.
-            text = f"({c.text} - {offset})" if offset else c.text
-            guard = " & ".join(
-                g for g in (c.guard, f"({c.text} >= {offset})" if offset else "", f"({c.text} < {offset + size})") if g
-            )
-            shifted[dim] = Coord(text, c.axes, guard)
+            index = paren(c.index - offset) if offset else c.index
+            after = paren(compare(c.index, ">=", offset)) if offset else None
+            before = paren(compare(c.index, "<", offset + size))
+            guard = all_of(*[g for g in (c.guard, after, before) if g is not None])
+            shifted[dim] = Coord(index, c.axes, guard)
             stmt = self.value(piece.node, tuple(shifted))
             chosen.append((offset, size, stmt))
             offset += size
         out_kind = self._kind(node)
-        expr = convert(Operand(chosen[-1][2].name, chosen[-1][2].kind), out_kind)
+        expr = convert(Operand(chosen[-1][2].value, chosen[-1][2].kind), out_kind)
         for start, size, stmt in reversed(chosen[:-1]):
-            expr = f"tl.where({c.text} < {start + size}, {convert(Operand(stmt.name, stmt.kind), out_kind)}, {expr})"
+            expr = call(
+                "tl.where", compare(c.index, "<", start + size), convert(Operand(stmt.value, stmt.kind), out_kind), expr
+            )
         return self._emit(
             expr,
             out_kind,
@@ -970,7 +997,7 @@ class _Planner:
         comment = self._comment(node)
         if node.params.get("window") and any(w.padding for w in self.windows):
             return self._padded_pool(node, op, xs, comment)
-        n = "C"  # the runtime number of elements per row
+        n = _WIDTH  # the runtime number of elements per row
         r = self._reduce
         if op == "sum":
             return r("sum", xs, comment)
@@ -978,7 +1005,7 @@ class _Planner:
             divisor = (node.params.get("window") or {}).get("divisor_override")
             if divisor:  # avg_pool's divisor_override
                 total = r("sum", xs, comment + " (sum)")
-                return self._emit(f"{total.name} / {literal(float(divisor))}", FLOAT, [total], comment)
+                return self._emit(total.value / float(divisor), FLOAT, [total], comment)
             return self._mean(xs, comment)
         if op in ("amax", "amin"):
             return r("max" if op == "amax" else "min", xs, comment)
@@ -988,41 +1015,41 @@ class _Planner:
             mean = self._mean(xs, comment + " (mean)")
             _, ss = self._centered_squares(xs, mean, comment + " (squares)")
             corr = node.params.get("correction", 1.0)
-            denom = f"({n} - {literal(float(corr))})" if corr else n
-            var = self._emit(f"{ss.name} / {denom}", FLOAT, [ss], comment)
-            return var if op == "var" else self._emit(f"tl.sqrt({var.name})", FLOAT, [var], comment)
+            denom = paren(n - float(corr)) if corr else n
+            var = self._emit(ss.value / denom, FLOAT, [ss], comment)
+            return var if op == "var" else self._emit(call("tl.sqrt", var.value), FLOAT, [var], comment)
         if op == "logsumexp":
             m = r("max", xs, comment + " (max)")
             _, _, s = self._exp_sum(xs, m, comment + " (sum)")
-            return self._emit(f"{m.name} + tl.log({s.name})", FLOAT, [m, s], comment)
+            return self._emit(m.value + call("tl.log", s.value), FLOAT, [m, s], comment)
         if op == "norm":
             p = node.params.get("p", 2.0)
             if p == 2.0:
-                sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
+                sq = self._emit(xs.value * xs.value, FLOAT, [xs])
                 ss = r("sum", sq, comment + " (squares)")
-                return self._emit(f"tl.sqrt({ss.name})", FLOAT, [ss], comment)
+                return self._emit(call("tl.sqrt", ss.value), FLOAT, [ss], comment)
             if p in (1.0, float("inf")):
-                a = self._emit(f"tl.abs({xs.name})", FLOAT, [xs])
+                a = self._emit(call("tl.abs", xs.value), FLOAT, [xs])
                 return r("sum" if p == 1.0 else "max", a, comment)
             raise PlanError("no-lowering", f"{_describe(node)}: p={p} norm")
         if op in ("layer_norm", "group_norm", "instance_norm", "batch_norm"):
             mean = self._mean(xs, comment + " (mean)")
             d, ss = self._centered_squares(xs, mean, comment + " (variance) (sum)")
-            var = self._emit(f"{ss.name} / C", FLOAT, [ss], comment + " (variance)")
-            inv = self._emit(f"tl.rsqrt({var.name} + {self._eps(node)})", FLOAT, [var])
+            var = self._emit(ss.value / _WIDTH, FLOAT, [ss], comment + " (variance)")
+            inv = self._emit(call("tl.rsqrt", var.value + self._eps(node)), FLOAT, [var])
             if op == "layer_norm" and self._over_whole_rows(node):
                 self.norm_stats[node.id] = {"mean": mean, "rstd": inv}
-            y = self._emit(f"{d.name} * {inv.name}", FLOAT, [d, inv])
+            y = self._emit(d.value * inv.value, FLOAT, [d, inv])
             if op in ("instance_norm", "batch_norm"):  # (x, running mean, running var, weight, bias)
                 return self._per_channel_affine(node, y, node.args[3:5], comment)
             return self._affine(node, y, comment)
         if op == "rms_norm":
-            sq = self._emit(f"{xs.name} * {xs.name}", FLOAT, [xs])
+            sq = self._emit(xs.value * xs.value, FLOAT, [xs])
             ms = self._mean(sq, comment + " (mean square)")
-            inv = self._emit(f"tl.rsqrt({ms.name} + {self._eps(node)})", FLOAT, [ms])
+            inv = self._emit(call("tl.rsqrt", ms.value + self._eps(node)), FLOAT, [ms])
             if self._over_whole_rows(node):
                 self.norm_stats[node.id] = {"rstd": inv}
-            y = self._emit(f"{xs.name} * {inv.name}", FLOAT, [xs, inv])
+            y = self._emit(xs.value * inv.value, FLOAT, [xs, inv])
             return self._affine(node, y, comment)
         raise PlanError("no-lowering", f"{_describe(node)} has no row-kernel lowering")
 
@@ -1030,21 +1057,22 @@ class _Planner:
         """A pool whose windows reach past the tensor's edges (`max_pool2d(x, 3, 2, padding=1)`): the
         positions outside are left out of a max; a mean counts them as zeros and divides by the whole
         window (count_include_pad) or by the positions inside (`count_include_pad=False`)."""
-        inside = " & ".join(c.guard for c in self.natural if c.guard)
+        inside = all_of(*[c.guard for c in self.natural if c.guard is not None])
+        assert inside is not None  # a padded window's coordinate is guarded
         axes = frozenset({"r", "c"})
         window = node.params["window"]
         if op == "amax":
-            kept = self._emit(f"tl.where({inside}, {xs.name}, float('-inf'))", FLOAT, [xs], axes=axes)
+            kept = self._emit(call("tl.where", inside, xs.value, Lit("float('-inf')")), FLOAT, [xs], axes=axes)
             return self._reduce("max", kept, comment)
-        kept = self._emit(f"tl.where({inside}, {xs.name}, 0.0)", FLOAT, [xs], axes=axes)
+        kept = self._emit(call("tl.where", inside, xs.value, 0.0), FLOAT, [xs], axes=axes)
         total = self._reduce("sum", kept, comment + " (sum)")
         if window.get("divisor_override"):
-            return self._emit(f"{total.name} / {literal(float(window['divisor_override']))}", FLOAT, [total], comment)
+            return self._emit(total.value / float(window["divisor_override"]), FLOAT, [total], comment)
         if window.get("count_include_pad", True):
-            return self._emit(f"{total.name} / C", FLOAT, [total], comment)
-        ones = self._emit(f"tl.where({inside}, 1.0, 0.0)", FLOAT, [], axes=axes)
+            return self._emit(total.value / _WIDTH, FLOAT, [total], comment)
+        ones = self._emit(call("tl.where", inside, 1.0, 0.0), FLOAT, [], axes=axes)
         count = self._reduce("sum", ones, comment + " (positions inside)")
-        return self._emit(f"{total.name} / {count.name}", FLOAT, [total, count], comment)
+        return self._emit(total.value / count.value, FLOAT, [total, count], comment)
 
     def _first_index(self, node: Node, xs: Stmt, comment: str) -> Stmt:
         """argmax / argmin (and the indices of `torch.max(x, dim)`): the row's extreme, then the least
@@ -1058,13 +1086,15 @@ class _Planner:
         extreme = self._reduce("max" if node.op in ("argmax", "max") else "min", xs, comment + " (extreme)")
         column = self.natural[dims[0]]
         at = self._emit(
-            f"tl.where({xs.name} == {extreme.name}, {column.text}.to(tl.float32), float('inf'))",
+            call(
+                "tl.where", compare(xs.value, "==", extreme.value), column.index.to("tl.float32"), Lit("float('inf')")
+            ),
             FLOAT,
             [xs, extreme],
             axes=frozenset(xs.axes | column.axes),
         )
         first = self._reduce("min", at, comment + " (first index)")
-        return self._emit(f"{first.name}.to(tl.int64)", INT, [first], comment)
+        return self._emit(first.value.to("tl.int64"), INT, [first], comment)
 
     def _per_channel_affine(self, node: Node, y: Stmt, operands: list, comment: str) -> Stmt:
         """`y` times the weight and plus the bias of a norm per channel (instance norm, batch norm), each
@@ -1075,7 +1105,8 @@ class _Planner:
             if not isinstance(arg, Ref):
                 continue
             ws = self.value(arg.node, (channel,))
-            out = self._emit(f"{out.name} {sym} {convert(Operand(ws.name, ws.kind), FLOAT)}", FLOAT, [out, ws])
+            wv = convert(Operand(ws.value, ws.kind), FLOAT)
+            out = self._emit(out.value * wv if sym == "*" else out.value + wv, FLOAT, [out, ws])
         out.comment = comment
         return out
 
@@ -1101,15 +1132,15 @@ class _Planner:
         comment = self._comment(node)
         m, total = self._row_max_and_exp_sum(node, x, comment)
         here = self.value(x.id, coords)
-        shifted = self._emit(f"{here.name} - {m.name}", FLOAT, [here, m])
+        shifted = self._emit(here.value - m.value, FLOAT, [here, m])
         if node.op == "softmax":
-            return self._emit(f"tl.exp({shifted.name}) / {total.name}", FLOAT, [shifted, total], comment)
+            return self._emit(call("tl.exp", shifted.value) / total.value, FLOAT, [shifted, total], comment)
         if node.id not in self.escaping and self.order is None:  # only picked from (a loss): keep the row's
             lse = self.row_lse.get(node.id)  # log-sum-exp for the backward (`_saved_for_backward`)
             if lse is None:
-                lse = self.row_lse[node.id] = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
-            return self._emit(f"{here.name} - {lse.name}", FLOAT, [here, lse], comment)
-        return self._emit(f"{shifted.name} - tl.log({total.name})", FLOAT, [shifted, total], comment)
+                lse = self.row_lse[node.id] = self._emit(m.value + call("tl.log", total.value), FLOAT, [m, total])
+            return self._emit(here.value - lse.value, FLOAT, [here, lse], comment)
+        return self._emit(shifted.value - call("tl.log", total.value), FLOAT, [shifted, total], comment)
 
     def _cross_entropy(self, node: Node, coords) -> Stmt:
         """Each row's loss: its log-sum-exp less the target's logit (with label smoothing e, (1 - e) of
@@ -1123,17 +1154,17 @@ class _Planner:
         comment = self._comment(node)
         m, total = self._row_max_and_exp_sum(node, x, comment)
         t = self.value(target.id, self.full[:k])
-        xt = self.value(x.id, (*self.full[:k], _at_index(t, "C", any_size=True)))
-        lse = self.row_lse[node.id] = self._emit(f"{m.name} + tl.log({total.name})", FLOAT, [m, total])
-        loss = self._emit(f"{lse.name} - {xt.name}", FLOAT, [lse, xt])
+        xt = self.value(x.id, (*self.full[:k], _at_index(t, _WIDTH, any_size=True)))
+        lse = self.row_lse[node.id] = self._emit(m.value + call("tl.log", total.value), FLOAT, [m, total])
+        loss = self._emit(lse.value - xt.value, FLOAT, [lse, xt])
         smoothing = node.params["label_smoothing"]
         if float(smoothing):
             e = self._number(smoothing, runtime=False)
             row_sum = self._reduce("sum", self.value(x.id, self.full), comment + " (row sum)")
-            smooth = f"{e} * ({lse.name} - {row_sum.name} / C)"
-            loss = self._emit(f"(1.0 - {e}) * {loss.name} + {smooth}", FLOAT, [loss, lse, row_sum])
+            smooth = e * paren(lse.value - row_sum.value / _WIDTH)
+            loss = self._emit(paren(1.0 - e) * loss.value + smooth, FLOAT, [loss, lse, row_sum])
         ignored = self._number(node.params["ignore_index"], runtime=False)
-        return self._emit(f"tl.where({t.name} != {ignored}, {loss.name}, 0.0)", FLOAT, [loss, t], comment)
+        return self._emit(call("tl.where", compare(t.value, "!=", ignored), loss.value, 0.0), FLOAT, [loss, t], comment)
 
     def _row_total(self, node: Node) -> RowTotal:
         """The launcher's total of a cross-entropy's per-row losses; "mean" counts the targets, so they
@@ -1142,7 +1173,7 @@ class _Planner:
         if target in self.members or target not in self.input_index:
             raise PlanError("no-lowering", f"{_describe(node)}: a mean over targets made inside the group")
         ignored = self._number(node.params["ignore_index"], runtime=False)
-        return RowTotal(node.params["reduction"], self.input_index[target], ignored, _meta(node).dtype)
+        return RowTotal(node.params["reduction"], self.input_index[target], str(ignored), _meta(node).dtype)
 
     def _row_max_and_exp_sum(self, node: Node, x: Node, comment: str) -> tuple[Stmt, Stmt]:
         """The max of `x`'s row and the sum of exp(x - max), once per node that needs them."""
@@ -1162,7 +1193,7 @@ class _Planner:
         anyway (a loss's log-softmax), and nothing row-sized is written."""
         x, index = self.g[node.inputs[0]], self.g[node.inputs[1]]
         k = self.row_dims
-        if not self._same_place(coords[:k], self.full[:k]) or any(c.text != "0" for c in coords[k:]):
+        if not self._same_place(coords[:k], self.full[:k]) or any(c.index != ZERO.index for c in coords[k:]):
             raise PlanError("shape", f"the result of {_describe(node)} is read at positions of another row")
         if _meta(x).shape != self.domain:
             raise PlanError(
@@ -1172,12 +1203,12 @@ class _Planner:
         at = self.value(index.id, self._broadcast(self.full, self.domain, _meta(index).shape))
         # The element at the row's index, computed there: one load of that element, no pass over the
         # row of its own.
-        picked = self.value(x.id, (*self.full[:-1], _at_index(at, "C", any_size=True)))
+        picked = self.value(x.id, (*self.full[:-1], _at_index(at, _WIDTH, any_size=True)))
         if picked.kind != FLOAT:
             raise PlanError("no-lowering", f"{_describe(node)} of {_meta(x).dtype} values")
-        return self._emit(picked.name, FLOAT, [picked], self._comment(node))
+        return self._emit(picked.value, FLOAT, [picked], self._comment(node))
 
-    def _eps(self, node: Node) -> str:
+    def _eps(self, node: Node) -> Term:
         eps = node.params["eps"]
         return self._number(eps if is_named(eps) else float(eps), runtime=True)
 
@@ -1186,7 +1217,7 @@ class _Planner:
         dim of size 1 may also be written as 0."""
         shape = self.domain if shape is None else shape
         return len(coords) == len(target) and all(
-            a.text == b.text or (shape[i] == 1 and "0" in (a.text, b.text))
+            a.index == b.index or (shape[i] == 1 and ZERO.index in (a.index, b.index))
             for i, (a, b) in enumerate(zip(coords, target, strict=True))
         )
 
@@ -1202,16 +1233,16 @@ class _Planner:
             else:
                 coords = self._broadcast(self.natural, self.natural_shape, _meta(w).shape)
             ws = self.value(arg.node, coords)
-            wv = convert(Operand(ws.name, ws.kind), FLOAT)
-            out = self._emit(f"{out.name} {sym} {wv}", FLOAT, [out, ws])
+            wv = convert(Operand(ws.value, ws.kind), FLOAT)
+            out = self._emit(out.value * wv if sym == "*" else out.value + wv, FLOAT, [out, ws])
         out.comment = comment
         return out
 
     def _centered_squares(self, xs: Stmt, mean: Stmt, comment: str) -> tuple[Stmt, Stmt]:
         """(x - mean, its sum of squares over the row); the sum is marked so a looped kernel can
         accumulate it in the same pass as the mean's sum (shifted sums), not a pass of its own."""
-        d = self._emit(f"{xs.name} - {mean.name}", FLOAT, [xs, mean])
-        sq = self._emit(f"{d.name} * {d.name}", FLOAT, [d])
+        d = self._emit(xs.value - mean.value, FLOAT, [xs, mean])
+        sq = self._emit(d.value * d.value, FLOAT, [d])
         ss = self._reduce("sum", sq, comment)
         ss.centered = (xs.name, mean.deps[0])
         return d, ss
@@ -1219,15 +1250,15 @@ class _Planner:
     def _exp_sum(self, xs: Stmt, m: Stmt, comment: str) -> tuple[Stmt, Stmt, Stmt]:
         """(x - max, its exp, the row sum of that); the sum is marked so a looped kernel can
         keep a running max and rescale the sum in one pass (online softmax)."""
-        shifted = self._emit(f"{xs.name} - {m.name}", FLOAT, [xs, m])
-        e = self._emit(f"tl.exp({shifted.name})", FLOAT, [shifted])
+        shifted = self._emit(xs.value - m.value, FLOAT, [xs, m])
+        e = self._emit(call("tl.exp", shifted.value), FLOAT, [shifted])
         s = self._reduce("sum", e, comment)
         s.online = (xs.name, m.name)
         return shifted, e, s
 
     def _mean(self, operand: Stmt, comment: str) -> Stmt:
         total = self._reduce("sum", operand, comment + " (sum)")
-        return self._emit(f"{total.name} / C", FLOAT, [total], comment)
+        return self._emit(total.value / _WIDTH, FLOAT, [total], comment)
 
     def _reduce(self, how: str, operand: Stmt, comment: str) -> Stmt:
         if "c" not in operand.axes:
@@ -1236,13 +1267,19 @@ class _Planner:
         if done is not None:  # the same reduction of the same values (torch.max(x, dim)'s values and indices)
             return done
         stmt = self._emit(
-            operand.name, FLOAT, [operand], comment=comment, reduce=how, axes=frozenset(operand.axes - {"c"})
+            operand.value, FLOAT, [operand], comment=comment, reduce=how, axes=frozenset(operand.axes - {"c"})
         )
         self.reduced[(how, operand.name)] = stmt
         return stmt
 
     def _stmt(self, name: str) -> Stmt:
-        return self.stmts[int(name[1:])]
+        return next(s for s in reversed(self.stmts) if s.name == name)
+
+    def _read(self, value: Term) -> Stmt:
+        """The statement whose value an operand is."""
+        if not isinstance(value, Value):
+            raise TypeError(f"{value} is not a statement's value")
+        return self.stmts[value.number]
 
     def _kind(self, node: Node) -> str:
         try:
@@ -1295,12 +1332,12 @@ def _space(node: Node, shape: tuple[int, ...]) -> _Space:
     return _Space(shape, dims, tuple(per_dim))
 
 
-def _at_index(index: Stmt, size: str, any_size: bool) -> Coord:
+def _at_index(index: Stmt, size: Term, any_size: bool) -> Coord:
     """The coordinate an `index` the kernel loaded names, in a dim of `size` (the row's run-time
     length C, `any_size`; or a model constant the launcher checks): loads there are masked to
     0 <= index < size, so an index outside reads nothing (torch raises on it)."""
-    guard = f"({index.name} >= 0) & ({index.name} < {size})"
-    return Coord(index.name, frozenset(index.axes), guard=guard, any_size=any_size)
+    guard = paren(compare(index.value, ">=", 0)) & paren(compare(index.value, "<", size))
+    return Coord(index.value, frozenset(index.axes), guard=guard, any_size=any_size)
 
 
 def _step_shape(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
@@ -1345,10 +1382,10 @@ def _step_back(step: tuple, before: tuple[int, ...], coords: list[Coord]) -> lis
     if kind == "slice":
         _, dim, start, stepsize = step
         c = coords[dim]
-        text = c.text if stepsize == 1 else f"{c.text} * {stepsize}"
-        text = f"({text} + {start})" if start else text
+        index = c.index if stepsize == 1 else c.index * stepsize
+        index = paren(index + start) if start else index
         out = list(coords)
-        out[dim] = Coord(text, c.axes, c.guard)
+        out[dim] = Coord(index, c.axes, c.guard)
         return out
     if kind == "select":
         return [*coords[: step[1]], Coord.const(step[2]), *coords[step[1] :]]
@@ -1365,30 +1402,32 @@ def _reshape_back(before: tuple[int, ...], after: tuple[int, ...], coords: list[
     of the kernel; a load through such a coordinate holds its input to them (`InputSlot.guarded_dims`)."""
     out = [ZERO] * len(before)
     for run_before, run_after in _reshape_runs(before, after):
-        terms: list[str] = []
+        terms: list[Term] = []
         axes: set[str] = set()
-        guards: set[str] = set()
+        guards: set[Term] = set()
         for a in run_after:
             c = coords[a]
-            if c.text == "0":
+            if c.index == ZERO.index:
                 continue
             inner = math.prod(after[b] for b in run_after if b > a)
-            terms.append(c.text if inner == 1 else f"{c.text} * {inner}")
+            terms.append(c.index if inner == 1 else c.index * inner)
             axes |= c.axes
-            guards |= {c.guard} if c.guard else set()
+            guards |= {c.guard} if c.guard is not None else set()
         if not terms:
             continue
-        linear = " + ".join(terms)
-        guard = " & ".join(sorted(guards))
+        linear = terms[0]
+        for t in terms[1:]:
+            linear = linear + t
+        guard = all_of(*sorted(guards, key=str))
         if len(run_before) == 1 and len(run_after) == 1:
             out[run_before[0]] = coords[run_after[0]]
             continue
         for b in run_before:
             inner = math.prod(before[d] for d in run_before if d > b)
-            text = linear if inner == 1 else f"({linear}) // {inner}"
+            index = linear if inner == 1 else paren(linear) // inner
             if b != run_before[0]:
-                text = f"({text}) % {before[b]}"
-            out[b] = Coord(f"({text})", frozenset(axes), guard)
+                index = paren(index) % before[b]
+            out[b] = Coord(paren(index), frozenset(axes), guard)
     return out
 
 
@@ -1438,7 +1477,7 @@ def reduced_dims(plan: KernelPlan) -> list[int]:
 
 def identity_inputs(plan: KernelPlan) -> list[int]:
     """Inputs read element for element over the whole domain (candidates for flat indexing)."""
-    full = tuple(f"c{i}" for i in range(len(plan.domain)))
+    full = tuple(Dim(i) for i in range(len(plan.domain)))
     return sorted(
         {
             s.load_input
@@ -1454,9 +1493,9 @@ def gathers(plan: KernelPlan) -> bool:
     return any(s.load_input is not None and any(map(is_loaded_index, s.load_coords)) for s in plan.stmts)
 
 
-def is_loaded_index(coord: Coord | str) -> bool:
+def is_loaded_index(coord: Term) -> bool:
     """Whether a load coordinate is a value the kernel loaded (`v3`: a token id), not a position."""
-    return re.search(r"\bv\d+\b", str(coord)) is not None
+    return reads_values(coord)
 
 
 def element_loads(plan: KernelPlan) -> int:
@@ -1474,16 +1513,16 @@ def row_views(plan: KernelPlan) -> list[int]:
     direct = set(identity_inputs(plan))
     if plan.kind != "elementwise" or not n or plan.row_dims != n - 1 or not direct:
         return []
-    rows = tuple(f"c{i}" for i in range(n - 1))
+    rows = tuple(Dim(i) for i in range(n - 1))
     fits: dict[int, bool] = {}
     for s in plan.stmts:
         if s.load_input is None or s.load_input in direct:
             continue
-        coords = tuple(str(c) for c in s.load_coords)
+        coords = s.load_coords
         fits[s.load_input] = fits.get(s.load_input, True) and (
             len(coords) == n
             and coords[:-1] == rows
-            and set(COORD.findall(coords[-1])) == {str(n - 1)}
+            and dims(coords[-1]) == {n - 1}
             and plan.inputs[s.load_input].shape[:-1] == plan.domain[:-1]
         )
     return sorted(k for k, ok in fits.items() if ok)
@@ -1510,22 +1549,21 @@ def flat_inner_dim(plan: KernelPlan) -> int | None:
     if not _writes_the_domain(plan) or any(o.contiguous or o.cat for o in plan.outputs):
         return None
     whole = set(identity_inputs(plan)) | {k for k, _ in full_rank_loads(plan)}
-    plain = re.compile(r"c\d+|0")
-    coords_of: dict[int, tuple[str, ...]] = {}
+    coords_of: dict[int, tuple[Term, ...]] = {}
     indexed: set[int] = set()
     for s in plan.stmts:
         if s.load_input is None:
-            if COORD.findall(s.expr):  # a value computed from a coordinate (a mask, a position)
+            if dims(s.expr):  # a value computed from a coordinate (a mask, a position)
                 return None
             continue
-        coords = tuple(str(c) for c in s.load_coords)
-        if s.load_guard or not all(plain.fullmatch(c) for c in coords):
+        coords = s.load_coords
+        if s.load_guard is not None or not all(isinstance(c, Dim) or c == ZERO.index for c in coords):
             return None
         if s.load_input in whole:
             if coords_of.setdefault(s.load_input, coords) != coords:  # one input read two ways
                 return None
         else:
-            indexed |= {int(c[1:]) for c in coords if c != "0"}
+            indexed |= {c.index for c in coords if isinstance(c, Dim)}
     if len(indexed) != 1 or min(indexed) >= n - 1:
         return None
     return min(indexed)
@@ -1582,25 +1620,24 @@ def mergeable_row_end(plan: KernelPlan) -> list[tuple[int, tuple[int, ...]]] | N
     n = len(plan.domain)
     if not _writes_the_domain(plan) or gathers(plan):
         return None
-    ends = {str(n - 2), str(n - 1)}
+    ends = {n - 2, n - 1}
     dims_of: dict[int, tuple[int, ...]] = {}
     for s in plan.stmts:
         if s.load_input is None:
-            if ends & set(COORD.findall(s.expr)):
+            if ends & dims(s.expr):
                 return None
             continue
-        if ends & set(COORD.findall(s.load_guard)):
+        if ends & dims(s.load_guard):
             return None
-        dims = []
-        for c in map(str, s.load_coords):
-            plain = re.fullmatch(r"c(\d+)", c)
-            if plain is None and ends & set(COORD.findall(c)):
+        along = []
+        for c in s.load_coords:
+            if not isinstance(c, Dim) and ends & dims(c):
                 return None  # an offset along them (a slice, a `cat` piece)
-            dims.append(int(plain.group(1)) if plain else -1)
+            along.append(c.index if isinstance(c, Dim) else -1)
         slot = plan.inputs[s.load_input]
-        if any(dims[j] in (n - 2, n - 1) for j in slot.guarded_dims if j < len(dims)):
+        if any(along[j] in (n - 2, n - 1) for j in slot.guarded_dims if j < len(along)):
             return None
-        if dims_of.setdefault(s.load_input, tuple(dims)) != tuple(dims):
+        if dims_of.setdefault(s.load_input, tuple(along)) != tuple(along):
             return None  # read two ways
     return sorted(dims_of.items())
 
@@ -1636,7 +1673,7 @@ def split_groups(plan: KernelPlan) -> bool:
         len(reductions) == 2
         and reductions[0].how == "sum"
         and reductions[1].how == "sum"
-        and reductions[1].centered == (reductions[0].expr, reductions[0].name)
+        and reductions[1].centered == (reductions[0].reduced, reductions[0].name)
     )
 
 
@@ -1664,10 +1701,10 @@ def _loads_along_every_dim(plan: KernelPlan, skip: set[int]) -> list[tuple[int, 
     for s in plan.stmts:
         if s.load_input is None or s.load_input in skip:
             continue
-        found = [COORD.findall(str(c)) for c in s.load_coords]
-        dims = tuple(int(f[0]) for f in found if len(f) == 1)
-        whole = len(s.load_coords) == n and len(dims) == n and len(set(dims)) == n
-        dims_of.setdefault(s.load_input, set()).add(dims if whole else None)
+        found = [[leaf.index for leaf in c.leaves() if isinstance(leaf, Dim)] for c in s.load_coords]
+        along = tuple(f[0] for f in found if len(f) == 1)
+        whole = len(s.load_coords) == n and len(along) == n and len(set(along)) == n
+        dims_of.setdefault(s.load_input, set()).add(along if whole else None)
     loads = []
     for k, seen in sorted(dims_of.items()):
         only = next(iter(seen)) if len(seen) == 1 else None  # read two ways: neither is the input's own

@@ -1,5 +1,5 @@
 """The code generator's parts on their own: the record of a kernel's arguments, the code buffer the
-printers write into, ..."""
+printers write into, the terms kernels' coordinates and values are made of, ..."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 from fuselens.codegen.code_buffer import CodeBuffer
 from fuselens.codegen.kernel_args import KernelArgs
+from fuselens.codegen.terms import Dim, Load, Name, Value, call, compare, dims, paren, values
 
 
 def _record() -> KernelArgs:
@@ -67,3 +68,22 @@ def test_code_is_indented_by_the_blocks_it_is_written_in():
             "    a = 2",
         ]
     )
+
+
+def test_terms_print_as_the_kernel_spells_them_and_say_what_they_read():
+    # A slice's offset into the coordinate along dim 3, and a row picked at a loaded token id.
+    at = ((0, paren(Dim(3) + 48)), (1, Value(4)))
+    load = Load(2, at)
+    assert str(load) == "in2_ptr + ((c3 + 48) * in2_s0 + v4 * in2_s1)"
+    assert dims(load) == {3} and values(load) == ["v4"]
+    guard = paren(compare(Value(4), ">=", 0)) & paren(compare(Value(4), "<", Name("C")))
+    assert str(guard) == "(v4 >= 0) & (v4 < C)"
+    assert str(call("tl.where", guard, Value(1) * 0.5, 0.0)) == "tl.where((v4 >= 0) & (v4 < C), v1 * 0.5, 0.0)"
+
+
+def test_a_term_whose_text_would_group_otherwise_is_refused():
+    with pytest.raises(ValueError, match="group otherwise"):
+        _ = (Dim(0) + 1) * Dim(1)  # would print `c0 + 1 * c1`
+    with pytest.raises(ValueError, match="group otherwise"):
+        compare(compare(Dim(0), "<", 1), "!=", 0)
+    assert str(paren(Dim(0) + 1) * Dim(1)) == "(c0 + 1) * c1"
