@@ -4,34 +4,26 @@ autograd wrapper and the public function the user's code calls.
 
 `launcher_text` reads top to bottom as the generated `_<name>_launch` does: shape guards,
 domain sizes, outputs, rows and columns, the early return, strides and magic numbers, the
-launch (elementwise or rows), then the wrapper class and the public function.  The names
-the text uses (`d<i>`, `out<k>`, `st<k>`, `R`, `C`, `G`, `dense`, `pitches`, `magic`,
-`index_64`) are the launcher's locals, which each kernel's arguments (`kernel_args.KernelArgs`,
-recorded by `emit._kernel_args`) pass in the order its signature takes them."""
+launch (each kernel variant's, `variants/`), then the wrapper class and the public function.  The
+names the text uses (`d<i>`, `out<k>`, `st<k>`, `R`, `C`, `G`, `dense`, `pitches`, `magic`,
+`index_64`) are the launcher's locals, which each kernel's arguments (`kernel_args.KernelArgs`)
+pass in the order its signature takes them; the helpers the variants' launches share are here too."""
 
 from __future__ import annotations
 
 from fuselens.analysis.graph import DTYPE_BYTES
 
 from .code_buffer import CodeBuffer
-from .kernel_args import KernelArgs
 from .lowering import dtype_tuple, tuple_display
 from .plan import (
     KernelPlan,
     OutputSlot,
     channels_last_groups,
-    column_totals,
-    element_loads,
-    flat_inner_dim,
-    folds_a_row_dim,
     full_rank_loads,
-    gathers,
     identity_inputs,
     mergeable_row_end,
     padded_windows,
     returned_outputs,
-    row_layouts,
-    row_views,
     saved_counts,
     split_groups,
 )
@@ -41,24 +33,21 @@ from .terms import Dim, literal
 def launcher_text(
     plan: KernelPlan,
     name: str,
-    kernel_name: str,
     input_names: list[str],
     number_names: list[str],
     doc: str,
-    flat: bool,
     divisors: list[str],
+    launch: list[str],
     reference: str | None,
     trains: list[int] | None,
-    args: dict[str, KernelArgs],
 ) -> str:
-    """The launcher text; `flat`: the module has the elementwise `_flat` kernel to launch too;
-    `divisors`: the kernels' run-time divisors over the launcher's names, whose magic numbers
-    it passes (see `emit.Divisors`); `reference`: the cluster's ops as torch code
+    """The launcher text; `divisors`: the kernels' run-time divisors over the launcher's names, whose
+    magic numbers it passes (see `kernel_text.Divisors`); `launch`: the lines that pick a kernel and
+    launch it (the variants', `variants.Family.launch`); `reference`: the cluster's ops as torch code
     (`reference.reference_text`), which runs wherever the kernel cannot; None for a kernel the
     module calls only from its own code (a backward kernel): no reference, no public function.
-    `trains`: the inputs whose gradients the cluster's backward computes, when it has one; `args`:
-    each kernel's arguments (`emit._kernel_args`), by its name's suffix."""
-    lines = _launch_function(plan, name, kernel_name, input_names, flat, divisors, args)
+    `trains`: the inputs whose gradients the cluster's backward computes, when it has one."""
+    lines = _launch_function(plan, name, input_names, divisors, launch)
     if reference is None:
         return "\n".join([*lines, "", "", *_op_registration(plan, name)])
     lines += ["", "", *reference.splitlines()]
@@ -71,13 +60,7 @@ def launcher_text(
 
 
 def _launch_function(
-    plan: KernelPlan,
-    name: str,
-    kernel_name: str,
-    input_names: list[str],
-    flat: bool,
-    divisors: list[str],
-    args: dict[str, KernelArgs],
+    plan: KernelPlan, name: str, input_names: list[str], divisors: list[str], launch: list[str]
 ) -> list[str]:
     """`_<name>_launch(inputs)`: everything from the inputs to the launched kernel and its outputs."""
     body = _shape_guards(plan, name, input_names)
@@ -92,11 +75,8 @@ def _launch_function(
     body += _index_width(plan, input_names)
     body += _width_alignment(plan)
     body += _stride_reads(plan, input_names)
-    body += _magic_numbers(divisors)
-    if plan.kind == "elementwise":
-        body += _elementwise_launch(plan, kernel_name, input_names, args, flat, divisors)
-    else:
-        body += _row_launch(plan, kernel_name, input_names, args)
+    body += magic_numbers(divisors)
+    body += launch
     body.append("return " + _returns(plan))
     params = input_names + [slot.name for slot in plan.scalars if slot.runtime]
     if plan.grad_layout:
@@ -212,7 +192,7 @@ def _memory_order(plan: KernelPlan, input_names: list[str]) -> list[str]:
     others = full_rank_loads(plan)
     if others:
         return [
-            f"pitches, out_strides, dense, like, fast = _row_order({leads}, {domain}, {_layouts(others, input_names)}{flag})"
+            f"pitches, out_strides, dense, like, fast = _row_order({leads}, {domain}, {layouts_display(others, input_names)}{flag})"
         ]
     if flag == ", layout=layout":
         return [f"pitches, dense, like, out_strides = _laid_out_pitches({leads}, {domain}, layout)"]
@@ -330,7 +310,7 @@ def _width_alignment(plan: KernelPlan) -> list[str]:
     return [] if plan.fixed_width else ["align = _align(C)"]
 
 
-def _constexprs(plan: KernelPlan, block_r: str = "block_r", block_c: str = "block_c", **own: str) -> dict[str, str]:
+def constexprs(plan: KernelPlan, block_r: str = "block_r", block_c: str = "block_c", **own: str) -> dict[str, str]:
     """What a launch passes for the constexprs every kernel of the plan takes, then for its kernel's
     `own`: the tile, the offsets' width, and what the kernel knows of the row width, the width itself
     as a constant where it is the model's (`WIDTH=C`), else the power of two it is a multiple of
@@ -340,7 +320,7 @@ def _constexprs(plan: KernelPlan, block_r: str = "block_r", block_c: str = "bloc
 
 
 # Every launch's option.
-_WARPS = ("num_warps=warps",)
+WARPS = ("num_warps=warps",)
 
 
 def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
@@ -350,210 +330,17 @@ def _stride_reads(plan: KernelPlan, input_names: list[str]) -> list[str]:
     return [f"st{k} = _strides({input_names[k]})" for k, slot in enumerate(plan.inputs) if slot.strides_used]
 
 
-def _magic_numbers(divisors: list[str]) -> list[str]:
+def magic_numbers(divisors: list[str]) -> list[str]:
     """`magic`: the magic numbers of the kernels' run-time divisors (the module's `_magic`)."""
     return [f"magic = _magic({', '.join(divisors)})"] if divisors else []
 
 
-def _elementwise_launch(
-    plan: KernelPlan,
-    kernel_name: str,
-    input_names: list[str],
-    args: dict[str, KernelArgs],
-    flat: bool,
-    divisors: list[str],
-) -> list[str]:
-    """The tile kernel's launch; with `flat`, the flat kernel's when the inputs are dense, the tile's otherwise."""
-    tile = _tile_launch(plan, kernel_name, input_names, args)
-    if folds_a_row_dim(plan):
-        tile = _wide_launch(plan, kernel_name, input_names, args["wide"], divisors, tile)
-    if not flat:
-        return tile
-    inner = flat_inner_dim(plan)
-    condition = "dense"
-    if inner is not None:  # the one dim the smaller loads index must lie innermost
-        leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
-        domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
-        condition = f"like and _flat_over({leads}, {domain}, {_layouts(full_rank_loads(plan), input_names)}, {inner})"
-    call = args["flat"].call(
-        f"{kernel_name}_flat", "((R * C + block - 1) // block,)", _constexprs(plan, "1", "block"), _WARPS
-    )
-    launch = CodeBuffer([f"block, warps = _flat_tile(R * C, {_widest_item(plan)})", *call])
-    note = "one flat offset addresses every full-size input and the output"
-    return CodeBuffer().branches(condition, launch, CodeBuffer(tile), note).lines()
-
-
-def _tile_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
-    """The 2-D tile kernel's launch: one program a (row block, column block), numbered row-block
-    major; the kernel takes the column-block count to split its program id.  With inputs read
-    along every dim their own way, the across kernel's instead when one is laid out along a row
-    dim (`fast`)."""
-    contig = _contig_condition(plan, input_names)
-    item = _widest_item(plan)
-    tile = [
-        f"block_r, block_c, warps = _pointwise_tile(R, C, {item}, {element_loads(plan)})",
-        "col_blocks = (C + block_c - 1) // block_c",
-        "grid = (((R + block_r - 1) // block_r) * col_blocks,)",
-        *args["tile"].call(f"{kernel_name}_tile", "grid", _constexprs(plan, CONTIG=contig), _WARPS),
-    ]
-    if not full_rank_loads(plan):
-        return tile
-    rows = tuple_display([f"d{i}" for i in range(plan.row_dims)])
-    across = args["across"].call(f"{kernel_name}_across", "grid", _constexprs(plan, FAST="fast"), _WARPS)
-    launch = CodeBuffer([f"F = {rows}[fast]", f"block_r, block_c, warps = _across_tile(F, C, {item})"])
-    launch.write("col_blocks = (C + block_c - 1) // block_c", "fast_blocks = (F + block_r - 1) // block_r")
-    launch.write("grid = ((R // F) * fast_blocks * col_blocks,)", *across)
-    note = "an input is laid out along row dim `fast`: down the tiles' rows"
-    return CodeBuffer().branches("fast >= 0", launch, CodeBuffer(tile), note).lines()
-
-
-def _wide_launch(
-    plan: KernelPlan, kernel_name: str, input_names: list[str], args: KernelArgs, divisors: list[str], tile: list[str]
-) -> list[str]:
-    """The wide kernel's launch (`emit._wide_head`) where the full-size inputs lay a row dim out one
-    row's width apart (`fold`, the module's `_folded_row_dim`), the `tile` launch otherwise.  The
-    kernel counts the other row dims' positions (`pitches` becomes their steps there, and the
-    magic numbers follow) and takes the outputs' own row steps (`row_pitches`) besides."""
-    leads = tuple_display([input_names[k] for k in identity_inputs(plan)])
-    domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
-    constexprs = _constexprs(plan, FOLD="fold", CONTIG=_contig_condition(plan, input_names))
-    wide = args.call(f"{kernel_name}_wide", "grid", constexprs, _WARPS, break_before="CONTIG")
-    launch = CodeBuffer([f"row_pitches, pitches = pitches, _outer_steps(pitches, {domain}, fold)"])
-    launch.write(*_magic_numbers(divisors), f"F = {domain}[fold]")
-    launch.write(f"block_r, block_c, warps = _wide_tile(R // F, F * C, {_widest_item(plan)})")
-    launch.write("col_blocks = (F * C + block_c - 1) // block_c")
-    launch.write("grid = (((R // F + block_r - 1) // block_r) * col_blocks,)", *wide)
-    code = CodeBuffer([f"fold = _folded_row_dim({leads}, {domain})"])
-    note = "a row dim whose rows lie one after another: read with each row as one"
-    return code.branches("fold >= 0", launch, CodeBuffer(tile), note).lines()
-
-
-def _contig_condition(plan: KernelPlan, names: list[str]) -> str:
-    """The tile kernel's CONTIG: the full-size inputs share one dense layout (`dense`) and
-    every row view has their strides, so that one row offset addresses them all."""
-    views = row_views(plan)
-    if not views:
-        return "dense"
-
-    def stride(k: int) -> str:  # the launcher already holds st{k} when the kernel takes strides
-        return f"st{k}" if plan.inputs[k].strides_used else f"_strides({names[k]})"
-
-    lead = identity_inputs(plan)[0]
-    return " and ".join(["dense"] + [f"{stride(k)} == {stride(lead)}" for k in views])
-
-
-def _row_launch(plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]) -> list[str]:
-    """A row kernel's launch: one program a block of rows, the whole-row `_block` kernel when a row
-    fits in registers and the looped `_loop` one otherwise (the module's `_row_tile` decides);
-    CONTIG when the full-size inputs are contiguous, so they share the outputs' flat offsets.  With
-    inputs read along every dim, the `_across` kernel when one runs along the last row dim."""
-    direct = [input_names[k] for k in identity_inputs(plan)]
-    contiguous = " and ".join(f"{x}.is_contiguous()" for x in direct) or "True"
-    layout = {}
-    if channels_last_groups(plan):  # the inputs laid out as the group is walked
-        laid_out = " and ".join(f"{x}.is_contiguous(memory_format=torch.channels_last)" for x in direct) or "True"
-        contiguous = f"({laid_out}) if cl else ({contiguous})"
-        layout = {"CL": "cl", "CG": "d1 // G"}
-    item = _widest_item(plan)
-    rows_only = all(o.row_only for o in plan.outputs)  # one pass over each row: fewer warps a row
-    switches = (
-        ("rows_only", rows_only),
-        ("gathers", gathers(plan)),
-        ("totals", bool(column_totals(plan))),
-        ("windows", bool(plan.windows)),
-    )
-    flags = "".join(f", {flag}=True" for flag, on in switches if on)
-    tile = CodeBuffer([f"block_r, block_c, warps, whole_row = _row_tile(R, C, {item}{flags})"])
-    if plan.groups:
-        # A group walked in column blocks runs best with 8 warps a block: bf16 GroupNorm (+ SiLU)
-        # over [32, 256, 64, 64] on an H200 took 61.0 µs instead of 63.2 with 16 (with the residual
-        # add, 74.9 instead of 80.6).  A whole 32768-wide group in registers spilled: 190 µs.
-        with tile.block("if not whole_row:"):
-            tile.write("warps = 8")
-    launch = CodeBuffer(["grid = ((R + block_r - 1) // block_r,)", *_column_total_buffers(plan, input_names)])
-    launch.write(f"kernel = {kernel_name}_block if whole_row else {kernel_name}_loop")
-    launch.write(*args["block"].call("kernel", "grid", _constexprs(plan, CONTIG=contiguous, **layout), _WARPS))
-    launch.write(*_column_totals_added(plan))
-    if split_groups(plan):
-        split = _split_launch(plan, kernel_name, input_names, args)
-        note = "pixels with every channel a program: either layout at streaming speed"
-        return CodeBuffer().branches("split", split, tile.splice(launch), note).lines()
-    layouts = row_layouts(plan)
-    if not layouts:
-        return tile.splice(launch).lines()
-    domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
-    last = f"d{plan.row_dims - 1}"
-    across = args["across"].call(
-        f"{kernel_name}_across", "((R // F) * fast_blocks,)", _constexprs(plan, CONTIG="False"), _WARPS
-    )
-    tile.write(f"across = whole_row and _down_rows({_layouts(layouts, input_names)}, {domain}, {plan.row_dims})")
-    tile.write(f"tile = _across_rows_tile({last}, block_c, {item}) if across else None")
-    down = CodeBuffer([f"(block_r, warps), F = tile, {last}", "fast_blocks = (F + block_r - 1) // block_r", *across])
-    note = "an input runs along the last row dim: down the tiles' rows"
-    return tile.branches("tile is not None", down, launch, note).lines()
-
-
-def _split_launch(
-    plan: KernelPlan, kernel_name: str, input_names: list[str], args: dict[str, KernelArgs]
-) -> CodeBuffer:
-    """The split group kernels' launches (`emit._split_groups`): a block of pixels with every channel
-    a program, `_SPLIT_TILE` elements a tile, fewer warps for a channels-first input (whose pixels
-    are the tile's contiguous runs)."""
-    device = f"{input_names[0]}.device"
-    sizes = {"BLOCK_P": "block_p", "GP": "GP", "CG": "d1 // G", "CGP": "CGP"}
-    stats = args["stats"].call(f"{kernel_name}_stats", "(d0 * PB,)", _constexprs(plan, "1", "1", **sizes), _WARPS)
-    apply = args["apply"].call(f"{kernel_name}_apply", "(d0 * PB,)", _constexprs(plan, "1", "1", **sizes), _WARPS)
-    combine = args["combine"].call(
-        f"{kernel_name}_combine", "(d0,)", {"GP": "GP", "BLOCK_B": "max(1, 4096 // GP)"}, one_line=True
-    )
-    return CodeBuffer(
-        [
-            "GP, CGP, HW = _next_pow2(G), _next_pow2(d1 // G), d2 * d3",
-            "block_p = max(1, _SPLIT_TILE // (GP * CGP))",
-            "warps = _SPLIT_WARPS_LAST if cl else _SPLIT_WARPS_FIRST",
-            "PB = (HW + block_p - 1) // block_p",
-            f"ws = torch.empty((3 * d0 * PB * GP,), device={device}, dtype=torch.float32)",
-            f"stats = torch.empty((2 * d0 * GP,), device={device}, dtype=torch.float32)",
-            *stats,
-            *combine,
-            *apply,
-        ]
-    )
-
-
-def _column_total_buffers(plan: KernelPlan, input_names: list[str]) -> list[str]:
-    """For each output summed over the rows, what the kernel writes: the whole-row kernel's programs
-    (as many as `_total_tile` chooses, each walking blocks of rows) one float32 row of partial sums each; the
-    looped kernel every row's values."""
-    totals = column_totals(plan)
-    if not totals:
-        return []
-    device = f"{input_names[0]}.device"
-    code = CodeBuffer()
-    # 16 warps of programs a multiprocessor keep enough rows in flight; their partial sums are
-    # that many float32 rows, not one for every row.  Summing them is a column reduction torch
-    # runs slowly (on an H200, 8 x 132 rows of 4096 took 19.7 µs a sum beside a 111 µs bf16
-    # LayerNorm backward), so the programs take bigger tiles with more warps (`_total_tile`).
-    with code.block("if whole_row:"):
-        code.write(f"block_r, warps, programs = _total_tile(R, block_r, warps, {len(identity_inputs(plan))})")
-        code.write("grid = (programs,)")
-    for k in totals:
-        code.write(f"out{k} = torch.empty((grid[0] if whole_row else R, C), device={device}, dtype=torch.float32)")
-    return code.lines()
-
-
-def _column_totals_added(plan: KernelPlan) -> list[str]:
-    n, k_rows = len(plan.domain), plan.row_dims
-    shape = tuple_display([f"d{i}" for i in range(k_rows, n)])
-    return [f"out{k} = out{k}.sum(0).reshape({shape})" for k in column_totals(plan)]
-
-
-def _layouts(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -> str:
+def layouts_display(loads: list[tuple[int, tuple[int, ...]]], input_names: list[str]) -> str:
     """`((x, (0, 2, 3, 1)), ...)`: each input and the domain dim each of its dims runs along."""
     return tuple_display([f"({input_names[k]}, {tuple_display([str(d) for d in dims])})" for k, dims in loads])
 
 
-def _widest_item(plan: KernelPlan) -> int:
+def widest_item(plan: KernelPlan) -> int:
     """Bytes per element of the widest full-size tensor the kernel streams."""
     dtypes = [plan.inputs[k].dtype for k in identity_inputs(plan)] + [o.dtype for o in plan.outputs if not o.saved]
     return max(DTYPE_BYTES.get(d, 4) for d in dtypes)

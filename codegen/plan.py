@@ -272,7 +272,7 @@ class KernelPlan:
     # How the kernels walk memory on a GPU: where the tensor's stride-1 dim is a column (channels-last
     # under a softmax over C, a batch norm's pixels), a row's columns are runs of memory across a
     # warp's lanes, as for a reduction over the last dim.  Where it is the last row dim (NCHW's W under
-    # a softmax over C), the across row kernel (`emit._across_row_head`) takes a block of W positions
+    # a softmax over C), the across row kernel (`variants.rows.AcrossRowKernel`) takes a block of W positions
     # down its tile and the channels across: each channel's block of pixels is one run of memory,
     # which Triton sees (the block is an `arange` down the tile) and reads with its lanes along it,
     # then the reductions run across the tile's columns and the results are stored the same way.
@@ -1664,7 +1664,7 @@ def split_groups(plan: KernelPlan) -> bool:
     """A group norm (`channels_last_groups`) whose statistics can be gathered in pieces: its two
     reductions are a sum and the centered sum of squares around that sum's mean (a GroupNorm's mean
     and variance), and every output is full-size.  Its kernels can then take a block of pixels and
-    every channel at once (`emit._split_groups`), which reads and writes both layouts at streaming
+    every channel at once (`variants.groups.SplitGroupKernels`), which reads and writes both layouts at streaming
     speed."""
     if not channels_last_groups(plan) or any(o.row_only or o.col_total or o.dims for o in plan.outputs):
         return False

@@ -1,5 +1,6 @@
 """The code generator's parts on their own: the record of a kernel's arguments, the code buffer the
-printers write into, the terms kernels' coordinates and values are made of, ..."""
+printers write into, the terms kernels' coordinates and values are made of, and the rules of which
+kernel variants a plan gets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 from fuselens.codegen.code_buffer import CodeBuffer
 from fuselens.codegen.kernel_args import KernelArgs
 from fuselens.codegen.terms import Dim, Load, Name, Value, call, compare, dims, paren, values
+from fuselens.codegen.variants import ELEMENTWISE, ROWS, Family
+from fuselens.codegen.variants.elementwise import AcrossKernel, TileKernel, WideKernel
 
 
 def _record() -> KernelArgs:
@@ -87,3 +90,33 @@ def test_a_term_whose_text_would_group_otherwise_is_refused():
     with pytest.raises(ValueError, match="group otherwise"):
         compare(compare(Dim(0), "<", 1), "!=", 0)
     assert str(paren(Dim(0) + 1) * Dim(1)) == "(c0 + 1) * c1"
+
+
+@pytest.mark.parametrize("family", [ELEMENTWISE, ROWS], ids=["elementwise", "rows"])
+def test_every_variant_is_written_and_tried_and_the_last_tried_runs_any_plan(family):
+    assert sorted(v.__name__ for v in family.written) == sorted(v.__name__ for v in family.tried)
+    assert len(set(family.written)) == len(family.written)
+    assert family.tried[-1].applies(None)  # the fallback takes any plan of its kind
+    for a, b in family.exclusive:
+        assert a in family.written and b in family.written
+
+
+def test_variants_that_cannot_both_run_a_plan_are_refused_together():
+    class AlwaysWide(WideKernel):
+        @staticmethod
+        def applies(plan):
+            return True
+
+    class AlwaysAcross(AcrossKernel):
+        @staticmethod
+        def applies(plan):
+            return True
+
+    family = Family(
+        "",
+        (TileKernel, AlwaysAcross, AlwaysWide),
+        (AlwaysWide, AlwaysAcross, TileKernel),
+        ((AlwaysWide, AlwaysAcross),),
+    )
+    with pytest.raises(AssertionError, match="both apply"):
+        family.variants(None)
