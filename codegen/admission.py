@@ -15,14 +15,12 @@ where it computes exactly what those lines compute:
 - the modules the lines call are of the same class, set up the same way, and in the same mode where
   their computation depends on it (`analysis/module_checks.py`).
 
-Text only, like the rest of codegen: the function is printed into the kernel module.
+Text only, like the rest of codegen: the function is printed into the kernel module, whose
+`runtime/fits.py` holds the helpers it calls.
 """
 
 from __future__ import annotations
 
-import inspect
-
-from fuselens.analysis import settings
 from fuselens.analysis.module_checks import ModuleCheck
 
 from .code_buffer import CodeBuffer
@@ -139,69 +137,3 @@ def _checks_literal(checks: list[ModuleCheck]) -> str:
     """The module checks as the kernel module holds them: (path, class, settings, settings passed, mode) tuples."""
     rows = [f"({c.path!r}, {c.type_name!r}, {c.settings!r}, {c.taken!r}, {c.mode!r})" for c in checks]
     return "(\n" + "".join(f"    {row},\n" for row in rows) + ")"
-
-
-# The kernel module's helpers for the `fits` functions; `module_settings` is the analysis's own text, so
-# that the settings compared at run time are made as the recorded ones were.
-RUNTIME = (
-    '''
-
-def _tensors_of_ranks(tensors, ranks):
-    """Whether each of `tensors` is a tensor of its rank in `ranks`."""
-    return all([isinstance(t, torch.Tensor) and t.dim() == r for t, r in zip(tensors, ranks)])
-
-
-def _numbers_fit(numbers, kinds):
-    """Whether each of `numbers` is a plain number of its kind ("float" takes an int too), as the kernel takes it."""
-    for value, kind in zip(numbers, kinds):
-        if isinstance(value, bool) or not isinstance(value, (int, float) if kind == "float" else int):
-            return False
-    return True
-
-
-def _no_gradients(tensors):
-    """Whether no gradient is wanted of these tensors, so that only the forward kernel runs."""
-    return not torch.is_grad_enabled() or not any([t.requires_grad for t in tensors])
-
-
-def _modules_match(module, checks):
-    """Whether the modules the replaced lines call, reached from `module` (their function's `self`), are
-    those the kernel was made for: each (path, class, settings, settings passed, mode) of `checks` holds (a
-    setting the call passes the kernel as a number may have any value)."""
-    if module is None:
-        return False
-    for path, type_name, settings, passed, mode in checks:
-        found = module
-        for part in path.split(".") if path else ():
-            found = getattr(found, part, None)
-            if found is None:
-                return False
-        if type_name and class_identity(type(found)) != type_name:
-            return False
-        if mode is not None and getattr(found, "training", None) is not mode:
-            return False
-        if type_name and {k: v for k, v in module_settings(found).items() if k not in passed} != settings:
-            return False
-    return True
-
-
-def _made_match(made, checks):
-    """Whether the modules the lines made where they call them (`made`, as the call asked each expression
-    again) are of the class and settings of each of `checks`, in turn."""
-    if len(made) != len(checks):
-        return False
-    for found, (_, type_name, settings, passed, _mode) in zip(made, checks):
-        if class_identity(type(found)) != type_name:
-            return False
-        if {k: v for k, v in module_settings(found).items() if k not in passed} != settings:
-            return False
-    return True
-
-'''
-    + "from typing import Any\n\n\n"
-    + inspect.getsource(settings.module_settings)
-    + "\n\n"
-    + inspect.getsource(settings.setting_value)
-    + "\n\n"
-    + inspect.getsource(settings.class_identity)
-)

@@ -16,9 +16,6 @@ from .lowering import helpers_used
 from .plan import KernelPlan
 from .variants import Context, family_of
 
-MAX_BLOCK_ROW = 8192  # widest row the `_block` variant holds in registers
-LOOP_BLOCK = 4096  # column block of the `_loop` variant
-
 
 @dataclass
 class Emitted:
