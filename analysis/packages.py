@@ -112,22 +112,34 @@ def _users(root: str, home: str) -> bool:
 
 
 class _ModuleFiles:
-    """Each imported module's file, by its absolute path; read again when `sys.modules` has grown."""
+    """Each imported module's file, by its absolute path.  A file found is checked against the module
+    still imported under its name; the table is read again only for a file not found, and only when
+    `sys.modules` has changed since: a trace adds and removes a stand-in module each time
+    (`capture.without_dynamo_import`), and reading ~2,000 modules again twice a trace cost more than
+    the trace."""
 
     def __init__(self) -> None:
         self._seen = -1
         self._names: dict[str, str] = {}
 
     def name(self, path: str) -> str | None:
+        found = self._names.get(path)
+        if found is not None and _file_of(sys.modules.get(found)) == path:
+            return found
         if len(sys.modules) != self._seen:
             self._seen = len(sys.modules)
             names: dict[str, str] = {}
             for name, module in list(sys.modules.items()):
-                known = getattr(module, "__file__", None)
-                if isinstance(known, str) and name != "__main__":
-                    names.setdefault(os.path.abspath(known), name)
+                known = _file_of(module)
+                if known is not None and name != "__main__":
+                    names.setdefault(known, name)
             self._names = names
         return self._names.get(path)
+
+
+def _file_of(module: object) -> str | None:
+    known = getattr(module, "__file__", None)
+    return os.path.abspath(known) if isinstance(known, str) else None
 
 
 _MODULE_FILES = _ModuleFiles()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import inspect
 import linecache
 import os
@@ -75,6 +76,14 @@ class _Source:
             span = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
             if isinstance(node, ast.expr) or span not in self.by_span:
                 self.by_span[span] = node
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(text: str) -> _Source:
+    """The parsed source of a file's `text`, kept across traces: an analysis traces several paths, and the
+    worker host's warm-up parses torch's own files (`nn/functional.py`, a tenth of a second each) once for
+    every job it forks.  Nothing changes a `_Source` after it is made."""
+    return _Source(text)
 
 
 class ScalarSources:
@@ -289,7 +298,7 @@ class ScalarSources:
     def _source(self, filename: str) -> _Source:
         source = self._sources.get(filename)
         if source is None:
-            source = self._sources[filename] = _Source("".join(linecache.getlines(filename)))
+            source = self._sources[filename] = _parsed("".join(linecache.getlines(filename)))
         return source
 
     def _model_frames(self, frame: types.FrameType) -> Iterator[types.FrameType]:
