@@ -111,6 +111,15 @@ class Client(LanguageClient):
         return fut
 
 
+async def save_to_diagnostics_ms(client: Client, uri: str, version: int) -> float:
+    """Save `uri` (its text already at `version`): milliseconds until that version's diagnostics arrive."""
+    waiter = client.wait_for(uri, version)
+    t0 = time.perf_counter()
+    client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
+    done, _ = await asyncio.wait_for(waiter, 120)
+    return (done - t0) * 1000
+
+
 async def start_server(work: str, inductor: bool, *serve_args: str) -> tuple[Client, int]:
     """`fuselens serve` over stdio on the trusted folder `work`, initialized; and its pid."""
     client = Client()
@@ -162,11 +171,7 @@ async def bench(saves: int, requests: int, inductor: bool) -> None:
                     ],
                 )
             )
-            waiter = client.wait_for(uri, version)
-            t0 = time.perf_counter()
-            client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
-            done, _ = await asyncio.wait_for(waiter, 120)
-            timings.append((done - t0) * 1000)
+            timings.append(await save_to_diagnostics_ms(client, uri, version))
         jobs = analysis_times(client, name, range(2, version + 1))
         print(
             f"{label}: save -> diagnostics p50 {statistics.median(timings):.0f} ms, p95 {pct(timings, 0.95):.0f} ms "
@@ -401,11 +406,7 @@ async def library_loop(saves: int, pause: float, others: bool) -> None:
         )
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
-        waiter = client.wait_for(uri, version)
-        t0 = time.perf_counter()
-        client.text_document_did_save(lsp.DidSaveTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
-        done, _ = await asyncio.wait_for(waiter, 120)
-        timings.append((done - t0) * 1000)
+        timings.append(await save_to_diagnostics_ms(client, uri, version))
     print(
         f"  save -> diagnostics p50 {statistics.median(timings):.0f} ms, max {max(timings):.0f} ms over {saves} saves "
         f"{pause:g} s apart ({', '.join(f'{t:.0f}' for t in timings)} ms)"
