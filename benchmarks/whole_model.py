@@ -1,13 +1,17 @@
 """Whole models after `fuselens apply`, against eager and torch.compile, on one CUDA device.
 
-    python benchmarks/whole_model.py [--only llama_block.py ...] [--dtype bfloat16] [--out DIR]
+    python benchmarks/whole_model.py [--only llama_block.py ...] [--dtype bfloat16] [--train] [--profile] [--out DIR]
 
 Each example of `benchmarks/gpu.py`'s suite, at its DRAM-size shapes, is copied to a temporary
 folder and applied (every cluster that applies), then the original and the applied model (the same
 weights) are timed in one process, CUDA-graph replay (no launch gaps), the replays sampled in
 turn: eager; torch.compile, mode "default"; torch.compile, mode "max-autotune-no-cudagraphs"; the
 applied model; the applied model under torch.compile (default).  The applied model's largest
-difference from eager is printed too.  Writes results.json and results.md to --out.
+difference from eager is printed too.  With `--train` each is timed for one training step instead: the
+model in training mode, its forward and `torch.autograd.grad` of its output (a fixed random upstream
+gradient) with respect to its parameters and floating-point inputs, with the peak memory one step
+allocates beyond its inputs.  `--profile` prints, for eager and the applied model, the CUDA kernels of
+one step that took the most time.  Writes whole_model.json and whole_model.md to --out.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 
-def run_example(example: str, dtype: str) -> dict:
+def run_example(example: str, dtype: str, train: bool = False, profile: bool = False) -> dict:
     import torch
 
     from fuselens.contracts.config import model_settings
@@ -52,35 +56,98 @@ def run_example(example: str, dtype: str) -> dict:
     applied = getattr(load_model_file(path, f"applied_{cls}"), cls)
     torch_dtype = getattr(torch, dtype)
     torch.manual_seed(0)
-    a = original(**init).to("cuda", torch_dtype).eval()
-    b = applied(**init).to("cuda", torch_dtype).eval()
+    a = original(**init).to("cuda", torch_dtype).train(train)
+    b = applied(**init).to("cuda", torch_dtype).train(train)
     b.load_state_dict(a.state_dict())
     inputs = [
         torch.randint(0, 50000, tuple(s), device="cuda") if ints else torch.randn(*s, device="cuda", dtype=torch_dtype)
         for s in shapes
     ]
-    with torch.no_grad():
-        models = {
-            "eager": a,
-            "compile_default": torch.compile(a),
-            "compile_max_autotune_no_cudagraphs": torch.compile(a, mode="max-autotune-no-cudagraphs"),
-            "applied": b,
-            "applied_compiled": torch.compile(b),
-        }
-        fns = {name: functools.partial(m, *inputs) for name, m in models.items()}
-        want, got = a(*inputs), b(*inputs)
-        graphs = {name: graph_replay(fn) for name, fn in fns.items()}
-        times = medians_in_turn(graphs, 15)
-    return {
+    models = {
+        "eager": a,
+        "compile_default": torch.compile(a),
+        "compile_max_autotune_no_cudagraphs": torch.compile(a, mode="max-autotune-no-cudagraphs"),
+        "applied": b,
+        "applied_compiled": torch.compile(b),
+    }
+    row = {
         "example": example,
         "dtype": dtype,
         "shapes": shapes,
+        "mode": "training step" if train else "inference",
         "applied": result.applied,
         "skipped": result.skipped,
-        "graph_us": times,
-        "max_abs": (got.float() - want.float()).abs().max().item(),
-        "output_max_abs": want.float().abs().max().item(),
     }
+    if train:
+        fns = {name: training_step(m, inputs) for name, m in models.items()}
+        row["peak_mb"] = {name: peak_memory_mb(fn) for name, fn in fns.items()}
+        if profile:
+            for name in ("eager", "applied"):
+                print(f"--- {example}, {name}, one training step", flush=True)
+                print(top_kernels(fns[name]), flush=True)
+        graphs = {name: graph_replay(fn) for name, fn in fns.items()}
+        row["graph_us"] = medians_in_turn(graphs, 15)
+        torch.manual_seed(1)
+        want = a(*inputs)
+        torch.manual_seed(1)
+        got = b(*inputs)
+    else:
+        with torch.no_grad():
+            fns = {name: functools.partial(m, *inputs) for name, m in models.items()}
+            if profile:
+                for name in ("eager", "applied"):
+                    print(f"--- {example}, {name}, one forward", flush=True)
+                    print(top_kernels(fns[name]), flush=True)
+            want, got = a(*inputs), b(*inputs)
+            graphs = {name: graph_replay(fn) for name, fn in fns.items()}
+            row["graph_us"] = medians_in_turn(graphs, 15)
+    row["max_abs"] = (got.float() - want.float()).abs().max().item()
+    row["output_max_abs"] = want.float().abs().max().item()
+    return row
+
+
+def training_step(model, inputs: list):
+    """One step: the forward, then the gradients of its output (a fixed upstream gradient) with respect
+    to the parameters and the floating-point inputs, as an optimizer step would need them."""
+    import torch
+
+    leaves = [x.detach().requires_grad_() if x.is_floating_point() else x for x in inputs]
+    wrt = [p for p in model.parameters() if p.requires_grad] + [x for x in leaves if x.requires_grad]
+    upstream = None
+
+    def step():
+        nonlocal upstream
+        out = model(*leaves)
+        if upstream is None:
+            upstream = torch.randn_like(out)
+        return torch.autograd.grad(out, wrt, upstream)
+
+    return step
+
+
+def peak_memory_mb(fn) -> float:
+    """What one call allocates at its peak beyond what was allocated before it."""
+    import torch
+
+    fn()  # compiled models compile here, outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def top_kernels(fn, rows: int = 15) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
 
 
 def markdown(rows: list[dict], device: str, versions: str) -> str:
@@ -88,18 +155,26 @@ def markdown(rows: list[dict], device: str, versions: str) -> str:
     lines = [
         f"Device: {device}; {versions}",
         "",
-        "| example | dtype | applied | " + " | ".join(f"{n} µs" for n in names) + " | applied vs eager | "
+        "| example | mode | dtype | applied | " + " | ".join(f"{n} µs" for n in names) + " | applied vs eager | "
         "applied vs compile default | max abs diff |",
-        "|" + "---|" * (len(names) + 6),
+        "|" + "---|" * (len(names) + 7),
     ]
     for r in rows:
         g = r["graph_us"]
         lines.append(
-            f"| {r['example'].removesuffix('.py')} | {r['dtype']} | {len(r['applied'])} of "
+            f"| {r['example'].removesuffix('.py')} | {r.get('mode', 'inference')} | {r['dtype']} | {len(r['applied'])} of "
             f"{len(r['applied']) + len(r['skipped'])} | " + " | ".join(f"{g[n]:.1f}" for n in names) + " | "
             f"{g['eager'] / g['applied']:.3f}× | {g['compile_default'] / g['applied']:.3f}× | "
             f"{r['max_abs']:.3g} (of {r['output_max_abs']:.3g}) |"
         )
+    peaks = [r for r in rows if "peak_mb" in r]
+    if peaks:
+        lines += ["", "Peak memory of one step beyond its inputs, MB:", ""]
+        lines += ["| example | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+        for r in peaks:
+            lines.append(
+                f"| {r['example'].removesuffix('.py')} | " + " | ".join(f"{r['peak_mb'][n]:.0f}" for n in names) + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +182,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", help="example file(s) to run (default: all)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--train", action="store_true", help="time a training step instead of a forward")
+    parser.add_argument("--profile", action="store_true", help="print each model's slowest kernels")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     import torch
@@ -120,7 +197,7 @@ def main() -> int:
     # The branchy model reads a value (`if h.mean() > 0:`): no CUDA graph can capture it.
     for example in args.only or [e for e in SUITE if e != "branchy.py"]:
         print(f"… {example}", file=sys.stderr, flush=True)
-        rows.append(run_example(example, args.dtype))
+        rows.append(run_example(example, args.dtype, args.train, args.profile))
         torch._dynamo.reset()
         text = markdown(rows, device, versions)  # written after each example: a long suite keeps what it measured
         with open(os.path.join(args.out, "whole_model.json"), "w", encoding="utf-8") as fh:
