@@ -50,7 +50,7 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         console.print("nothing applied: no cluster could be applied (each skip above says why)")
         return 1
     if not result.applied:
-        console.print(f"nothing to apply: {escape(os.path.relpath(args.file))} has no fusable cluster")
+        console.print(f"nothing to apply: {escape(os.path.relpath(args.file))} has no fusable cluster or rewrite")
         return 0
     console.print(
         f"applied {', '.join(result.applied)} to {escape(os.path.relpath(args.file))}; "

@@ -78,9 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compile with torch.compile and compare its fusions with ours (slower)",
     )
 
-    apply = sub.add_parser("apply", help="write the kernel module and replace exact clusters in FILE")
+    apply = sub.add_parser("apply", help="write the kernel module, replace exact clusters and rewrite patterns in FILE")
     _analysis_arguments(apply)
-    apply.add_argument("--cluster", action="append", help="apply only these cluster ids (c0, c1, ...)")
+    apply.add_argument(
+        "--cluster", action="append", help="apply only these cluster ids (c0, c1, ...) and rewrite ids (r0, ...)"
+    )
     apply.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     apply.add_argument(
         "--no-check",
@@ -94,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     restore = sub.add_parser("restore", help="put back the code `apply` replaced in FILE")
     restore.add_argument("file")
-    restore.add_argument("--kernel", action="append", help="restore only these kernels (cluster0, ...)")
+    restore.add_argument(
+        "--kernel", action="append", help="restore only these kernels (cluster0, ...) and rewrites (rewrite_<digest>)"
+    )
     restore.add_argument("--out-dir", help="where apply wrote the kernel module (default: beside FILE)")
     restore.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 

@@ -60,7 +60,8 @@ def run_restore(args: argparse.Namespace) -> int:
         write_edited(read, new_bytes)
     except files.Refused as exc:
         return _refused(console, str(exc))
-    console.print(f"restored {', '.join(plan.restored)} in {rel} (the kernel module is left as it is)")
+    restored = ", ".join(plan.labels.get(name, name) for name in plan.restored)
+    console.print(f"restored {escape(restored)} in {rel} (the kernel module is left as it is)")
     return 0
 
 

@@ -11,19 +11,12 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fuselens.contracts.report import Cluster, Report
 
-
-@dataclass(frozen=True)
-class LineEdit:
-    """Replace lines `start..end` (1-based, inclusive) with `text`; `end == start - 1` inserts."""
-
-    start: int
-    end: int
-    text: str  # whole lines, each ending in a newline
-
+from . import rewrites as rewrites_mod
+from .line_edits import LineEdit, after_imports_in, apply_line_edits
 
 INSTALL = "install"  # the kernel module's function that puts its library patches in place
 _INSTALL_CALL = f"{INSTALL}()  # fused kernels inside the library's code (the kernel module's uninstall() undoes it)\n"
@@ -77,7 +70,7 @@ def import_edit(source: str, model_file: str, module_path: str, wanted: list[str
             names = sorted(set(have) | set(wanted), key=natural_order)
             end = node.end_lineno or node.lineno
             return LineEdit(node.lineno, end, import_statement(model_file, module_path, names) + "\n" + call)
-    at = _after_imports(tree) if tree is not None else 1
+    at = after_imports_in(tree) if tree is not None else 1
     return LineEdit(at, at - 1, import_statement(model_file, module_path, wanted) + "\n" + call)
 
 
@@ -103,24 +96,6 @@ def _imported_from(node: ast.stmt, module: str) -> list[str] | None:
 def natural_order(name: str):
     """Sort key that puts cluster2 before cluster10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
-def _after_imports(tree: ast.Module) -> int:
-    """The line after the last import at the top of the module (after the docstring)."""
-    last = 0
-    for i, node in enumerate(tree.body):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or (
-            i == 0
-            and isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            last = node.end_lineno or node.lineno
-        elif isinstance(node, ast.If) and last:  # `if TYPE_CHECKING:` and the like end the header
-            break
-        else:
-            break
-    return last + 1
 
 
 def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = None) -> list[LineEdit]:
@@ -155,6 +130,18 @@ def cluster_edits(source: str, report: Report, cluster_ids: list[str] | None = N
     return edits
 
 
+def fix_edits(source: str, report: Report, ids: list[str] | None = None) -> list[LineEdit]:
+    """The edits that apply the clusters and rewrites `ids` (all of them when None) to `source`: the
+    clusters' edits but for those a chosen rewrite replaces (their ops are the rewrite's, or their lines
+    are), then the rewrites' (`rewrites.rewrite_edits`; `rewrites.Stale` when a rewrite's lines are no
+    longer as it was made from them)."""
+    rewrites = rewrites_mod.chosen_rewrites(report, ids)
+    replaced = rewrites_mod.replaced_clusters(report, rewrites)
+    clusters = [c.id for _, c in report.clusters() if (ids is None or c.id in ids) and c.id not in replaced]
+    edits = cluster_edits(source, report, clusters) if clusters else []
+    return edits + rewrites_mod.rewrite_edits(source, rewrites)
+
+
 def by_id(report: Report, cluster_id: str) -> Cluster | None:
     return next((c for _, c in report.clusters() if c.id == cluster_id), None)
 
@@ -166,12 +153,13 @@ def _edit_of(cluster: Cluster | None) -> tuple[int, int, str] | None:
 
 @dataclass
 class Restore:
-    """How to put back the code of applied clusters: the edits, the kernels they restore, and why the
-    others cannot be (the user changed the call since)."""
+    """How to put back the code of applied clusters and rewrites: the edits, the kernels (and rewrite
+    records) they restore, and why the others cannot be (the user changed the call since)."""
 
     edits: list[LineEdit]
     restored: list[str]
     refused: list[str]
+    labels: dict[str, str] = field(default_factory=dict)  # a restored rewrite record's name -> what it rewrote
 
 
 def kept_originals(module_text: str) -> dict[str, tuple[str, str]]:
@@ -197,8 +185,9 @@ def kept_originals(module_text: str) -> dict[str, tuple[str, str]]:
 def restore_edits(
     source: str, model_file: str, module_path: str, module_text: str, names: list[str] | None = None
 ) -> Restore:
-    """Edits that put back the original lines of the kernels `names` the file calls (all of them, and
-    the library patches' `install()`, when None), and drop them from the kernel module's import."""
+    """Edits that put back the original lines of the kernels `names` the file calls and of the rewrites
+    `names` (their records' names) it holds (all of them, and the library patches' `install()`, when
+    None), and drop them from the kernel module's import (and the imports only the rewrites used)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -208,7 +197,8 @@ def restore_edits(
     module = _module_name(module_path)
     imported = next((have for n in tree.body if (have := _imported_from(n, module)) is not None), [])
     kept = kept_originals(module_text)
-    wanted = [n for n in imported if n in kept] if names is None else names
+    records = rewrites_mod.kept_rewrites(module_text)
+    wanted = [n for n in imported if n in kept] if names is None else [n for n in names if n not in records]
     lines = source.splitlines(keepends=True)
     result = Restore([], [], [])
     pending = list(wanted)
@@ -240,6 +230,13 @@ def restore_edits(
         gone.add(INSTALL)
         result.restored.append(INSTALL)
     restored = _without_imports("".join(lines), model_file, module_path, module, gone)
+    asked = None if names is None else [n for n in names if n in records]
+    if asked is None or asked:
+        rewritten = rewrites_mod.restore_rewrites(restored, records, asked)
+        restored = rewritten.text
+        result.restored += rewritten.restored
+        result.refused += rewritten.refused
+        result.labels.update(rewritten.labels)
     result.edits = _changed_lines(source, restored)
     return result
 
@@ -292,12 +289,3 @@ def _is_install_call(node: ast.stmt) -> bool:
         and isinstance(node.value.func, ast.Name)
         and node.value.func.id == INSTALL
     )
-
-
-def apply_line_edits(source: str, edits: list[LineEdit]) -> str:
-    lines = source.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
-        lines[edit.start - 1 : edit.end] = [edit.text] if edit.text else []
-    return "".join(lines)

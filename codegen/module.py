@@ -16,6 +16,7 @@ import re
 from fuselens.contracts.report import Edit, Report
 
 from . import patches as patches_mod
+from . import rewrites as rewrites_mod
 from .edits import natural_order
 from .files import GENERATED
 from .lowering import HELPERS, helpers_used
@@ -52,8 +53,8 @@ def section(name: str, summary: str, text: str) -> str:
     return f"{MARKER}{name}: {summary}\n\n{text.rstrip()}\n"
 
 
-# Where a section starts: a kernel's, a library patch's, or the patches' runtime.
-_SECTION_RE = re.compile(r"^# ---- (?:fused kernel|library patch)", re.M)
+# Where a section starts: a kernel's, a library patch's, the patches' runtime, or a source rewrite's record.
+_SECTION_RE = re.compile(r"^# ---- (?:fused kernel|library patch|source rewrite)", re.M)
 
 
 def existing_sections(module_text: str) -> dict[str, str]:
@@ -78,10 +79,15 @@ def _sections(module_text: str, marker: re.Pattern[str]) -> dict[str, str]:
 
 
 def render_module(
-    source_name: str, sections: dict[str, str], patches: dict[str, str] | None = None, alias: str = ""
+    source_name: str,
+    sections: dict[str, str],
+    patches: dict[str, str] | None = None,
+    alias: str = "",
+    rewrites: dict[str, str] | None = None,
 ) -> str:
     """A whole module from {name: section text}, sections in natural name order, then the library
-    patches {"module.qualname": section text} and what installs them."""
+    patches {"module.qualname": section text} and what installs them, then the records of the source
+    rewrites applied {record name: section text} (what restoring them needs)."""
     ordered = [sections[k] for k in sorted(sections, key=natural_order)]
     helpers: list[str] = []
     for text in ordered:
@@ -93,6 +99,8 @@ def render_module(
     if patches:
         parts.append(patches_mod.runtime(alias))
         parts += [patches[k] for k in sorted(patches)]
+    if rewrites:
+        parts += [rewrites[k] for k in sorted(rewrites)]
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
@@ -104,11 +112,17 @@ def restore_record(name: str, edit: Edit) -> str:
     )
 
 
-def module_for_report(report: Report, existing: str | None = None, patched: list[str] | None = None) -> str:
+def module_for_report(
+    report: Report,
+    existing: str | None = None,
+    patched: list[str] | None = None,
+    rewritten: list[rewrites_mod.Record] | None = None,
+) -> str:
     """The kernel module for `report`, keeping the sections of `existing` it does not replace, with
-    library patches for the clusters `patched` added to those `existing` has.  (A file whose patches
-    are installed is analyzed with them in place: their clusters are kernels in its report, and their
-    sections are kept as they are.)"""
+    library patches for the clusters `patched` added to those `existing` has, and the records of the
+    source rewrites `rewritten` added to those it keeps.  (A file whose patches are installed is
+    analyzed with them in place: their clusters are kernels in its report, and their sections are kept
+    as they are.)"""
     sections = existing_sections(existing) if existing else {}
     clusters = [c for _, c in report.clusters()]
     for c in clusters:
@@ -118,6 +132,8 @@ def module_for_report(report: Report, existing: str | None = None, patched: list
             sections[c.kernel.name] = section(c.kernel.name, f"{c.op_chain} ({where})", text)
     patches = existing_patches(existing or "")
     patches.update(patches_mod.patch_sections([c for c in clusters if c.patch and c.id in (patched or [])]))
+    records = rewrites_mod.existing_records(existing or "")
+    records.update({r.name: rewrites_mod.record_section(r) for r in rewritten or []})
     module_path = next((c.kernel.path for c in clusters if c.kernel), report.file)
     alias = patches_mod.kernel_alias(module_path)
-    return render_module(os.path.basename(report.file), sections, patches, alias)
+    return render_module(os.path.basename(report.file), sections, patches, alias, records)

@@ -24,8 +24,9 @@ from .profile import Profile
 # 2: a model that was analyzed says "analyzed"; 3: code in libraries, reached_from; 4: library patches,
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
-# report names, wherever they are installed; 11: the `view` rejection reason
-SCHEMA_VERSION = 12
+# report names, wherever they are installed; 11: the `view` rejection reason; 13: a pattern's source
+# rewrite (`Rewrite`), or why it has none
+SCHEMA_VERSION = 13
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -285,6 +286,46 @@ class Rejection:
     reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
 
 
+# Stable codes for a pattern whose kind has a source rewrite but that cannot be rewritten here (the
+# sentence beside each code in a report says precisely what stops it).
+REWRITE_REFUSALS = {
+    "elsewhere": "its code is not in the analyzed file, or not in one function's statements that a rewrite can replace",
+    "escapes": "a value inside it is used elsewhere (returned, stored, read by later code)",
+    "modified": "a value inside it is changed by code the rewrite cannot express (another module, an unknown op)",
+    "mask": "its mask cannot be passed to the fused call as it is computed",
+    "scale": "its scale is not a number the fused call can take",
+    "shape": "its operands are not laid out as the fused call needs",
+    "torch": "the installed torch has no fused call that computes it",
+}
+
+
+@dataclass
+class Rewrite:
+    """A rewrite of the user's source that stands in for a pattern's code (hand-written attention becomes
+    `F.scaled_dot_product_attention`): whole lines `start_line..end_line` of `file` are replaced by `text`.
+
+    It is written only where those lines still read `original`: a rewrite made for other text is stale
+    and refused, never written over what the user typed since.  `fuselens apply` and the quick fix write
+    it (with the clusters, leaving out those it `replaces`), and keep `text` and `original` in the
+    kernel module for `fuselens restore` and the restore action to put the lines back."""
+
+    id: str  # "r0", "r1", ...: numbered across the file's models, as clusters are
+    file: str
+    start_line: int  # 1-based, inclusive
+    end_line: int
+    original: str  # the lines as analyzed, each ending in a newline
+    text: str  # the lines written in their place, each ending in a newline
+    # Top-level import statements `text` needs ("import torch.nn.functional as F"): each added after the
+    # file's imports where the file does not have it.
+    imports: list[str] = field(default_factory=list)
+    torch_version: str = ""  # the oldest torch `text` runs under ("2.5" for `enable_gqa`); "" for any
+    title: str = ""  # the quick fix's title: "Rewrite lines 62–64 as F.scaled_dot_product_attention"
+    call: str = ""  # the call written, for display: "F.scaled_dot_product_attention(q, k, v, scale=...)"
+    note: str = ""  # what else a reader should know (a repeat kept, a mask cast to the query's dtype)
+    # Clusters whose ops it computes, or whose lines it rewrites: not applied with it.
+    replaces: list[str] = field(default_factory=list)
+
+
 @dataclass
 class PatternEstimate:
     bytes_before: int | None
@@ -304,6 +345,11 @@ class Pattern:
     multiplicity: int = 1
     summary: str = ""
     reached_from: SourceRef | None = None  # the user's line reaching it, when it is in a library
+    # The source rewrite that applies it (patterns of a kind that has one: `attention`), or why there is
+    # none: a code from REWRITE_REFUSALS and the sentence that says what stops it.
+    rewrite: Rewrite | None = None
+    refusal: str = ""
+    refusal_detail: str = ""
 
 
 @dataclass
@@ -410,3 +456,10 @@ class Report:
         for model in self.models:
             for cluster in model.clusters:
                 yield model, cluster
+
+    def rewrites(self) -> Iterator[tuple[Model, Pattern, Rewrite]]:
+        """Every pattern's source rewrite, with its model and pattern."""
+        for model in self.models:
+            for pattern in model.patterns:
+                if pattern.rewrite is not None:
+                    yield model, pattern, pattern.rewrite

@@ -1,4 +1,5 @@
-"""Apply: write the kernel module and replace each exactly-mapped cluster's lines.
+"""Apply: write the kernel module and replace each exactly-mapped cluster's lines, and each pattern's
+lines that a source rewrite stands in for (`F.scaled_dot_product_attention` for hand-written attention).
 
 Given validation options, the kernels are checked before anything is written, as `fuselens
 validate` checks them (each kernel against the lines it stands in for, then each model patched as a
@@ -9,7 +10,8 @@ written: the check and the writes happen under the lock every writer of the file
 keeps its bytes but for the lines that change: its encoding, byte-order mark and line endings
 (`codegen/source_file.py`).  Clusters that do not apply are never touched, a kernel module of the
 same name that fuselens did not write is never overwritten, and no write follows a symbolic link
-(`codegen/files.py`).
+(`codegen/files.py`).  A cluster whose ops a rewrite applied with it computes is left out (the
+rewrite replaces its lines), and a rewrite is written only over the lines it was made from.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from dataclasses import dataclass, field
 
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
+from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.source_file import SourceError, SourceFile, edited_bytes, read_source, split_lines
 from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions, no_progress
+from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ModelCheck
 from fuselens.validate import runner
 
@@ -67,20 +71,31 @@ def apply_file(
         result.refused = "; ".join(f"line {p.line}: {p.message}" for p in report.problems)
         return result
     result.skipped = unanalyzed_models(report)
+    rewrites = rewrites_mod.chosen_rewrites(report, cluster_ids or None)
+    replaced = rewrites_mod.replaced_clusters(report, rewrites)
     wanted = [c for _, c in report.clusters() if not cluster_ids or c.id in cluster_ids]
+    result.skipped += [
+        f"{c.id} ({c.op_chain}): {_replaced_by(report, replaced[c.id])}" for c in wanted if c.id in replaced
+    ]
+    wanted = [c for c in wanted if c.id not in replaced]
     exact = [c for c in wanted if c.edit is not None or c.patch is not None]
     result.skipped += [f"{c.id} ({c.op_chain}): {c.apply_detail}" for c in wanted if c not in exact]
-    if cluster_ids and set(cluster_ids) - {c.id for c in wanted}:
+    if not cluster_ids:
+        result.skipped += _not_rewritten(report)
+    if cluster_ids and set(cluster_ids) - {c.id for _, c in report.clusters()} - {r.id for r in rewrites}:
         result.refused = no_such_clusters(report, cluster_ids)
         return result
-    if exact and check is not None:
-        failing = _failing_validation(path, analyzed, [c.id for c in exact], check, progress)
+    if (exact or rewrites) and check is not None:
+        ids = [c.id for c in exact] + [r.id for r in rewrites]
+        failing = _failing_validation(path, analyzed, ids, check, progress)
         if failing is None:
             result.refused = "the kernels could not be validated here; pass --no-check to apply without validating"
             return result
         result.skipped += [f"{c.id} ({c.op_chain}): {failing[c.id]}" for c in exact if c.id in failing]
+        result.skipped += [f"{r.id} ({r.call}): {failing[r.id]}" for r in rewrites if r.id in failing]
         exact = [c for c in exact if c.id not in failing]
-    if not exact:
+        rewrites = [r for r in rewrites if r.id not in failing]
+    if not exact and not rewrites:
         return result
     try:  # before asking: a hand-written file of the module's name, or a link, refuses the whole apply
         files.check_kernel_module(result.module_path)
@@ -89,7 +104,12 @@ def apply_file(
     except files.Refused as exc:
         result.refused = str(exc)
         return result
-    new_source = edits_mod.apply_line_edits(source, edits_mod.cluster_edits(source, report, [c.id for c in exact]))
+    ids = [c.id for c in exact] + [r.id for r in rewrites]
+    try:
+        new_source = edits_mod.apply_line_edits(source, edits_mod.fix_edits(source, report, ids))
+    except rewrites_mod.Stale as exc:
+        result.refused = str(exc)
+        return result
     try:  # before asking: an encoding that cannot hold the edited lines
         new_bytes = edited_bytes(read, new_source)
     except SourceError as exc:
@@ -99,14 +119,39 @@ def apply_file(
     if not confirm(result):
         result.refused = NOT_CONFIRMED
         return result
+    records = rewrites_mod.records(source, report, [r.id for r in rewrites])
     try:
-        module = (result.module_path, lambda existing: module_for_report(report, existing, [c.id for c in exact]))
+        module = (
+            result.module_path,
+            lambda existing: module_for_report(report, existing, [c.id for c in exact], records),
+        )
         write_edited(read, new_bytes, module)
     except files.Refused as exc:
         result.refused = str(exc)
         return result
-    result.applied = [c.id for c in exact]
+    result.applied = ids
     return result
+
+
+def _replaced_by(report: Report, rewrite_id: str) -> str:
+    """Why a cluster is not applied beside the rewrite `rewrite_id`."""
+    rewrite = next(r for _, _, r in report.rewrites() if r.id == rewrite_id)
+    return f"the rewrite {rewrite_id} computes its ops ({rewrite.call})"
+
+
+def _not_rewritten(report: Report) -> list[str]:
+    """A line for each pattern of a kind that has a rewrite, where it has none, saying why."""
+    out = []
+    for model in report.models:
+        for pattern in model.patterns:
+            if pattern.refusal:
+                span = (
+                    f"line {pattern.lines[0]}"
+                    if pattern.lines[0] == pattern.lines[1]
+                    else f"lines {pattern.lines[0]}–{pattern.lines[1]}"
+                )
+                out.append(f"{pattern.name} ({model.name}, {span}): not rewritten: {pattern.refusal_detail}")
+    return out
 
 
 def unified_diff(path: str, before: str, after: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fuselens.analysis import cost, places, sourcemap
 from fuselens.analysis import patterns as patterns_mod
+from fuselens.analysis import rewrites as rewrites_mod
 from fuselens.analysis.capture import Trace
 from fuselens.analysis.detect import Detection, Group, Rejected, Split, detect
 from fuselens.analysis.graph import Graph, Node
@@ -408,4 +409,9 @@ def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
     )
     if not _here(pattern.file, source):
         pattern.reached_from = _reached_from(graph, m.nodes, source)
+    built = rewrites_mod.rewrite_of(graph, m, source)
+    if isinstance(built, R.Rewrite):
+        pattern.rewrite = built
+    elif built is not None:
+        pattern.refusal, pattern.refusal_detail = built.code, built.detail
     return pattern

@@ -3,7 +3,8 @@
 Cluster ids (`c0`, `c1`, ...) and kernel names (`cluster0`, ...) are numbered across the
 file's models in report order, skipping names the file already imports from its kernel
 module (those keep their kernels).  Exact clusters get the call-site edit `fuselens apply`
-and the quick fix make.
+and the quick fix make.  Patterns' source rewrites are numbered after them (`r0`, ...), each with the
+clusters it replaces.
 
 The kernels' code, and each cluster's backward (its gradients captured and planned as one more
 kernel: most of the step's time), are for what reads them: `apply`, validation, the quick fix and
@@ -71,6 +72,59 @@ def generate_kernels(
             pattern.clusters = [model.clusters[int(i)].id for i in pattern.clusters]
     carried = _write_edits(report, placed, module_path, source)
     _nest_shared_lines(report, module_path, carried)
+    _number_rewrites(report)
+
+
+def _number_rewrites(report: R.Report) -> None:
+    """Give each pattern's rewrite its id (`r0`, ...) and the clusters it replaces: those whose ops are the
+    pattern's, or whose edit changes its lines."""
+    n = 0
+    for model in report.models:
+        _withdraw_rewrites_of_shared_lines(model)
+        for pattern in model.patterns:
+            rewrite = pattern.rewrite
+            if rewrite is None:
+                continue
+            rewrite.id = f"r{n}"
+            n += 1
+            rewrite.replaces = [
+                c.id
+                for c in model.clusters
+                if c.id in pattern.clusters
+                or (
+                    c.edit is not None
+                    and c.edit.start_line <= rewrite.end_line
+                    and c.edit.end_line >= rewrite.start_line
+                )
+            ]
+
+
+def _withdraw_rewrites_of_shared_lines(model: R.Model) -> None:
+    """Rewrites of the same lines that differ (the lines compute one thing in one call and another in
+    the next) are both withdrawn, saying why: neither text stands for both.  The same rewrite found
+    twice is kept once."""
+    rewritten = [p for p in model.patterns if p.rewrite is not None]
+    conflicting: set[int] = set()
+    for i, pattern in enumerate(rewritten):
+        for other in rewritten[i + 1 :]:
+            mine, theirs = pattern.rewrite, other.rewrite
+            if mine is None or theirs is None:
+                continue
+            if not (mine.start_line <= theirs.end_line and mine.end_line >= theirs.start_line):
+                continue
+            if (mine.start_line, mine.end_line, mine.text) == (theirs.start_line, theirs.end_line, theirs.text):
+                other.rewrite = None
+            else:
+                conflicting |= {id(pattern), id(other)}
+    for pattern in rewritten:
+        if id(pattern) in conflicting and pattern.rewrite is not None:
+            span = f"lines {pattern.rewrite.start_line}–{pattern.rewrite.end_line}"
+            pattern.rewrite = None
+            pattern.refusal = "modified"
+            pattern.refusal_detail = (
+                f"{span} compute this {pattern.name} in one call and another in the next (another mask, "
+                "another scale): one rewrite cannot stand for both"
+            )
 
 
 def _kernel(

@@ -39,6 +39,7 @@ def _line(model: Model) -> str:
 def no_such_clusters(report: Report, cluster_ids: list[str]) -> str:
     """What to say when `cluster_ids` names clusters `report` does not have."""
     have = list(dict.fromkeys(c.id for _, c in report.clusters()))
+    have += [r.id for _, _, r in report.rewrites()]
     missing = ", ".join(sorted(set(cluster_ids) - set(have), key=natural_order))
     there = f"its clusters: {', '.join(have)}" if have else "it has none"
     return f"no cluster {missing} in {os.path.relpath(report.file)} ({there})"

@@ -33,7 +33,8 @@ def _validate_file(
         return result
     progress("analyzing", 0.0)
     analyzed = analyze(path, analyze_options)
-    if options.clusters and set(options.clusters) - {c.id for _, c in analyzed.report.clusters()}:
+    known = {c.id for _, c in analyzed.report.clusters()} | {r.id for _, _, r in analyzed.report.rewrites()}
+    if options.clusters and set(options.clusters) - known:
         result.problems.append(no_such_clusters(analyzed.report, options.clusters))
         return result
     validated = validate_analyzed(result, analyzed, options, progress)

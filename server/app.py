@@ -31,6 +31,7 @@ from pygls.lsp.server import LanguageServer
 
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
+from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts.config import ConfigError, read_tool_table
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report
@@ -602,6 +603,8 @@ def on_code_action(ls: FuselensServer, params: lsp.CodeActionParams) -> list[lsp
     if ls.workspace_root(path) is None:
         return []  # its kernel module would be written beside it, outside the workspace
     module_path = next((c.kernel.path for _, c in analysis.report.clusters() if c.kernel), None)
+    if module_path is None and any(analysis.report.rewrites()):  # (where a rewrite's record would go)
+        module_path = edits_mod.kernel_module_path(path)
     try:
         if module_path:
             files.check_kernel_module(module_path)
@@ -639,7 +642,10 @@ async def on_code_action_resolve(ls: FuselensServer, action: lsp.CodeAction) -> 
         why = f"the document changed since version {version}: the fix is offered again once it is analyzed"
         raise JsonRpcInvalidParams.of(ValueError(why))
     report = await with_code(ls, uri, path, analysis)
-    action.edit = actions_mod.fuse_edit(report, uri, version, analysis.text, ids, _document_changes(ls))
+    try:
+        action.edit = actions_mod.fuse_edit(report, uri, version, analysis.text, ids, _document_changes(ls))
+    except rewrites_mod.Stale as exc:
+        raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
     return action
 
 
@@ -672,19 +678,21 @@ def _restore_actions(path: str, uri: str, version: int, text: str, where: lsp.Ra
     return actions_mod.restore_actions(path, uri, version, text, first, last, module_path, module_text)
 
 
-def kernel_module_text(report, patched: list[str] | None = None) -> str:
+def kernel_module_text(report, patched: list[str] | None = None, rewritten=None) -> str:
     """The kernel module for `report` (merged with the one on disk), with library patches for the
-    clusters `patched`."""
+    clusters `patched` and the records of the rewrites `rewritten` (`rewrites.Record`)."""
     from fuselens.codegen.module import module_for_report
 
     module_path = next((c.kernel.path for _, c in report.clusters() if c.kernel), None)
+    if module_path is None and rewritten:
+        module_path = edits_mod.kernel_module_path(report.file)
     existing = None
     if module_path:
         # A file there that is not one to merge with (the user's, a FIFO, one of gigabytes) is left
         # out; whatever would write the module refuses it first, saying why.
         with contextlib.suppress(files.Refused):
             existing = files.check_kernel_module(module_path)
-    return module_for_report(report, existing, patched)
+    return module_for_report(report, existing, patched, rewritten)
 
 
 register_commands(server)

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types as lsp
 from pygls.exceptions import JsonRpcInvalidParams
 
+from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
+from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts import commands as command_ids
 from fuselens.contracts.options import ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
@@ -548,9 +550,11 @@ async def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -
         raise JsonRpcInvalidParams.of(ValueError(f"the document changed since version {version}; nothing written"))
     report = await with_code(ls, uri, path, analysis)  # (for this version, whatever the user does meanwhile)
     kernels = [c.kernel for _, c in report.clusters() if c.id in ids and c.kernel]
-    if not kernels:
+    rewritten = [r.id for _, _, r in report.rewrites() if r.id in ids]
+    if not kernels and not rewritten:
         raise JsonRpcInvalidParams.of(ValueError(f"no kernels for clusters {ids}"))
-    target = kernels[0].path
+    target = kernels[0].path if kernels else edits_mod.kernel_module_path(path)
+    records = rewrites_mod.records(analysis.text, report, rewritten)
     if os.path.dirname(os.path.realpath(target)) != os.path.dirname(os.path.realpath(path)):
         raise JsonRpcInvalidParams.of(ValueError("the kernel module must sit beside the model file"))
     if ls.workspace_root(path) is None:
@@ -561,9 +565,9 @@ async def _write_module(ls: FuselensServer, uri: str, version: int, ids: list) -
     try:
         with lock:
             files.check_kernel_module(target)
-            files.replace_text(target, kernel_module_text(report, [str(i) for i in ids]))
+            files.replace_text(target, kernel_module_text(report, [str(i) for i in ids], records))
     except files.Refused as exc:
         raise JsonRpcInvalidParams.of(ValueError(str(exc))) from None
-    ls.log_line(f"wrote {os.path.basename(target)} with the kernels of {', '.join(map(str, ids))}")
+    ls.log_line(f"wrote {os.path.basename(target)} for {', '.join(map(str, ids))}")
     ls.file_changed(target)  # the models that import it are analyzed again, with the kernels now on disk
     return {"path": target}

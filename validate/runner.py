@@ -126,7 +126,11 @@ def validate_report(
     with tempfile.TemporaryDirectory(prefix="fuselens-validate-") as tmp:
         module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(analysis.file)))
         kernels = load_kernel_module(analysis, module_path)
-        models = [m for m in analysis.models if m.status == "analyzed" and m.clusters and m.name in subjects]
+        models = [
+            m
+            for m in analysis.models
+            if m.status == "analyzed" and (m.clusters or _rewrites(m, None)) and m.name in subjects
+        ]
         for index, model in enumerate(models):
             progress(f"validating {model.name}", index / len(models))
             run = _ModelRun(analysis, text, model, subjects[model.name], user_code, kernels, options, device, tmp)
@@ -210,6 +214,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     applied = [
         c.id for c, _ in chosen if (c.mapping == "exact" and c.edit is not None and not c.branch) or c.patch is not None
     ]
+    applied += _rewrites(model, options.clusters)
     precision = narrowest(
         [getattr(torch, op.dtype) for c in model.clusters for op in c.ops if op.dtype] + [i.dtype for i in inputs]
     )
@@ -218,6 +223,12 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
     if timing:
         _time_model(result, real, inputs)
     return result
+
+
+def _rewrites(model: Model, ids: list[str] | None) -> list[str]:
+    """The ids of the model's source rewrites among `ids` (all of them when None): the whole-model check
+    applies them with the clusters, as `fuselens apply` does."""
+    return [p.rewrite.id for p in model.patterns if p.rewrite is not None and (not ids or p.rewrite.id in ids)]
 
 
 def input_names(model: Model) -> list[str]:

@@ -1,7 +1,8 @@
 """The patched model as a whole, against the model as written.
 
 Every cluster that applies is applied to a copy of the file, as `fuselens apply` would: the edits of
-the file's own lines, and the library patches `install()` puts in place.  The copy's model, with the
+the file's own lines, the source rewrites of its patterns, and the library patches `install()` puts
+in place.  The copy's model, with the
 original's weights, must compute what the original computes
 
 - in eval mode, at the inputs validated at, with its kernels running (each launch counted);
@@ -100,7 +101,7 @@ def check_patched_model(
         return ModelCheck("error", applied, message=f"the model as written fails: {type(exc).__name__}: {exc}")
     path = os.path.join(tmp, os.path.basename(report.file))
     module_path = os.path.join(tmp, os.path.basename(edits_mod.kernel_module_path(report.file)))
-    patched_text = edits_mod.apply_line_edits(text, edits_mod.cluster_edits(text, report, applied))
+    patched_text = edits_mod.apply_line_edits(text, edits_mod.fix_edits(text, report, applied))
     # A file applied before imports kernels from the module beside it: the copy's module keeps them, as
     # `apply` merging into it would.
     try:
@@ -350,21 +351,32 @@ def same_draws(seed: int = 0) -> Iterator[None]:
 @contextlib.contextmanager
 def _no_dropout() -> Iterator[None]:
     """Dropouts that drop nothing (in training mode, for both runs): a random mask drawn in another
-    memory layout would differ from eager's without the model computing anything else."""
+    memory layout would differ from eager's without the model computing anything else.  So does the
+    attention's dropout where a rewrite passes it to `scaled_dot_product_attention`."""
     functional = torch.nn.functional
     names = ["dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
     saved = {n: getattr(functional, n) for n in names if hasattr(functional, n)}
+    attention = functional.scaled_dot_product_attention
 
     def identity(input, *args, **kwargs):
         return input
 
+    def attention_without_dropout(*args, **kwargs):
+        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            args = (*args[:4], 0.0, *args[5:])
+        elif "dropout_p" in kwargs:
+            kwargs = dict(kwargs, dropout_p=0.0)
+        return attention(*args, **kwargs)
+
     try:
         for n in saved:
             setattr(functional, n, identity)
+        functional.scaled_dot_product_attention = attention_without_dropout
         yield
     finally:
         for n, f in saved.items():
             setattr(functional, n, f)
+        functional.scaled_dot_product_attention = attention
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Code actions: the quick fix that puts a generated kernel into the user's code.
+"""Code actions: the quick fix that puts a generated kernel into the user's code, and the one that
+rewrites a pattern's lines into a call torch has (`F.scaled_dot_product_attention`).
 
 The edit is a versioned `TextDocumentEdit` of the model's document only: a client applies it
 only to the version the report was computed from, so a fix offered before the user typed can
@@ -24,8 +25,9 @@ import os
 from lsprotocol import types as lsp
 
 from fuselens.codegen import edits as edits_mod
+from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts import commands as command_ids
-from fuselens.contracts.report import Cluster, Model, Report
+from fuselens.contracts.report import Cluster, Model, Report, Rewrite
 
 from .text import same_file, shown_at
 
@@ -49,10 +51,12 @@ def fuse_action(
     kind: str = lsp.CodeActionKind.QuickFix,
     document_changes: bool = True,
     resolved: bool = True,
+    rewrites: list[Rewrite] | None = None,
 ) -> lsp.CodeAction | None:
-    """The action that applies `clusters`: the edit of the document's lines (`resolved`; else what
-    `codeAction/resolve` gives it, in `data`), then the command that writes the kernel module they need."""
-    ids = [c.id for c in clusters if c.edit is not None or c.patch is not None]
+    """The action that applies `clusters` and `rewrites`: the edit of the document's lines (`resolved`;
+    else what `codeAction/resolve` gives it, in `data`), then the command that writes the kernel module
+    they need (a rewrite's record there is what restoring it reads)."""
+    ids = [c.id for c in clusters if c.edit is not None or c.patch is not None] + [r.id for r in rewrites or []]
     if not ids:
         return None
     command = lsp.Command(
@@ -72,8 +76,9 @@ FUSE = "fuse"  # the key of an unresolved fix's `data` that holds the ids of the
 def fuse_edit(
     report: Report, uri: str, version: int, text: str, ids: list[str], document_changes: bool = True
 ) -> lsp.WorkspaceEdit:
-    """The edit of the document's lines that applies the clusters `ids`."""
-    doc_edits = line_edits_to_lsp(_changing(text, edits_mod.cluster_edits(text, report, ids)))
+    """The edit of the document's lines that applies the clusters and rewrites `ids` (`rewrites.Stale`
+    when a rewrite's lines are not in `text` as it was made from them)."""
+    doc_edits = line_edits_to_lsp(_changing(text, edits_mod.fix_edits(text, report, ids)))
     change = lsp.TextDocumentEdit(lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), doc_edits)
     edit = lsp.WorkspaceEdit(document_changes=[change])
     if not document_changes:  # the client reads only `changes`: give it those too
@@ -125,6 +130,14 @@ def _title(c: Cluster) -> str:
     return f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {name}"
 
 
+def _rewritable(rewrite: Rewrite, report: Report, path: str) -> bool:
+    """A rewrite of the file at `path` whose records would go into the kernel module beside it, as
+    `fuselens apply` puts it (a cluster's kernel path says where that is, else beside the file)."""
+    module = next((c.kernel.path for _, c in report.clusters() if c.kernel), edits_mod.kernel_module_path(path))
+    beside = os.path.dirname(os.path.realpath(module)) == os.path.dirname(os.path.realpath(path))
+    return same_file(rewrite.file, path) and beside
+
+
 def code_actions(
     report: Report,
     path: str,
@@ -136,8 +149,9 @@ def code_actions(
     document_changes: bool = True,
     resolved: bool = True,
 ) -> list[lsp.CodeAction]:
-    """Actions for lines first..last (1-based): one per applicable cluster there, plus "fuse all" for its
-    model; each with its edit (`resolved`), or to be resolved."""
+    """Actions for lines first..last (1-based): one per applicable cluster and per pattern rewrite there,
+    plus "fuse all" for its model (its rewrites, and the clusters they do not replace); each with its
+    edit (`resolved`), or to be resolved."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
@@ -146,30 +160,84 @@ def code_actions(
             continue
         start, end = shown
         if start <= last and end >= first:
-            action = fuse_action(
-                report, uri, version, text, [c], _title(c), document_changes=document_changes, resolved=resolved
+            action = _offered(
+                report, uri, version, text, [c], [], _title(c), lsp.CodeActionKind.QuickFix, document_changes, resolved
             )
             if action:
                 actions.append(action)
             if model not in models:
                 models.append(model)
+    for model, _, rewrite in report.rewrites():
+        if not _rewritable(rewrite, report, path) or not (rewrite.start_line <= last and rewrite.end_line >= first):
+            continue
+        action = _offered(
+            report,
+            uri,
+            version,
+            text,
+            [],
+            [rewrite],
+            rewrite.title,
+            lsp.CodeActionKind.QuickFix,
+            document_changes,
+            resolved,
+        )
+        if action:
+            actions.append(action)
+        if model not in models:
+            models.append(model)
     for model in models:
-        fixable = [c for c in model.clusters if _fixable(c, model, path)]
-        if len(fixable) > 1:
-            action = fuse_action(
+        rewrites = [p.rewrite for p in model.patterns if p.rewrite is not None and _rewritable(p.rewrite, report, path)]
+        replaced = rewrites_mod.replaced_clusters(report, rewrites)
+        fixable = [c for c in model.clusters if _fixable(c, model, path) and c.id not in replaced]
+        if len(fixable) + len(rewrites) > 1:
+            title = _all_title(model, len(fixable), len(rewrites))
+            action = _offered(
                 report,
                 uri,
                 version,
                 text,
                 fixable,
-                f"Fuse all {len(fixable)} applicable clusters in {model.name}",
-                kind=lsp.CodeActionKind.RefactorRewrite,
-                document_changes=document_changes,
-                resolved=resolved,
+                rewrites,
+                title,
+                lsp.CodeActionKind.RefactorRewrite,
+                document_changes,
+                resolved,
             )
             if action:
                 actions.append(action)
     return actions
+
+
+def _all_title(model: Model, clusters: int, rewrites: int) -> str:
+    """ "Fuse all 3 applicable clusters in Net", naming the rewrites it applies too."""
+    if not rewrites:
+        return f"Fuse all {clusters} applicable clusters in {model.name}"
+    rewritten = f"{rewrites} rewrite{'s' if rewrites > 1 else ''}"
+    if not clusters:
+        return f"Apply all {rewritten} in {model.name}"
+    fused = f"all {clusters} applicable clusters" if clusters > 1 else "1 applicable cluster"
+    return f"Fuse {fused} and apply {rewritten} in {model.name}"
+
+
+def _offered(
+    report: Report,
+    uri: str,
+    version: int,
+    text: str,
+    clusters: list[Cluster],
+    rewrites: list[Rewrite],
+    title: str,
+    kind: str,
+    document_changes: bool,
+    resolved: bool,
+) -> lsp.CodeAction | None:
+    """`fuse_action`, or, where a rewrite's lines are not those it was made from, the action disabled
+    with why (an edit is never offered over text it was not made for)."""
+    try:
+        return fuse_action(report, uri, version, text, clusters, title, kind, document_changes, resolved, rewrites)
+    except rewrites_mod.Stale as exc:
+        return lsp.CodeAction(title=title, kind=kind, disabled=lsp.CodeActionDisabled(reason=str(exc)))
 
 
 def restore_actions(
@@ -187,7 +255,8 @@ def restore_actions(
         one = edits_mod.restore_edits(text, path, module_path, module_text, [name])
         call = one.edits[0] if one.edits else None
         if call is not None and call.start <= last and call.end >= first:
-            actions.append(_restore_action(_restore_title(name, one.restored), uri, version, one.edits))
+            title = _restore_title(name, one.restored, one.labels)
+            actions.append(_restore_action(title, uri, version, one.edits))
     title = f"Restore the original code of every fused cluster in {os.path.basename(path)}"
     if edits_mod.INSTALL in everything.restored:
         title += " (and run the library's own code)"
@@ -195,9 +264,12 @@ def restore_actions(
     return actions
 
 
-def _restore_title(name: str, restored: list[str]) -> str:
+def _restore_title(name: str, restored: list[str], labels: dict[str, str]) -> str:
     """Name every kernel the action restores: restoring one whose code shares lines with others'
-    (a convolution's call passed to the next kernel without its bias) restores those lines whole."""
+    (a convolution's call passed to the next kernel without its bias) restores those lines whole.  A
+    rewrite is named by what it rewrote."""
+    if name in labels:
+        return f"Restore the original code of {labels[name]}"
     others = [k for k in restored if k != name]
     if not others:
         return f"Restore the original code of {name}"
