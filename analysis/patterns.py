@@ -18,8 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fuselens.contracts.report import ActivationMemory
+
 from .cost import op_bytes, value_bytes
 from .graph import DTYPE_BYTES, Graph, Node, Ref
+from .linear_loss import LinearLoss, find_linear_losses
+from .loss_memory import activation_memory
 from .ops import GEMMS, OpClass
 
 
@@ -36,6 +40,9 @@ class Match:
     output: int = field(kw_only=True)
     # The one tensor an activation pattern computes from (GeGLU looks for a GEMM behind it).
     source: int | None = field(default=None, kw_only=True)
+    # A training step's peak with and without what the pattern writes (the linear cross-entropy's logits).
+    memory: ActivationMemory | None = field(default=None, kw_only=True)
+    refused: tuple[str, str] | None = field(default=None, kw_only=True)  # why its fix cannot apply
 
     @property
     def speedup(self) -> float | None:
@@ -81,6 +88,7 @@ def find_patterns(graph: Graph) -> list[Match]:
     matches += _softmax(graph)
     matches += _residual_norm(graph, norms)
     matches += _gemm_block(graph, norms)
+    matches += [_linear_cross_entropy(graph, m) for m in find_linear_losses(graph)]
     matches.sort(key=lambda m: m.nodes[0])
     return matches
 
@@ -587,6 +595,31 @@ def _target_pick(graph: Graph, log_softmax: Node) -> list[int]:
     if len(after) == 1 and graph[after[0]].op == "neg":
         pick.append(after[0])
     return pick
+
+
+# ---- a projection onto a vocabulary and its cross-entropy ---------------------------------------
+
+
+def _linear_cross_entropy(graph: Graph, found: LinearLoss) -> Match:
+    """The logits are written, upcast, read by the loss (and, in training, their gradient written and
+    read back); a fused loss reads the input, the weight and the targets and writes the loss."""
+    reads = [found.hidden, found.weight, found.target] + ([found.bias] if found.bias is not None else [])
+    memory = activation_memory(
+        found.tokens, found.vocabulary, found.features, found.dtype, found.loss_dtype, found.bias is not None
+    )
+    upcast = ", upcast to float32" if found.upcast is not None else ""
+    return Match(
+        "linear-cross-entropy",
+        found.chain,
+        _bytes(graph, found.chain),
+        _io_bytes(graph, reads, [found.loss]),
+        {"tokens": found.tokens, "vocabulary": found.vocabulary, "hidden": found.features, "dtype": found.dtype},
+        output=found.loss,
+        memory=memory,
+        refused=found.refused,
+        summary=f"projection onto a {found.vocabulary}-word vocabulary whose logits only the loss reads "
+        f"({found.tokens}×{found.vocabulary} {found.dtype}{upcast}); a fused loss never writes them",
+    )
 
 
 # ---- residual + norm, GEMM -> residual -> RMSNorm -> GEMM ------------------------------------

@@ -25,8 +25,8 @@ from .profile import Profile
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
 # report names, wherever they are installed; 11: the `view` rejection reason; 13: a pattern's source
-# rewrite (`Rewrite`), or why it has none
-SCHEMA_VERSION = 13
+# rewrite (`Rewrite`), or why it has none; 14: a pattern's activation memory in training (`ActivationMemory`)
+SCHEMA_VERSION = 14
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -296,6 +296,10 @@ REWRITE_REFUSALS = {
     "scale": "its scale is not a number the fused call can take",
     "shape": "its operands are not laid out as the fused call needs",
     "torch": "the installed torch has no fused call that computes it",
+    "weight": "a projection's weight or bias is not a parameter used as it is (a slice, a cast, a value computed from it)",
+    "soft-capping": "the values are soft-capped (tanh) on their way, which the fused call does not do",
+    "class-weights": "the loss weights its classes (`weight=`), which the fused call does not do",
+    "soft-targets": "the loss's targets are class probabilities, not class indices",
 }
 
 
@@ -334,6 +338,28 @@ class PatternEstimate:
 
 
 @dataclass
+class ActivationMemory:
+    """What one training step of a projection onto a vocabulary and its loss holds at its peak, beyond the
+    parameters and the projection's input: eager's, with the logits written (the logits, the float32 upcast
+    of them if the code makes one, the log-probabilities the loss keeps for its backward, then their
+    gradients), and the fused loss's, which writes the logits of one chunk of tokens at a time and computes
+    the input's and weight's gradients as it goes.  Both count the gradients the step returns."""
+
+    tokens: int
+    vocabulary: int
+    hidden: int
+    dtype: str  # the logits' (the projection's) dtype
+    upcast: bool  # the code casts the logits to float32 before the loss
+    logits_bytes: int  # tokens × vocabulary in `dtype`
+    logits_grad_bytes: int  # their gradient, in `dtype`
+    upcast_bytes: int  # the float32 copy (0 without one)
+    saved_bytes: int  # what the loss keeps for its backward: the log-probabilities
+    chunk_tokens: int  # the tokens of one chunk of the fused loss
+    peak_bytes_eager: int
+    peak_bytes_fused: int
+
+
+@dataclass
 class Pattern:
     name: str  # "rmsnorm", "swiglu", "gemm-residual-rmsnorm-gemm", ...
     ops: list[OpRef]
@@ -350,6 +376,7 @@ class Pattern:
     rewrite: Rewrite | None = None
     refusal: str = ""
     refusal_detail: str = ""
+    memory: ActivationMemory | None = None  # a training step's peak with and without what the pattern writes
 
 
 @dataclass

@@ -406,6 +406,7 @@ def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
         dict(m.dims),
         multiplicity=len(group),
         summary=m.summary,
+        memory=m.memory,
     )
     if not _here(pattern.file, source):
         pattern.reached_from = _reached_from(graph, m.nodes, source)
