@@ -50,7 +50,7 @@ class LinearLoss:
     bias: int | None
     target: int
     log_softmax: int | None  # the nll_loss and gather forms' log-softmax
-    upcast: int | None  # the float32 cast, if any
+    upcast: int | None  # the float32 cast the code makes, if any
     tokens: int
     vocabulary: int
     features: int
@@ -105,6 +105,14 @@ def _pick_tail(graph: Graph, gather: Node) -> tuple[int, bool, bool]:
     return tail, squeezed, negated
 
 
+def _upcast(node: Node) -> bool:
+    """A cast to float32: `.float()`, `.to(torch.float32)` (one that finds float32 logits gives them as
+    they are, and the code still asks for float32, whatever dtype the model runs in)."""
+    if node.meta is None or node.meta.dtype != "float32":
+        return False
+    return node.op == "cast" or (node.op == "to_same" and node.call.rsplit(".", 1)[-1] in ("float", "to", "type"))
+
+
 def _through_views(graph: Graph, node_id: int) -> int:
     node = graph[node_id]
     while node.inputs and (node.op in _FLATTENING or node.op in _THE_SAME):
@@ -140,7 +148,7 @@ def _walk(
         chain.append(current.id)
         if current.op == "log_softmax" and form != "cross_entropy" and log_softmax is None:
             log_softmax = current.id
-        elif current.op == "cast" and upcast is None and current.meta and current.meta.dtype == "float32":
+        elif upcast is None and _upcast(current):
             upcast = current.id
         elif not (current.op in _FLATTENING or current.op in _THE_SAME):
             changed.append(current)
