@@ -27,8 +27,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+import torch.nn.functional as F
+
+from fuselens.contracts import report as R
+
 from .graph import Graph, Node
-from .linear_loss import LinearLoss
+from .linear_loss import LinearLoss, find_linear_losses
 from .sourcemap import SourceIndex
 
 Span = tuple[int, int, int, int]
@@ -63,6 +67,33 @@ class LossRewrite:
     imports: list[str] = field(default_factory=list)
     uses_kernel_module: bool = False  # `call` is the kernel module's `linear_cross_entropy`
     torch_version: str = ""
+
+
+def linear_cross_entropy_rewrite(graph: Graph, loss: int, source: SourceIndex) -> R.Rewrite:
+    """The report's rewrite of the pattern whose loss is node `loss`, for the installed torch; the kernel
+    module's import is added where its path is known (`pipeline/kernels.py`)."""
+    found = next(f for f in find_linear_losses(graph) if f.loss == loss)
+    built = loss_rewrite(graph, found, source, hasattr(F, "linear_cross_entropy"), "")
+    span = (
+        f"line {built.start_line}"
+        if built.start_line == built.end_line
+        else f"lines {built.start_line}–{built.end_line}"
+    )
+    fused = f"the kernel module's {LOSS_FUNCTION}" if built.uses_kernel_module else "F.linear_cross_entropy"
+    return R.Rewrite(
+        id="",
+        file=built.file,
+        start_line=built.start_line,
+        end_line=built.end_line,
+        original=built.original,
+        text=built.text,
+        imports=[i for i in built.imports if i],
+        torch_version=built.torch_version,
+        title=f"Rewrite {span} as one fused loss ({fused}): the logits are never written whole",
+        call=built.call,
+        note="the loss is computed a chunk of tokens at a time, its log-sum-exp in float32",
+        kernel_functions=[LOSS_FUNCTION] if built.uses_kernel_module else [],
+    )
 
 
 def loss_rewrite(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fuselens.contracts import report as R
 
 from .graph import Graph
+from .loss_rewrite import Refused, linear_cross_entropy_rewrite
 from .patterns import Match
 from .sourcemap import SourceIndex
 
@@ -33,7 +34,15 @@ class Refusal:
 # A builder: the rewrite of the pattern `match` of `graph` in the analyzed file `source`, or why none.
 Builder = Callable[[Graph, Match, SourceIndex], "R.Rewrite | Refusal"]
 
-BUILDERS: dict[str, Builder] = {}
+
+def _linear_cross_entropy(graph: Graph, match: Match, source: SourceIndex) -> R.Rewrite | Refusal:
+    try:
+        return linear_cross_entropy_rewrite(graph, match.output, source)
+    except Refused as refused:
+        return Refusal(refused.code, refused.detail)
+
+
+BUILDERS: dict[str, Builder] = {"linear-cross-entropy": _linear_cross_entropy}
 
 
 def rewrite_of(graph: Graph, match: Match, source: SourceIndex) -> R.Rewrite | Refusal | None:

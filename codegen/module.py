@@ -112,6 +112,16 @@ def restore_record(name: str, edit: Edit) -> str:
     )
 
 
+def _kernel_functions(report: Report, rewritten: list[rewrites_mod.Record]) -> dict[str, str]:
+    """The sections of the kernel module's functions that the rewrites applied call (the fused linear
+    cross-entropy), by name."""
+    from .loss_module import LOSS_SECTION, fused_loss_section  # (it builds its section with `section`)
+
+    written = {r.written for r in rewritten}
+    wanted = {name for _, _, rw in report.rewrites() if rw.text in written for name in rw.kernel_functions}
+    return {LOSS_SECTION: fused_loss_section()} if LOSS_SECTION in wanted else {}
+
+
 def module_for_report(
     report: Report,
     existing: str | None = None,
@@ -134,6 +144,7 @@ def module_for_report(
     patches.update(patches_mod.patch_sections([c for c in clusters if c.patch and c.id in (patched or [])]))
     records = rewrites_mod.existing_records(existing or "")
     records.update({r.name: rewrites_mod.record_section(r) for r in rewritten or []})
+    sections.update(_kernel_functions(report, rewritten or []))
     module_path = next((c.kernel.path for c in clusters if c.kernel), report.file)
     alias = patches_mod.kernel_alias(module_path)
     return render_module(os.path.basename(report.file), sections, patches, alias, records)

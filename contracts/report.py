@@ -328,6 +328,9 @@ class Rewrite:
     note: str = ""  # what else a reader should know (a repeat kept, a mask cast to the query's dtype)
     # Clusters whose ops it computes, or whose lines it rewrites: not applied with it.
     replaces: list[str] = field(default_factory=list)
+    # The kernel module's functions `text` calls (the fused linear cross-entropy, where torch has none): the
+    # module is written with them, and `imports` imports them from it.
+    kernel_functions: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -73,6 +73,15 @@ def generate_kernels(
     carried = _write_edits(report, placed, module_path, source)
     _nest_shared_lines(report, module_path, carried)
     _number_rewrites(report)
+    _import_kernel_functions(report, module_path)
+
+
+def _import_kernel_functions(report: R.Report, module_path: str) -> None:
+    """A rewrite that calls the kernel module's functions (the fused linear cross-entropy) imports them
+    from the module, as the clusters' calls are imported."""
+    for _, _, rewrite in report.rewrites():
+        if rewrite.kernel_functions:
+            rewrite.imports.append(edits_mod.import_statement(report.file, module_path, rewrite.kernel_functions))
 
 
 def _number_rewrites(report: R.Report) -> None:

@@ -53,7 +53,7 @@ def test_a_head_and_its_loss_are_named_with_the_logits_memory(write_model, analy
     """16k tokens over a 128k vocabulary in bf16, upcast: the logits alone are 4 GB, and eager's step holds
     three float32 copies of them at once in the loss's backward; the fused loss a gigabyte of logits."""
     found = pattern(analyzed(write_model, analyze, body))
-    assert found is not None and found.refused is None
+    assert found is not None and not found.refusal and found.rewrite is not None
     memory = found.memory
     tokens, vocabulary = 8 * 2048, 128256
     assert (memory.tokens, memory.vocabulary, memory.hidden, memory.dtype) == (tokens, vocabulary, 4096, "bfloat16")
@@ -90,14 +90,14 @@ def test_a_classifier_over_few_classes_is_not_a_vocabulary(write_model, analyze)
             "logits = self.lm_head(h)\n"
             "loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))\n"
             "return loss, logits",
-            "logits-escape",
+            "escapes",
             "the logits (line 13) are also returned",
         ),
         (
             "logits = self.lm_head(h)\n"
             "next_token = logits[:, -1].argmax(-1)\n"
             "return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1)), next_token",
-            "logits-escape",
+            "escapes",
             "(line 13) are also read by `getitem` (line 14)",
         ),
         (
@@ -109,7 +109,7 @@ def test_a_classifier_over_few_classes_is_not_a_vocabulary(write_model, analyze)
         (
             "logits = self.lm_head(h) * 0.5\n"
             "return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))",
-            "logits-changed",
+            "modified",
             "`mul` (line 13) change the logits",
         ),
         (
@@ -129,5 +129,5 @@ def test_a_classifier_over_few_classes_is_not_a_vocabulary(write_model, analyze)
 )
 def test_where_a_fused_loss_cannot_stand_in_it_says_why(write_model, analyze, body, reason, detail):
     found = pattern(analyzed(write_model, analyze, body))
-    assert found is not None and found.refused is not None
-    assert found.refused.reason == reason and detail in found.refused.detail, found.refused
+    assert found is not None and found.rewrite is None
+    assert found.refusal == reason and detail in found.refusal_detail, found.refusal_detail

@@ -384,7 +384,9 @@ def _launches(kernels: ModuleType | None) -> Iterator[dict[str, int]]:
     """Each kernel of the patched module's launches while the block runs."""
     counts: dict[str, int] = {}
     wrapped = []
-    for name in [n for n, f in vars(kernels or {}).items() if callable(getattr(f, "fits", None))]:
+    for name in [
+        n for n, f in (vars(kernels) if kernels is not None else {}).items() if callable(getattr(f, "fits", None))
+    ]:
         call = getattr(kernels, f"_{name}_call", None)
         if call is None:
             continue
