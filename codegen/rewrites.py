@@ -117,8 +117,9 @@ def _bindings(node: ast.stmt) -> set[tuple[str, str]]:
             else:
                 out.add((alias.name.split(".")[0], alias.name.split(".")[0]))
         return out
-    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-        return {(alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names}
+    if isinstance(node, ast.ImportFrom) and node.module:  # (relative: the kernel module's, beside the file)
+        module = "." * node.level + node.module
+        return {(alias.asname or alias.name, f"{module}.{alias.name}") for alias in node.names}
     if isinstance(node, ast.Try):  # (`try: import ... except ImportError: ...` at the top)
         return {b for inner in node.body for b in _bindings(inner)}
     return set()

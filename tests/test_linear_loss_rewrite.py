@@ -99,3 +99,56 @@ def test_the_rewritten_model_computes_the_original_loss_and_gradients(tmp_path, 
     got_grads = torch.autograd.grad(got, list(fused.parameters()))
     for (name, _), g, w in zip(original.named_parameters(), got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_fuselens_apply_rewrites_the_example_and_restore_puts_it_back(tmp_path):
+    """`fuselens apply --cluster r0` (validated on the CPU first) writes the fused loss, and `fuselens
+    restore` the two statements as they were."""
+    import subprocess
+
+    path = shutil.copy(example("gpt_loss.py"), tmp_path / "gpt_loss.py")
+    before = path.read_text()
+    applied = subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", "apply", str(path), "--cluster", "r0", "--yes"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert applied.returncode == 0 and "applied r0" in applied.stdout, applied.stdout + applied.stderr
+    assert "F.linear_cross_entropy(x.flatten(0, -2), self.lm_head.weight" in path.read_text()
+    assert "logits = self.lm_head(x)" not in path.read_text()
+    restored = subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", "restore", str(path), "--yes"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert path.read_text() == before
+
+
+def test_where_torch_has_no_fused_loss_apply_writes_the_kernel_modules(tmp_path, monkeypatch):
+    """torch 2.11 has no `F.linear_cross_entropy`: the rewrite calls the kernel module's chunked loss (its
+    rows in the Triton interpreter here), which `apply` writes into the module, and the model computes
+    the original's loss and gradients."""
+    from fuselens.pipeline.apply import apply_file
+
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")
+    path = shutil.copy(example("gpt_loss.py"), tmp_path / "gpt_loss.py")
+    original = load(path, f"before_{tmp_path.name}").TinyLM
+    result = apply_file(str(path), AnalyzeOptions(), None, lambda _: True)
+    assert result.applied == ["r0"] or "r0" in result.applied, result.skipped
+    text = path.read_text()
+    assert "loss = linear_cross_entropy(x, self.lm_head.weight, targets.view(-1), ignore_index=self.pad_id, " in text
+    assert "def linear_cross_entropy(" in (tmp_path / "gpt_loss_kernels.py").read_text()
+    torch.manual_seed(0)
+    want_model = original(**SMALL)
+    got_model = load(path, f"after_{tmp_path.name}").TinyLM(**SMALL)
+    got_model.load_state_dict(want_model.state_dict())
+    idx = torch.randint(0, SMALL["vocab"], (2, 48))
+    targets = torch.roll(idx, -1, dims=1)
+    targets[:, -5:] = -100
+    want, got = want_model(idx, targets), got_model(idx, targets)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(
+        torch.autograd.grad(got, list(got_model.parameters())),
+        torch.autograd.grad(want, list(want_model.parameters())),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
