@@ -14,7 +14,9 @@ One step is the forward and `torch.autograd.grad` of its output, with a fixed ra
 gradient, with respect to the inputs and the parameters (no `.grad` accumulation in the timing).
 "held" is what the forward leaves allocated for the backward (its output included); "peak" what one
 step allocates at its peak, both beyond the inputs (`torch.cuda.memory_allocated`).  The loss case
-is over a 128256-word vocabulary, the GroupNorm case over a U-Net's [tokens / 128, 512, 32, 32]; the
+is over a 128256-word vocabulary, and so is the head + loss case (a [tokens, 4096] → 128256 projection
+and its cross-entropy, rewritten as one fused loss: the target is a peak at most half torch.compile's,
+no slower); the GroupNorm case over a U-Net's [tokens / 128, 512, 32, 32]; the
 last case is one training step of the whole Llama block
 example.  The kernels were not tuned on this suite.
 Writes training.json and training.md to --out.
@@ -150,6 +152,23 @@ class Model(nn.Module):
         return -F.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None])
 """,
         lambda t: [((t, 128256), True), ((t,), 128256)],
+    ),
+    # A language model's head and its loss, as people write them: a 128k vocabulary over hidden 4096, the
+    # logits flattened and upcast.  Applied, the two statements are one fused loss (F.linear_cross_entropy
+    # where torch has it; on torch 2.11 the kernel module's chunked loss), which never writes the logits.
+    "head + cross-entropy (vocabulary 128256)": (
+        """
+class Model(nn.Module):
+    def __init__(self, hidden=4096, vocab=128256):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, h, targets):
+        logits = self.lm_head(h)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-100)
+        return loss
+""",
+        lambda t: [((t, 4096), True), ((t,), 128256)],
     ),
     # A diffusion U-Net's norm and activation: GroupNorm over 32 groups of 16 channels, then SiLU,
     # over [tokens / 128, 512, 32, 32] (64 MiB at 8192 "tokens").
