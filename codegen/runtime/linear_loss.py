@@ -96,25 +96,34 @@ def _loss_rows(logits, target, loss, scale, ignore_index, smoothing, grads):
 
 def _chunks(x, weight, bias, target, scale, ignore_index, smoothing, wants, chunk):
     """Each token's loss (float32), and the gradients `wants` (input, weight, bias) asks for, with the
-    rows' gradients times `scale`: one number, or one a token."""
+    rows' gradients times `scale`: one number, or one a token.  Every chunk's logits are written into
+    one buffer: a chunk computed while the last one's logits were still held would double the peak."""
     tokens = x.shape[0]
     losses = torch.empty(tokens, dtype=torch.float32, device=x.device)
     grad_x = torch.empty_like(x) if wants[0] else None
-    grad_w = torch.zeros_like(weight) if wants[1] else None
+    grad_w = torch.empty_like(weight) if wants[1] else None
     grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=x.device) if wants[2] else None
     grads = any(wants)
+    buffer = torch.empty((min(chunk, tokens), weight.shape[0]), dtype=x.dtype, device=x.device)  # F.linear's
     for start in range(0, tokens, chunk):
         end = min(tokens, start + chunk)
         x_chunk = x[start:end]
-        logits = F.linear(x_chunk, weight, bias)
+        logits = buffer[: end - start]
+        torch.mm(x_chunk, weight.t(), out=logits)
+        if bias is not None:
+            logits += bias
         row_scale = scale[start:end] if scale.numel() > 1 else scale
         _loss_rows(logits, target[start:end], losses[start:end], row_scale, ignore_index, smoothing, grads)
         if grad_x is not None:
             torch.mm(logits, weight, out=grad_x[start:end])
-        if grad_w is not None:
+        if grad_w is not None and start == 0:  # the first chunk writes the weight's gradient, the others add
+            torch.mm(logits.t(), x_chunk, out=grad_w)
+        elif grad_w is not None:
             grad_w.addmm_(logits.t(), x_chunk)
         if grad_b is not None:
             grad_b += logits.sum(0, dtype=torch.float32)
+    if grad_w is not None and tokens == 0:  # no chunk wrote it
+        grad_w.zero_()
     return losses, grad_x, grad_w, grad_b
 
 
