@@ -4,7 +4,8 @@ A save's analysis (`AnalyzeJob`) leaves out each kernel's source and each cluste
 diagnostics, hovers, inlay hints, lenses and the quick fixes' edits do not read them, and working
 them out (the backward is captured and planned like a forward) took a third to a half of the
 analysis.  What reads them asks here: the kernel module a quick fix writes, a kernel view.  A
-`GenerateJob` analyzes the same text with the same settings in the worker, in a foreground turn,
+`GenerateJob` analyzes the same text with the settings that analysis was made with (`Analysis.settings`,
+whatever the settings are now) in the worker, in a foreground turn,
 once per text and settings whatever asks first (a request made while it runs waits for it), and is
 kept for the document.  The cached analysis is never changed: the server answers from that analysis
 joined with the code (`joined`), a new analysis made once for each cached one, so that the hover's
@@ -18,15 +19,16 @@ import dataclasses
 import hashlib
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fuselens.contracts.report import BACKWARD_FIELDS, Cluster, Edit, LibraryPatch, Report
-from fuselens.worker.protocol import GenerateJob, Limits
+from fuselens.worker.protocol import GenerateJob, Job, Limits
 
+from .admission import Admission
 from .scheduler import Analysis
 
-if TYPE_CHECKING:
-    from .app import FuselensServer
+RunJob = Callable[[Job, Limits], Awaitable[Any]]  # a job's result from the worker
 
 
 class NotTheSameAnalysis(Exception):
@@ -40,8 +42,10 @@ def has_code(report: Report) -> bool:
 
 
 class Generation:
-    def __init__(self, server: FuselensServer) -> None:
-        self.server = server
+    def __init__(self, run: RunJob, admission: Admission, log: Callable[[str], None]) -> None:
+        self._run = run
+        self._admission = admission
+        self._log = log
         self.running: dict[str, tuple[str, asyncio.Future[Report]]] = {}  # uri -> (its key, the job)
         self.generated: dict[str, tuple[str, Report]] = {}  # uri -> (its key, the analysis with code)
         self._joined: dict[str, tuple[Analysis, Analysis]] = {}  # uri -> (a cached analysis, it joined)
@@ -86,7 +90,7 @@ class Generation:
         self._joined.pop(uri, None)
 
     def _key(self, analysis: Analysis) -> str:
-        settings = self.server.settings.analysis_key()
+        settings = analysis.settings.analysis_key()
         return hashlib.sha256(f"{analysis.text}\0{settings}".encode()).hexdigest()
 
     def _done(self, uri: str, key: str, job: asyncio.Future[Report]) -> None:
@@ -97,14 +101,13 @@ class Generation:
             self.generated[uri] = (key, job.result())
 
     async def _generate(self, path: str, analysis: Analysis) -> Report:
-        server = self.server
-        w = server.settings.worker
-        job = GenerateJob(path, server.settings.analyze_options(analysis.text))
+        w = analysis.settings.worker
+        job = GenerateJob(path, analysis.settings.analyze_options(analysis.text))
         started = time.perf_counter()
-        async with server.scheduler.admission.turn():
-            report: Report = await server.get_worker().run(job, Limits(w.timeout_seconds, w.memory_mb))
+        async with self._admission.turn():
+            report: Report = await self._run(job, Limits(w.timeout_seconds, w.memory_mb))
         took = (time.perf_counter() - started) * 1000
-        server.log_line(f"generated the kernels of {os.path.basename(path)} v{analysis.version} in {took:.0f} ms")
+        self._log(f"generated the kernels of {os.path.basename(path)} v{analysis.version} in {took:.0f} ms")
         return report
 
 

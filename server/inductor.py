@@ -4,7 +4,8 @@ The fast analysis publishes first; then, if `compareInductor` is on and the docu
 stayed as it is for a moment, the worker compiles the model with Inductor (seconds of CPU)
 and a new analysis holding the comparison replaces the cached one: hover gains a "torch.compile" section,
 the model's lens says how often Inductor agrees, and Inductor fusions fuselens does not make
-become Hint diagnostics.  It runs quietly: no progress in the editor's status, and the
+become Hint diagnostics.  It compiles with the settings the analysis was made with
+(`Analysis.settings`), and is kept under those settings and the worker's torch.  It runs quietly: no progress in the editor's status, and the
 diagnostics are published again only when it adds one.  A new save cancels the job (a burst
 of saves starts none); results are cached by file content, settings and torch version.
 
@@ -20,25 +21,40 @@ import contextlib
 import dataclasses
 import hashlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fuselens.contracts.inductor import ComparisonResult
-from fuselens.worker.protocol import CompareJob, Limits
+from fuselens.worker.protocol import CompareJob, Job, Limits
 
-from .admission import Turn
+from .admission import Admission, Turn
 from .scheduler import Analysis
+from .state import Analyses
 from .workers import JobFailed
 
-if TYPE_CHECKING:
-    from .app import FuselensServer
+RunJob = Callable[[Job, Limits], Awaitable[Any]]  # a job's result from the worker
+OnCompared = Callable[[str, Analysis], None]  # (uri, the analysis with the comparison, now kept in its place)
 
 CACHE_SIZE = 16
 IDLE_SECONDS = 2.0  # a document saved again within this starts no comparison for the older text
 
 
 class InductorComparer:
-    def __init__(self, server: FuselensServer):
-        self.server = server
+    def __init__(
+        self,
+        run: RunJob,
+        torch_version: Callable[[], str],
+        admission: Admission,
+        analyses: Analyses,
+        log: Callable[[str], None],
+        on_compared: OnCompared,
+    ) -> None:
+        self._run_job = run
+        self._torch_version = torch_version
+        self._admission = admission
+        self._analyses = analyses
+        self._log = log
+        self._on_compared = on_compared
         self.jobs: dict[str, asyncio.Task] = {}
         self.queued: dict[str, Turn] = {}  # each job's place in the admission queue
         self.cache: OrderedDict[str, ComparisonResult] = OrderedDict()
@@ -47,19 +63,18 @@ class InductorComparer:
         self.preempted = 0  # stopped for an analysis, and queued again
 
     def key(self, analysis: Analysis) -> str:
-        worker = self.server.worker.info.torch if self.server.worker and self.server.worker.info else ""
-        settings = self.server.settings.analysis_key()
-        return hashlib.sha256(f"{analysis.text}\0{settings}\0{worker}".encode()).hexdigest()
+        settings = analysis.settings.analysis_key()
+        return hashlib.sha256(f"{analysis.text}\0{settings}\0{self._torch_version()}".encode()).hexdigest()
 
     def cancel(self, uri: str) -> None:
         queued = self.queued.pop(uri, None)
         if queued is not None:
-            self.server.scheduler.admission.withdraw(queued)  # (its task may never have run)
+            self._admission.withdraw(queued)  # (its task may never have run)
         task = self.jobs.pop(uri, None)
         if task is not None and not task.done():
             task.cancel()
             self.cancelled += 1
-            self.server.log_line(f"torch.compile comparison cancelled: {_name(uri)} changed")
+            self._log(f"torch.compile comparison cancelled: {_name(uri)} changed")
 
     def start(self, uri: str, path: str, analysis: Analysis) -> None:
         """After `analysis` is published: merge a cached comparison, or queue one in the background (at
@@ -68,30 +83,31 @@ class InductorComparer:
         if analysis.failure is not None or not any(m.status == "analyzed" and m.clusters for m in report.models):
             return
         self.cancel(uri)
-        cached = self.cache.get(self.key(analysis))
+        key = self.key(analysis)
+        cached = self.cache.get(key)
         if cached is not None:
-            self.cache.move_to_end(self.key(analysis))
+            self.cache.move_to_end(key)
             self._merge(uri, analysis, cached)
             return
-        self.queued[uri] = self.server.scheduler.admission.queue(path, IDLE_SECONDS)
-        self.jobs[uri] = asyncio.ensure_future(self._run(uri, path, analysis))
+        self.queued[uri] = self._admission.queue(path, IDLE_SECONDS)
+        self.jobs[uri] = asyncio.ensure_future(self._run(uri, path, analysis, key))
 
-    async def _run(self, uri: str, path: str, analysis: Analysis) -> None:
-        server = self.server
-        w = server.settings.worker
-        job = CompareJob(path, server.settings.analyze_options(analysis.text))
+    async def _run(self, uri: str, path: str, analysis: Analysis, key: str) -> None:
+        """The comparison of `analysis`, kept under `key` (taken as it was queued: the worker may have
+        been restarted with another torch by the time it ends)."""
+        w = analysis.settings.worker
+        job = CompareJob(path, analysis.settings.analyze_options(analysis.text))
         try:
             result = await self._compare_in_turn(uri, job, Limits(max(w.timeout_seconds, 300.0), w.memory_mb))
         except JobFailed as exc:
             if exc.kind != "cancelled":
-                server.log_line(f"torch.compile comparison failed: {exc}")
+                self._log(f"torch.compile comparison failed: {exc}")
             return
         finally:
             if self.jobs.get(uri) is asyncio.current_task():
                 self.queued.pop(uri, None)
         self.completed += 1
-        server.log_line(f"torch.compile comparison of {_name(path)} v{analysis.version} done")
-        key = self.key(analysis)
+        self._log(f"torch.compile comparison of {_name(path)} v{analysis.version} done")
         self.cache[key] = result
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
@@ -101,10 +117,10 @@ class InductorComparer:
         """The comparison, in its background turn: after IDLE_SECONDS (cancelled by the next save: no
         compile for a text left behind), after the analyses, one at a time.  When an analysis or a
         validation arrives meanwhile, the compile is stopped and queued again in its place."""
-        admission = self.server.scheduler.admission
+        admission = self._admission
 
         def waits(why: str) -> None:
-            self.server.log_line(f"torch.compile comparison of {_name(job.path)} waits: {why}")
+            self._log(f"torch.compile comparison of {_name(job.path)} waits: {why}")
 
         queued = self.queued[uri]
         while True:
@@ -121,27 +137,20 @@ class InductorComparer:
                 if not compare.cancelled():
                     return compare.result()
             self.preempted += 1
-            self.server.log_line(f"torch.compile comparison of {_name(job.path)} put back: an analysis goes first")
+            self._log(f"torch.compile comparison of {_name(job.path)} put back: an analysis goes first")
             queued = self.queued[uri] = admission.queue(job.path, place=turn.place)
 
     async def _compare(self, job: CompareJob, limits: Limits) -> ComparisonResult:
-        self.server.log_line(f"torch.compile comparison of {_name(job.path)} started")
-        result: ComparisonResult = await self.server.get_worker().run(job, limits)
+        self._log(f"torch.compile comparison of {_name(job.path)} started")
+        result: ComparisonResult = await self._run_job(job, limits)
         return result
 
     def _merge(self, uri: str, analysis: Analysis, result: ComparisonResult) -> None:
-        """Cache, in `analysis`'s place, a new analysis that holds the comparison: what was published is
+        """Keep, in `analysis`'s place, a new analysis that holds the comparison: what was published is
         never changed under a request that is answering from it."""
-        server = self.server
-        if server.scheduler.cache.get(uri) is not analysis:
-            return  # a newer analysis replaced the one this comparison belongs to
         compared = with_comparison(analysis, result)
-        server.scheduler.cache[uri] = compared
-        doc = server.document(uri)
-        if doc is not None and (doc.version or 0) == compared.version:
-            if any(m.inductor is not None and m.inductor.unmatched for m in compared.report.models):
-                server.publish(uri, compared)  # the fusions only torch.compile makes, as diagnostics
-            server.refresh_views()
+        if self._analyses.replace(uri, analysis, compared):  # (not when a newer analysis replaced it)
+            self._on_compared(uri, compared)
 
 
 def with_comparison(analysis: Analysis, result: ComparisonResult) -> Analysis:

@@ -3,7 +3,9 @@ keeping to the LSP lifecycle and answering every request it is sent.
 
 `initialize` once, every request answered (an error for one pygls would drop), InvalidRequest after
 `shutdown`, a client's late answer to a request the server gave up on dropped without a word, and each
-kind of malformed message logged once.  What the server does with a message is `app.py`'s.
+kind of malformed message logged once.  A handler marked `on_arrival` is called as its request is
+read, and returns the coroutine that answers it, run as a task of its own that `$/cancelRequest`
+cancels.  What the server does with a message is `handlers.py`'s and `commands.py`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import functools
 import logging
 import uuid
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import attrs
 from cattrs import transform_error
@@ -26,6 +29,19 @@ log = logging.getLogger("fuselens.server")
 
 _ANSWERED = object()  # a request already answered with an error while it was being read
 GIVEN_UP_KEPT = 1024  # how many ids of requests the server gave up on it remembers (see `given_up`)
+
+T = TypeVar("T")
+Arrival = TypeVar("Arrival", bound=Callable[..., Coroutine[Any, Any, Any]])
+_ON_ARRIVAL = "fuselens_on_arrival"
+
+
+def on_arrival(handler: Arrival) -> Arrival:
+    """Mark a request's handler to be called as the request is read (pygls would start a coroutine
+    handler later, once the messages read with it have been handled): what it takes then, its snapshot,
+    is the server's state as the request arrived.  It returns the coroutine that answers the request,
+    which runs as a task of its own."""
+    setattr(handler, _ON_ARRIVAL, True)
+    return handler
 
 
 class FuselensProtocol(LanguageServerProtocol):
@@ -40,7 +56,7 @@ class FuselensProtocol(LanguageServerProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initialize_seen = self.initialized_seen = False
-        self.commands_running: dict[Any, asyncio.Task[Any]] = {}  # request id -> the command's task
+        self.answering: dict[Any, asyncio.Task[Any]] = {}  # request id -> the task answering it (`answered_by`)
         self.complaints: Counter[str] = Counter()
         # The ids of the server's own requests it stopped waiting for (timed out, cancelled), the latest
         # GIVEN_UP_KEPT of them: a client's late answer to one is dropped without a word.
@@ -104,8 +120,8 @@ class FuselensProtocol(LanguageServerProtocol):
     def handle_message(self, message) -> None:
         super().handle_message(message)
         if getattr(message, "method", None) == lsp.CANCEL_REQUEST:
-            # pygls cancels the request's future, not the task of the command it runs
-            task = self.commands_running.get(getattr(message.params, "id", None))
+            # pygls cancels the request's future, not the task answering it (a command's, which would run on)
+            task = self.answering.get(getattr(message.params, "id", None))
             if task is not None:
                 task.cancel()
 
@@ -153,7 +169,13 @@ class FuselensProtocol(LanguageServerProtocol):
     # an error left its result type in `_result_types`.
 
     def _execute_handler(self, msg_id: Any, handler: Any, callback: Any, args: Any = None, kwargs: Any = None):
-        """pygls' handler call, its future released once it is done (then `callback` runs as before)."""
+        """pygls' handler call, its future released once it is done (then `callback` runs as before); a
+        handler marked `on_arrival` is called now, and its coroutine handed to pygls in its place."""
+        if getattr(handler, _ON_ARRIVAL, False):
+            try:
+                handler, args, kwargs = self._answer, (handler(*(args or ()), **(kwargs or {})),), None
+            except Exception as exc:  # (its arguments, checked as it arrived) answered as pygls answers any
+                handler, args, kwargs = _raise, (exc,), None
 
         def release_then_callback(future: Any) -> None:
             if self._request_futures.get(msg_id) is future:
@@ -165,6 +187,17 @@ class FuselensProtocol(LanguageServerProtocol):
             callback(future)
 
         super()._execute_handler(msg_id, handler, release_then_callback, args, kwargs)
+
+    async def _answer(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work`, a task `$/cancelRequest` for the request cancels (pygls would cancel only a request's
+        future, and a command's work, a remote runner say, would run on)."""
+        msg_id, task = self.msg_id, asyncio.current_task()  # (the request's id: the task copied its context)
+        if msg_id is not None and task is not None:
+            self.answering[msg_id] = task
+        try:
+            return await work
+        finally:
+            self.answering.pop(msg_id, None)
 
     def send_request(self, method: str, params: Any = None, callback: Any = None, msg_id: Any = None):
         """pygls' request to the client, all that is kept of it released once it is answered or given up on."""
@@ -221,6 +254,10 @@ def _not_a_message(value: Any) -> str | None:
     if not _is_id(value.get("id")) or not ("result" in value or "error" in value):
         return "neither a request, a notification nor a response"
     return None
+
+
+def _raise(error: Exception) -> None:
+    raise error
 
 
 def remember(table: dict[Any, Any], key: Any, value: Any, limit: int) -> None:

@@ -1,10 +1,11 @@
-"""Per-document scheduling of analysis jobs, and the cache every feature answers from.
+"""Per-document scheduling of analysis jobs, and what one finished job said (`Analysis`).
 
 A document has at most one job in flight and one pending request.  A new request
 replaces the pending one (newest wins) and cancels the job in flight, which the worker
-kills: a burst of saves costs one finished analysis, of the last version.  Results are
-handed to `on_result` with the version they were computed from (while the job still holds its
-turn); the server publishes only those that still match the document.
+kills: a burst of saves costs one finished analysis, of the last version.  Each job reads the
+settings once, as its turn comes, and its analysis keeps them.  Results are handed to `on_result`
+with the version they were computed from (while the job still holds its turn); the server keeps
+them (`state.py`) and publishes only those that still match the document.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from fuselens.contracts.report import Report
 from fuselens.worker.protocol import Failure
 
 from .admission import Admission
+from .settings import Settings
 from .workers import JobFailed
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
-    """What one finished job said about one version of a document."""
+    """What one finished job said about one version of a document.  Never changed once made: what
+    joins it later (the kernels' code, the torch.compile comparison) makes a new one."""
 
     version: int
     text: str
     report: Report  # empty when the job failed
+    settings: Settings = field(default_factory=Settings)  # what it was analyzed with; its code is made with them
     failure: Failure | None = None  # why there is no real report
     elapsed_ms: float = 0.0
     inductor_sources: dict[str, str] | None = None  # Inductor kernel id -> its Triton source
@@ -77,20 +81,22 @@ class _Slot:
     running_version: int | None = None
 
 
-RunJob = Callable[[str, str, int], Awaitable[Report]]  # (path, text, version) -> its report
+RunJob = Callable[[str, str, Settings], Awaitable[Report]]  # (path, text, settings) -> its report
 
 OnResult = Callable[[str, Analysis], None]
+
+ReadSettings = Callable[[], Awaitable[Settings]]  # the settings a job runs with, once they are read
 
 
 @dataclass
 class Scheduler:
     run_job: RunJob
     on_result: OnResult
-    cache: dict[str, Analysis] = field(default_factory=dict)
+    settings: ReadSettings
+    admission: Admission  # every job of the server takes its turn here
     _slots: dict[str, _Slot] = field(default_factory=dict)
     completed: int = 0
     cancelled: int = 0
-    admission: Admission = field(default_factory=Admission)  # every job of the server takes its turn here
 
     def request(self, uri: str, path: str, version: int, text: str) -> None:
         slot = self._slots.setdefault(uri, _Slot())
@@ -107,7 +113,6 @@ class Scheduler:
             for task in (slot.job, slot.loop):
                 if task is not None and not task.done():
                     task.cancel()
-        self.cache.pop(uri, None)
 
     async def _run(self, uri: str, slot: _Slot) -> None:
         while slot.pending is not None:
@@ -132,16 +137,16 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         started = loop.time()
         async with self.admission.turn():
+            settings = await self.settings()
             try:
-                analysis = Analysis(version, text, await self.run_job(path, text, version))
+                report, failure = await self.run_job(path, text, settings), None
             except JobFailed as exc:
                 if exc.kind == "cancelled":
                     self.cancelled += 1
                     return
-                analysis = Analysis(version, text, Report(file=path, source_sha256=""), exc.error)
-            analysis.elapsed_ms = round((loop.time() - started) * 1000, 1)
+                report, failure = Report(file=path, source_sha256=""), exc.error
+            elapsed_ms = round((loop.time() - started) * 1000, 1)
             if slot.pending is not None:
                 return  # a newer request arrived while this one finished: don't show this one
             self.completed += 1
-            self.cache[uri] = analysis
-            self.on_result(uri, analysis)
+            self.on_result(uri, Analysis(version, text, report, settings, failure, elapsed_ms))

@@ -5,6 +5,10 @@ Sources, later wins: defaults, `[tool.fuselens]` in the workspace's pyproject.to
 then `workspace/configuration` (section "fuselens").  A bad value is reported by key
 and replaced by its default; the rest keeps working.
 
+The settings are one typed tree (`Settings`, its `worker`), frozen: `merge` is the one converter from
+what a source sends to that tree, and makes a new tree each time, so that what a request or a job took
+as its settings never changes under it.
+
 Trust is deliberately *not* a setting here: see `trust.py`.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from fuselens.contracts.config import ConfigError, ModelSettings, model_settings
@@ -41,7 +45,7 @@ def _number_between(value: Any, low: float, high: float) -> bool:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerSettings:
     python: str | None = None  # interpreter to run workers with (the user's venv); None: the server's
     timeout_seconds: float = 60.0
@@ -49,7 +53,7 @@ class WorkerSettings:
     validate_timeout_seconds: float = 600.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     device: str = "h200"
     peak_gbps: float | None = None
@@ -92,7 +96,8 @@ def _key(name: str) -> str:
 
 
 def merge(base: Settings, data: dict[str, Any] | None, where: str) -> tuple[Settings, list[str]]:
-    """`base` updated with `data`; returns (settings, problems), each problem naming its key."""
+    """`base` updated with `data`, as new settings (`base` is unchanged); returns (settings, problems),
+    each problem naming its key."""
     problems: list[str] = []
     if not data:
         return base, problems
@@ -107,69 +112,99 @@ def merge(base: Settings, data: dict[str, Any] | None, where: str) -> tuple[Sett
             problems.append(f"{where}: unknown setting '{raw}'")
             continue
         try:
-            _apply(base, key, value)
+            base = _with(base, key, value)
+        except _PartlyRead as exc:  # the worker's entries before the bad one are kept
+            base = exc.settings
+            problems.append(f"{where}: fuselens.{raw}: {exc}")
         except (TypeError, ValueError) as exc:
             problems.append(f"{where}: fuselens.{raw}: {exc}")
     return base, problems
 
 
-def _apply(s: Settings, key: str, value: Any) -> None:
+def _with(s: Settings, key: str, value: Any) -> Settings:
+    """`s` with the setting `key` set to `value` (TypeError, ValueError: why it cannot be)."""
+    if key == "worker":
+        return _with_worker(s, value)
+    return replace(s, **{key: _value(s, key, value)})
+
+
+def _value(s: Settings, key: str, value: Any) -> Any:
+    """What the setting `key` becomes for `value` (TypeError, ValueError: why it cannot)."""
     if key == "device":
         if not isinstance(value, str) or value.lower().replace("-", "") not in DEVICES:
             raise ValueError(f"must be one of {', '.join(DEVICES)}")
-        s.device = value.lower().replace("-", "")
-    elif key == "peak_gbps":
+        return value.lower().replace("-", "")
+    if key == "peak_gbps":
         if value is not None and not _number_between(value, MIN_PEAK_GBPS, MAX_PEAK_GBPS):
             raise ValueError(f"must be a number of GB/s from {MIN_PEAK_GBPS:.0f} to {MAX_PEAK_GBPS:.0f}")
-        s.peak_gbps = float(value) if value is not None else None
-    elif key in ("severity", "pattern_severity"):
+        return float(value) if value is not None else None
+    if key in ("severity", "pattern_severity"):
         if value not in SEVERITIES:
             raise ValueError(f"must be one of {', '.join(SEVERITIES)}")
-        setattr(s, key, value)
-    elif key == "show":
+        return value
+    if key == "show":
         if not isinstance(value, list) or any(v not in KINDS for v in value):
             raise ValueError(f"must be a list drawn from {', '.join(KINDS)}")
-        s.show = list(value)
-    elif key in ("inlay_hints", "code_lens", "compare_inductor"):
+        return list(value)
+    if key in ("inlay_hints", "code_lens", "compare_inductor"):
         if not isinstance(value, bool):
             raise TypeError("must be true or false")
-        setattr(s, key, value)
-    elif key == "models":
+        return value
+    if key == "models":
         if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
             raise ValueError("must map class names to {inputs, dtype, init, param_dtype}")
         try:
             parsed = {name: model_settings(entry, f"models.{name}") for name, entry in value.items()}
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        s.models = {**s.models, **parsed}
-    elif key == "worker":
-        if not isinstance(value, dict):
-            raise TypeError("must be an object")
-        for raw, v in value.items():
-            _apply_worker(s.worker, _key(raw), v, raw)
-    elif key in ("remote_runner", "remote_profiler"):
-        if value is not None and not isinstance(value, str):
-            raise TypeError("must be a command line containing {file}")
-        if value is not None and (fault := template_fault(value)):
-            raise ValueError(fault)
-        setattr(s, key, value)
+        return {**s.models, **parsed}
+    # remote_runner, remote_profiler
+    if value is not None and not isinstance(value, str):
+        raise TypeError("must be a command line containing {file}")
+    if value is not None and (fault := template_fault(value)):
+        raise ValueError(fault)
+    return value
 
 
-def _apply_worker(w: WorkerSettings, key: str, value: Any, raw: str) -> None:
+class _PartlyRead(ValueError):
+    """A `worker` entry that cannot be read, with the settings its entries before it made."""
+
+    def __init__(self, message: str, settings: Settings):
+        super().__init__(message)
+        self.settings = settings
+
+
+def _with_worker(s: Settings, value: Any) -> Settings:
+    """`s` with the `worker` entries of `value`, read in order up to the first bad one."""
+    if not isinstance(value, dict):
+        raise TypeError("must be an object")
+    for raw, v in value.items():
+        try:
+            s = replace(s, worker=_worker_with(s.worker, _key(raw), v, raw))
+        except (TypeError, ValueError) as exc:
+            raise _PartlyRead(str(exc), s) from None
+    return s
+
+
+def _worker_with(w: WorkerSettings, key: str, value: Any, raw: str) -> WorkerSettings:
     if key == "python":
         if value is not None and not isinstance(value, str):
             raise TypeError(f"worker.{raw} must be a path to a Python interpreter")
-        w.python = value or None
-    elif key in ("timeout_seconds", "validate_timeout_seconds"):
+        return replace(w, python=value or None)
+    if key in ("timeout_seconds", "validate_timeout_seconds"):
         if not _number_between(value, MIN_TIMEOUT_S, MAX_TIMEOUT_S):
             raise ValueError(f"worker.{raw} must be a number of seconds from {MIN_TIMEOUT_S} to {MAX_TIMEOUT_S:.0f}")
-        setattr(w, key, float(value))
-    elif key == "memory_mb":
+        seconds = float(value)
+        return (
+            replace(w, timeout_seconds=seconds)
+            if key == "timeout_seconds"
+            else replace(w, validate_timeout_seconds=seconds)
+        )
+    if key == "memory_mb":
         if not isinstance(value, int) or isinstance(value, bool) or not MIN_MEMORY_MB <= value <= MAX_MEMORY_MB:
             raise ValueError(f"worker.{raw} must be an integer from {MIN_MEMORY_MB} to {MAX_MEMORY_MB} (MB)")
-        w.memory_mb = value
-    else:
-        raise ValueError(f"unknown setting 'worker.{raw}'")
+        return replace(w, memory_mb=value)
+    raise ValueError(f"unknown setting 'worker.{raw}'")
 
 
 def from_pyproject(table: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 
 import pytest
 
@@ -89,3 +90,83 @@ def test_every_package_folder_is_in_the_map():
         if line.startswith('"fuselens.') and "=" in line and '" = "' in line
     }
     assert packages == set(ALLOWED)
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Each module of `package`'s folder and the modules of the same folder it imports: at the top, in
+    a function, or under `if TYPE_CHECKING:` (a cycle through a type-only import still ties the two
+    modules into one).  `from . import x` counts as importing the module `x` where there is one."""
+    folder = os.path.join(REPO, package)
+    modules = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                dotted = "fuselens." + os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                modules[dotted.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package_of = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package_of.split(".")[: len(package_of.split(".")) - (node.level - 1)]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                found.add(base)
+                found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules}
+        graph[module] = {m for m in found if m in modules and m != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """A cycle through each group of modules that import each other, found from the first module of
+    the group in sorted order (none: [])."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+    for start in sorted(graph):
+        cycle = _cycle_from(start, graph, [], done)
+        if cycle is not None:
+            found.append(cycle)
+            done |= set(cycle)
+    return found
+
+
+def _cycle_from(module: str, graph: dict[str, set[str]], path: list[str], done: set[str]) -> list[str] | None:
+    """A cycle reached from `module` down `path` (depth first), or None; each module found to reach
+    none is added to `done`."""
+    if module in path:
+        return [*path[path.index(module) :], module]
+    if module in done:
+        return None
+    path.append(module)
+    for other in sorted(graph[module]):
+        cycle = _cycle_from(other, graph, path, done)
+        if cycle is not None:
+            return cycle
+    path.pop()
+    done.add(module)
+    return None
+
+
+def test_the_server_s_modules_import_each_other_without_cycles():
+    """A cycle, even through an import only the type checker reads, makes the modules on it one piece:
+    none can be read, tested or replaced without the others (the handlers' modules once imported the
+    server's hub for its type, and the hub imported them)."""
+    assert cycles(module_graph("server")) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_type_only_import(tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "hub.py").write_text("from . import handlers\n")
+    (tmp_path / "pkg" / "handlers.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .hub import Server\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+    assert cycles(module_graph("pkg")) == [["fuselens.pkg.handlers", "fuselens.pkg.hub", "fuselens.pkg.handlers"]]

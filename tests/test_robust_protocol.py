@@ -23,7 +23,7 @@ from pytest_lsp import ClientServerConfig, client_capabilities
 from pytest_lsp.client import register_lsp_features
 
 from fuselens.server import framing, views
-from fuselens.server.app import FuselensServer
+from fuselens.server.app import create_server
 
 from lsp_helpers import (
     FEATURES,
@@ -585,7 +585,8 @@ async def test_a_document_opened_before_the_settings_arrive_is_analyzed_with_the
 async def test_an_answer_to_a_request_the_server_cancelled_is_dropped():
     """`shutdown` cancels the server's own requests too (a workspace/configuration it waits for,
     say); the client's answer to one may still come, while the server's shutdown handler runs."""
-    protocol = FuselensServer().protocol
+    server, _ = create_server()
+    protocol = server.protocol
     protocol.receive({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"capabilities": {}}})
     cancelled: concurrent.futures.Future = concurrent.futures.Future()
     cancelled.cancel()

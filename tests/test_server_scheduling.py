@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fuselens.server.app import FuselensServer
+from fuselens.server.configuration import Configuration
 
 from lsp_helpers import Client, example_text, replace_line, server_fixture
 
@@ -127,12 +127,12 @@ async def test_a_job_cancelled_as_its_settings_arrive_stops():
     """Every job first waits for the settings.  A save that supersedes it just as that wait ends must
     still stop it: a job that went on would run the model of a stale version, and hold the document's
     one job slot until that model returned."""
-    server = FuselensServer()
-    server.configured.set()
+    configuration = Configuration(warn=lambda text: None)
+    configuration.read()
     answer = asyncio.Event()  # the worker's answer to the job, which never comes
 
     async def job() -> None:
-        await server.settings_read()
+        await configuration.settled()
         await answer.wait()
 
     task = asyncio.ensure_future(job())

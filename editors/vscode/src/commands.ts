@@ -80,7 +80,7 @@ function untrustedAnswer(result: unknown): boolean {
  * For a command that runs the model's code (analyze, validate, the kernel of an analysis) in a
  * workspace that is not trusted: opens Workspace Trust, where the user can grant it, and says true.
  * No notification of the extension's own: the server has already told the user why, once, in VS
- * Code's words (window/showMessage, server/app.py `untrusted`), and a second one would stack on it.
+ * Code's words (window/showMessage, server/state.py `Folders.untrusted`), and a second one would stack on it.
  */
 function openTrustInstead(result?: unknown): boolean {
   if (vscode.workspace.isTrusted && !untrustedAnswer(result)) {
