@@ -13,8 +13,12 @@ use their own document names so they do not see each other's state.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import glob
+import inspect
+import itertools
+import json
 import os
 import shutil
 import sys
@@ -141,6 +145,12 @@ def end_position(text: str) -> lsp.Position:
 
 # ---- the client ---------------------------------------------------------------------------------
 
+_together_ids = itertools.count(1)
+
+
+def _framed(body: bytes) -> bytes:
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
 
 class Client(LanguageClient):
     """A test client that records the server's notifications and requests and can wait for them."""
@@ -160,6 +170,7 @@ class Client(LanguageClient):
         self.versions: dict[str, int] = {}
         self.unsaved: dict[str, str] = {}  # path -> the text of a file an edit changed in a buffer, not on disk
         self._arrived = asyncio.Event()
+        self._writes: set[asyncio.Future] = set()
 
     # -- waiting -------------------------------------------------------------------------------
     def arrived(self) -> None:
@@ -256,20 +267,18 @@ class Client(LanguageClient):
 
     def change(self, uri: str, text: str) -> int:
         """Replace the buffer's text (an incremental change spanning the document); returns the new version."""
+        self.text_document_did_change(self.changed(uri, text))
+        return self.versions[uri]
+
+    def changed(self, uri: str, text: str) -> lsp.DidChangeTextDocumentParams:
+        """The buffer's text replaced by `text`: the change to send (an incremental one spanning the document)."""
         old = self.texts[uri]
         self.versions[uri] += 1
         self.texts[uri] = text
-        self.text_document_did_change(
-            lsp.DidChangeTextDocumentParams(
-                lsp.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
-                [
-                    lsp.TextDocumentContentChangePartial(
-                        range=lsp.Range(lsp.Position(0, 0), end_position(old)), text=text
-                    )
-                ],
-            )
+        return lsp.DidChangeTextDocumentParams(
+            lsp.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+            [lsp.TextDocumentContentChangePartial(range=lsp.Range(lsp.Position(0, 0), end_position(old)), text=text)],
         )
-        return self.versions[uri]
 
     def edit(self, uri: str, edits: list[lsp.TextEdit]) -> int:
         """Apply text edits to the buffer; the server hears of it as one change."""
@@ -290,6 +299,41 @@ class Client(LanguageClient):
         self.text_document_did_close(lsp.DidCloseTextDocumentParams(lsp.TextDocumentIdentifier(uri)))
         self.texts.pop(uri, None)
         self.versions.pop(uri, None)
+
+    # -- messages read together -------------------------------------------------------------------
+    def request(self, method: str, params: Any) -> dict[str, Any]:
+        """A request as JSON (`params` an lsprotocol object or plain JSON), for `send_together`."""
+        return {
+            "jsonrpc": "2.0",
+            "id": f"together-{next(_together_ids)}",
+            "method": method,
+            "params": self._json(params),
+        }
+
+    def notification(self, method: str, params: Any) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": method, "params": self._json(params)}
+
+    def _json(self, params: Any) -> Any:
+        return self.protocol._converter.unstructure(params)
+
+    def send_together(self, *messages: dict[str, Any]) -> list[asyncio.Future]:
+        """Send `messages` in one write, so that the server reads them in one chunk and handles each
+        before it answers any, as it handles the messages that piled up while it was busy; the future
+        of each request's answer, in order."""
+        answers = []
+        for message in messages:
+            if "id" in message:
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                self.protocol._request_futures[message["id"]] = future
+                self.protocol._result_types[message["id"]] = self.protocol.get_result_type(message["method"])
+                answers.append(asyncio.wrap_future(future))
+        frames = b"".join(_framed(json.dumps(m).encode()) for m in messages)
+        written = self.protocol.writer.write(frames)
+        if inspect.isawaitable(written):
+            task = asyncio.ensure_future(written)
+            self._writes.add(task)  # held until done: the loop holds tasks weakly
+            task.add_done_callback(self._writes.discard)
+        return answers
 
     # -- requests ------------------------------------------------------------------------------
     async def command(self, name: str, *arguments: Any) -> Any:
