@@ -50,8 +50,10 @@ class BackwardText:
     # dim of the domain their first dim runs along, where their broadcast gradient is summed to them.
     leads: dict[int, int] = field(default_factory=dict)
     # Gradients that are more than one kernel (a group norm's): the kernels before the last, each
-    # followed by torch code over its small results.  Empty: the whole backward is one kernel.
+    # followed by torch code over its small results, and the torch code before them (`prelude`, over
+    # what the forward kept).  Empty: the whole backward is one kernel.
     stages: list[Stage] = field(default_factory=list)
+    prelude: list[str] = field(default_factory=list)
     # With stages: the last kernel (None when the torch code computes every gradient wanted), and
     # what the backward reference returns, as its statements name them.
     last: Stage | None = None
@@ -107,7 +109,7 @@ def backward_text(
     body, names = forward_lines(graph, plan, params, number_params, given)
     grads = _fresh([f"grad{k}" for k in range(returned_by_op)], params + number_params)
     numbers = {id(slot.value): p for slot, p in zip(plan.scalars, number_params, strict=True)}
-    staging = _group_staging(graph, plan, body, names, grads, numbers) if plan.groups else None
+    staging = _group_staging(graph, plan, body, names, grads, numbers, saved) if plan.groups else None
     writer = _Writer(graph, plan, names, numbers, saved=saved, staging=staging)
     for k, out in enumerate(plan.outputs):
         if out.saved is None:
@@ -186,38 +188,44 @@ def _assignment(line: str) -> tuple[str, str]:
 
 @dataclass
 class _Staging:
-    """A group norm's backward in three kernels (`_group_norm`): each (sample, channel)'s mean and
-    variance (`stats`); with the group statistics they give, the sums of the gradient and of the
-    gradient times the input over each channel (`sums`); and the input gradient, which with those
-    sums is elementwise.  Between them, torch code over [N, C] values (`glue`: the statements it
-    assigns) turns channels into groups."""
+    """A group norm's backward in two kernels (`_group_norm`): with the group statistics the forward
+    kept, the sums of the gradient and of the gradient times the input over each channel (`sums`);
+    and the input gradient, which with those sums is elementwise.  Before and between them, torch
+    code over [N, C] values (`glue`: the statements it assigns) turns groups into channels and
+    channels into groups."""
 
     xf: str  # the group norm's input in float32
     mean: str  # the group's mean, one value a (sample, channel), [N, C, 1, ...]
     rstd: str  # its reciprocal standard deviation
     count: str  # the elements of a channel: an expression over a gradient's shape
-    stats: list[str] = field(default_factory=list)
     sums: list[str] = field(default_factory=list)
     glue: set[str] = field(default_factory=set)
 
 
 def _group_staging(
-    graph: Graph, plan: KernelPlan, body: list[str], names: dict[int, str], grads: list[str], numbers: dict[int, str]
+    graph: Graph,
+    plan: KernelPlan,
+    body: list[str],
+    names: dict[int, str],
+    grads: list[str],
+    numbers: dict[int, str],
+    saved: dict[tuple[int, str], str],
 ) -> _Staging:
-    """Replace the group norm's recomputed output in `body` by one from per-channel statistics (a
-    kernel's reductions over a channel, not a group) and the group statistics torch gathers from
-    them; the names of those values."""
+    """Replace the group norm's recomputed output in `body` by one from the group statistics its
+    forward kept (`saved`: each (sample, group)'s mean and reciprocal deviation), spread over each
+    group's channels by torch; the names of those values."""
     (gn,) = [graph[m] for m in plan.members if graph[m].op == "group_norm"]
     domain = [k for k, out in enumerate(plan.outputs) if tuple(out.shape) == tuple(plan.domain)]
     if not domain:
         raise NoBackward("a group norm whose cluster has no output of the norm's shape")
+    if (gn.id, "mean") not in saved or (gn.id, "rstd") not in saved:
+        raise NoBackward("a group norm whose forward kept no group statistics")
     x, weight, bias = [*_operands(gn), None, None][:3]
     meta = graph[x.node].meta
     assert meta is not None
     if len(meta.shape) < 3:  # no spatial dims to reduce a channel over (and `dim=[]` means every dim)
         raise NoBackward("a group norm over [N, C] alone")
-    dims = list(range(2, len(meta.shape)))
-    v, groups, eps = f"v{gn.id}", spelled(gn.params["groups"], numbers), spelled(gn.params["eps"], numbers, float)
+    v = f"v{gn.id}"
     xv = names[x.node]
     xf = xv if meta.dtype in ("float32", "float64") else f"{xv}.float()"
 
@@ -226,11 +234,11 @@ def _group_staging(
 
     # The norm's output stays in float32, as the forward kernel keeps it for what follows in the cluster.
     y = f"{v}x * {v}scale + {v}shift"
+    grad = grads[domain[0]]  # of the norm's shape
+    kept = f"{saved[(gn.id, 'mean')]}, {saved[(gn.id, 'rstd')]}"
     lines = [
         f"    {v}x = {xf}",
-        f"    {v}m = {v}x.mean(dim={dims}, keepdim=True)",
-        f"    {v}v = (({v}x - {v}m) * ({v}x - {v}m)).mean(dim={dims}, keepdim=True)",
-        f"    {v}t = _group_statistics({v}m, {v}v, {groups}, {eps}, {operand(weight)}, {operand(bias)})",
+        f"    {v}t = _group_statistics({kept}, {operand(weight)}, {operand(bias)}, {grad}.shape)",
         f"    {v}scale = {v}t[0]",
         f"    {v}shift = {v}t[1]",
         f"    {v}mean = {v}t[2]",
@@ -239,8 +247,7 @@ def _group_staging(
     ]
     at = next(k for k, line in enumerate(body) if line.startswith(f"    {v} = "))
     body[at : at + 1] = lines
-    count = f"{grads[domain[0]]}[0, 0].numel()"
-    staging = _Staging(f"{v}x", f"{v}mean", f"{v}rstd", count, stats=[f"{v}m", f"{v}v"])
+    staging = _Staging(f"{v}x", f"{v}mean", f"{v}rstd", f"{grad}[0, 0].numel()")
     staging.glue |= {f"{v}t", f"{v}scale", f"{v}shift", f"{v}mean", f"{v}rstd"}
     return staging
 
@@ -249,8 +256,8 @@ def _split_stages(
     text: BackwardText, staging: _Staging, name: str, signature: list[str], statements: list[str], returned: list[str]
 ) -> None:
     """The backward reference's statements as kernels (`text.stages`, `text.last`) and the torch code
-    between them: each kernel's statements are the ones its results need, and what the torch code
-    computed is passed to it.  Torch code is what the staging names, and any statement that reads
+    before and between them (`text.prelude`, each stage's `glue`): each kernel's statements are the
+    ones its results need, and what the torch code computed is passed to it.  Torch code is what the staging names, and any statement that reads
     only its values (a weight's gradient cast to the weight's dtype)."""
     if not staging.sums:
         raise NoBackward("a group norm whose gradient does not reach its input")
@@ -262,14 +269,15 @@ def _split_stages(
         if read and read <= glue:
             glue.add(target)
     kernel_lines = [s for t, s in zip(targets, statements, strict=True) if t not in glue]
-    # The torch code after the statistics, and the rest, after the sums (what reads them).
+    # The torch code before the sums (over the statistics the forward kept), and the rest, after them
+    # (what reads them).
     after_sums: list[str] = []
-    after_stats: list[str] = []
+    before_sums: list[str] = []
     later = set(staging.sums)
     for (target, expression), statement in zip(assigned, statements, strict=True):
         if target in glue:
             on_sums = bool(_names_in([expression]) & later)
-            (after_sums if on_sums else after_stats).append(statement)
+            (after_sums if on_sums else before_sums).append(statement)
             if on_sums:
                 later.add(target)
     order = {t: k for k, t in enumerate(targets)}
@@ -285,7 +293,8 @@ def _split_stages(
         ]
         return Stage(suffix, "\n".join(lines), extras, returns, glue_after)
 
-    text.stages = [stage("stats", staging.stats, after_stats), stage("sums", staging.sums, after_sums)]
+    text.prelude = before_sums
+    text.stages = [stage("sums", staging.sums, after_sums)]
     kept = [r for r in returned if r not in glue]
     text.last = stage("last", kept, []) if kept else None
     text.returned = returned
@@ -767,7 +776,8 @@ def _group_norm(w: _Writer, node: Node) -> None:
     """GroupNorm: with the sums of the gradient g and of g times x over each (sample, channel) (A and
     B, one kernel's reductions), torch gathers the groups' terms and the weight's and bias's
     gradients, and the input's gradient is alpha * g + beta * x + gamma, per (sample, channel)
-    coefficients: torch's own formula (native_group_norm_backward), in three passes over x."""
+    coefficients: torch's own formula (native_group_norm_backward), in two passes over x (the
+    groups' statistics are the forward's)."""
     s = w.staging
     if s is None:
         raise NoBackward("a group norm outside a kernel over its groups")

@@ -257,7 +257,9 @@ def _output_allocation(plan: KernelPlan, input_names: list[str], out: OutputSlot
         return (
             f"torch.empty({tuple_display([f'd{i}' for i in range(k_rows, n)])}, device={device}, dtype=torch.float32)"
         )
-    if out.row_only and out.row_at is not None:  # the row dims where the output has them, 1 elsewhere
+    if out.row_only and plan.groups:  # a group norm's rows: (sample, group)
+        dims = ["d0", str(plan.groups)]
+    elif out.row_only and out.row_at is not None:  # the row dims where the output has them, 1 elsewhere
         dims = [f"d{i}" if i >= 0 else "1" for i in out.row_at]
     elif out.row_only:  # the row dims, then 1 for each reduced dim the output keeps
         dims = [f"d{i}" for i in range(k_rows)] + (["1"] * (len(out.shape) - k_rows))

@@ -172,12 +172,12 @@ def _in_stages(
     numbers: list,
     held: frozenset[int],
 ) -> Backward:
-    """A backward of several kernels with torch code between them (`text.stages`: a group norm's):
-    each kernel captured and planned as a whole backward is, and `_<name>_gradients` runs them in
-    turn, their small results through the torch code."""
+    """A backward of several kernels with torch code before and between them (`text.prelude`,
+    `text.stages`: a group norm's): each kernel captured and planned as a whole backward is, and
+    `_<name>_gradients` runs them in turn, their small results through the torch code."""
     stages = [*text.stages, *([text.last] if text.last else [])]
     kernels = [_stage_kernel(text, stage, name, graph, plan, params, numbers, len(stages)) for stage in stages]
-    calls: list[str] = []
+    calls: list[str] = [line.strip() for line in text.prelude]
     returned = list(text.returned)
     for stage, kernel in zip(stages, kernels, strict=True):
         calls.append(kernel.call)
@@ -187,7 +187,8 @@ def _in_stages(
         else:
             calls += [f"{r} = {g}" for r, g in zip(stage.returns, kernel.given, strict=True)]
         calls += [line.strip() for line in stage.glue]
-    # The first kernel takes the cluster's own tensors: it decides for them all.
+    # The first kernel takes the cluster's own tensors (and the torch code's, which are left out of the
+    # check: they are computed once it passes): it decides for them all.
     checks = [kernels[0].runs] + [c for k in kernels for c in k.baked]
     signature = params + number_params + text.result_params + text.grad_params
     gradients = "\n".join(
@@ -250,11 +251,12 @@ def _stage_kernel(
     inputs = [captured[slot.node].name for slot in bplan.inputs]
     emitted = emit(bplan, kernel, inputs, [f"d{k}" for k in range(len(bplan.outputs))], "", {}, None)
     passed = inputs + [s.text for s in bplan.scalars if s.runtime]
+    own = [(x, slot.dtype) for x, slot in zip(inputs, bplan.inputs, strict=True) if x not in stage.extras]
     return _StageKernel(
         "\n\n\n".join([emitted.kernels, emitted.launcher]),
         emitted.strategy,
         _traffic(captured, bplan),
-        f"_kernel_runs({tuple_display(inputs)}, {dtype_tuple([slot.dtype for slot in bplan.inputs])})",
+        f"_kernel_runs({tuple_display([x for x, _ in own])}, {dtype_tuple([d for _, d in own])})",
         [f"{s.text} == {s.value!r}" for s in bplan.scalars if not s.runtime],
         f"raws = _{kernel}_op({', '.join(passed)})" + ("" if len(bplan.outputs) > 1 else ","),
         _returned(captured, bplan, names),

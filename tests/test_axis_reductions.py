@@ -190,20 +190,28 @@ def test_a_softmax_over_channels_trains_through_one_backward_kernel(write_model,
 
 
 def test_rows_too_wide_for_registers_are_walked_in_column_blocks(write_model, launches):
-    """9000 channels a pixel, 9000 pixels a channel: the looped kernel walks each row in blocks, its
-    loads and stores by the tensors' own strides, forward and backward."""
+    """9000 channels a pixel, 9000 pixels a channel: the looped kernels walk each row in blocks, their
+    loads and stores by the tensors' own strides, forward and backward.  Where the input runs along
+    the last row dim (NCHW's pixels, for a softmax over its channels or a LayerNorm over them seen as
+    NHWC), a block of rows goes down the tiles (`_across_loop`): its online softmax and its shifted
+    sums then keep one value a row of the tile."""
     source = """
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.bn = nn.BatchNorm2d(4, track_running_stats=False)
+                self.ln = nn.LayerNorm(9000)
 
-            def forward(self, x, y):
-                return torch.softmax(x * 2, dim=1), F.relu(self.bn(y))
+            def forward(self, x, y, z):
+                return torch.softmax(x * 2, dim=1), F.relu(self.bn(y)), self.ln(z.permute(0, 2, 3, 1) + 1)
     """
-    inputs = [("1,9000,2,3", "float32"), ("3,4,50,60", "float32")]
-    _validated(write_model, source, inputs, ["mul → softmax", "batch_norm → relu"], launches)
-    assert sum(n for name, n in launches.items() if name.endswith("_kernel_loop")) >= 4, launches
+    inputs = [("1,9000,2,3", "float32"), ("3,4,50,60", "float32"), ("1,9000,2,3", "float32")]
+    chains = ["mul → softmax", "batch_norm → relu", "add → layer_norm"]
+    _, model = _validated(write_model, source, inputs, chains, launches)
+    softmax, norm, layer_norm = (f"_{c.kernel.name}" for c in model.clusters)
+    assert launches[f"{softmax}_kernel_across_loop"] and launches[f"{softmax}_backward_kernel_across_loop"], launches
+    assert launches[f"{layer_norm}_kernel_across_loop"], launches
+    assert launches[f"{norm}_kernel_loop"] and launches[f"{norm}_backward_kernel_loop"], launches
 
 
 # ---- instance norm, group norm, batch statistics ---------------------------------------------------------

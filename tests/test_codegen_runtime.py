@@ -113,12 +113,15 @@ def test_a_gradient_is_summed_to_its_broadcast_input_and_cast_to_its_dtype():
     assert torch.equal(bias, torch.full((5,), 98.0))
 
 
-def test_group_statistics_from_channel_statistics_give_the_group_norm():
+def test_group_statistics_the_forward_kept_give_the_group_norm():
+    """Each (sample, group)'s mean and reciprocal deviation, as the forward kernel keeps them, spread
+    over the group's channels: x * scale + shift is the norm."""
     x = torch.randn(2, 6, 5, 4, dtype=torch.float64)
     weight, bias = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
-    mean = x.mean((2, 3), keepdim=True)
-    var = x.var((2, 3), keepdim=True, unbiased=False)
-    scale, shift, _, _ = ops._group_statistics(mean, var, 3, 1e-5, weight, bias)
+    groups = x.reshape(2, 3, -1)
+    mean = groups.mean(-1)
+    rstd = torch.rsqrt(groups.var(-1, unbiased=False) + 1e-5)
+    scale, shift, _, _ = ops._group_statistics(mean, rstd, weight, bias, x.shape)
     want = torch.nn.functional.group_norm(x, 3, weight, bias, 1e-5)
     torch.testing.assert_close(x * scale + shift, want, rtol=1e-5, atol=1e-6)  # the weights are taken in float32
 

@@ -49,8 +49,8 @@ class SplitGroupKernels(Variant):
     def _apply_arguments(self, context: Context) -> KernelArgs:
         def build(args: KernelArgs) -> KernelArgs:
             args.add("stats_ptr", "stats").add_each(["HW", "PB"]).add("N", "d0")
-            for k in range(len(context.plan.outputs)):
-                for j in (0, 1, 3):
+            for k, out in enumerate(context.plan.outputs):
+                for j in () if out.row_only else (0, 1, 3):  # a kept statistic is [N, G], contiguous
                     args.add(f"out{k}_s{j}", f"out{k}.stride({j})")
             return args.constexpr(*_SIZES)
 
@@ -101,9 +101,7 @@ class SplitGroupKernels(Variant):
             if s is not second:
                 apply.append(_split_statement(plan, s, comments))
             for k in stores.get(s.name, []):
-                v = s.name if s.axes >= {"r", "c"} else f"tl.zeros([BLOCK_P, GP, CGP], tl.float32) + {s.name}"
-                offset = f"c0 * out{k}_s0 + c1 * out{k}_s1 + hw * out{k}_s3"
-                apply.append(f"tl.store(out{k}_ptr + ({offset}), {v}.to(out{k}_ptr.dtype.element_ty), mask=mask)")
+                apply.append(_split_store(plan, k, s))
         return "\n\n".join(
             [
                 kernel_text(plan, context.name("stats"), self._stats_arguments(context), stats),
@@ -174,6 +172,18 @@ def _split_statement(plan: KernelPlan, s: Stmt, comments: dict[str, str]) -> str
                 pixels = Load(s.expr.input, (*at[:k], (3, Name("hw")), *at[k + 2 :]))
                 return stmt_line(plan, dataclasses.replace(s, expr=pixels), comments)
     return stmt_line(plan, s, comments)
+
+
+def _split_store(plan: KernelPlan, k: int, s: Stmt) -> str:
+    """The store of output `k`, the value of `s`: the tile's elements, or, for a value of each
+    (sample, group) kept for the backward (its mean, its reciprocal deviation), the sample's groups,
+    once, by the program of the sample's first block of pixels."""
+    cast = f".to(out{k}_ptr.dtype.element_ty)"
+    if plan.outputs[k].row_only:  # [1, GP, 1], as the groups' statistics are loaded
+        return f"tl.store(out{k}_ptr + (c0 * G + g), {s.name}{cast}, mask=(g < G) & (pb == 0))"
+    v = s.name if s.axes >= {"r", "c"} else f"tl.zeros([BLOCK_P, GP, CGP], tl.float32) + {s.name}"
+    offset = f"c0 * out{k}_s0 + c1 * out{k}_s1 + hw * out{k}_s3"
+    return f"tl.store(out{k}_ptr + ({offset}), {v}{cast}, mask=mask)"
 
 
 def _split_combine(name: str, args: KernelArgs) -> str:

@@ -1,6 +1,6 @@
 """The kernels of a row plan (reductions over the row: norms, softmax, losses, pools): the whole-row
-and the looped kernel every such plan gets, and the across row kernel for an input laid out along
-the last row dim."""
+and the looped kernel every such plan gets, and the across row kernels for an input laid out along
+the last row dim (whole rows down a tile, or blocks of rows walked in column blocks)."""
 
 from __future__ import annotations
 
@@ -93,10 +93,15 @@ class RowKernels(Variant):
 
 class AcrossRowKernel(Variant):
     """For an input laid out along the last row dim (a LayerNorm over the channels of an NCHW tensor
-    seen as NHWC): whole rows, as the whole-row kernel holds them, a block of the last row dim's
-    positions down the tile's rows (`_across_row_head`), so that input is read in runs of memory."""
+    seen as NHWC): a block of the last row dim's positions down the tile's rows
+    (`_across_row_head`), so that input is read in runs of memory; whole rows, as the whole-row
+    kernel holds them (`_across`), or, where too few of them fit a tile, the rows walked in column
+    blocks as the looped kernel walks one (`_across_loop`: a GroupNorm backward's sums over each
+    (sample, channel)'s 4096 pixels of a channels-last gradient, which the whole-row kernel read
+    one element a row, 256 pixels apart)."""
 
-    suffix = strategy = "across"
+    suffix = "across"
+    strategy = "across/across-loop"
 
     @staticmethod
     def applies(plan: KernelPlan) -> bool:
@@ -112,23 +117,34 @@ class AcrossRowKernel(Variant):
         )
 
     def kernels(self, context: Context) -> str:
-        return _row_kernel(context, self.suffix, self.arguments(context), across=True)
+        args = self.arguments(context)
+        whole = _row_kernel(context, self.suffix, args, across=True)
+        return "\n\n".join([whole, _row_kernel(context, "across_loop", args, looped=True, across=True)])
 
     def launch(self, context: Context, otherwise: Launch) -> Launch:
-        """Where the whole-row kernel would run and an input runs along the last row dim (`_down_rows`),
-        with tiles of at least 4 rows (`_across_rows_tile`); the whole-row or looped launch otherwise."""
+        """Where an input runs along the last row dim (`_down_rows`): whole rows where the whole-row
+        kernel would run with tiles of at least 4 of them (`_across_rows_tile`), else blocks of rows
+        walked in column blocks (`_across_loop_tile`); the whole-row or looped launch otherwise."""
         plan = context.plan
         domain = tuple_display([f"d{i}" for i in range(len(plan.domain))])
         last = f"d{plan.row_dims - 1}"
         layouts = layouts_display(row_layouts(plan), context.input_names)
         grid = "((R // F) * fast_blocks,)"
-        call = self.arguments(context).call(context.name(self.suffix), grid, constexprs(plan, CONTIG="False"), WARPS)
+        args, own = self.arguments(context), constexprs(plan, CONTIG="False")
         tile = CodeBuffer(otherwise.prelude)
-        tile.write(f"across = whole_row and _down_rows({layouts}, {domain}, {plan.row_dims})")
-        tile.write(f"tile = _across_rows_tile({last}, block_c, {widest_item(plan)}) if across else None")
-        down = CodeBuffer([f"(block_r, warps), F = tile, {last}", "fast_blocks = (F + block_r - 1) // block_r", *call])
+        tile.write(f"across = _down_rows({layouts}, {domain}, {plan.row_dims})")
+        tile.write(f"tile = _across_rows_tile({last}, block_c, {widest_item(plan)}) if across and whole_row else None")
+        down = CodeBuffer([f"(block_r, warps), F = tile, {last}", "fast_blocks = (F + block_r - 1) // block_r"])
+        down.write(*args.call(context.name(self.suffix), grid, own, WARPS))
+        looped = CodeBuffer(
+            [f"F = {last}", f"block_r, block_c, warps = _across_loop_tile(R, F, C, {widest_item(plan)})"]
+        )
+        looped.write("fast_blocks = (F + block_r - 1) // block_r")
+        looped.write(*args.call(context.name("across_loop"), grid, own, WARPS))
         note = "an input runs along the last row dim: down the tiles' rows"
-        branches = CodeBuffer().branches("tile is not None", down, CodeBuffer(otherwise.body), note)
+        wide = "rows too wide for a tile of several: walked in column blocks"
+        rest = CodeBuffer().branches("across", looped, CodeBuffer(otherwise.body), wide)
+        branches = CodeBuffer().branches("tile is not None", down, rest, note)
         return Launch(tile.lines(), branches.lines())
 
 
@@ -143,13 +159,14 @@ def _row_kernel(context: Context, suffix: str, args: KernelArgs, looped: bool = 
     plan, divs = context.plan, context.divisors
     every = context.statements()
     used = used_coords(every, plan)
-    row = _RowKernel(plan, context.comments, every, coords(plan, used, "c", divs))
+    row = _RowKernel(plan, context.comments, every, coords(plan, used, "c", divs), _TILES if across else _ONE_ROW)
     body = _loop_body(row) if looped else _block_body(row)
     if column_totals(plan) and not looped:
         walked = _row_head(plan, used, divs, "blk * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
         return kernel_text(plan, context.name(suffix), args, _totalling_rows(plan, walked, body))
     # The loop kernel owns one row a program and keeps it 1-D: the same code over [1, BLOCK_C]
-    # tiles took 126 µs instead of 97 µs on an H200 (GroupNorm, 32768-wide rows).
+    # tiles took 126 µs instead of 97 µs on an H200 (GroupNorm, 32768-wide rows).  The across one
+    # owns a block of rows, [BLOCK_R, BLOCK_C] tiles (`_TILES`).
     first = "pid" if looped else "pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
     if across:
         head = _across_row_head(plan, used, divs)
@@ -159,6 +176,30 @@ def _row_kernel(context: Context, suffix: str, args: KernelArgs, looped: bool = 
 
 
 _IDENTITY = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """How a looped kernel's column blocks are shaped: one row a program, its block 1-D and its row
+    values scalars (`_ONE_ROW`), or a block of rows, [BLOCK_R, BLOCK_C] tiles and [BLOCK_R, 1] row
+    values (`_TILES`, the across loop kernel)."""
+
+    block: str  # an accumulator's shape: a lane per element of a block
+    row: str  # a row value's shape
+    columns: str  # a block's column indices
+    axis: str  # the axis along a row: "1" keeps each row's reduction a column of the tile
+
+    def reduced(self, how: str, x: str) -> str:
+        """`x` reduced along the row (`how`: "tl.sum", "tl.max"), a row value."""
+        return f"{how}({x}, axis={self.axis})" if self.axis == "0" else f"{how}({x}, axis=1)[:, None]"
+
+    def full(self, value: str) -> str:
+        """A row value as a block of the row's elements."""
+        return f"tl.zeros({self.block}, tl.float32) + {value}"
+
+
+_ONE_ROW = _Lanes("[BLOCK_C]", "[]", "col0 + tl.arange(0, BLOCK_C)", "0")
+_TILES = _Lanes("[BLOCK_R, BLOCK_C]", "[BLOCK_R, 1]", "col0 + tl.arange(0, BLOCK_C)[None, :]", "1")
 _COMBINE = {"sum": "{acc} + {x}", "max": "tl.maximum({acc}, {x})", "min": "tl.minimum({acc}, {x})"}
 _FINAL = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
@@ -171,6 +212,7 @@ class _RowKernel:
     comments: dict[str, str]  # statement name -> the source it comes from, for the trailing comment
     every: list[Stmt]  # the statements the outputs need, in order
     col_coords: list[str]  # the column coordinates, defined again for each column block
+    lanes: _Lanes  # a looped kernel's blocks: one row's, or a tile of rows'
     by_name: dict[str, Stmt] = field(init=False)
     contiguous: set[int] = field(init=False)  # the full-size inputs, read at the output's offset under CONTIG
 
@@ -322,10 +364,10 @@ def _reduction_pass(row: _RowKernel, reductions: list[Stmt], folded: dict[str, S
     row's column blocks, then reduces the lanes to the row's values."""
     operands = closure(row.plan, [r.reduced for r in reductions], _varies_along_columns)
     loop = [row.reduction_pass_statement(s) for s in operands]
-    loop += [line for r in reductions for line in _accumulate(r, folded.get(r.name))]
-    body = _accumulators(row, reductions, folded) + _column_loop(row.col_coords, loop)
+    loop += [line for r in reductions for line in _accumulate(r, folded.get(r.name), row.lanes)]
+    body = _accumulators(row, reductions, folded) + _column_loop(row, loop)
     for r in reductions:
-        body += _finish(r, folded.get(r.name), _note(r, row.comments))
+        body += _finish(r, folded.get(r.name), _note(r, row.comments), row.lanes)
     return body
 
 
@@ -333,31 +375,32 @@ def _accumulators(row: _RowKernel, reductions: list[Stmt], folded: dict[str, Stm
     """Before a pass: each reduction's accumulator, a lane per column of a block, at its identity
     (a folded one's at 0); a shifted sum first finds its shift."""
     lines = []
+    block, row_value = row.lanes.block, row.lanes.row
     for r in reductions:
         later = folded.get(r.name)
         if later is not None and later.centered:
             operands = closure(row.plan, [r.reduced], _varies_along_columns)
-            lines += _shift_prologue(r, [row.reduction_pass_statement(s) for s in operands], row.col_coords)
-        lanes = "[]" if later is not None and later.online else "[BLOCK_C]"  # an online max is the row's so far
+            lines += _shift_prologue(r, [row.reduction_pass_statement(s) for s in operands], row)
+        lanes = row_value if later is not None and later.online else block  # an online max is the row's so far
         lines.append(f"{r.name}_acc = tl.full({lanes}, {_IDENTITY[r.how]}, tl.float32)")
         if later is not None:
-            lines.append(f"{later.name}_acc = tl.full([BLOCK_C], 0.0, tl.float32)")
+            lines.append(f"{later.name}_acc = tl.full({block}, 0.0, tl.float32)")
     return lines
 
 
-def _shift_prologue(r: Stmt, operand_lines: list[str], col_coords: list[str]) -> list[str]:
+def _shift_prologue(r: Stmt, operand_lines: list[str], row: _RowKernel) -> list[str]:
     """`{r}_shift`: the mean of the row's first column block.  Sums of (x - shift) and its square
     give the mean and the centred sum of squares in one pass without the cancellation that
     sum(x^2) - sum(x)^2 / n suffers when the mean is large against the spread."""
-    shift = (
-        f"{r.name}_shift = tl.sum(tl.where(mask, {r.expr}, 0.0), axis=0) / "
-        "tl.maximum(tl.sum(mask.to(tl.float32), axis=0), 1.0)"
-    )
+    lanes = row.lanes
+    total = lanes.reduced("tl.sum", f"tl.where(mask, {r.expr}, 0.0)")
+    shift = f"{r.name}_shift = {total} / tl.maximum({lanes.reduced('tl.sum', 'mask.to(tl.float32)')}, 1.0)"
     first_block = "for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only"
-    return [f"{r.name}_shift = 0.0", *_column_loop(col_coords, [*operand_lines, shift], first_block)]
+    start = "0.0" if lanes is _ONE_ROW else f"tl.zeros({lanes.row}, tl.float32)"  # a loop keeps its values' shape
+    return [f"{r.name}_shift = {start}", *_column_loop(row, [*operand_lines, shift], first_block)]
 
 
-def _accumulate(r: Stmt, folded: Stmt | None) -> list[str]:
+def _accumulate(r: Stmt, folded: Stmt | None, lanes: _Lanes) -> list[str]:
     """Loop-body lines that add one column block to `r`'s accumulator (and `folded`'s)."""
     x, acc = r.expr, f"{r.name}_acc"
     if folded is None:
@@ -375,27 +418,27 @@ def _accumulate(r: Stmt, folded: Stmt | None) -> list[str]:
     xm, new, safe = f"{r.name}_x", f"{r.name}_new", f"{r.name}_safe"
     return [
         f"{xm} = tl.where(mask, {x}, float('-inf'))",
-        f"{new} = tl.maximum({acc}, tl.max({xm}, axis=0))",
+        f"{new} = tl.maximum({acc}, {lanes.reduced('tl.max', xm)})",
         f"{safe} = tl.where({new} == float('-inf'), 0.0, {new})  # no -inf - -inf",
         f"{folded.name}_acc = {folded.name}_acc * tl.exp({acc} - {safe}) + tl.exp({xm} - {safe})",
         f"{acc} = {new}",
     ]
 
 
-def _finish(r: Stmt, folded: Stmt | None, note: str) -> list[str]:
+def _finish(r: Stmt, folded: Stmt | None, note: str, lanes: _Lanes) -> list[str]:
     """After the loop: `r` (and `folded`) as the row's values."""
     if folded is None:
-        return [f"{r.name} = {_FINAL[r.how]}({r.name}_acc, axis=0){note}"]
+        return [f"{r.name} = {lanes.reduced(_FINAL[r.how], f'{r.name}_acc')}{note}"]
     if folded.centered:
         dsum = f"{r.name}_dsum"
         return [
-            f"{dsum} = tl.sum({r.name}_acc, axis=0)",
+            f"{dsum} = {lanes.reduced('tl.sum', f'{r.name}_acc')}",
             f"{r.name} = {dsum} + {r.name}_shift * C{note}",
-            f"{folded.name} = tl.maximum(tl.sum({folded.name}_acc, axis=0) - {dsum} * {dsum} / C, 0.0)",
+            f"{folded.name} = tl.maximum({lanes.reduced('tl.sum', f'{folded.name}_acc')} - {dsum} * {dsum} / C, 0.0)",
         ]
     return [  # every lane's sum is already relative to the row's max
         f"{r.name} = {r.name}_acc{note}",
-        f"{folded.name} = tl.sum({folded.name}_acc, axis=0)",
+        f"{folded.name} = {lanes.reduced('tl.sum', f'{folded.name}_acc')}",
     ]
 
 
@@ -407,36 +450,41 @@ def _output_pass(row: _RowKernel) -> list[str]:
         return []
     operands = closure(row.plan, [o.stmt for _, o in full], _varies_along_columns)
     nhwc = channels_last_groups(row.plan)
-    stores = [_loop_store(k, row.by_name[o.stmt], dims=o.dims, channels_last=nhwc) for k, o in full]
-    return _column_loop(row.col_coords, [row.output_pass_statement(s) for s in operands] + stores)
+    stores = [_loop_store(k, row.by_name[o.stmt], row.lanes, dims=o.dims, channels_last=nhwc) for k, o in full]
+    return _column_loop(row, [row.output_pass_statement(s) for s in operands] + stores)
 
 
 def _row_output_stores(row: _RowKernel) -> list[str]:
     """The stores of the outputs of one value per row (a reduction's result), after every pass."""
-    return [_loop_store(k, row.by_name[o.stmt], row=True) for k, o in enumerate(row.plan.outputs) if o.row_only]
+    return [
+        _loop_store(k, row.by_name[o.stmt], row.lanes, row=True) for k, o in enumerate(row.plan.outputs) if o.row_only
+    ]
 
 
-def _column_loop(
-    col_coords: list[str], lines: list[str], header: str = "for col0 in range(0, C, BLOCK_C):"
-) -> list[str]:
+def _column_loop(row: _RowKernel, lines: list[str], header: str = "for col0 in range(0, C, BLOCK_C):") -> list[str]:
     """A loop over the row's column blocks: each block's columns, masks and column coordinates, then `lines`."""
     code = CodeBuffer()
     with code.block(header):
-        code.write("cols = col0 + tl.arange(0, BLOCK_C)", "cmask = cols < C", "mask = rmask & cmask")
-        code.write(*col_coords, *lines)
+        code.write(f"cols = {row.lanes.columns}", "cmask = cols < C", "mask = rmask & cmask")
+        code.write(*row.col_coords, *lines)
     return code.lines()
 
 
 def _loop_store(
-    k: int, value: Stmt, row: bool = False, dims: tuple[int, ...] | None = None, channels_last: bool = False
+    k: int,
+    value: Stmt,
+    lanes: _Lanes,
+    row: bool = False,
+    dims: tuple[int, ...] | None = None,
+    channels_last: bool = False,
 ) -> str:
-    """A store of the loop kernel, where a row value is a scalar and a column block 1-D; `dims`: a
-    permuted output's domain dim for each of its dims, addressed by its own strides; `channels_last`:
-    a group norm's output, channels-last under CL."""
+    """A store of a looped kernel, of a row value or of a column block (`lanes`); `dims`: a permuted
+    output's domain dim for each of its dims, addressed by its own strides; `channels_last`: a group
+    norm's output, channels-last under CL."""
     cast = f".to(out{k}_ptr.dtype.element_ty)"
     if row:
         return f"tl.store(out{k}_ptr + rows, {value.name}{cast}, mask=rmask)"
-    v = value.name if "c" in value.axes else f"tl.zeros([BLOCK_C], tl.float32) + {value.name}"
+    v = value.name if "c" in value.axes else lanes.full(value.name)
     if dims is not None:
         return f"tl.store(out{k}_ptr + ({permuted_offset(k, dims)}), {v}{cast}, mask=mask)"
     offset = "flat" if channels_last else "(rows * C + cols)"

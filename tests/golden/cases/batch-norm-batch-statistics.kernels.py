@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -540,7 +539,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -560,6 +563,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -673,6 +680,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -911,6 +934,73 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3,
     v15 = tl.maximum(v14, 0.0, propagate_nan=tl.PropagateNan.ALL)  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
     tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1 + c2 * out0_s2 + c3 * out0_s3), v15.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, out0_s0, out0_s1, out0_s2, out0_s3, R, C, sc0,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v11 = tl.load(in1_ptr + (c0 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v13 = tl.load(in2_ptr + (c0 * in2_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+    v3_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v2 = v1 + 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v7_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v2 = v1 + 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v3_d = tl.where(mask, v2 - v3_shift, 0.0)
+        v3_acc = v3_acc + v3_d
+        v7_acc = v7_acc + v3_d * v3_d
+    v3_dsum = tl.sum(v3_acc, axis=1)[:, None]
+    v3 = v3_dsum + v3_shift * C  # line 27: batch_norm (mean) (sum)
+    v7 = tl.maximum(tl.sum(v7_acc, axis=1)[:, None] - v3_dsum * v3_dsum / C, 0.0)
+    v4 = v3 / C  # line 27: batch_norm (mean)
+    v8 = v7 / C  # line 27: batch_norm (variance)
+    v9 = tl.rsqrt(v8 + sc0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v2 = v1 + 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v5 = v2 - v4
+        v10 = v5 * v9
+        v12 = v10 * v11
+        v14 = v12 + v13  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v15 = tl.maximum(v14, 0.0, propagate_nan=tl.PropagateNan.ALL)  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1 + c2 * out0_s2 + c3 * out0_s3), v15.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_launch(x, weight, bias, sc0):
     d0 = x.shape[1]
@@ -928,18 +1018,25 @@ def _cluster0_launch(x, weight, bias, sc0):
     st1 = _strides(weight)
     st2 = _strides(bias)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (1, 0, 2, 3)),), (d0, d1, d2, d3), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((x, (1, 0, 2, 3)),), (d0, d1, d2, d3), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return out0
 
 
@@ -1209,6 +1306,119 @@ def _cluster0_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_pt
     v30 = v29 * 2.0  # mul
     tl.store(out2_ptr + (c1 * out2_s0 + c0 * out2_s1 + c2 * out2_s2 + c3 * out2_s3), v30.to(out2_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr,
+    out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
+    in1_s3, in2_s0, in2_s1, in2_s2, in2_s3, in3_s0, out2_s0, out2_s1, out2_s2, out2_s3, R, C,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v19 = tl.load(in3_ptr + (c0 * in3_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v7_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v18_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v21_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        v2 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        v4 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v6 = v5 + 1.0  # add
+        v20 = v3 * v19  # mul
+        v7_acc = v7_acc + tl.where(mask, v6, 0.0)
+        v18_acc = v18_acc + tl.where(mask, v3, 0.0)
+        v21_acc = v21_acc + tl.where(mask, v20, 0.0)
+    v7 = tl.sum(v7_acc, axis=1)[:, None]  # mean (sum)
+    v18 = tl.sum(v18_acc, axis=1)[:, None]  # sum
+    v21 = tl.sum(v21_acc, axis=1)[:, None]  # mean (sum)
+    v8 = v7 / C  # mean
+    v22 = v21 / C  # mean
+    v11_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v4 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v6 = v5 + 1.0  # add
+        v9 = v6 - v8  # sub
+        v10 = v9 * v9  # mul
+        v11_acc = v11_acc + tl.where(mask, v10, 0.0)
+    v11 = tl.sum(v11_acc, axis=1)[:, None]  # mean (sum)
+    v12 = v11 / C  # mean
+    v13 = v12 + 1e-05  # add
+    v14 = tl.rsqrt(v13)  # rsqrt
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v25_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        v2 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        v4 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v6 = v5 + 1.0  # add
+        v9 = v6 - v8  # sub
+        v15 = v9 * v14  # mul
+        v16 = v3 * v15  # mul
+        v20 = v3 * v19  # mul
+        v24 = v20 * v15  # mul
+        v17_acc = v17_acc + tl.where(mask, v16, 0.0)
+        v25_acc = v25_acc + tl.where(mask, v24, 0.0)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # sum
+    v25 = tl.sum(v25_acc, axis=1)[:, None]  # mean (sum)
+    v26 = v25 / C  # mean
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        v2 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        v4 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v6 = v5 + 1.0  # add
+        v9 = v6 - v8  # sub
+        v15 = v9 * v14  # mul
+        v20 = v3 * v19  # mul
+        v23 = v20 - v22  # sub
+        v27 = v15 * v26  # mul
+        v28 = v23 - v27  # sub
+        v29 = v14 * v28  # mul
+        v30 = v29 * 2.0  # mul
+        tl.store(out2_ptr + (c1 * out2_s0 + c0 * out2_s1 + c2 * out2_s2 + c3 * out2_s3), v30.to(out2_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_backward_launch(result0, grad0, x, weight):
     d0 = result0.shape[1]
@@ -1229,18 +1439,25 @@ def _cluster0_backward_launch(result0, grad0, x, weight):
     st2 = _strides(x)
     st3 = _strides(weight)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((result0, (1, 0, 2, 3)), (grad0, (1, 0, 2, 3)), (x, (1, 0, 2, 3))), (d0, d1, d2, d3), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((result0, (1, 0, 2, 3)), (grad0, (1, 0, 2, 3)), (x, (1, 0, 2, 3))), (d0, d1, d2, d3), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_kernel_across[((R // F) * fast_blocks,)](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out2.stride(0), out2.stride(1), out2.stride(2), out2.stride(3), R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
-        kernel[grid](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out2.stride(0), out2.stride(1), out2.stride(2), out2.stride(3), R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_kernel_across_loop[((R // F) * fast_blocks,)](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out2.stride(0), out2.stride(1), out2.stride(2), out2.stride(3), R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
+            kernel[grid](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out2.stride(0), out2.stride(1), out2.stride(2), out2.stride(3), R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return (out0, out1, out2)
 
 
@@ -1399,6 +1616,59 @@ def _cluster1_kernel_across(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, out0_s0, 
     v10 = v9 * 2.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
     tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1), v10.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_kernel_across_loop(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, out0_s0, out0_s1,
+    R, C, sc0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v2_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v2_shift = tl.sum(tl.where(mask, v1, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v2_d = tl.where(mask, v1 - v2_shift, 0.0)
+        v2_acc = v2_acc + v2_d
+        v6_acc = v6_acc + v2_d * v2_d
+    v2_dsum = tl.sum(v2_acc, axis=1)[:, None]
+    v2 = v2_dsum + v2_shift * C  # line 27: batch_norm (mean) (sum)
+    v6 = tl.maximum(tl.sum(v6_acc, axis=1)[:, None] - v2_dsum * v2_dsum / C, 0.0)
+    v3 = v2 / C  # line 27: batch_norm (mean)
+    v7 = v6 / C  # line 27: batch_norm (variance)
+    v8 = tl.rsqrt(v7 + sc0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v4 = v1 - v3
+        v9 = v4 * v8  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        v10 = v9 * 2.0  # line 27: return F.relu(self.bn(x * 2 + 1)), self.seq(s - 1) * 2
+        tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1), v10.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster1_launch(s, sc0):
     d0 = s.shape[1]
@@ -1412,18 +1682,25 @@ def _cluster1_launch(s, sc0):
     align = _align(C)
     st0 = _strides(s)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((s, (1, 0)),), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((s, (1, 0)),), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_kernel_across[((R // F) * fast_blocks,)](s, out0, d0, d1, st0[0], st0[1], out0.stride(0), out0.stride(1), R, C, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](s, out0, d0, d1, st0[0], st0[1], out0.stride(0), out0.stride(1), R, C, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_kernel_across_loop[((R // F) * fast_blocks,)](s, out0, d0, d1, st0[0], st0[1], out0.stride(0), out0.stride(1), R, C, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
+            kernel[grid](s, out0, d0, d1, st0[0], st0[1], out0.stride(0), out0.stride(1), R, C, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return out0
 
 
@@ -1623,6 +1900,85 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0,
     v21 = v9 * v20  # mul
     tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1), v21.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_backward_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1,
+    in1_s0, in1_s1, out0_s0, out0_s1, R, C, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v12_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # sub
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = v10 * 2.0  # mul
+        v2_acc = v2_acc + tl.where(mask, v1, 0.0)
+        v12_acc = v12_acc + tl.where(mask, v11, 0.0)
+    v2 = tl.sum(v2_acc, axis=1)[:, None]  # mean (sum)
+    v12 = tl.sum(v12_acc, axis=1)[:, None]  # mean (sum)
+    v3 = v2 / C  # mean
+    v13 = v12 / C  # mean
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # sub
+        v4 = v1 - v3  # sub
+        v5 = v4 * v4  # mul
+        v6_acc = v6_acc + tl.where(mask, v5, 0.0)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]  # mean (sum)
+    v7 = v6 / C  # mean
+    v8 = v7 + 1e-05  # add
+    v9 = tl.rsqrt(v8)  # rsqrt
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # sub
+        v4 = v1 - v3  # sub
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = v10 * 2.0  # mul
+        v15 = v4 * v9  # mul
+        v16 = v11 * v15  # mul
+        v17_acc = v17_acc + tl.where(mask, v16, 0.0)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # mean (sum)
+    v18 = v17 / C  # mean
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1), mask=mask, other=0).to(tl.float32)  # s
+        v1 = v0 - 1.0  # sub
+        v4 = v1 - v3  # sub
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = v10 * 2.0  # mul
+        v14 = v11 - v13  # sub
+        v15 = v4 * v9  # mul
+        v19 = v15 * v18  # mul
+        v20 = v14 - v19  # sub
+        v21 = v9 * v20  # mul
+        tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1), v21.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster1_backward_launch(s, grad0):
     d0 = s.shape[1]
@@ -1637,18 +1993,25 @@ def _cluster1_backward_launch(s, grad0):
     st0 = _strides(s)
     st1 = _strides(grad0)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((s, (1, 0)), (grad0, (1, 0))), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((s, (1, 0)), (grad0, (1, 0))), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_backward_kernel_across[((R // F) * fast_blocks,)](s, grad0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], out0.stride(0), out0.stride(1), R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
-        kernel[grid](s, grad0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], out0.stride(0), out0.stride(1), R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_backward_kernel_across_loop[((R // F) * fast_blocks,)](s, grad0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], out0.stride(0), out0.stride(1), R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
+            kernel[grid](s, grad0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], out0.stride(0), out0.stride(1), R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return out0
 
 

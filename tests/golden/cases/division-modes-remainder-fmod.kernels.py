@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):

@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -934,6 +957,76 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3,
     v14 = tl.maximum(v13, 0.0, propagate_nan=tl.PropagateNan.ALL)  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
     tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v10 = tl.load(in1_ptr + (c1 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v12 = tl.load(in2_ptr + (c1 * in2_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+    v2_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v2_shift = tl.sum(tl.where(mask, v1, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v2_d = tl.where(mask, v1 - v2_shift, 0.0)
+        v2_acc = v2_acc + v2_d
+        v6_acc = v6_acc + v2_d * v2_d
+    v2_dsum = tl.sum(v2_acc, axis=1)[:, None]
+    v2 = v2_dsum + v2_shift * C  # line 17: instance_norm (mean) (sum)
+    v6 = tl.maximum(tl.sum(v6_acc, axis=1)[:, None] - v2_dsum * v2_dsum / C, 0.0)
+    v3 = v2 / C  # line 17: instance_norm (mean)
+    v7 = v6 / C  # line 17: instance_norm (variance)
+    v8 = tl.rsqrt(v7 + 1e-05)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v1 = v0 * 2.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v4 = v1 - v3
+        v9 = v4 * v8
+        v11 = v9 * v10
+        v13 = v11 + v12  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v14 = tl.maximum(v13, 0.0, propagate_nan=tl.PropagateNan.ALL)  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_launch(x, weight, bias):
     d0 = x.shape[0]
@@ -952,18 +1045,25 @@ def _cluster0_launch(x, weight, bias):
     st2 = _strides(bias)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1266,6 +1366,142 @@ def _cluster0_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_pt
     v29 = v28 * 2.0  # mul
     tl.store(out2_ptr + (rows * C + cols), v29.to(out2_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr,
+    out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
+    in1_s3, in2_s0, in2_s1, in2_s2, in2_s3, in3_s0, R, C, q0, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v18 = tl.load(in3_ptr + (c1 * in3_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v20_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        if CONTIG:
+            v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        if CONTIG:
+            v4 = tl.load(in2_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v4 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v19 = v3 * v18  # mul
+        v6_acc = v6_acc + tl.where(mask, v5, 0.0)
+        v17_acc = v17_acc + tl.where(mask, v3, 0.0)
+        v20_acc = v20_acc + tl.where(mask, v19, 0.0)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]  # mean (sum)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # sum
+    v20 = tl.sum(v20_acc, axis=1)[:, None]  # mean (sum)
+    v7 = v6 / C  # mean
+    v21 = v20 / C  # mean
+    v10_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v4 = tl.load(in2_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v4 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v8 = v5 - v7  # sub
+        v9 = v8 * v8  # mul
+        v10_acc = v10_acc + tl.where(mask, v9, 0.0)
+    v10 = tl.sum(v10_acc, axis=1)[:, None]  # mean (sum)
+    v11 = v10 / C  # mean
+    v12 = v11 + 1e-05  # add
+    v13 = tl.rsqrt(v12)  # rsqrt
+    v16_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v24_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        if CONTIG:
+            v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        if CONTIG:
+            v4 = tl.load(in2_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v4 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v8 = v5 - v7  # sub
+        v14 = v8 * v13  # mul
+        v15 = v3 * v14  # mul
+        v19 = v3 * v18  # mul
+        v23 = v19 * v14  # mul
+        v16_acc = v16_acc + tl.where(mask, v15, 0.0)
+        v24_acc = v24_acc + tl.where(mask, v23, 0.0)
+    v16 = tl.sum(v16_acc, axis=1)[:, None]  # sum
+    v24 = tl.sum(v24_acc, axis=1)[:, None]  # mean (sum)
+    v25 = v24 / C  # mean
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        v1 = v0 > 0.0  # gt
+        if CONTIG:
+            v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        v3 = tl.where(v1, v2, 0.0)  # where
+        if CONTIG:
+            v4 = tl.load(in2_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v4 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v5 = v4 * 2.0  # mul
+        v8 = v5 - v7  # sub
+        v14 = v8 * v13  # mul
+        v19 = v3 * v18  # mul
+        v22 = v19 - v21  # sub
+        v26 = v14 * v25  # mul
+        v27 = v22 - v26  # sub
+        v28 = v13 * v27  # mul
+        v29 = v28 * 2.0  # mul
+        tl.store(out2_ptr + (rows * C + cols), v29.to(out2_ptr.dtype.element_ty), mask=mask)
+    tl.store(out0_ptr + rows, v16.to(out0_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out1_ptr + rows, v17.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_backward_launch(result0, grad0, x, weight):
     d0 = result0.shape[0]
@@ -1287,18 +1523,25 @@ def _cluster0_backward_launch(result0, grad0, x, weight):
     st3 = _strides(weight)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_kernel_across[((R // F) * fast_blocks,)](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
-        kernel[grid](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_kernel_across_loop[((R // F) * fast_blocks,)](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
+            kernel[grid](result0, grad0, x, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
     return (out0, out1, out2)
 
 
@@ -1481,6 +1724,70 @@ def _cluster1_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3,
     v14 = tl.sigmoid(v13)  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
     tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1 + c2 * out0_s2 + c3 * out0_s3), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, out0_s0, out0_s1, out0_s2, out0_s3, R, C, sc0,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v10 = tl.load(in1_ptr + (c0 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v12 = tl.load(in2_ptr + (c0 * in2_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+    v2_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v2_shift = tl.sum(tl.where(mask, v1, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v2_d = tl.where(mask, v1 - v2_shift, 0.0)
+        v2_acc = v2_acc + v2_d
+        v6_acc = v6_acc + v2_d * v2_d
+    v2_dsum = tl.sum(v2_acc, axis=1)[:, None]
+    v2 = v2_dsum + v2_shift * C  # line 17: batch_norm (mean) (sum)
+    v6 = tl.maximum(tl.sum(v6_acc, axis=1)[:, None] - v2_dsum * v2_dsum / C, 0.0)
+    v3 = v2 / C  # line 17: batch_norm (mean)
+    v7 = v6 / C  # line 17: batch_norm (variance)
+    v8 = tl.rsqrt(v7 + sc0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v4 = v1 - v3
+        v9 = v4 * v8
+        v11 = v9 * v10
+        v13 = v11 + v12  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        v14 = tl.sigmoid(v13)  # line 17: return F.relu(self.inorm(x * 2)), torch.sigmoid(self.batch(y + 1))
+        tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1 + c2 * out0_s2 + c3 * out0_s3), v14.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster1_launch(y, weight, bias, sc0):
     d0 = y.shape[1]
@@ -1498,18 +1805,25 @@ def _cluster1_launch(y, weight, bias, sc0):
     st1 = _strides(weight)
     st2 = _strides(bias)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((y, (1, 0, 2, 3)),), (d0, d1, d2, d3), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((y, (1, 0, 2, 3)),), (d0, d1, d2, d3), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_kernel_across[((R // F) * fast_blocks,)](y, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](y, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_kernel_across_loop[((R // F) * fast_blocks,)](y, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
+            kernel[grid](y, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return out0
 
 
@@ -1772,6 +2086,117 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_pt
     v29 = tl.sum(tl.where(mask, v14, 0.0), axis=1)[:, None]  # sum
     tl.store(out2_ptr + rows, v29.to(out2_ptr.dtype.element_ty), mask=rmask)
 
+@triton.jit
+def _cluster1_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr,
+    out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
+    in1_s3, in2_s0, in2_s1, in2_s2, in2_s3, in3_s0, out0_s0, out0_s1, out0_s2, out0_s3, R, C,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v15 = tl.load(in3_ptr + (c0 * in3_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v29_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # add
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v12 = 1.0 - v11  # sub
+        v13 = v11 * v12  # mul
+        v14 = v10 * v13  # mul
+        v16 = v14 * v15  # mul
+        v2_acc = v2_acc + tl.where(mask, v1, 0.0)
+        v17_acc = v17_acc + tl.where(mask, v16, 0.0)
+        v29_acc = v29_acc + tl.where(mask, v14, 0.0)
+    v2 = tl.sum(v2_acc, axis=1)[:, None]  # mean (sum)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # mean (sum)
+    v29 = tl.sum(v29_acc, axis=1)[:, None]  # sum
+    v3 = v2 / C  # mean
+    v18 = v17 / C  # mean
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # add
+        v4 = v1 - v3  # sub
+        v5 = v4 * v4  # mul
+        v6_acc = v6_acc + tl.where(mask, v5, 0.0)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]  # mean (sum)
+    v7 = v6 / C  # mean
+    v8 = v7 + 1e-05  # add
+    v9 = tl.rsqrt(v8)  # rsqrt
+    v22_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v28_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # add
+        v4 = v1 - v3  # sub
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v12 = 1.0 - v11  # sub
+        v13 = v11 * v12  # mul
+        v14 = v10 * v13  # mul
+        v16 = v14 * v15  # mul
+        v20 = v4 * v9  # mul
+        v21 = v16 * v20  # mul
+        v27 = v14 * v20  # mul
+        v22_acc = v22_acc + tl.where(mask, v21, 0.0)
+        v28_acc = v28_acc + tl.where(mask, v27, 0.0)
+    v22 = tl.sum(v22_acc, axis=1)[:, None]  # mean (sum)
+    v28 = tl.sum(v28_acc, axis=1)[:, None]  # sum
+    v23 = v22 / C  # mean
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols // (d2 * d3)
+        c2 = (cols // d3) % d2
+        c3 = cols % d3
+        v0 = tl.load(in0_ptr + (c1 * in0_s0 + c0 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # y
+        v1 = v0 + 1.0  # add
+        v4 = v1 - v3  # sub
+        v10 = tl.load(in1_ptr + (c1 * in1_s0 + c0 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0).to(tl.float32)  # grad0
+        v11 = tl.load(in2_ptr + (c1 * in2_s0 + c0 * in2_s1 + c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0).to(tl.float32)  # result0
+        v12 = 1.0 - v11  # sub
+        v13 = v11 * v12  # mul
+        v14 = v10 * v13  # mul
+        v16 = v14 * v15  # mul
+        v19 = v16 - v18  # sub
+        v20 = v4 * v9  # mul
+        v24 = v20 * v23  # mul
+        v25 = v19 - v24  # sub
+        v26 = v9 * v25  # mul
+        tl.store(out0_ptr + (c1 * out0_s0 + c0 * out0_s1 + c2 * out0_s2 + c3 * out0_s3), v26.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v28.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v29.to(out2_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster1_backward_launch(y, grad0, result0, weight):
     d0 = y.shape[1]
@@ -1792,18 +2217,25 @@ def _cluster1_backward_launch(y, grad0, result0, weight):
     st2 = _strides(result0)
     st3 = _strides(weight)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((y, (1, 0, 2, 3)), (grad0, (1, 0, 2, 3)), (result0, (1, 0, 2, 3))), (d0, d1, d2, d3), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((y, (1, 0, 2, 3)), (grad0, (1, 0, 2, 3)), (result0, (1, 0, 2, 3))), (d0, d1, d2, d3), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_backward_kernel_across[((R // F) * fast_blocks,)](y, grad0, result0, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
-        kernel[grid](y, grad0, result0, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_backward_kernel_across_loop[((R // F) * fast_blocks,)](y, grad0, result0, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
+            kernel[grid](y, grad0, result0, weight, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st2[2], st2[3], st3[0], out0.stride(0), out0.stride(1), out0.stride(2), out0.stride(3), R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=True, num_warps=warps)
     return (out0, out1, out2)
 
 

@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -895,6 +918,53 @@ def _cluster0_kernel_across(in0_ptr, out0_ptr, out1_ptr, d0, d1, in0_s0, in0_s1,
     v8 = v7 + 1.0  # line 14: a = F.log_softmax(x, dim=-1) + 1
     tl.store(out0_ptr + (rows * C + cols), v8.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, out0_ptr, out1_ptr, d0, d1, in0_s0, in0_s1, R, C,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v1_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v4_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1_x = tl.where(mask, v0, float('-inf'))
+        v1_new = tl.maximum(v1_acc, tl.max(v1_x, axis=1)[:, None])
+        v1_safe = tl.where(v1_new == float('-inf'), 0.0, v1_new)  # no -inf - -inf
+        v4_acc = v4_acc * tl.exp(v1_acc - v1_safe) + tl.exp(v1_x - v1_safe)
+        v1_acc = v1_new
+    v1 = v1_acc  # line 14: log_softmax (row max)
+    v4 = tl.sum(v4_acc, axis=1)[:, None]
+    v6 = v1 + tl.log(v4)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v7 = v0 - v6  # line 14: a = F.log_softmax(x, dim=-1) + 1
+        v8 = v7 + 1.0  # line 14: a = F.log_softmax(x, dim=-1) + 1
+        tl.store(out0_ptr + (rows * C + cols), v8.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v6.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_launch(x):
     d0 = x.shape[0]
@@ -909,18 +979,25 @@ def _cluster0_launch(x):
     align = _align(C)
     st0 = _strides(x)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1)),), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1)),), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](x, out0, out1, d0, d1, st0[0], st0[1], R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, out0, out1, d0, d1, st0[0], st0[1], R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](x, out0, out1, d0, d1, st0[0], st0[1], R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](x, out0, out1, d0, d1, st0[0], st0[1], R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
     return (out0, out1)
 
 
@@ -1065,6 +1142,52 @@ def _cluster0_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1
     v7 = v0 - v6  # sub
     tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, in0_s0,
+    in0_s1, in1_s0, in1_s1, in2_s0, R, C, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v2 = tl.load(in2_ptr + (c0 * in2_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # result1
+    v5_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v5_acc = v5_acc + tl.where(mask, v0, 0.0)
+    v5 = tl.sum(v5_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v3 = v1 - v2  # sub
+        v4 = tl.exp(v3)  # exp
+        v6 = v4 * v5  # mul
+        v7 = v0 - v6  # sub
+        tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_backward_launch(grad0, x, result1):
     d0 = grad0.shape[0]
@@ -1080,18 +1203,25 @@ def _cluster0_backward_launch(grad0, x, result1):
     st1 = _strides(x)
     st2 = _strides(result1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((grad0, (0, 1)), (x, (0, 1))), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1)), (x, (0, 1))), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_kernel_across[((R // F) * fast_blocks,)](grad0, x, result1, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], st2[0], R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
-        kernel[grid](grad0, x, result1, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], st2[0], R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_kernel_across_loop[((R // F) * fast_blocks,)](grad0, x, result1, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], st2[0], R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
+            kernel[grid](grad0, x, result1, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], st2[0], R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1234,6 +1364,53 @@ def _cluster1_kernel_across(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, fas
     v7 = v6 - tl.log(v5)  # line 15: b = torch.log_softmax(x * 3.0, dim=1)
     tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_kernel_across_loop(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, fast_blocks,
+    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v2_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v5_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 * 3.0  # line 15: b = torch.log_softmax(x * 3.0, dim=1)
+        v2_x = tl.where(mask, v1, float('-inf'))
+        v2_new = tl.maximum(v2_acc, tl.max(v2_x, axis=1)[:, None])
+        v2_safe = tl.where(v2_new == float('-inf'), 0.0, v2_new)  # no -inf - -inf
+        v5_acc = v5_acc * tl.exp(v2_acc - v2_safe) + tl.exp(v2_x - v2_safe)
+        v2_acc = v2_new
+    v2 = v2_acc  # line 15: log_softmax (row max)
+    v5 = tl.sum(v5_acc, axis=1)[:, None]
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v1 = v0 * 3.0  # line 15: b = torch.log_softmax(x * 3.0, dim=1)
+        v6 = v1 - v2
+        v7 = v6 - tl.log(v5)  # line 15: b = torch.log_softmax(x * 3.0, dim=1)
+        tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster1_launch(x):
     d0 = x.shape[0]
@@ -1247,18 +1424,25 @@ def _cluster1_launch(x):
     align = _align(C)
     st0 = _strides(x)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1)),), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1)),), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_kernel_across[((R // F) * fast_blocks,)](x, out0, d0, d1, st0[0], st0[1], R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](x, out0, d0, d1, st0[0], st0[1], R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_kernel_across_loop[((R // F) * fast_blocks,)](x, out0, d0, d1, st0[0], st0[1], R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
+            kernel[grid](x, out0, d0, d1, st0[0], st0[1], R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1399,6 +1583,51 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0,
     v6 = v5 * 3.0  # mul
     tl.store(out0_ptr + (rows * C + cols), v6.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_backward_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1,
+    in1_s0, in1_s1, R, C, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v3_acc = v3_acc + tl.where(mask, v0, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        v2 = tl.exp(v1)  # exp
+        v4 = v2 * v3  # mul
+        v5 = v0 - v4  # sub
+        v6 = v5 * 3.0  # mul
+        tl.store(out0_ptr + (rows * C + cols), v6.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster1_backward_launch(grad0, result0):
     d0 = grad0.shape[0]
@@ -1413,18 +1642,25 @@ def _cluster1_backward_launch(grad0, result0):
     st0 = _strides(grad0)
     st1 = _strides(result0)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((grad0, (0, 1)), (result0, (0, 1))), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1)), (result0, (0, 1))), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_backward_kernel_across[((R // F) * fast_blocks,)](grad0, result0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
-        kernel[grid](grad0, result0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and result0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_backward_kernel_across_loop[((R // F) * fast_blocks,)](grad0, result0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
+            kernel[grid](grad0, result0, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and result0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1574,6 +1810,56 @@ def _cluster2_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_
     v8 = v7 - tl.log(v6)  # line 16: c = F.log_softmax(s.masked_fill(self.mask, float("-inf")), -1)
     tl.store(out0_ptr + (rows * C + cols), v8.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster2_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1,
+    in0_s2, in1_s0, in1_s1, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # s
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # s
+        v1 = tl.load(in1_ptr + (c1 * in1_s0 + c2 * in1_s1), mask=mask, other=0, eviction_policy='evict_last')  # mask
+        v2 = tl.where(v1, float('-inf'), v0)  # line 16: c = F.log_softmax(s.masked_fill(self.mask, float("-inf")), -1)
+        v3_x = tl.where(mask, v2, float('-inf'))
+        v3_new = tl.maximum(v3_acc, tl.max(v3_x, axis=1)[:, None])
+        v3_safe = tl.where(v3_new == float('-inf'), 0.0, v3_new)  # no -inf - -inf
+        v6_acc = v6_acc * tl.exp(v3_acc - v3_safe) + tl.exp(v3_x - v3_safe)
+        v3_acc = v3_new
+    v3 = v3_acc  # line 16: log_softmax (row max)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # s
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # s
+        v1 = tl.load(in1_ptr + (c1 * in1_s0 + c2 * in1_s1), mask=mask, other=0, eviction_policy='evict_last')  # mask
+        v2 = tl.where(v1, float('-inf'), v0)  # line 16: c = F.log_softmax(s.masked_fill(self.mask, float("-inf")), -1)
+        v7 = v2 - v3
+        v8 = v7 - tl.log(v6)  # line 16: c = F.log_softmax(s.masked_fill(self.mask, float("-inf")), -1)
+        tl.store(out0_ptr + (rows * C + cols), v8.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster2_launch(s, mask):
     d0 = s.shape[0]
@@ -1589,18 +1875,25 @@ def _cluster2_launch(s, mask):
     st1 = _strides(mask)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((s, (0, 1, 2)),), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((s, (0, 1, 2)),), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster2_kernel_across[((R // F) * fast_blocks,)](s, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster2_kernel_block if whole_row else _cluster2_kernel_loop
-        kernel[grid](s, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=s.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster2_kernel_across_loop[((R // F) * fast_blocks,)](s, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster2_kernel_block if whole_row else _cluster2_kernel_loop
+            kernel[grid](s, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=s.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1748,6 +2041,54 @@ def _cluster2_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1
     v7 = tl.where(v6, 0.0, v5)  # masked_fill
     tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster2_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2,
+    in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, R, C, q0, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v3_acc = v3_acc + tl.where(mask, v0, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        v2 = tl.exp(v1)  # exp
+        v4 = v2 * v3  # mul
+        v5 = v0 - v4  # sub
+        v6 = tl.load(in2_ptr + (c1 * in2_s0 + c2 * in2_s1), mask=mask, other=0, eviction_policy='evict_last')  # mask
+        v7 = tl.where(v6, 0.0, v5)  # masked_fill
+        tl.store(out0_ptr + (rows * C + cols), v7.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster2_backward_launch(grad0, result0, mask):
     d0 = grad0.shape[0]
@@ -1765,18 +2106,25 @@ def _cluster2_backward_launch(grad0, result0, mask):
     st2 = _strides(mask)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((grad0, (0, 1, 2)), (result0, (0, 1, 2))), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1, 2)), (result0, (0, 1, 2))), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster2_backward_kernel_across[((R // F) * fast_blocks,)](grad0, result0, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster2_backward_kernel_block if whole_row else _cluster2_backward_kernel_loop
-        kernel[grid](grad0, result0, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and result0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster2_backward_kernel_across_loop[((R // F) * fast_blocks,)](grad0, result0, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster2_backward_kernel_block if whole_row else _cluster2_backward_kernel_loop
+            kernel[grid](grad0, result0, mask, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and result0.is_contiguous(), num_warps=warps)
     return out0
 
 

@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -564,7 +563,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -584,6 +587,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -697,6 +704,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -1248,6 +1271,39 @@ def _cluster3_kernel_across(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, i
     v4 = v3 * 3.0  # line 19: d = F.adaptive_avg_pool2d(torch.tanh(x), 1).flatten(1) * 3
     tl.store(out0_ptr + rows, v4.to(out0_ptr.dtype.element_ty), mask=rmask)
 
+@triton.jit
+def _cluster3_kernel_across_loop(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2,
+    in0_s3, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = _tanh(v0)  # line 19: d = F.adaptive_avg_pool2d(torch.tanh(x), 1).flatten(1) * 3
+        v2_acc = v2_acc + tl.where(mask, v1, 0.0)
+    v2 = tl.sum(v2_acc, axis=1)[:, None]  # line 19: adaptive_avg_pool2d (sum)
+    v3 = v2 / C  # line 19: d = F.adaptive_avg_pool2d(torch.tanh(x), 1).flatten(1) * 3
+    v4 = v3 * 3.0  # line 19: d = F.adaptive_avg_pool2d(torch.tanh(x), 1).flatten(1) * 3
+    tl.store(out0_ptr + rows, v4.to(out0_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster3_launch(x):
     d0 = x.shape[0]
@@ -1264,18 +1320,25 @@ def _cluster3_launch(x):
     st0 = _strides(x)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4, rows_only=True)
-    across = whole_row and _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster3_kernel_across[((R // F) * fast_blocks,)](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster3_kernel_block if whole_row else _cluster3_kernel_loop
-        kernel[grid](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster3_kernel_across_loop[((R // F) * fast_blocks,)](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster3_kernel_block if whole_row else _cluster3_kernel_loop
+            kernel[grid](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1421,6 +1484,50 @@ def _cluster4_kernel_across(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, i
     v5 = v0 * v4  # line 20: e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
     tl.store(out0_ptr + (rows * C + cols), v5.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster4_kernel_across_loop(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2,
+    in0_s3, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = tl.maximum(v0, 0.0, propagate_nan=tl.PropagateNan.ALL)  # line 20: e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
+        v2_acc = v2_acc + tl.where(mask, v1, 0.0)
+    v2 = tl.sum(v2_acc, axis=1)[:, None]  # line 20: mean (sum)
+    v3 = v2 / C  # line 20: e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
+    v4 = tl.sigmoid(v3)  # line 20: e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v5 = v0 * v4  # line 20: e = x * torch.sigmoid(F.relu(x).mean((2, 3), keepdim=True))
+        tl.store(out0_ptr + (rows * C + cols), v5.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster4_launch(x):
     d0 = x.shape[0]
@@ -1437,18 +1544,25 @@ def _cluster4_launch(x):
     st0 = _strides(x)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster4_kernel_across[((R // F) * fast_blocks,)](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster4_kernel_block if whole_row else _cluster4_kernel_loop
-        kernel[grid](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster4_kernel_across_loop[((R // F) * fast_blocks,)](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster4_kernel_block if whole_row else _cluster4_kernel_loop
+            kernel[grid](x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1638,6 +1752,71 @@ def _cluster4_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3,
     v15 = v6 + v14  # add
     tl.store(out0_ptr + (rows * C + cols), v15.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster4_backward_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2, in1_s3, R, C, q0, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v9_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v2 = tl.maximum(v1, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu
+        v8 = v0 * v1  # mul
+        v3_acc = v3_acc + tl.where(mask, v2, 0.0)
+        v9_acc = v9_acc + tl.where(mask, v8, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # mean (sum)
+    v9 = tl.sum(v9_acc, axis=1)[:, None]  # sum
+    v4 = v3 / C  # mean
+    v5 = tl.sigmoid(v4)  # sigmoid
+    v10 = 1.0 - v5  # sub
+    v11 = v5 * v10  # mul
+    v12 = v9 * v11  # mul
+    v13 = v12 * 0.010101010101010102  # mul
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v2 = tl.maximum(v1, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu
+        v6 = v0 * v5  # mul
+        v7 = v2 > 0.0  # gt
+        v14 = tl.where(v7, v13, 0.0)  # where
+        v15 = v6 + v14  # add
+        tl.store(out0_ptr + (rows * C + cols), v15.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster4_backward_launch(grad0, x):
     d0 = grad0.shape[0]
@@ -1655,18 +1834,25 @@ def _cluster4_backward_launch(grad0, x):
     st1 = _strides(x)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster4_backward_kernel_across[((R // F) * fast_blocks,)](grad0, x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster4_backward_kernel_block if whole_row else _cluster4_backward_kernel_loop
-        kernel[grid](grad0, x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster4_backward_kernel_across_loop[((R // F) * fast_blocks,)](grad0, x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster4_backward_kernel_block if whole_row else _cluster4_backward_kernel_loop
+            kernel[grid](grad0, x, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
     return out0
 
 

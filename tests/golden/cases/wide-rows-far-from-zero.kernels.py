@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -983,6 +1006,101 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_
     v24 = tl.sqrt(v23)  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
     tl.store(out2_ptr + rows, v24.to(out2_ptr.dtype.element_ty), mask=rmask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr,
+    out3_ptr, out4_ptr, d0, d1, in0_s0, in0_s1, in1_s0, in2_s0, R, C, sc0, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, WIDTH: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c0 = last
+    v2_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 + 300.0  # line 17: h = x + 300.0
+        v2_shift = tl.sum(tl.where(mask, v1, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v2_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v22_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 + 300.0  # line 17: h = x + 300.0
+        v2_d = tl.where(mask, v1 - v2_shift, 0.0)
+        v2_acc = v2_acc + v2_d
+        v22_acc = v22_acc + v2_d * v2_d
+    v2_dsum = tl.sum(v2_acc, axis=1)[:, None]
+    v2 = v2_dsum + v2_shift * C  # line 18: layer_norm (mean) (sum)
+    v22 = tl.maximum(tl.sum(v22_acc, axis=1)[:, None] - v2_dsum * v2_dsum / C, 0.0)
+    v3 = v2 / C  # line 18: layer_norm (mean)
+    v14 = v2 / C  # line 18: var (mean)
+    v19 = v2 / C  # line 18: std (mean)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0 + 300.0  # line 17: h = x + 300.0
+        v4 = v1 - v3
+        v5 = v4 * v4
+        v15 = v1 - v14
+        v16 = v15 * v15
+        v6_acc = v6_acc + tl.where(mask, v5, 0.0)
+        v17_acc = v17_acc + tl.where(mask, v16, 0.0)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]  # line 18: layer_norm (variance) (sum)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # line 18: var (squares)
+    v7 = v6 / C  # line 18: layer_norm (variance)
+    v8 = tl.rsqrt(v7 + sc0)
+    v18 = v17 / (C - 1.0)  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
+    v23 = v22 / C  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
+    v24 = tl.sqrt(v23)  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c1 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v1 = v0 + 300.0  # line 17: h = x + 300.0
+        v4 = v1 - v3
+        v9 = v4 * v8
+        v10 = tl.load(in1_ptr + (c1 * in1_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v11 = v9 * v10
+        v12 = tl.load(in2_ptr + (c1 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v13 = v11 + v12  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
+        tl.store(out0_ptr + (rows * C + cols), v13.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v24.to(out2_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out3_ptr + rows, v3.to(out3_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out4_ptr + rows, v8.to(out4_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_launch(x, weight, bias, sc0):
     d0 = x.shape[0]
@@ -1001,18 +1119,25 @@ def _cluster0_launch(x, weight, bias, sc0):
     st1 = _strides(weight)
     st2 = _strides(bias)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1)),), (d0, d1), 1)
-    tile = _across_rows_tile(d0, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1)),), (d0, d1), 1)
+    tile = _across_rows_tile(d0, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d0
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](x, weight, bias, out0, out1, out2, out3, out4, d0, d1, st0[0], st0[1], st1[0], st2[0], R, C, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, weight, bias, out0, out1, out2, out3, out4, d0, d1, st0[0], st0[1], st1[0], st2[0], R, C, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d0
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](x, weight, bias, out0, out1, out2, out3, out4, d0, d1, st0[0], st0[1], st1[0], st2[0], R, C, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](x, weight, bias, out0, out1, out2, out3, out4, d0, d1, st0[0], st0[1], st1[0], st2[0], R, C, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous(), num_warps=warps)
     return (out0, out1, out2, out3, out4)
 
 
@@ -1069,10 +1194,10 @@ _cluster0_replaced = ('        if cluster0.fits(x, self.norm.weight, self.norm.b
 # ---- fused kernel: cluster1: add → group_norm (model.py lines 18–18)
 
 @triton.jit
-def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr,
-    CL: tl.constexpr, CG: tl.constexpr):
+def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -1102,21 +1227,23 @@ def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, 
     v1 = v0 + 300.0  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
     v2 = tl.sum(tl.where(mask, v1, 0.0), axis=1)[:, None]  # line 18: group_norm (mean) (sum)
     v3 = v2 / C  # line 18: group_norm (mean)
+    tl.store(out1_ptr + rows, v3.to(out1_ptr.dtype.element_ty), mask=rmask)
     v4 = v1 - v3
     v5 = v4 * v4
     v6 = tl.sum(tl.where(mask, v5, 0.0), axis=1)[:, None]  # line 18: group_norm (variance) (sum)
     v7 = v6 / C  # line 18: group_norm (variance)
     v8 = tl.rsqrt(v7 + sc0)
+    tl.store(out2_ptr + rows, v8.to(out2_ptr.dtype.element_ty), mask=rmask)
     v9 = v4 * v8
     v11 = v9 * v10
     v13 = v11 + v12  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
     tl.store(out0_ptr + flat, v13.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr,
-    CL: tl.constexpr, CG: tl.constexpr):
+def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid
@@ -1199,12 +1326,15 @@ def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, i
         v12 = tl.load(in2_ptr + (c1 * in2_s0), mask=mask, other=0).to(tl.float32)  # bias
         v13 = v11 + v12  # line 18: return self.norm(h), h.var(-1), h.std(-1, correction=0), self.gn(img + 300.0)
         tl.store(out0_ptr + flat, v13.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v3.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v8.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
-def _cluster1_kernel_stats(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, ws_ptr, HW, PB, PLANE,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
-    BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr, CGP: tl.constexpr):
+def _cluster1_kernel_stats(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, ws_ptr, HW, PB,
+    PLANE, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr,
+    CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -1262,11 +1392,11 @@ def _cluster1_kernel_combine(ws_ptr, stats_ptr, PB, PLANE, N, G, GP: tl.constexp
     tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)
 
 @triton.jit
-def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, stats_ptr, HW, PB, N, out0_s0, out0_s1,
-    out0_s3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr,
-    CGP: tl.constexpr):
+def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, stats_ptr, HW, PB, N,
+    out0_s0, out0_s1, out0_s3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr,
+    CG: tl.constexpr, CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -1290,10 +1420,12 @@ def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, 
     v2 = tl.load(stats_ptr + c0 * GP + g3, mask=g3 < G, other=0.0)
     v6 = tl.load(stats_ptr + N * GP + c0 * GP + g3, mask=g3 < G, other=0.0)
     v3 = v2 / C  # line 18: group_norm (mean)
+    tl.store(out1_ptr + (c0 * G + g), v3.to(out1_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v4 = v1 - v3
     v5 = v4 * v4
     v7 = v6 / C  # line 18: group_norm (variance)
     v8 = tl.rsqrt(v7 + sc0)
+    tl.store(out2_ptr + (c0 * G + g), v8.to(out2_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v9 = v4 * v8
     v10 = tl.load(in1_ptr + (c1 * in1_s0), mask=mask, other=0).to(tl.float32)  # weight
     v11 = v9 * v10
@@ -1311,12 +1443,14 @@ def _cluster1_launch(img, weight, bias, sc0):
     split = cl and img.stride(2) == img.shape[3] * img.stride(3) and _next_pow2(2) * _next_pow2(d1 // 2) <= 8192
     out_cl = cl or split
     out0 = torch.empty((d0, d1, d2, d3), device=img.device, dtype=torch.float32, memory_format=torch.channels_last) if out_cl else torch.empty((d0, d1, d2, d3), device=img.device, dtype=torch.float32)
+    out1 = torch.empty((d0, 2), device=img.device, dtype=torch.float32)
+    out2 = torch.empty((d0, 2), device=img.device, dtype=torch.float32)
     G = 2
     R = d0 * G
     C = (d1 * d2 * d3) // G
     if _shapes_only(img) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return out0
-    index_64 = _needs_int64(img, weight, bias, out0)
+        return (out0, out1, out2)
+    index_64 = _needs_int64(img, weight, bias, out0, out1, out2)
     align = _align(C)
     st0 = _strides(img)
     st1 = _strides(weight)
@@ -1329,10 +1463,10 @@ def _cluster1_launch(img, weight, bias, sc0):
         PB = (HW + block_p - 1) // block_p
         ws = torch.empty((3 * d0 * PB * GP,), device=img.device, dtype=torch.float32)
         stats = torch.empty((2 * d0 * GP,), device=img.device, dtype=torch.float32)
-        _cluster1_kernel_stats[(d0 * PB,)](img, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
+        _cluster1_kernel_stats[(d0 * PB,)](img, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
         _cluster1_kernel_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))
-        _cluster1_kernel_apply[(d0 * PB,)](img, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
+        _cluster1_kernel_apply[(d0 * PB,)](img, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
     else:
         block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
@@ -1340,9 +1474,9 @@ def _cluster1_launch(img, weight, bias, sc0):
             warps = 8
         grid = ((R + block_r - 1) // block_r,)
         kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](img, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0,
+        kernel[grid](img, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=(img.is_contiguous(memory_format=torch.channels_last)) if cl else (img.is_contiguous()), CL=cl, CG=d1 // G, num_warps=warps)
-    return out0
+    return (out0, out1, out2)
 
 
 def _cluster1_reference(img, weight, bias, eps, num_groups):
@@ -1352,7 +1486,7 @@ def _cluster1_reference(img, weight, bias, eps, num_groups):
     return v11
 
 
-_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 3, 1, ('float',))
+_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 3, 3, ('float',))
 _cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
 
 
@@ -1364,7 +1498,7 @@ def cluster1(img, weight, bias, eps=1e-05, num_groups=2):
     Sizes and strides are read at call time; any shape works.
     """
     if _kernel_runs((img, weight, bias), (torch.float32, torch.float32, torch.float32)) and num_groups == 2:
-        return _cluster1_call(img, weight, bias, eps)
+        return _cluster1_call(img, weight, bias, eps)[0]
     return _cluster1_reference(img, weight, bias, eps, num_groups)
 
 

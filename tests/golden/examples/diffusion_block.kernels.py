@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -693,6 +700,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     return block_r, max(2, min(16, block_r * block_c // 512))
 
 
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
+
+
 def _needs_int64(*tensors):
     """Whether an element offset into any of `tensors` can reach 2**31, where 32-bit index
     arithmetic would wrap: a large tensor, or a small view with large strides (`big[:, :8]`)."""
@@ -791,10 +814,10 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False
 # ---- fused kernel: cluster0: group_norm → silu (diffusion_block.py lines 24–24)
 
 @triton.jit
-def _cluster0_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr,
-    CL: tl.constexpr, CG: tl.constexpr):
+def _cluster0_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -823,11 +846,13 @@ def _cluster0_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, 
     v11 = tl.load(in2_ptr + (c1 * in2_s0), mask=mask, other=0).to(tl.float32)  # bias
     v1 = tl.sum(tl.where(mask, v0, 0.0), axis=1)[:, None]  # line 24: group_norm (mean) (sum)
     v2 = v1 / C  # line 24: group_norm (mean)
+    tl.store(out1_ptr + rows, v2.to(out1_ptr.dtype.element_ty), mask=rmask)
     v3 = v0 - v2
     v4 = v3 * v3
     v5 = tl.sum(tl.where(mask, v4, 0.0), axis=1)[:, None]  # line 24: group_norm (variance) (sum)
     v6 = v5 / C  # line 24: group_norm (variance)
     v7 = tl.rsqrt(v6 + sc0)
+    tl.store(out2_ptr + rows, v7.to(out2_ptr.dtype.element_ty), mask=rmask)
     v8 = v3 * v7
     v10 = v8 * v9
     v12 = v10 + v11  # line 24: h = self.conv1(F.silu(self.norm1(x)))
@@ -835,10 +860,10 @@ def _cluster0_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, 
     tl.store(out0_ptr + flat, v13.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster0_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr,
-    CL: tl.constexpr, CG: tl.constexpr):
+def _cluster0_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid
@@ -919,12 +944,15 @@ def _cluster0_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, i
         v12 = v10 + v11  # line 24: h = self.conv1(F.silu(self.norm1(x)))
         v13 = v12 * tl.sigmoid(v12)  # line 24: h = self.conv1(F.silu(self.norm1(x)))
         tl.store(out0_ptr + flat, v13.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v2.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v7.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
-def _cluster0_kernel_stats(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, ws_ptr, HW, PB, PLANE,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
-    BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr, CGP: tl.constexpr):
+def _cluster0_kernel_stats(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, ws_ptr, HW, PB,
+    PLANE, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr,
+    CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -981,11 +1009,11 @@ def _cluster0_kernel_combine(ws_ptr, stats_ptr, PB, PLANE, N, G, GP: tl.constexp
     tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)
 
 @triton.jit
-def _cluster0_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
-    in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, stats_ptr, HW, PB, N, out0_s0, out0_s1,
-    out0_s3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr,
-    CGP: tl.constexpr):
+def _cluster0_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2,
+    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, R, C, G, q0, sc0, stats_ptr, HW, PB, N,
+    out0_s0, out0_s1, out0_s3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr,
+    CG: tl.constexpr, CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -1008,10 +1036,12 @@ def _cluster0_kernel_apply(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3, 
     v1 = tl.load(stats_ptr + c0 * GP + g3, mask=g3 < G, other=0.0)
     v5 = tl.load(stats_ptr + N * GP + c0 * GP + g3, mask=g3 < G, other=0.0)
     v2 = v1 / C  # line 24: group_norm (mean)
+    tl.store(out1_ptr + (c0 * G + g), v2.to(out1_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v3 = v0 - v2
     v4 = v3 * v3
     v6 = v5 / C  # line 24: group_norm (variance)
     v7 = tl.rsqrt(v6 + sc0)
+    tl.store(out2_ptr + (c0 * G + g), v7.to(out2_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v8 = v3 * v7
     v9 = tl.load(in1_ptr + (c1 * in1_s0), mask=mask, other=0).to(tl.float32)  # weight
     v10 = v8 * v9
@@ -1030,12 +1060,14 @@ def _cluster0_launch(x, weight, bias, sc0):
     split = (cl or x.dim() == 4) and x.stride(2) == x.shape[3] * x.stride(3) and _next_pow2(32) * _next_pow2(d1 // 32) <= 8192
     out_cl = cl or split
     out0 = torch.empty((d0, d1, d2, d3), device=x.device, dtype=torch.float32, memory_format=torch.channels_last) if out_cl else torch.empty((d0, d1, d2, d3), device=x.device, dtype=torch.float32)
+    out1 = torch.empty((d0, 32), device=x.device, dtype=torch.float32)
+    out2 = torch.empty((d0, 32), device=x.device, dtype=torch.float32)
     G = 32
     R = d0 * G
     C = (d1 * d2 * d3) // G
     if _shapes_only(x) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return out0
-    index_64 = _needs_int64(x, weight, bias, out0)
+        return (out0, out1, out2)
+    index_64 = _needs_int64(x, weight, bias, out0, out1, out2)
     align = _align(C)
     st0 = _strides(x)
     st1 = _strides(weight)
@@ -1048,10 +1080,10 @@ def _cluster0_launch(x, weight, bias, sc0):
         PB = (HW + block_p - 1) // block_p
         ws = torch.empty((3 * d0 * PB * GP,), device=x.device, dtype=torch.float32)
         stats = torch.empty((2 * d0 * GP,), device=x.device, dtype=torch.float32)
-        _cluster0_kernel_stats[(d0 * PB,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
+        _cluster0_kernel_stats[(d0 * PB,)](x, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
         _cluster0_kernel_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))
-        _cluster0_kernel_apply[(d0 * PB,)](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
+        _cluster0_kernel_apply[(d0 * PB,)](x, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
     else:
         block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
@@ -1059,9 +1091,9 @@ def _cluster0_launch(x, weight, bias, sc0):
             warps = 8
         grid = ((R + block_r - 1) // block_r,)
         kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, weight, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0,
+        kernel[grid](x, weight, bias, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], R, C, G, *magic, sc0,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=(x.is_contiguous(memory_format=torch.channels_last)) if cl else (x.is_contiguous()), CL=cl, CG=d1 // G, num_warps=warps)
-    return out0
+    return (out0, out1, out2)
 
 
 def _cluster0_reference(x, weight, bias, eps, num_groups):
@@ -1071,7 +1103,7 @@ def _cluster0_reference(x, weight, bias, eps, num_groups):
     return v5
 
 
-_cluster0_op = _kernel_op('cluster0', _cluster0_launch, 3, 1, ('float',))
+_cluster0_op = _kernel_op('cluster0', _cluster0_launch, 3, 3, ('float',))
 _cluster0_call = _kernel_call(_cluster0_op, _cluster0_launch)
 
 
@@ -1083,16 +1115,14 @@ def cluster0(x, weight, bias, eps=1e-05, num_groups=32):
     Sizes and strides are read at call time; any shape works.
     """
     if _kernel_runs((x, weight, bias), (torch.float32, torch.float32, torch.float32), trains=(0, 1, 2)) and num_groups == 32:
-        return _cluster0_call(x, weight, bias, eps)
+        return _cluster0_call(x, weight, bias, eps)[0]
     return _cluster0_reference(x, weight, bias, eps, num_groups)
 
 
-def _cluster0_backward_reference(x, weight, bias, eps, num_groups, result0, grad0):
+def _cluster0_backward_reference(x, weight, bias, eps, num_groups, result0, result1, result2, grad0, grad1, grad2):
     """The gradients of x, weight, bias from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
     v4x = x
-    v4m = v4x.mean(dim=[2, 3], keepdim=True)
-    v4v = ((v4x - v4m) * (v4x - v4m)).mean(dim=[2, 3], keepdim=True)
-    v4t = _group_statistics(v4m, v4v, num_groups, eps, weight, bias)
+    v4t = _group_statistics(result1, result2, weight, bias, grad0.shape)
     v4scale = v4t[0]
     v4shift = v4t[1]
     v4mean = v4t[2]
@@ -1115,152 +1145,6 @@ def _cluster0_backward_reference(x, weight, bias, eps, num_groups, result0, grad
     g2 = d11
     g3 = d12
     return g0, g2, g3
-
-
-@triton.jit
-def _cluster0_backward_stats_kernel_block(in0_ptr, out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0,
-    in0_s1, in0_s2, in0_s3, R, C, q0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    if INDEX_64:
-        rows = rows.to(tl.int64)
-    rmask = rows < R
-    c0 = _div(rows, d1, q0, INDEX_64)
-    c1 = _mod(rows, d1, q0, INDEX_64)
-    cols = tl.arange(0, BLOCK_C)[None, :]
-    cmask = cols < C
-    mask = rmask & cmask
-    c2 = cols // d3
-    c3 = cols % d3
-    if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # x
-    else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # x
-    v1 = tl.sum(tl.where(mask, v0, 0.0), axis=1)[:, None]  # mean (sum)
-    v2 = v1 / C  # mean
-    tl.store(out0_ptr + rows, v2.to(out0_ptr.dtype.element_ty), mask=rmask)
-    v3 = v0 - v2  # sub
-    v4 = v0 - v2  # sub
-    v5 = v3 * v4  # mul
-    v6 = tl.sum(tl.where(mask, v5, 0.0), axis=1)[:, None]  # mean (sum)
-    v7 = v6 / C  # mean
-    tl.store(out1_ptr + rows, v7.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-@triton.jit
-def _cluster0_backward_stats_kernel_loop(in0_ptr, out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0,
-    in0_s1, in0_s2, in0_s3, R, C, q0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    rows = pid
-    if INDEX_64:
-        rows = rows.to(tl.int64)
-    rmask = rows < R
-    c0 = _div(rows, d1, q0, INDEX_64)
-    c1 = _mod(rows, d1, q0, INDEX_64)
-    v1_acc = tl.full([BLOCK_C], 0.0, tl.float32)
-    for col0 in range(0, C, BLOCK_C):
-        cols = col0 + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mask = rmask & cmask
-        c2 = cols // d3
-        c3 = cols % d3
-        if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
-        else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
-        v1_acc = v1_acc + tl.where(mask, v0, 0.0)
-    v1 = tl.sum(v1_acc, axis=0)  # mean (sum)
-    v2 = v1 / C  # mean
-    v6_acc = tl.full([BLOCK_C], 0.0, tl.float32)
-    for col0 in range(0, C, BLOCK_C):
-        cols = col0 + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mask = rmask & cmask
-        c2 = cols // d3
-        c3 = cols % d3
-        if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
-        else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
-        v3 = v0 - v2  # sub
-        v4 = v0 - v2  # sub
-        v5 = v3 * v4  # mul
-        v6_acc = v6_acc + tl.where(mask, v5, 0.0)
-    v6 = tl.sum(v6_acc, axis=0)  # mean (sum)
-    v7 = v6 / C  # mean
-    tl.store(out0_ptr + rows, v2.to(out0_ptr.dtype.element_ty), mask=rmask)
-    tl.store(out1_ptr + rows, v7.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-@triton.jit
-def _cluster0_backward_stats_kernel_across(in0_ptr, out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0,
-    in0_s1, in0_s2, in0_s3, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    outer = pid // fast_blocks
-    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    if INDEX_64:
-        outer = outer.to(tl.int64)
-        last = last.to(tl.int64)
-    rows = outer * F + last
-    rmask = last < F
-    c1 = last
-    c0 = outer
-    cols = tl.arange(0, BLOCK_C)[None, :]
-    cmask = cols < C
-    mask = rmask & cmask
-    c2 = cols // d3
-    c3 = cols % d3
-    if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # x
-    else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # x
-    v1 = tl.sum(tl.where(mask, v0, 0.0), axis=1)[:, None]  # mean (sum)
-    v2 = v1 / C  # mean
-    tl.store(out0_ptr + rows, v2.to(out0_ptr.dtype.element_ty), mask=rmask)
-    v3 = v0 - v2  # sub
-    v4 = v0 - v2  # sub
-    v5 = v3 * v4  # mul
-    v6 = tl.sum(tl.where(mask, v5, 0.0), axis=1)[:, None]  # mean (sum)
-    v7 = v6 / C  # mean
-    tl.store(out1_ptr + rows, v7.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-
-def _cluster0_backward_stats_launch(x):
-    d0 = x.shape[0]
-    d1 = x.shape[1]
-    d2 = x.shape[2]
-    d3 = x.shape[3]
-    out0 = torch.empty((d0, d1, 1, 1), device=x.device, dtype=torch.float32)
-    out1 = torch.empty((d0, d1, 1, 1), device=x.device, dtype=torch.float32)
-    R = d0 * d1
-    C = d2 * d3
-    if _shapes_only(x) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return (out0, out1)
-    index_64 = _needs_int64(x, out0, out1)
-    align = _align(C)
-    st0 = _strides(x)
-    magic = _magic(d1)
-    block_r, block_c, warps, whole_row = _row_tile(R, C, 4, rows_only=True)
-    across = whole_row and _down_rows(((x, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
-    if tile is not None:  # an input runs along the last row dim: down the tiles' rows
-        (block_r, warps), F = tile, d1
-        fast_blocks = (F + block_r - 1) // block_r
-        _cluster0_backward_stats_kernel_across[((R // F) * fast_blocks,)](x, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, fast_blocks, F,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
-    else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_stats_kernel_block if whole_row else _cluster0_backward_stats_kernel_loop
-        kernel[grid](x, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=x.is_contiguous(), num_warps=warps)
-    return (out0, out1)
-
-
-_cluster0_backward_stats_op = _kernel_op('cluster0_backward_stats', _cluster0_backward_stats_launch, 1, 2)
 
 
 @triton.jit
@@ -1397,6 +1281,56 @@ def _cluster0_backward_sums_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, ou
     v14 = tl.sum(tl.where(mask, v11, 0.0), axis=1)[:, None]  # sum
     tl.store(out1_ptr + rows, v14.to(out1_ptr.dtype.element_ty), mask=rmask)
 
+@triton.jit
+def _cluster0_backward_sums_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr,
+    out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2, in1_s3,
+    in2_s0, in2_s1, in3_s0, in3_s1, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v2 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v4scale
+    v4 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v4shift
+    v13_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v14_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v3 = v1 * v2  # mul
+        v5 = v3 + v4  # add
+        v6 = tl.sigmoid(v5)  # sigmoid
+        v7 = 1.0 - v6  # sub
+        v8 = v5 * v7  # mul
+        v9 = v8 + 1.0  # add
+        v10 = v6 * v9  # mul
+        v11 = v0 * v10  # mul
+        v12 = v11 * v1  # mul
+        v13_acc = v13_acc + tl.where(mask, v12, 0.0)
+        v14_acc = v14_acc + tl.where(mask, v11, 0.0)
+    v13 = tl.sum(v13_acc, axis=1)[:, None]  # sum
+    v14 = tl.sum(v14_acc, axis=1)[:, None]  # sum
+    tl.store(out0_ptr + rows, v13.to(out0_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out1_ptr + rows, v14.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_backward_sums_launch(grad0, x, v4scale, v4shift):
     d0 = grad0.shape[0]
@@ -1417,18 +1351,25 @@ def _cluster0_backward_sums_launch(grad0, x, v4scale, v4shift):
     st3 = _strides(v4shift)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4, rows_only=True)
-    across = whole_row and _down_rows(((grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1, 2, 3)), (x, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_sums_kernel_across[((R // F) * fast_blocks,)](grad0, x, v4scale, v4shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st3[0], st3[1], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_sums_kernel_block if whole_row else _cluster0_backward_sums_kernel_loop
-        kernel[grid](grad0, x, v4scale, v4shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st3[0], st3[1], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_sums_kernel_across_loop[((R // F) * fast_blocks,)](grad0, x, v4scale, v4shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st3[0], st3[1], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_sums_kernel_block if whole_row else _cluster0_backward_sums_kernel_loop
+            kernel[grid](grad0, x, v4scale, v4shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st2[1], st3[0], st3[1], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and x.is_contiguous(), num_warps=warps)
     return (out0, out1)
 
 
@@ -1585,13 +1526,10 @@ def _cluster0_backward_last_launch(d8, grad0, x, v4scale, v4shift, d9, d10):
 _cluster0_backward_last_op = _kernel_op('cluster0_backward_last', _cluster0_backward_last_launch, 7, 1)
 
 
-def _cluster0_gradients(x, weight, bias, eps, num_groups, result0, grad0):
-    """The gradients of cluster0's inputs x, weight, bias: 3 kernels where they run, else the backward reference."""
-    if _kernel_runs((x,), (torch.float32,)):
-        raws = _cluster0_backward_stats_op(x)
-        v4m = raws[0]
-        v4v = raws[1]
-        v4t = _group_statistics(v4m, v4v, num_groups, eps, weight, bias)
+def _cluster0_gradients(x, weight, bias, eps, num_groups, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of cluster0's inputs x, weight, bias: 2 kernels where they run, else the backward reference."""
+    if _kernel_runs((grad0, x), (torch.float32, torch.float32)):
+        v4t = _group_statistics(result1, result2, weight, bias, grad0.shape)
         v4scale = v4t[0]
         v4shift = v4t[1]
         v4mean = v4t[2]
@@ -1609,7 +1547,7 @@ def _cluster0_gradients(x, weight, bias, eps, num_groups, result0, grad0):
         g3 = d12
         raws = _cluster0_backward_last_op(d8, grad0, x, v4scale, v4shift, d9, d10),
         return raws[0], g2, g3,
-    return _cluster0_backward_reference(x, weight, bias, eps, num_groups, result0, grad0)
+    return _cluster0_backward_reference(x, weight, bias, eps, num_groups, result0, result1, result2, grad0, grad1, grad2)
 
 
 # Training: the op's backward is _cluster0_gradients, for the inputs it computes gradients of;
@@ -1617,7 +1555,7 @@ def _cluster0_gradients(x, weight, bias, eps, num_groups, result0, grad0):
 # the forward keeps for the backward only the inputs and outputs it reads.
 _cluster0_trains = (0, 1, 2)
 _cluster0_folded = {}
-_register_backward('cluster0', _cluster0_gradients, 3, _cluster0_trains, (0, 1, 2), (), constants={1: 32})
+_register_backward('cluster0', _cluster0_gradients, 3, _cluster0_trains, (0, 1, 2), (1, 2), constants={1: 32})
 
 
 _cluster0_modules = (
@@ -1649,10 +1587,11 @@ _cluster0_replaced = ('        h = self.conv1(cluster0(x, self.norm1.weight, sel
 # ---- fused kernel: cluster1: add → add → group_norm → silu (diffusion_block.py lines 24–26)
 
 @triton.jit
-def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, d0, d1, d2,
-    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0, in4_s0, R, C, G, q0,
-    sc0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
+def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0,
+    in4_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr, CL: tl.constexpr,
+    CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -1685,11 +1624,13 @@ def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr
     v4 = v2 + v3  # line 25: h = h + self.emb_proj(F.silu(emb))[:, :, None, None]
     v5 = tl.sum(tl.where(mask, v4, 0.0), axis=1)[:, None]  # line 26: group_norm (mean) (sum)
     v6 = v5 / C  # line 26: group_norm (mean)
+    tl.store(out1_ptr + rows, v6.to(out1_ptr.dtype.element_ty), mask=rmask)
     v7 = v4 - v6
     v8 = v7 * v7
     v9 = tl.sum(tl.where(mask, v8, 0.0), axis=1)[:, None]  # line 26: group_norm (variance) (sum)
     v10 = v9 / C  # line 26: group_norm (variance)
     v11 = tl.rsqrt(v10 + sc0)
+    tl.store(out2_ptr + rows, v11.to(out2_ptr.dtype.element_ty), mask=rmask)
     v12 = v7 * v11
     v14 = v12 * v13
     v16 = v14 + v15  # line 26: h = self.conv2(self.dropout(F.silu(self.norm2(h))))
@@ -1697,10 +1638,11 @@ def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr
     tl.store(out0_ptr + flat, v17.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, d0, d1, d2,
-    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0, in4_s0, R, C, G, q0,
-    sc0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, CONTIG: tl.constexpr, CL: tl.constexpr, CG: tl.constexpr):
+def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0,
+    in4_s0, R, C, G, q0, sc0, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr, CL: tl.constexpr,
+    CG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = pid
@@ -1793,13 +1735,15 @@ def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr,
         v16 = v14 + v15  # line 26: h = self.conv2(self.dropout(F.silu(self.norm2(h))))
         v17 = v16 * tl.sigmoid(v16)  # line 26: h = self.conv2(self.dropout(F.silu(self.norm2(h))))
         tl.store(out0_ptr + flat, v17.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v6.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v11.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
-def _cluster1_kernel_stats(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, d0, d1, d2,
-    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0, in4_s0, R, C, G, q0,
-    sc0, ws_ptr, HW, PB, PLANE, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, GP: tl.constexpr,
-    CG: tl.constexpr, CGP: tl.constexpr):
+def _cluster1_kernel_stats(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0,
+    in4_s0, R, C, G, q0, sc0, ws_ptr, HW, PB, PLANE, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr,
+    GP: tl.constexpr, CG: tl.constexpr, CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -1860,11 +1804,11 @@ def _cluster1_kernel_combine(ws_ptr, stats_ptr, PB, PLANE, N, G, GP: tl.constexp
     tl.store(stats_ptr + N * GP + n * GP + g, squares, mask=g < G)
 
 @triton.jit
-def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, d0, d1, d2,
-    d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0, in4_s0, R, C, G, q0,
-    sc0, stats_ptr, HW, PB, N, out0_s0, out0_s1, out0_s3, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr,
-    GP: tl.constexpr, CG: tl.constexpr, CGP: tl.constexpr):
+def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, in3_s0,
+    in4_s0, R, C, G, q0, sc0, stats_ptr, HW, PB, N, out0_s0, out0_s1, out0_s3,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK_P: tl.constexpr, GP: tl.constexpr, CG: tl.constexpr, CGP: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     c0 = pid // PB
@@ -1891,10 +1835,12 @@ def _cluster1_kernel_apply(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, out0_ptr
     v5 = tl.load(stats_ptr + c0 * GP + g3, mask=g3 < G, other=0.0)
     v9 = tl.load(stats_ptr + N * GP + c0 * GP + g3, mask=g3 < G, other=0.0)
     v6 = v5 / C  # line 26: group_norm (mean)
+    tl.store(out1_ptr + (c0 * G + g), v6.to(out1_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v7 = v4 - v6
     v8 = v7 * v7
     v10 = v9 / C  # line 26: group_norm (variance)
     v11 = tl.rsqrt(v10 + sc0)
+    tl.store(out2_ptr + (c0 * G + g), v11.to(out2_ptr.dtype.element_ty), mask=(g < G) & (pb == 0))
     v12 = v7 * v11
     v13 = tl.load(in3_ptr + (c1 * in3_s0), mask=mask, other=0).to(tl.float32)  # weight
     v14 = v12 * v13
@@ -1913,12 +1859,14 @@ def _cluster1_launch(h, bias, emb_proj, weight, bias_4, sc0):
     split = (cl or h.dim() == 4) and h.stride(2) == h.shape[3] * h.stride(3) and _next_pow2(32) * _next_pow2(d1 // 32) <= 8192
     out_cl = cl or split
     out0 = torch.empty((d0, d1, d2, d3), device=h.device, dtype=torch.float32, memory_format=torch.channels_last) if out_cl else torch.empty((d0, d1, d2, d3), device=h.device, dtype=torch.float32)
+    out1 = torch.empty((d0, 32), device=h.device, dtype=torch.float32)
+    out2 = torch.empty((d0, 32), device=h.device, dtype=torch.float32)
     G = 32
     R = d0 * G
     C = (d1 * d2 * d3) // G
     if _shapes_only(h) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return out0
-    index_64 = _needs_int64(h, bias, emb_proj, weight, bias_4, out0)
+        return (out0, out1, out2)
+    index_64 = _needs_int64(h, bias, emb_proj, weight, bias_4, out0, out1, out2)
     align = _align(C)
     st0 = _strides(h)
     st1 = _strides(bias)
@@ -1933,10 +1881,10 @@ def _cluster1_launch(h, bias, emb_proj, weight, bias_4, sc0):
         PB = (HW + block_p - 1) // block_p
         ws = torch.empty((3 * d0 * PB * GP,), device=h.device, dtype=torch.float32)
         stats = torch.empty((2 * d0 * GP,), device=h.device, dtype=torch.float32)
-        _cluster1_kernel_stats[(d0 * PB,)](h, bias, emb_proj, weight, bias_4, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
+        _cluster1_kernel_stats[(d0 * PB,)](h, bias, emb_proj, weight, bias_4, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0, ws, HW, PB, d0 * PB * GP,
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
         _cluster1_kernel_combine[(d0,)](ws, stats, PB, d0 * PB * GP, d0, G, GP=GP, BLOCK_B=max(1, 4096 // GP))
-        _cluster1_kernel_apply[(d0 * PB,)](h, bias, emb_proj, weight, bias_4, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
+        _cluster1_kernel_apply[(d0 * PB,)](h, bias, emb_proj, weight, bias_4, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0, stats, HW, PB, d0, out0.stride(0), out0.stride(1), out0.stride(3),
             BLOCK_R=1, BLOCK_C=1, INDEX_64=index_64, ALIGN=align, BLOCK_P=block_p, GP=GP, CG=d1 // G, CGP=CGP, num_warps=warps)
     else:
         block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
@@ -1944,9 +1892,9 @@ def _cluster1_launch(h, bias, emb_proj, weight, bias_4, sc0):
             warps = 8
         grid = ((R + block_r - 1) // block_r,)
         kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](h, bias, emb_proj, weight, bias_4, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0,
+        kernel[grid](h, bias, emb_proj, weight, bias_4, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], st3[0], st4[0], R, C, G, *magic, sc0,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=(h.is_contiguous(memory_format=torch.channels_last)) if cl else (h.is_contiguous()), CL=cl, CG=d1 // G, num_warps=warps)
-    return out0
+    return (out0, out1, out2)
 
 
 def _cluster1_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups):
@@ -1959,7 +1907,7 @@ def _cluster1_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups):
     return v20
 
 
-_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 5, 1, ('float',))
+_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 5, 3, ('float',))
 _cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
 
 
@@ -1971,19 +1919,17 @@ def cluster1(h, bias, emb_proj, weight, bias_4, eps=1e-05, num_groups=32):
     Sizes and strides are read at call time; any shape works.
     """
     if _kernel_runs((h, bias, emb_proj, weight, bias_4), (torch.float32, torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3, 4)) and num_groups == 32:
-        return _cluster1_call(h, bias, emb_proj, weight, bias_4, eps)
+        return _cluster1_call(h, bias, emb_proj, weight, bias_4, eps)[0]
     return _cluster1_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups)
 
 
-def _cluster1_backward_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, grad0):
+def _cluster1_backward_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, result1, result2, grad0, grad1, grad2):
     """The gradients of h, bias, emb_proj, weight, bias_4 from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
     v9 = bias[(slice(None, None, None), None, None)]
     v10 = h.add(v9)
     v16 = v10.add(emb_proj)
     v19x = v16
-    v19m = v19x.mean(dim=[2, 3], keepdim=True)
-    v19v = ((v19x - v19m) * (v19x - v19m)).mean(dim=[2, 3], keepdim=True)
-    v19t = _group_statistics(v19m, v19v, num_groups, eps, weight, bias_4)
+    v19t = _group_statistics(result1, result2, weight, bias_4, grad0.shape)
     v19scale = v19t[0]
     v19shift = v19t[1]
     v19mean = v19t[2]
@@ -2011,171 +1957,6 @@ def _cluster1_backward_reference(h, bias, emb_proj, weight, bias_4, eps, num_gro
     g9 = g10
     g8 = g9
     return g7, g8, g15, g17, g18
-
-
-@triton.jit
-def _cluster1_backward_stats_kernel_block(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0,
-    d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, R, C, q0,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
-    CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    if INDEX_64:
-        rows = rows.to(tl.int64)
-    rmask = rows < R
-    c0 = _div(rows, d1, q0, INDEX_64)
-    c1 = _mod(rows, d1, q0, INDEX_64)
-    cols = tl.arange(0, BLOCK_C)[None, :]
-    cmask = cols < C
-    mask = rmask & cmask
-    c2 = cols // d3
-    c3 = cols % d3
-    if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
-    else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # h
-    v1 = tl.load(in1_ptr + (c1 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v3 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # emb_proj
-    v2 = v0 + v1  # add
-    v4 = v2 + v3  # add
-    v5 = tl.sum(tl.where(mask, v4, 0.0), axis=1)[:, None]  # mean (sum)
-    v6 = v5 / C  # mean
-    tl.store(out0_ptr + rows, v6.to(out0_ptr.dtype.element_ty), mask=rmask)
-    v7 = v4 - v6  # sub
-    v8 = v4 - v6  # sub
-    v9 = v7 * v8  # mul
-    v10 = tl.sum(tl.where(mask, v9, 0.0), axis=1)[:, None]  # mean (sum)
-    v11 = v10 / C  # mean
-    tl.store(out1_ptr + rows, v11.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-@triton.jit
-def _cluster1_backward_stats_kernel_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0, d1,
-    d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, R, C, q0,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
-    CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    rows = pid
-    if INDEX_64:
-        rows = rows.to(tl.int64)
-    rmask = rows < R
-    c0 = _div(rows, d1, q0, INDEX_64)
-    c1 = _mod(rows, d1, q0, INDEX_64)
-    v1 = tl.load(in1_ptr + (c1 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v3 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # emb_proj
-    v5_acc = tl.full([BLOCK_C], 0.0, tl.float32)
-    for col0 in range(0, C, BLOCK_C):
-        cols = col0 + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mask = rmask & cmask
-        c2 = cols // d3
-        c3 = cols % d3
-        if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
-        else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
-        v2 = v0 + v1  # add
-        v4 = v2 + v3  # add
-        v5_acc = v5_acc + tl.where(mask, v4, 0.0)
-    v5 = tl.sum(v5_acc, axis=0)  # mean (sum)
-    v6 = v5 / C  # mean
-    v10_acc = tl.full([BLOCK_C], 0.0, tl.float32)
-    for col0 in range(0, C, BLOCK_C):
-        cols = col0 + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mask = rmask & cmask
-        c2 = cols // d3
-        c3 = cols % d3
-        if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
-        else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
-        v2 = v0 + v1  # add
-        v4 = v2 + v3  # add
-        v7 = v4 - v6  # sub
-        v8 = v4 - v6  # sub
-        v9 = v7 * v8  # mul
-        v10_acc = v10_acc + tl.where(mask, v9, 0.0)
-    v10 = tl.sum(v10_acc, axis=0)  # mean (sum)
-    v11 = v10 / C  # mean
-    tl.store(out0_ptr + rows, v6.to(out0_ptr.dtype.element_ty), mask=rmask)
-    tl.store(out1_ptr + rows, v11.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-@triton.jit
-def _cluster1_backward_stats_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0,
-    d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in2_s0, in2_s1, R, C, q0, fast_blocks,
-    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
-    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
-    pid = tl.program_id(0)
-    outer = pid // fast_blocks
-    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-    if INDEX_64:
-        outer = outer.to(tl.int64)
-        last = last.to(tl.int64)
-    rows = outer * F + last
-    rmask = last < F
-    c1 = last
-    c0 = outer
-    cols = tl.arange(0, BLOCK_C)[None, :]
-    cmask = cols < C
-    mask = rmask & cmask
-    c2 = cols // d3
-    c3 = cols % d3
-    if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
-    else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0).to(tl.float32)  # h
-    v1 = tl.load(in1_ptr + (c1 * in1_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v3 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # emb_proj
-    v2 = v0 + v1  # add
-    v4 = v2 + v3  # add
-    v5 = tl.sum(tl.where(mask, v4, 0.0), axis=1)[:, None]  # mean (sum)
-    v6 = v5 / C  # mean
-    tl.store(out0_ptr + rows, v6.to(out0_ptr.dtype.element_ty), mask=rmask)
-    v7 = v4 - v6  # sub
-    v8 = v4 - v6  # sub
-    v9 = v7 * v8  # mul
-    v10 = tl.sum(tl.where(mask, v9, 0.0), axis=1)[:, None]  # mean (sum)
-    v11 = v10 / C  # mean
-    tl.store(out1_ptr + rows, v11.to(out1_ptr.dtype.element_ty), mask=rmask)
-
-
-def _cluster1_backward_stats_launch(h, bias, emb_proj):
-    d0 = h.shape[0]
-    d1 = h.shape[1]
-    d2 = h.shape[2]
-    d3 = h.shape[3]
-    out0 = torch.empty((d0, d1, 1, 1), device=h.device, dtype=torch.float32)
-    out1 = torch.empty((d0, d1, 1, 1), device=h.device, dtype=torch.float32)
-    R = d0 * d1
-    C = d2 * d3
-    if _shapes_only(h) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return (out0, out1)
-    index_64 = _needs_int64(h, bias, emb_proj, out0, out1)
-    align = _align(C)
-    st0 = _strides(h)
-    st1 = _strides(bias)
-    st2 = _strides(emb_proj)
-    magic = _magic(d1)
-    block_r, block_c, warps, whole_row = _row_tile(R, C, 4, rows_only=True)
-    across = whole_row and _down_rows(((h, (0, 1, 2, 3)),), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
-    if tile is not None:  # an input runs along the last row dim: down the tiles' rows
-        (block_r, warps), F = tile, d1
-        fast_blocks = (F + block_r - 1) // block_r
-        _cluster1_backward_stats_kernel_across[((R // F) * fast_blocks,)](h, bias, emb_proj, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], R, C, *magic, fast_blocks, F,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
-    else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_backward_stats_kernel_block if whole_row else _cluster1_backward_stats_kernel_loop
-        kernel[grid](h, bias, emb_proj, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st2[0], st2[1], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=h.is_contiguous(), num_warps=warps)
-    return (out0, out1)
-
-
-_cluster1_backward_stats_op = _kernel_op('cluster1_backward_stats', _cluster1_backward_stats_launch, 3, 2)
 
 
 @triton.jit
@@ -2327,6 +2108,61 @@ def _cluster1_backward_sums_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in
     v18 = tl.sum(tl.where(mask, v15, 0.0), axis=1)[:, None]  # sum
     tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
 
+@triton.jit
+def _cluster1_backward_sums_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr,
+    in5_ptr, out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0,
+    in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v2 = tl.load(in2_ptr + (c1 * in2_s0), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+    v4 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # emb_proj
+    v6 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v19scale
+    v8 = tl.load(in5_ptr + (c0 * in5_s0 + c1 * in5_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v19shift
+    v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v18_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols // d3
+        c3 = cols % d3
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        v3 = v1 + v2  # add
+        v5 = v3 + v4  # add
+        v7 = v5 * v6  # mul
+        v9 = v7 + v8  # add
+        v10 = tl.sigmoid(v9)  # sigmoid
+        v11 = 1.0 - v10  # sub
+        v12 = v9 * v11  # mul
+        v13 = v12 + 1.0  # add
+        v14 = v10 * v13  # mul
+        v15 = v0 * v14  # mul
+        v16 = v15 * v5  # mul
+        v17_acc = v17_acc + tl.where(mask, v16, 0.0)
+        v18_acc = v18_acc + tl.where(mask, v15, 0.0)
+    v17 = tl.sum(v17_acc, axis=1)[:, None]  # sum
+    v18 = tl.sum(v18_acc, axis=1)[:, None]  # sum
+    tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster1_backward_sums_launch(grad0, h, bias, emb_proj, v19scale, v19shift):
     d0 = grad0.shape[0]
@@ -2349,18 +2185,25 @@ def _cluster1_backward_sums_launch(grad0, h, bias, emb_proj, v19scale, v19shift)
     st5 = _strides(v19shift)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4, rows_only=True)
-    across = whole_row and _down_rows(((grad0, (0, 1, 2, 3)), (h, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((grad0, (0, 1, 2, 3)), (h, (0, 1, 2, 3))), (d0, d1, d2, d3), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_backward_sums_kernel_across[((R // F) * fast_blocks,)](grad0, h, bias, emb_proj, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_backward_sums_kernel_block if whole_row else _cluster1_backward_sums_kernel_loop
-        kernel[grid](grad0, h, bias, emb_proj, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and h.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_backward_sums_kernel_across_loop[((R // F) * fast_blocks,)](grad0, h, bias, emb_proj, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_backward_sums_kernel_block if whole_row else _cluster1_backward_sums_kernel_loop
+            kernel[grid](grad0, h, bias, emb_proj, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and h.is_contiguous(), num_warps=warps)
     return (out0, out1)
 
 
@@ -2528,13 +2371,10 @@ def _cluster1_backward_last_launch(d8, grad0, h, bias, emb_proj, v19scale, v19sh
 _cluster1_backward_last_op = _kernel_op('cluster1_backward_last', _cluster1_backward_last_launch, 9, 1)
 
 
-def _cluster1_gradients(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, grad0):
-    """The gradients of cluster1's inputs h, bias, emb_proj, weight, bias_4: 3 kernels where they run, else the backward reference."""
-    if _kernel_runs((h, bias, emb_proj), (torch.float32, torch.float32, torch.float32)):
-        raws = _cluster1_backward_stats_op(h, bias, emb_proj)
-        v19m = raws[0]
-        v19v = raws[1]
-        v19t = _group_statistics(v19m, v19v, num_groups, eps, weight, bias_4)
+def _cluster1_gradients(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of cluster1's inputs h, bias, emb_proj, weight, bias_4: 2 kernels where they run, else the backward reference."""
+    if _kernel_runs((grad0, h, bias, emb_proj), (torch.float32, torch.float32, torch.float32, torch.float32)):
+        v19t = _group_statistics(result1, result2, weight, bias_4, grad0.shape)
         v19scale = v19t[0]
         v19shift = v19t[1]
         v19mean = v19t[2]
@@ -2552,7 +2392,7 @@ def _cluster1_gradients(h, bias, emb_proj, weight, bias_4, eps, num_groups, resu
         g18 = d12
         raws = _cluster1_backward_last_op(d8, grad0, h, bias, emb_proj, v19scale, v19shift, d9, d10),
         return raws[0], raws[0], raws[0], g17, g18,
-    return _cluster1_backward_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, grad0)
+    return _cluster1_backward_reference(h, bias, emb_proj, weight, bias_4, eps, num_groups, result0, result1, result2, grad0, grad1, grad2)
 
 
 # Training: the op's backward is _cluster1_gradients, for the inputs it computes gradients of;
@@ -2560,7 +2400,7 @@ def _cluster1_gradients(h, bias, emb_proj, weight, bias_4, eps, num_groups, resu
 # the forward keeps for the backward only the inputs and outputs it reads.
 _cluster1_trains = (0, 1, 2, 3, 4)
 _cluster1_folded = {}
-_register_backward('cluster1', _cluster1_gradients, 5, _cluster1_trains, (0, 1, 2, 3, 4), (), {1: 1}, constants={1: 32})
+_register_backward('cluster1', _cluster1_gradients, 5, _cluster1_trains, (0, 1, 2, 3, 4), (1, 2), {1: 1}, constants={1: 32})
 
 
 _cluster1_modules = (

@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -905,6 +928,55 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, out0_ptr, out1_ptr, d0, d1, d2, in
     v10 = v8 * v9  # line 21: return h.type_as(x) * self.weight
     tl.store(out0_ptr + (rows * C + cols), v10.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, out1_ptr, d0, d1, d2, in0_s0,
+    in0_s1, in0_s2, in1_s0, R, C, q0, sc0, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        v1 = v0  # line 19: h = x.float()
+        v2 = (v1 * v1)  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        v3_acc = v3_acc + tl.where(mask, v2, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # line 20: mean (sum)
+    v4 = v3 / C  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    v5 = v4 + sc0  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    v6 = tl.rsqrt(v5)  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        v1 = v0  # line 19: h = x.float()
+        v7 = v1 * v6  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        v8 = v7.to(tl.bfloat16).to(tl.float32)  # line 21: return h.type_as(x) * self.weight
+        v9 = tl.load(in1_ptr + (c2 * in1_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v10 = v8 * v9  # line 21: return h.type_as(x) * self.weight
+        tl.store(out0_ptr + (rows * C + cols), v10.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v6.to(out1_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster0_launch(x, weight, sc0):
     d0 = x.shape[0]
@@ -921,18 +993,25 @@ def _cluster0_launch(x, weight, sc0):
     st1 = _strides(weight)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 2)
-    across = whole_row and _down_rows(((x, (0, 1, 2)),), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 2) if across else None
+    across = _down_rows(((x, (0, 1, 2)),), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 2) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](x, weight, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](x, weight, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 2)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](x, weight, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](x, weight, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous(), num_warps=warps)
     return (out0, out1)
 
 
@@ -1845,6 +1924,58 @@ def _cluster3_kernel_across(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, i
     v9 = v8.to(tl.bfloat16).to(tl.float32)  # line 63: probs = F.softmax(scores.float(), dim=-1).type_as(q)
     tl.store(out0_ptr + (rows * C + cols), v9.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster3_kernel_across_loop(in0_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2,
+    in0_s3, R, C, q0, q1, q2, sc0, fast_blocks, F, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v3_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        v1 = v0 / sc0  # line 62: scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        v2 = v1  # line 63: probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        v3_x = tl.where(mask, v2, float('-inf'))
+        v3_new = tl.maximum(v3_acc, tl.max(v3_x, axis=1)[:, None])
+        v3_safe = tl.where(v3_new == float('-inf'), 0.0, v3_new)  # no -inf - -inf
+        v6_acc = v6_acc * tl.exp(v3_acc - v3_safe) + tl.exp(v3_x - v3_safe)
+        v3_acc = v3_new
+    v3 = v3_acc  # line 63: softmax (row max)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # matmul
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # matmul
+        v1 = v0 / sc0  # line 62: scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        v2 = v1  # line 63: probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        v7 = v2 - v3
+        v8 = tl.exp(v7) / v6  # line 63: probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        v9 = v8.to(tl.bfloat16).to(tl.float32)  # line 63: probs = F.softmax(scores.float(), dim=-1).type_as(q)
+        tl.store(out0_ptr + (rows * C + cols), v9.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster3_launch(matmul, sc0):
     d0 = matmul.shape[0]
@@ -1861,18 +1992,25 @@ def _cluster3_launch(matmul, sc0):
     st0 = _strides(matmul)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 2)
-    across = whole_row and _down_rows(((matmul, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 2) if across else None
+    across = _down_rows(((matmul, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 2) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster3_kernel_across[((R // F) * fast_blocks,)](matmul, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster3_kernel_block if whole_row else _cluster3_kernel_loop
-        kernel[grid](matmul, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=matmul.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 2)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster3_kernel_across_loop[((R // F) * fast_blocks,)](matmul, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster3_kernel_block if whole_row else _cluster3_kernel_loop
+            kernel[grid](matmul, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=matmul.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -2084,6 +2222,89 @@ def _cluster3_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3,
     v16 = v15 / sc0  # div
     tl.store(out0_ptr + (rows * C + cols), v16.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster3_backward_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2, in1_s3, R, C, q0, q1, q2, sc0, fast_blocks,
+    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v3_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v6_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        v1 = v0 / sc0  # div
+        v2 = v1  # cast
+        v3_x = tl.where(mask, v2, float('-inf'))
+        v3_new = tl.maximum(v3_acc, tl.max(v3_x, axis=1)[:, None])
+        v3_safe = tl.where(v3_new == float('-inf'), 0.0, v3_new)  # no -inf - -inf
+        v6_acc = v6_acc * tl.exp(v3_acc - v3_safe) + tl.exp(v3_x - v3_safe)
+        v3_acc = v3_new
+    v3 = v3_acc  # softmax (row max)
+    v6 = tl.sum(v6_acc, axis=1)[:, None]
+    v12_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # matmul
+        v1 = v0 / sc0  # div
+        v2 = v1  # cast
+        v7 = v2 - v3
+        v8 = tl.exp(v7) / v6  # softmax
+        if CONTIG:
+            v9 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v9 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v10 = v9  # cast
+        v11 = v10 * v8  # mul
+        v12_acc = v12_acc + tl.where(mask, v11, 0.0)
+    v12 = tl.sum(v12_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # matmul
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # matmul
+        v1 = v0 / sc0  # div
+        v2 = v1  # cast
+        v7 = v2 - v3
+        v8 = tl.exp(v7) / v6  # softmax
+        if CONTIG:
+            v9 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v9 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        v10 = v9  # cast
+        v13 = v10 - v12  # sub
+        v14 = v8 * v13  # mul
+        v15 = v14.to(tl.bfloat16).to(tl.float32)  # cast
+        v16 = v15 / sc0  # div
+        tl.store(out0_ptr + (rows * C + cols), v16.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster3_backward_launch(matmul, grad0, sc0):
     d0 = matmul.shape[0]
@@ -2101,18 +2322,25 @@ def _cluster3_backward_launch(matmul, grad0, sc0):
     st1 = _strides(grad0)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 2)
-    across = whole_row and _down_rows(((matmul, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 2) if across else None
+    across = _down_rows(((matmul, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 2) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster3_backward_kernel_across[((R // F) * fast_blocks,)](matmul, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster3_backward_kernel_block if whole_row else _cluster3_backward_kernel_loop
-        kernel[grid](matmul, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=matmul.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 2)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster3_backward_kernel_across_loop[((R // F) * fast_blocks,)](matmul, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster3_backward_kernel_block if whole_row else _cluster3_backward_kernel_loop
+            kernel[grid](matmul, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=matmul.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -2295,6 +2523,67 @@ def _cluster4_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_
     v12 = v10 * v11  # line 21: return h.type_as(x) * self.weight
     tl.store(out1_ptr + (rows * C + cols), v12.to(out1_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster4_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, out2_ptr, d0,
+    d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, R, C, q0, sc0, fast_blocks,
+    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v5_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # wo
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # wo
+        v2 = v0 + v1  # line 65: x = x + self.wo(attn)
+        v3 = v2  # line 19: h = x.float()
+        v4 = (v3 * v3)  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        v5_acc = v5_acc + tl.where(mask, v4, 0.0)
+    v5 = tl.sum(v5_acc, axis=1)[:, None]  # line 20: mean (sum)
+    v6 = v5 / C  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    v7 = v6 + sc0  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    v8 = tl.rsqrt(v7)  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # wo
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # wo
+        v2 = v0 + v1  # line 65: x = x + self.wo(attn)
+        v3 = v2  # line 19: h = x.float()
+        v9 = v3 * v8  # line 20: h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        v10 = v9.to(tl.bfloat16).to(tl.float32)  # line 21: return h.type_as(x) * self.weight
+        v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v12 = v10 * v11  # line 21: return h.type_as(x) * self.weight
+        tl.store(out0_ptr + (rows * C + cols), v2.to(out0_ptr.dtype.element_ty), mask=mask)
+        tl.store(out1_ptr + (rows * C + cols), v12.to(out1_ptr.dtype.element_ty), mask=mask)
+    tl.store(out2_ptr + rows, v8.to(out2_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster4_launch(x, wo, weight, sc0):
     d0 = x.shape[0]
@@ -2313,18 +2602,25 @@ def _cluster4_launch(x, wo, weight, sc0):
     st2 = _strides(weight)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 2)
-    across = whole_row and _down_rows(((x, (0, 1, 2)), (wo, (0, 1, 2))), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 2) if across else None
+    across = _down_rows(((x, (0, 1, 2)), (wo, (0, 1, 2))), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 2) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster4_kernel_across[((R // F) * fast_blocks,)](x, wo, weight, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster4_kernel_block if whole_row else _cluster4_kernel_loop
-        kernel[grid](x, wo, weight, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous() and wo.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 2)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster4_kernel_across_loop[((R // F) * fast_blocks,)](x, wo, weight, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster4_kernel_block if whole_row else _cluster4_kernel_loop
+            kernel[grid](x, wo, weight, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous() and wo.is_contiguous(), num_warps=warps)
     return (out0, out1, out2)
 
 
