@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -10,6 +11,7 @@ from rich.markup import escape
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.pipeline.apply import NOT_CONFIRMED, ApplyResult, apply_file
+from fuselens.server import history
 
 from .output import console_for_output, print_diff
 
@@ -34,6 +36,9 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
     def progress(message: str, fraction=None) -> None:
         console.print(f"[dim]… {escape(message)}[/]")
 
+    # The file's validations' training measurements: a cluster measured slower trains through its
+    # original code (`contracts/training.py`).
+    analyze_options = dataclasses.replace(analyze_options, training=history.measured(args.file, _warn))
     check = None if args.no_check else ValidateOptions(interpret=args.interpret or not _has_cuda())
     if check is not None and check.interpret:  # before the model's file can import Triton
         os.environ["TRITON_INTERPRET"] = "1"
@@ -56,6 +61,8 @@ def run_apply(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         f"applied {', '.join(result.applied)} to {escape(os.path.relpath(args.file))}; "
         f"kernels in {escape(os.path.relpath(result.module_path))}"
     )
+    for line in result.original_in_training:
+        console.print(f"[yellow]training[/] {escape(line)}")
     return 0
 
 
@@ -63,3 +70,7 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _warn(line: str) -> None:
+    print(f"fuselens: {line}", file=sys.stderr)

@@ -14,7 +14,13 @@ from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.contracts.results_view import ResultsView, results_view, view_markdown
-from fuselens.contracts.validation import RESULT_COLUMNS, BackwardCheck, ValidationReport, timing_cells
+from fuselens.contracts.validation import (
+    RESULT_COLUMNS,
+    BackwardCheck,
+    ValidationReport,
+    timing_cells,
+    training_cells,
+)
 from fuselens.server import history
 
 from . import results_page
@@ -112,7 +118,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
                 escape(c.message or (c.backward.message if c.backward else "")),
             ]
             if timed:
-                row += timing_cells(c.timing)
+                row += [*timing_cells(c.timing), *training_cells(c.backward.timing if c.backward else None)]
             table.add_row(*row)
         console.print(table)
         m = model.model

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import InputSpec, ModelSettings
+from .training import MeasuredTraining
 
 MAX_BRANCH_PATHS = 4  # data-dependent branches followed the other way, per model
 DEVICE_PROFILES = ("h200", "h100", "a100", "rtx4090")  # the cost model's devices (`--device`), the default first
@@ -38,6 +39,10 @@ class AnalyzeOptions:
     # Analyze the models as they train (`model.train()`): dropout draws random masks and BatchNorm
     # updates its running statistics in place, so neither is fused across.
     train: bool = False
+    # What the file's validations measured of each cluster's training step (`training.py`): a cluster
+    # measured slower than torch.compile gets no backward, and trains through its original code.  What
+    # writes a fix's kernel module passes them; a validation does not (it measures the kernels).
+    training: list[MeasuredTraining] = field(default_factory=list)
 
 
 @dataclass

@@ -216,12 +216,18 @@ def timing_cells(t: Timing | None) -> tuple[str, ...]:
     )
 
 
+# What a fix does with a cluster whose kernels train slower than torch.compile (`training.py`).
+ORIGINAL_CODE = "trains through the original code"
+
+
 def training_cells(t: TrainingTiming | None) -> tuple[str, ...]:
-    """A training step's fused µs, its forward and backward apart, and its speedup on torch.compile's."""
+    """A training step's fused µs, its forward and backward apart, and its speedup on torch.compile's;
+    below 1×, what a fix then does (its kernels run only where no gradient is wanted)."""
     if t is None or t.fused_step_us is None:
         return ("—", "—")
     split = f"{t.fused_step_us:.1f} ({_number(t.fused_forward_us)} + {_number(t.backward_us('fused'))})"
-    return (split, _times(t.step_vs_compiled))
+    slower = t.step_vs_compiled is not None and t.step_vs_compiled < 1.0
+    return (split, _times(t.step_vs_compiled) + (f" ({ORIGINAL_CODE} once applied)" if slower else ""))
 
 
 def where_validated(report: ValidationReport) -> str:

@@ -110,7 +110,7 @@ def _analyze(path: str, options: AnalyzeOptions, code: bool) -> AnalyzedFile:
         report.models.append(model)
         found.append(model_found)
     _note_parents(report, candidates.classes)
-    generate_kernels(report, found, source, options.out_dir, code)
+    generate_kernels(report, found, source, options.out_dir, code, options.training)
     report.libraries = packages.libraries(_files_named(report), path)
     return analyzed
 

@@ -29,6 +29,7 @@ from fuselens.codegen.module import module_for_report
 from fuselens.codegen.source_file import SourceError, SourceFile, edited_bytes, read_source, split_lines
 from fuselens.contracts.options import AnalyzeOptions, Progress, ValidateOptions, no_progress
 from fuselens.contracts.report import Report
+from fuselens.contracts.training import slower_in_training
 from fuselens.contracts.validation import ModelCheck
 from fuselens.validate import runner
 
@@ -46,6 +47,9 @@ class ApplyResult:
     diff: str = ""
     module_path: str = ""
     refused: str = ""  # why nothing was written, when something should have been
+    # "c1 (add → group_norm): trains through the original code: ...": the applied clusters whose kernels
+    # the file's validations measured slower in training (`AnalyzeOptions.training`).
+    original_in_training: list[str] = field(default_factory=list)
 
 
 def apply_file(
@@ -130,6 +134,11 @@ def apply_file(
         result.refused = str(exc)
         return result
     result.applied = ids
+    for model in report.models:
+        for c in model.clusters:
+            slower = slower_in_training(analyze_options.training, model.name, c.id, c.op_chain)
+            if c.id in result.applied and slower:
+                result.original_in_training.append(f"{c.id} ({c.op_chain}): {slower}")
     return result
 
 

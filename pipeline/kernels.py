@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import os
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fuselens.analysis import sourcemap
@@ -33,17 +35,25 @@ from fuselens.codegen.plan import ScalarSlot
 from fuselens.codegen.reference import NoReference, reference_text
 from fuselens.contracts import report as R
 from fuselens.contracts.reading import read_text
+from fuselens.contracts.training import MeasuredTraining, slower_in_training
 
 from .backward import Backward, NoBackwardKernel, backward_for, saved_by_autograd
 from .findings import Found
 
 
 def generate_kernels(
-    report: R.Report, found: list[list[Found]], source: sourcemap.SourceIndex, out_dir: str | None, code: bool = True
+    report: R.Report,
+    found: list[list[Found]],
+    source: sourcemap.SourceIndex,
+    out_dir: str | None,
+    code: bool = True,
+    training: Sequence[MeasuredTraining] = (),
 ) -> None:
     """Number the clusters of the file, emit each kernel, and attach exact call-site edits.  Without
     `code` (the editor's analysis) each kernel is emitted only to know that its cluster lowers, and
-    keeps no source; its backward is not worked out (`R.Kernel.source`)."""
+    keeps no source; its backward is not worked out (`R.Kernel.source`).  A cluster whose kernels'
+    training step a validation measured slower than torch.compile's (`training`) gets no backward:
+    it trains through its original code."""
     module_path = edits_mod.kernel_module_path(report.file, out_dir)
     taken = _kernel_names_in_use(source.text, module_path)
     placed: list[_Placed] = []
@@ -61,7 +71,8 @@ def generate_kernels(
             params = _launcher_params(cluster)
             numbers = _number_params(instance.plan.scalars, params)
             cluster.numbers = _numbers(instance, numbers)
-            kernel = _kernel(cluster, instance, name, params, numbers, module_path, source, code)
+            slower = slower_in_training(training, model.name, cluster.id, cluster.op_chain)
+            kernel = _kernel(cluster, instance, name, params, numbers, module_path, source, code, slower)
             if kernel is None:
                 continue
             cluster.kernel = kernel
@@ -145,9 +156,12 @@ def _kernel(
     module_path: str,
     source: sourcemap.SourceIndex,
     code: bool,
+    slower: str = "",
 ) -> R.Kernel | None:
     """The cluster's kernel: its source (the kernels, the launcher, the backward and `fits`) with `code`,
-    else its name and strategy alone; None, with why on the cluster, when code generation fails."""
+    else its name and strategy alone; None, with why on the cluster, when code generation fails.
+    `slower`: why it trains through its original code (its kernels measured slower in training), so
+    that it gets no backward."""
     try:
         reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain, numbers)
     except NoReference as exc:
@@ -157,6 +171,8 @@ def _kernel(
     trained = None
     if code and no_reference:
         cluster.backward_detail = f"its ops are not torch code it can train through: {no_reference}"
+    elif code and slower:
+        cluster.backward_detail = slower
     elif code:
         trained = _backward(cluster, instance, name, params, numbers, reference)
     try:
@@ -182,6 +198,9 @@ def _kernel(
     text = emitted.kernels + "\n\n\n" + emitted.launcher
     if trained:
         text += "\n\n\n" + trained.text
+    elif slower:  # what the user's validation found, where the kernel module is read
+        said = f"Training: {name} {slower}; a call that wants gradients runs the lines it replaced."
+        text += "\n\n\n" + "\n".join(f"# {line}" for line in textwrap.wrap(said, 98))
     sized = bool(trained and trained.sized)
     trains = trained.trains if trained else None
     made = region.made if region is not None else []

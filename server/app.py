@@ -28,7 +28,7 @@ from pygls.lsp.server import LanguageServer
 
 from fuselens.contracts.version import TOOL_VERSION
 
-from . import logs, stdio
+from . import history, logs, stdio
 from .admission import Admission
 from .analyzing import Analyzer
 from .background import Background
@@ -69,7 +69,11 @@ def create_server() -> tuple[FuselensServer, Services]:
     admission = Admission()
     generation = Generation(worker.run, admission, log.line)
     state = ServerState(
-        OpenDocuments(lambda: server.workspace.text_documents), configuration, Folders(log.tell), generation.joined
+        OpenDocuments(lambda: server.workspace.text_documents),
+        configuration,
+        Folders(log.tell),
+        generation.joined,
+        lambda path: history.measured(path, log.line),
     )
     editor = Editor(server, background)
     analyzer = Analyzer(state, worker, admission, generation, editor, log, background)

@@ -22,9 +22,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fuselens.contracts.plain import to_plain
 from fuselens.contracts.report import BACKWARD_FIELDS, Cluster, Edit, LibraryPatch, Report
+from fuselens.contracts.training import MeasuredTraining
 from fuselens.worker.protocol import GenerateJob, Job, Limits
 
+from . import history
 from .admission import Admission
 from .scheduler import Analysis
 
@@ -90,8 +93,14 @@ class Generation:
         self._joined.pop(uri, None)
 
     def _key(self, analysis: Analysis) -> str:
+        """The text, the settings, and what the file's validations measured of its clusters' training
+        (a validation since the code was generated may change which clusters train with kernels)."""
         settings = analysis.settings.analysis_key()
-        return hashlib.sha256(f"{analysis.text}\0{settings}".encode()).hexdigest()
+        measured = to_plain(self._measured(analysis.report.file))
+        return hashlib.sha256(f"{analysis.text}\0{settings}\0{measured}".encode()).hexdigest()
+
+    def _measured(self, path: str) -> list[MeasuredTraining]:
+        return history.measured(path, self._log) if path else []
 
     def _done(self, uri: str, key: str, job: asyncio.Future[Report]) -> None:
         if self.running.get(uri, ("", None))[1] is not job:
@@ -102,7 +111,8 @@ class Generation:
 
     async def _generate(self, path: str, analysis: Analysis) -> Report:
         w = analysis.settings.worker
-        job = GenerateJob(path, analysis.settings.analyze_options(analysis.text))
+        options = dataclasses.replace(analysis.settings.analyze_options(analysis.text), training=self._measured(path))
+        job = GenerateJob(path, options)
         started = time.perf_counter()
         async with self._admission.turn():
             report: Report = await self._run(job, Limits(w.timeout_seconds, w.memory_mb))

@@ -21,6 +21,7 @@ from fuselens.contracts.folders import user_cache_folder
 from fuselens.contracts.history import HISTORY_LIMIT, HISTORY_SCHEMA_VERSION, ValidationRun, unrecorded
 from fuselens.contracts.plain import ContractError, from_plain, to_plain
 from fuselens.contracts.reading import read_bytes
+from fuselens.contracts.training import MeasuredTraining, measured_training
 from fuselens.contracts.validation import ValidationReport
 
 from .cache_files import write_json
@@ -58,6 +59,26 @@ def load(file: str, log: Log) -> list[ValidationRun]:
         log(f"validation history {path} skipped: {problem}")
         return []
     return _runs(data["runs"], path, log)
+
+
+def measured(file: str, log: Log) -> list[MeasuredTraining]:
+    """The latest training measurement of each cluster of `file` its history keeps
+    (`contracts/training.py`), which a fix's kernel module is written with.  Read again only when the
+    history file changed: a fix, a hover's kernel and every request that asks for the kernels' code
+    asks."""
+    try:
+        st = os.stat(history_path(file))
+    except OSError:
+        return []
+    stamp = (history_path(file), st.st_mtime_ns, st.st_size)
+    if _MEASURED.get(file, (None, []))[0] != stamp:
+        _MEASURED[file] = (stamp, measured_training(load(file, log)))
+    return list(_MEASURED[file][1])
+
+
+_MEASURED: dict[
+    str, tuple[tuple[str, int, int] | None, list[MeasuredTraining]]
+] = {}  # file -> (history stamp, measured)
 
 
 def record(

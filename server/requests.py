@@ -75,6 +75,7 @@ def code_actions(snapshot: Snapshot, where: lsp.Range, root: str | None) -> list
         last,
         snapshot.client.document_changes,
         resolved=not snapshot.client.resolves_edits,
+        measured=snapshot.measured,
     )
     return fixes + _restore_actions(path, snapshot.uri, analysis, first, last)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuselens.contracts.profile import Profile
+from fuselens.contracts.training import MeasuredTraining
 
 from .client import ClientFeatures
 from .scheduler import Analysis
@@ -29,6 +30,8 @@ class Snapshot:
     settings: Settings  # the server's settings
     client: ClientFeatures
     profile: Profile | None  # the file's last profile, when it measured the text `analysis` is of
+    # What the file's validations measured of its clusters' training (its history), which a fix's title tells.
+    measured: tuple[MeasuredTraining, ...] = ()
 
     @property
     def analysis(self) -> Analysis | None:

@@ -17,6 +17,7 @@ from lsprotocol import types as lsp
 from pygls.workspace import TextDocument
 
 from fuselens.contracts.profile import Profile
+from fuselens.contracts.training import MeasuredTraining
 
 from .client import ClientFeatures
 from .configuration import Configuration
@@ -130,6 +131,7 @@ class ServerState:
         configuration: Configuration,
         folders: Folders,
         joined: Joined,
+        measured: Callable[[str], list[MeasuredTraining]] = lambda path: [],
     ) -> None:
         self.documents = documents
         self.analyses = Analyses()
@@ -139,6 +141,7 @@ class ServerState:
         self.profiles = Profiles()
         self.always_interpret = False  # the user chose, once, to validate in the interpreter where there is no GPU
         self._joined = joined
+        self._measured = measured  # a file -> what its validation history measured of its training
 
     def snapshot(self, uri: str) -> Snapshot:
         """The state of the document `uri` now, for a request that arrived now."""
@@ -160,4 +163,5 @@ class ServerState:
         analysis = snapshot.analysis
         if path is None or analysis is None:
             return snapshot
-        return dataclasses.replace(snapshot, profile=self.profiles.of(path, analysis))
+        measured = tuple(self._measured(path))
+        return dataclasses.replace(snapshot, profile=self.profiles.of(path, analysis), measured=measured)

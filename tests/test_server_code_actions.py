@@ -14,6 +14,14 @@ from pygls.exceptions import JsonRpcException
 from pytest_lsp import client_capabilities
 
 from fuselens.contracts import commands as command_ids
+from fuselens.contracts.validation import (
+    BackwardCheck,
+    ClusterCheck,
+    ModelValidation,
+    TrainingTiming,
+    ValidationReport,
+)
+from fuselens.server import history
 
 from lsp_helpers import Client, example_text, make_workspace, running_server, server_fixture
 
@@ -118,6 +126,36 @@ async def test_fuse_one_cluster(client: Client):
         "Fuse all 2 applicable clusters in ExampleNet",
         "Restore the original code of every fused cluster in fuse_one.py",  # cluster0 is applied
     ]
+
+
+async def test_a_fix_for_a_cluster_measured_slower_in_training_says_it_trains_through_the_original_code(
+    client: Client,
+):
+    """The file's last validation (kept in its history, as `fuselens validate` and the editor keep it)
+    measured cluster0's kernels at 0.80× torch.compile in a training step: its fix says so, and the
+    module it writes runs the original lines when gradients are wanted (no backward is registered)."""
+    path = client.path("slow_training.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(example_text())
+    timing = TrainingTiming(compiled_step_us=80.0, fused_step_us=100.0, step_vs_compiled=0.8)
+    check = ClusterCheck(
+        "c0", "cluster0", "verified", "mul → relu → add", backward=BackwardCheck("verified", ["x"], timing=timing)
+    )
+    models = [ModelValidation("ExampleNet", [[16384, 1024]], ["float32"], [check])]
+    history.record(path, ValidationReport(path, "cuda", "NVIDIA H100 80GB HBM3", models), print)
+    uri = client.open("slow_training.py")
+    await client.diagnostics_of(uri, 1)
+
+    actions = await client.code_actions(uri, 18)
+    assert [a.title for a in actions] == [
+        "Fuse lines 18–20 into Triton kernel cluster0 (trains through the original code: 0.80× torch.compile in training)",
+        "Fuse all 3 applicable clusters in ExampleNet",
+    ]
+    await fuse(client, uri, actions[0])
+    with open(client.path("slow_training_kernels.py"), encoding="utf-8") as fh:
+        kernels = fh.read()
+    assert "_register_backward('cluster0'" not in kernels and "\ndef cluster0(x):" in kernels
+    assert "# Training: cluster0 trains through the original code: its kernels' training step" in kernels
 
 
 async def test_fuse_all_clusters(client: Client):

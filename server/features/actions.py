@@ -21,6 +21,7 @@ client gets the edit at once, and the command generates the code.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from lsprotocol import types as lsp
 
@@ -28,6 +29,7 @@ from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts import commands as command_ids
 from fuselens.contracts.report import Cluster, Model, Report, Rewrite
+from fuselens.contracts.training import MeasuredTraining, measured_slower, training_note
 
 from .text import same_file, shown_at
 
@@ -120,14 +122,19 @@ def _fixable(c: Cluster, model: Model, path: str) -> bool:
     return here and os.path.dirname(os.path.realpath(c.kernel.path)) == os.path.dirname(os.path.realpath(path))
 
 
-def _title(c: Cluster) -> str:
+def _title(c: Cluster, model: Model, measured: Sequence[MeasuredTraining]) -> str:
+    """What the fix does; where the file's validations measured the cluster's kernels slower in
+    training, that it trains through the original code (`contracts/training.py`)."""
     name = c.kernel.name if c.kernel else c.id
     if c.patch is not None:
         where = c.patch.function.qualname
-        return f"Fuse {c.op_chain} in {where} (library code) into Triton kernel {name}, installed at run time"
-    if c.lines[0] == c.lines[1]:
-        return f"Fuse line {c.lines[0]} into Triton kernel {name}"
-    return f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {name}"
+        title = f"Fuse {c.op_chain} in {where} (library code) into Triton kernel {name}, installed at run time"
+    elif c.lines[0] == c.lines[1]:
+        title = f"Fuse line {c.lines[0]} into Triton kernel {name}"
+    else:
+        title = f"Fuse lines {c.lines[0]}–{c.lines[1]} into Triton kernel {name}"
+    slower = measured_slower(measured, model.name, c.id, c.op_chain)
+    return f"{title} ({training_note(slower)})" if slower else title
 
 
 def _rewritable(rewrite: Rewrite, report: Report, path: str) -> bool:
@@ -148,10 +155,12 @@ def code_actions(
     last: int,
     document_changes: bool = True,
     resolved: bool = True,
+    measured: Sequence[MeasuredTraining] = (),
 ) -> list[lsp.CodeAction]:
     """Actions for lines first..last (1-based): one per applicable cluster and per pattern rewrite there,
     plus "fuse all" for its model (its rewrites, and the clusters they do not replace); each with its
-    edit (`resolved`), or to be resolved."""
+    edit (`resolved`), or to be resolved.  `measured`: what the file's validations measured of its
+    clusters' training, which a fix's title tells where it was slower."""
     actions = []
     models: list[Model] = []
     for model, c in report.clusters():
@@ -160,8 +169,9 @@ def code_actions(
             continue
         start, end = shown
         if start <= last and end >= first:
+            title = _title(c, model, measured)
             action = _offered(
-                report, uri, version, text, [c], [], _title(c), lsp.CodeActionKind.QuickFix, document_changes, resolved
+                report, uri, version, text, [c], [], title, lsp.CodeActionKind.QuickFix, document_changes, resolved
             )
             if action:
                 actions.append(action)

@@ -21,6 +21,7 @@ from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Library, Model, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
+from fuselens.contracts.validation import ORIGINAL_CODE
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
 from .text import same_file, shown_at
@@ -190,6 +191,8 @@ def _training_line(c: Cluster) -> str:
                 f"(eager autograd: {bytes_label(c.saved_bytes_eager)})"
             )
         return line
+    if c.backward_detail.startswith(ORIGINAL_CODE):  # its kernels measured slower in training by a validation
+        return f"**training**: {c.backward_detail}"
     return f"**training**: the backward runs the cluster's own ops ({c.backward_detail})"
 
 
