@@ -59,7 +59,7 @@ def _kernels_only(module, counts: Counter):
     for name in dir(module):
         if re.fullmatch(r"_cluster\d+(_backward)?_reference", name):
             setattr(module, name, _refusing(name))
-        elif re.fullmatch(r"_cluster\d+(_backward)?_kernel_\w+", name):
+        elif re.fullmatch(r"_cluster\d+(_backward(_sums|_last)?)?_kernel_\w+", name):  # (a group norm's stages)
             setattr(module, name, _Counted(getattr(module, name), name, counts))
     return module
 
@@ -114,7 +114,7 @@ def _validated(
             launches,
         )
         if trains:
-            backward = f"_{cluster.kernel.name}_backward_kernel_"
+            backward = f"_{cluster.kernel.name}_backward_"
             assert any(name.startswith(backward) for name in launches), (cluster.op_chain, launches)
     assert checked.model is not None and checked.model.status == ("matches" if applies else "skipped"), checked.model
     return report, model
@@ -239,6 +239,31 @@ def test_instance_norm_and_batch_statistics_train_through_one_kernel_each(write_
     summed over each row by the backward kernel."""
     inputs = [("2,8,5,7", "float32"), ("3,8,4,6", "float32")]
     _validated(write_model, NORMS, inputs, ["mul → instance_norm → relu", "add → batch_norm → sigmoid"], launches)
+
+
+def test_a_group_norm_before_a_convolution_is_validated_with_the_gradient_the_convolution_returns(
+    write_model, launches
+):
+    """A GroupNorm + SiLU that only a convolution reads writes channels-last (cuDNN's fastest layout),
+    and the convolution's backward returns a channels-last gradient: validation checks (and on a GPU
+    times) the cluster's backward with its upstream gradient laid out as its output is, so the
+    kernels that read such a gradient along its memory are the ones checked, the sums over each
+    (sample, channel)'s 1089 pixels in column blocks."""
+    source = """
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = nn.GroupNorm(4, 16)
+                self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+            def forward(self, x):
+                return self.conv(F.silu(self.norm(x)))
+    """
+    _, model = _validated(write_model, source, [("2,16,33,33", "float32")], ["group_norm → silu"], launches)
+    name = f"_{model.clusters[0].kernel.name}"
+    assert launches[f"{name}_kernel_apply"], launches  # written channels-last
+    assert launches[f"{name}_backward_sums_kernel_across_loop"] and launches[f"{name}_backward_last_kernel_across"]
+    assert not any(k.endswith(("_block", "_tile")) for k in launches if "_backward_" in k), launches
 
 
 def test_a_norm_that_updates_its_running_statistics_is_left_out_by_name(write_model, launches):

@@ -199,6 +199,13 @@ def _differentiable(out) -> list[torch.Tensor]:
 
 
 def _upstream(outs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
-    """Seeded random upstream gradients, one per output (never ones, which hide transposed results)."""
+    """Seeded random upstream gradients, one per output (never ones, which hide transposed results),
+    each laid out as its output is, as the op that reads the output gives it back in the model: a
+    convolution after a GroupNorm written channels-last returns a channels-last gradient, which the
+    norm's backward kernels must read along its memory (timed channels-first, they looked fast)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    return [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
+    grads = []
+    for o in outs:
+        values = torch.randn(o.shape, generator=generator).to(o.device, o.dtype)
+        grads.append(torch.empty_like(o).copy_(values))  # (the same values; the output's strides where dense)
+    return grads
