@@ -1995,6 +1995,35 @@ def _layouts_of_memory_ops(ttgir: str) -> tuple[list[list[int]], list[list[int]]
     return of("tt.load"), of("tt.store")
 
 
+GROUP_NORM_SILU = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.GroupNorm(4, 16)
+
+        def forward(self, x):
+            return F.silu(self.norm(x))
+"""
+
+
+def test_the_across_loop_kernel_reads_each_layout_along_its_memory(write_model):
+    """Compiled for an H100/H200 (sm_90, no GPU needed): a GroupNorm backward's sums over each
+    (sample, channel)'s pixels, with a channels-last gradient (a convolution's) beside a channels-first
+    input, load the gradient with a warp's threads down the tile's rows (its channels) and the input
+    with them along the columns (its pixels), both in runs of memory; the whole-row kernel reads the
+    gradient along the row, one element a pixel, 16 channels apart."""
+    pytest.importorskip("triton.backends.nvidia")
+    fused = _kernel_module(write_model, GROUP_NORM_SILU, [("2,16,33,33", "float32")])
+    path = sys.modules[fused.__module__].__file__
+    # The gradient is the first input, channels-last (its channel stride 1); x the second, channels-first.
+    tile = dict(BLOCK_R=32, BLOCK_C=64, INDEX_64=False, ALIGN=1, CONTIG=False, in0_s1=1, in1_s3=1)
+    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_backward_sums_kernel_across_loop", **tile))
+    assert [0, 1] in loads and [1, 0] in loads, loads
+    whole = dict(tile, BLOCK_R=1, BLOCK_C=2048)
+    loads, _ = _layouts_of_memory_ops(_ttgir_for_sm90(path, "_cluster0_backward_sums_kernel_block", **whole))
+    assert [0, 1] not in loads, loads
+
+
 def test_the_across_kernel_reads_a_row_laid_out_input_down_its_rows_and_writes_along_columns(write_model):
     """Compiled for an H100/H200 (sm_90, no GPU needed): in the across kernel a warp reads the
     channels-last input down the tile's rows, where it is contiguous, and reads the residual and
