@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fuselens.analysis.graph import Graph, Node, Ref, is_named, plain
@@ -424,6 +425,10 @@ class _Writer:
     saved: dict[tuple[int, str], str] = field(default_factory=dict)
     # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
     row_totals: dict[int, str] = field(default_factory=dict)
+    # Gradients (their variables) whose sum over a group norm's spatial dims is known from the sums its
+    # backward reduces anyway (`_group_norm`): what writes that sum, [N, C, 1, ...], on first use.
+    spatial_totals: dict[str, Callable[[], str]] = field(default_factory=dict)
+    spatial_dims: list[int] = field(default_factory=list)  # those dims
     staging: _Staging | None = None  # a group norm's backward in stages
     sized: bool = False  # a derivative was written with a reduced dim's analyzed size (`BackwardText.sized`)
 
@@ -469,9 +474,12 @@ class _Writer:
         """Accumulate `text` into `node_id`'s gradient."""
         if node_id in self.adjoint:
             self.row_totals.pop(node_id, None)  # a sum of contributions: its row sum is no longer known
+            self.spatial_totals.pop(f"g{node_id}", None)  # (nor its spatial sum)
             self.lines.append(f"    g{node_id} = {self.adjoint[node_id]} + {text}")
         else:
             self.lines.append(f"    g{node_id} = {text}")
+            if text in self.spatial_totals:  # passed on as it is: its spatial sum is the same
+                self.spatial_totals[f"g{node_id}"] = self.spatial_totals[text]
         self.adjoint[node_id] = f"g{node_id}"
 
     def to(self, arg, text: str, over_row: bool = True) -> None:
@@ -482,10 +490,25 @@ class _Writer:
         node = self.graph[arg.node]
         if node.meta is None or not _floating(node.meta.dtype):
             return
+        if text in self.spatial_totals and self._broadcast_over_spatial(node):
+            # Only its sum over those dims reaches it: the one the group norm's sums give, no full-size
+            # value (a convolution's bias, a time embedding added before a GroupNorm).
+            self.add(arg.node, self.spatial_totals[text]())
+            return
         reduced = self._row_dims_reduced(node) if over_row else []
         if reduced:
             text = f"({text}).sum(dim={reduced}, keepdim=True)"
         self.add(arg.node, text)
+
+    def _broadcast_over_spatial(self, node: Node) -> bool:
+        """Whether `node` (as its user broadcasts it, its dims to the right) is 1 along every spatial dim
+        of the group norm (`spatial_totals`)."""
+        if node.meta is None or not self.spatial_dims:
+            return False
+        rank = max(self.spatial_dims) + 1
+        shape = node.meta.shape
+        aligned = (1,) * (rank - len(shape)) + tuple(shape)
+        return len(shape) <= rank and all(aligned[d] == 1 for d in self.spatial_dims)
 
     def _row_dims_reduced(self, operand: Node) -> list[int]:
         """The reduced dims (the row's: the last ones, or those the plan reduces) along which `operand`
@@ -796,11 +819,33 @@ def _group_norm(w: _Writer, node: Node) -> None:
     alpha, beta, gamma, dweight, dbias = (w.let(f"{t}[{k}]") for k in range(5))
     s.glue |= {t, alpha, beta, gamma, dweight, dbias}
     dx = f"{alpha} * {gf} + {beta} * {s.xf} + {gamma}"
+    fresh = x.node not in w.adjoint
     w.to(x, w.narrow(dx, "float32", w.value(x), w.dtype(x)), over_row=False)
+    if fresh:  # the input's gradient summed over a channel's pixels is known from the sums' terms
+        w.spatial_dims = dims
+        w.spatial_totals[w.adjoint[x.node]] = _spatial_total(w, s, dims, alpha, beta, gamma)
     if isinstance(weight, Ref):
         w.to(weight, w.narrow(dweight, "float32", w.value(weight), w.dtype(weight)), over_row=False)
     if isinstance(bias, Ref):
         w.to(bias, w.narrow(dbias, "float32", w.value(bias), w.dtype(bias)), over_row=False)
+
+
+def _spatial_total(w: _Writer, s: _Staging, dims: list[int], alpha: str, beta: str, gamma: str) -> Callable[[], str]:
+    """What writes, on first use, the group norm input's gradient alpha * g + beta * x + gamma summed
+    over each (sample, channel)'s pixels: alpha times the gradient's sum (the sums kernel's), beta times
+    the input's (one more sum in the same kernel, no more reads) and gamma times the pixels, in
+    torch between the kernels.  Without it, an input added before the norm that is one value a
+    (sample, channel) or a channel would have its gradient summed from a full-size one by torch."""
+    made: list[str] = []
+
+    def total() -> str:
+        if not made:
+            s.sums.append(w.let(f"{s.xf}.sum(dim={dims}, keepdim=True)"))
+            made.append(w.let(f"{alpha} * {s.sums[1]} + {beta} * {s.sums[-1]} + {gamma} * {s.count}"))
+            s.glue.add(made[0])
+        return made[0]
+
+    return total
 
 
 def _cross_entropy(w: _Writer, node: Node) -> None:

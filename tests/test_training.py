@@ -860,6 +860,46 @@ def test_a_group_norm_s_gradients_read_channels_last_tensors_along_their_memory(
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
+def test_what_is_added_before_a_group_norm_per_channel_gets_its_gradient_from_the_norm_s_sums(write_model):
+    """A bias per channel and an embedding per (sample, channel) added before a GroupNorm (a
+    ResBlock's convolution bias and time embedding): their gradients are the input gradient summed
+    over each channel's pixels, which the norm's sums kernel gives with one more sum of what it reads
+    anyway, so no torch reduction reads a full-size gradient again (two passes over it a ResBlock
+    step, as eager autograd makes); they are eager's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    module, _ = _generated(
+        write_model, _kind("embedding-add-groupnorm-silu"), [("3,16,5,7", "float32"), ("3,16", "float32")]
+    )
+    gen = torch.Generator().manual_seed(4)
+    tensors = [
+        torch.randn(3, 16, 5, 7, generator=gen),
+        torch.randn(16, 1, 1, generator=gen),
+        torch.randn(3, 16, 1, 1, generator=gen),
+        torch.rand(16, generator=gen) + 0.5,
+        torch.randn(16, generator=gen),
+    ]
+    upstream = torch.randn(3, 16, 5, 7, generator=gen)
+    summed: list[tuple[int, ...]] = []  # the shapes each torch sum read
+
+    class Sums(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.sum, torch.ops.aten.mean):
+                summed.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    def gradients(fn):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        out = fn(*leaves, 1e-5, 4)
+        with Sums():
+            return torch.autograd.grad(out, leaves, upstream)
+
+    got = gradients(module.cluster0)
+    assert (3, 16, 5, 7) not in summed, summed
+    for g, w in zip(got, gradients(module._cluster0_reference), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
 class _Chosen:
     """A kernel that records the tile and warps each launch picks (`kernel[grid](...)`), and launches
     nothing: the tensors are meta tensors, laid out as the model's would be."""

@@ -1952,17 +1952,19 @@ def _cluster1_backward_reference(h, bias, e, weight, bias_4, eps, num_groups, re
     g17 = d11
     g18 = d12
     g10 = g16
-    g15 = g16
+    d17 = v19x.sum(dim=[2, 3], keepdim=True)
+    d18 = d8 * d6 + d9 * d17 + d10 * grad0[0, 0].numel()
+    g15 = d18
     g7 = g10
-    g9 = g10
+    g9 = d18
     g8 = g9
     return g7, g8, g15, g17, g18
 
 
 @triton.jit
 def _cluster1_backward_sums_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, in5_ptr,
-    out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
-    in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
+    out0_ptr, out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0,
+    in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
     CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
@@ -2005,11 +2007,13 @@ def _cluster1_backward_sums_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4
     tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
     v18 = tl.sum(tl.where(mask, v15, 0.0), axis=1)[:, None]  # sum
     tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+    v19 = tl.sum(tl.where(mask, v5, 0.0), axis=1)[:, None]  # sum
+    tl.store(out2_ptr + rows, v19.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
 def _cluster1_backward_sums_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, in5_ptr,
-    out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
-    in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
+    out0_ptr, out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0,
+    in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
     CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
@@ -2026,6 +2030,7 @@ def _cluster1_backward_sums_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_
     v8 = tl.load(in5_ptr + (c0 * in5_s0 + c1 * in5_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v19shift
     v17_acc = tl.full([BLOCK_C], 0.0, tl.float32)
     v18_acc = tl.full([BLOCK_C], 0.0, tl.float32)
+    v19_acc = tl.full([BLOCK_C], 0.0, tl.float32)
     for col0 in range(0, C, BLOCK_C):
         cols = col0 + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -2053,17 +2058,20 @@ def _cluster1_backward_sums_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_
         v16 = v15 * v5  # mul
         v17_acc = v17_acc + tl.where(mask, v16, 0.0)
         v18_acc = v18_acc + tl.where(mask, v15, 0.0)
+        v19_acc = v19_acc + tl.where(mask, v5, 0.0)
     v17 = tl.sum(v17_acc, axis=0)  # sum
     v18 = tl.sum(v18_acc, axis=0)  # sum
+    v19 = tl.sum(v19_acc, axis=0)  # sum
     tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
     tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v19.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
 def _cluster1_backward_sums_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, in5_ptr,
-    out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2,
-    in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0, fast_blocks, F,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
-    CONTIG: tl.constexpr):
+    out0_ptr, out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0,
+    in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     outer = pid // fast_blocks
@@ -2107,13 +2115,15 @@ def _cluster1_backward_sums_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in
     tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
     v18 = tl.sum(tl.where(mask, v15, 0.0), axis=1)[:, None]  # sum
     tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+    v19 = tl.sum(tl.where(mask, v5, 0.0), axis=1)[:, None]  # sum
+    tl.store(out2_ptr + rows, v19.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 @triton.jit
 def _cluster1_backward_sums_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr,
-    in5_ptr, out0_ptr, out1_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3, in1_s0,
-    in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R, C, q0,
-    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
-    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    in5_ptr, out0_ptr, out1_ptr, out2_ptr, d0, d1, d2, d3, in0_s0, in0_s1, in0_s2, in0_s3,
+    in1_s0, in1_s1, in1_s2, in1_s3, in2_s0, in3_s0, in3_s1, in4_s0, in4_s1, in5_s0, in5_s1, R,
+    C, q0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     outer = pid // fast_blocks
@@ -2131,6 +2141,7 @@ def _cluster1_backward_sums_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_pt
     v8 = tl.load(in5_ptr + (c0 * in5_s0 + c1 * in5_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # v19shift
     v17_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
     v18_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v19_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
     for col0 in range(0, C, BLOCK_C):
         cols = col0 + tl.arange(0, BLOCK_C)[None, :]
         cmask = cols < C
@@ -2158,10 +2169,13 @@ def _cluster1_backward_sums_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_pt
         v16 = v15 * v5  # mul
         v17_acc = v17_acc + tl.where(mask, v16, 0.0)
         v18_acc = v18_acc + tl.where(mask, v15, 0.0)
+        v19_acc = v19_acc + tl.where(mask, v5, 0.0)
     v17 = tl.sum(v17_acc, axis=1)[:, None]  # sum
     v18 = tl.sum(v18_acc, axis=1)[:, None]  # sum
+    v19 = tl.sum(v19_acc, axis=1)[:, None]  # sum
     tl.store(out0_ptr + rows, v17.to(out0_ptr.dtype.element_ty), mask=rmask)
     tl.store(out1_ptr + rows, v18.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v19.to(out2_ptr.dtype.element_ty), mask=rmask)
 
 
 def _cluster1_backward_sums_launch(grad0, h, bias, e, v19scale, v19shift):
@@ -2171,11 +2185,12 @@ def _cluster1_backward_sums_launch(grad0, h, bias, e, v19scale, v19shift):
     d3 = grad0.shape[3]
     out0 = torch.empty((d0, d1, 1, 1), device=grad0.device, dtype=torch.float32)
     out1 = torch.empty((d0, d1, 1, 1), device=grad0.device, dtype=torch.float32)
+    out2 = torch.empty((d0, d1, 1, 1), device=grad0.device, dtype=torch.float32)
     R = d0 * d1
     C = d2 * d3
     if _shapes_only(grad0) or R == 0 or C == 0:  # shapes only, or nothing to do
-        return (out0, out1)
-    index_64 = _needs_int64(grad0, h, bias, e, v19scale, v19shift, out0, out1)
+        return (out0, out1, out2)
+    index_64 = _needs_int64(grad0, h, bias, e, v19scale, v19shift, out0, out1, out2)
     align = _align(C)
     st0 = _strides(grad0)
     st1 = _strides(h)
@@ -2190,24 +2205,24 @@ def _cluster1_backward_sums_launch(grad0, h, bias, e, v19scale, v19shift):
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
-        _cluster1_backward_sums_kernel_across[((R // F) * fast_blocks,)](grad0, h, bias, e, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
+        _cluster1_backward_sums_kernel_across[((R // F) * fast_blocks,)](grad0, h, bias, e, v19scale, v19shift, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
         if across:  # rows too wide for a tile of several: walked in column blocks
             F = d1
             block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
             fast_blocks = (F + block_r - 1) // block_r
-            _cluster1_backward_sums_kernel_across_loop[((R // F) * fast_blocks,)](grad0, h, bias, e, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
+            _cluster1_backward_sums_kernel_across_loop[((R // F) * fast_blocks,)](grad0, h, bias, e, v19scale, v19shift, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic, fast_blocks, F,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
         else:
             grid = ((R + block_r - 1) // block_r,)
             kernel = _cluster1_backward_sums_kernel_block if whole_row else _cluster1_backward_sums_kernel_loop
-            kernel[grid](grad0, h, bias, e, v19scale, v19shift, out0, out1, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic,
+            kernel[grid](grad0, h, bias, e, v19scale, v19shift, out0, out1, out2, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[0], st3[0], st3[1], st4[0], st4[1], st5[0], st5[1], R, C, *magic,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and h.is_contiguous(), num_warps=warps)
-    return (out0, out1)
+    return (out0, out1, out2)
 
 
-_cluster1_backward_sums_op = _kernel_op('cluster1_backward_sums', _cluster1_backward_sums_launch, 6, 2)
+_cluster1_backward_sums_op = _kernel_op('cluster1_backward_sums', _cluster1_backward_sums_launch, 6, 3)
 
 
 @triton.jit
@@ -2382,6 +2397,7 @@ def _cluster1_gradients(h, bias, e, weight, bias_4, eps, num_groups, result0, re
         raws = _cluster1_backward_sums_op(grad0, h, bias, e, v19scale, v19shift)
         d5 = raws[0]
         d6 = raws[1]
+        d17 = raws[2]
         d7 = _group_coefficients(d5, d6, v19mean, v19rstd, weight, num_groups, grad0[0, 0].numel())
         d8 = d7[0]
         d9 = d7[1]
@@ -2390,8 +2406,12 @@ def _cluster1_gradients(h, bias, e, weight, bias_4, eps, num_groups, result0, re
         d12 = d7[4]
         g17 = d11
         g18 = d12
+        d18 = d8 * d6 + d9 * d17 + d10 * grad0[0, 0].numel()
+        g15 = d18
+        g9 = d18
+        g8 = g9
         raws = _cluster1_backward_last_op(d8, grad0, h, bias, e, v19scale, v19shift, d9, d10),
-        return raws[0], raws[0], raws[0], g17, g18,
+        return raws[0], g8, g15, g17, g18,
     return _cluster1_backward_reference(h, bias, e, weight, bias_4, eps, num_groups, result0, result1, result2, grad0, grad1, grad2)
 
 
