@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from fuselens.contracts.report import GraphBreak, SourceRef
 
 from .graph import Frame, Graph, Node, Ref, TensorMeta
-from .normalise import bind, dtype_name, norm_dim, normalise, values_and_indices
+from .normalise import bind, dtype_name, norm_dim, normalise, opaque_params, values_and_indices
 from .ops import ALIASES, DYNAMIC_SHAPES, FACTORIES, METADATA, VALUE_READS, OpClass, op_class
 from .packages import package_of
 from .scalars import ScalarSources
@@ -660,7 +660,7 @@ class Recorder(TorchFunctionMode):
         refs = [self._arg(t) for t in tensors_in((args, kwargs))]
         canon = ALIASES.get(name, name)
         canon = canon[0] if isinstance(canon, tuple) else canon
-        params = {"note": note} if note else {}
+        params = {"note": note} if note else opaque_params(canon, func, args, kwargs)
         if out is None and args and isinstance(args[0], torch.Tensor):  # __setitem__ and other in-place writes
             node = self._new(
                 canon,

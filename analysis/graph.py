@@ -227,6 +227,10 @@ class Graph:
     # A parameter's or buffer's other names, by the name its node has, where modules share it (an
     # embedding's weight tied to another module's: `shared.weight` is `decoder.embed_tokens.weight`).
     other_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The buffers that hold a triangle of ones and zeros in their last two dims (a causal mask built once:
+    # nanoGPT's `torch.tril(torch.ones(n, n))`), by name: "tril" (ones on and below the diagonal) or
+    # "triu1" (ones above it).  Their values are known where the model was built (`loader.Built.values`).
+    triangles: dict[str, str] = field(default_factory=dict)
 
     def names_of(self, name: str) -> tuple[str, ...]:
         """Every name of the parameter or buffer named `name`, that one first."""

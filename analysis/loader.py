@@ -163,6 +163,8 @@ class Built:
     on_meta: bool
     note: str = ""
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # the small tensors' real values, by name
+    # The large buffers made as a triangle of ones (a causal mask), whose values are not kept: "tril"/"triu1".
+    triangles: dict[str, str] = field(default_factory=dict)
 
     def real(self, seed: int = 0, device: str = "cpu") -> torch.nn.Module:
         """The model with real tensors (a copy): its own values for buffers and small tensors, seeded
@@ -202,9 +204,10 @@ def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str)
             hint=init_hint,
         )
     try:
-        with reproducible(), weights_on_meta():
+        with reproducible(), weights_on_meta() as made:
             model = cls(**init)
-        return Built(model.eval(), on_meta=True, values=to_meta(model))
+        triangles = made.triangles(model)  # (before to_meta replaces the tensors)
+        return Built(model.eval(), on_meta=True, values=to_meta(model), triangles=triangles)
     except SystemExit as exc:
         raise LoadError(
             "construct",

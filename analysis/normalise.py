@@ -166,6 +166,23 @@ def normalise(canon: str, func, args, kwargs, out, swapped: bool):
     return None
 
 
+def opaque_params(canon: str, func, args, kwargs) -> dict[str, Any]:
+    """The numbers an opaque op takes that a pattern reads: a triangle's diagonal (`torch.triu(x, 1)`: a
+    causal mask), the count and dim of `repeat_interleave` (a grouped key's heads repeated)."""
+    try:
+        if canon in ("tril", "triu"):
+            bound = bind(func, args, kwargs, ["input", "diagonal"])
+            return {"diagonal": int(bound.get("diagonal", 0))}
+        if canon == "repeat_interleave":
+            bound = bind(func, args, kwargs, ["input", "repeats", "dim"])
+            repeats, dim = bound.get("repeats"), bound.get("dim")
+            if isinstance(repeats, int) and isinstance(dim, int):
+                return {"repeats": int(repeats), "dim": int(dim)}
+    except (TypeError, ValueError):
+        pass
+    return {}
+
+
 def _normalise_cast(canon, func, args, kwargs, out_t):
     x = args[0]
     if out_t is None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from fuselens.contracts.report import ActivationMemory
 
+from .attention import Attention, find_attention
 from .cost import op_bytes, value_bytes
 from .graph import DTYPE_BYTES, Graph, Node, Ref
 from .linear_loss import LinearLoss, find_linear_losses
@@ -43,6 +45,8 @@ class Match:
     # A training step's peak with and without what the pattern writes (the linear cross-entropy's logits).
     memory: ActivationMemory | None = field(default=None, kw_only=True)
     refused: tuple[str, str] | None = field(default=None, kw_only=True)  # why its fix cannot apply
+    # What the builder of the pattern's source rewrite reads (`analysis/rewrites.py`): an attention's parts.
+    parts: Any = field(default=None, kw_only=True)
 
     @property
     def speedup(self) -> float | None:
@@ -85,7 +89,10 @@ def find_patterns(graph: Graph) -> list[Match]:
     matches += activations
     matches += _geglu(graph, activations)
     matches += _rope(graph)
-    matches += _softmax(graph)
+    attention = _attention(graph)
+    matches += attention
+    inside = {graph_id for m in attention for graph_id in m.nodes}
+    matches += [m for m in _softmax(graph) if m.output not in inside]  # (an attention's softmax is the attention's)
     matches += _residual_norm(graph, norms)
     matches += _gemm_block(graph, norms)
     matches += [_linear_cross_entropy(graph, m) for m in find_linear_losses(graph)]
@@ -524,6 +531,72 @@ def _rotated_source(graph: Graph, cat: Node) -> int | None:
             node = graph[node.inputs[0]]
         roots.add(_through_free(graph, node.id))
     return roots.pop() if len(roots) == 1 else None
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def _attention(graph: Graph) -> list[Match]:
+    out = []
+    for parts, nodes, before, after in find_attention(graph):
+        out.append(
+            Match(
+                "attention",
+                nodes,
+                before,
+                after,
+                _attention_dims(graph, parts),
+                output=parts.pv,
+                parts=parts,
+                summary=_attention_summary(graph, parts),
+            )
+        )
+    return out
+
+
+def _attention_dims(graph: Graph, parts: Attention) -> dict:
+    scores = graph[parts.qk].meta
+    q = graph[parts.qk].refs[0].node
+    q_meta = graph[q].meta
+    v_meta = graph[parts.v].meta
+    if scores is None or q_meta is None or v_meta is None:
+        return {}
+    dims: dict[str, Any] = {
+        "scores": list(scores.shape),
+        "head_dim": q_meta.shape[-1],
+        "value_dim": v_meta.shape[-1],
+        "dtype": q_meta.dtype,
+        "scores_dtype": _dtype(graph[parts.softmax]) or scores.dtype,
+        "mask": "boolean" if parts.fills else "additive" if parts.additive else "none",
+    }
+    if parts.dropout is not None:
+        dims["dropout"] = True
+    return dims
+
+
+def _dtype(node: Node) -> str:
+    return node.meta.dtype if node.meta is not None else ""
+
+
+def _attention_summary(graph: Graph, parts: Attention) -> str:
+    """`softmax(q·kᵀ·scale + mask) · v` as written, over the score matrix's shape."""
+    scores = graph[parts.qk].meta
+    steps = ["q·kᵀ"]
+    if parts.scales or parts.q_scale is not None:
+        steps.append("scale")
+    if parts.score_mods:
+        steps.append(" → ".join(graph[i].op for i in parts.score_mods))
+    if parts.additive:
+        steps.append("+ mask")
+    if parts.fills:
+        steps.append("masked_fill")
+    softmax = _dtype(graph[parts.softmax])
+    steps.append(f"softmax in {softmax}" if softmax and softmax != _dtype(graph[parts.pv]) else "softmax")
+    if parts.dropout is not None:
+        steps.append("dropout")
+    steps.append("· v")
+    shape = "×".join(map(str, scores.shape)) if scores is not None else "?"
+    return f"attention written out ({', '.join(steps)}): the {shape} scores go through DRAM at every step"
 
 
 # ---- softmax -------------------------------------------------------------------------------

@@ -42,7 +42,13 @@ def _linear_cross_entropy(graph: Graph, match: Match, source: SourceIndex) -> R.
         return Refusal(refused.code, refused.detail)
 
 
-BUILDERS: dict[str, Builder] = {"linear-cross-entropy": _linear_cross_entropy}
+def _attention(graph: Graph, match: Match, source: SourceIndex) -> R.Rewrite | Refusal:
+    from .attention_source import attention_rewrite  # (it reads this module's Refusal)
+
+    return attention_rewrite(graph, match, source)
+
+
+BUILDERS: dict[str, Builder] = {"linear-cross-entropy": _linear_cross_entropy, "attention": _attention}
 
 
 def rewrite_of(graph: Graph, match: Match, source: SourceIndex) -> R.Rewrite | Refusal | None:

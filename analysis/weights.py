@@ -17,6 +17,7 @@ while a model is built, so the same file gives the same report every time.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,24 +40,71 @@ def reproducible(seed: int = BUILD_SEED) -> Iterator[None]:
 
 
 class weights_on_meta(TorchFunctionMode):
-    """Factory calls without a device make meta tensors when large, real CPU tensors when small."""
+    """Factory calls without a device make meta tensors when large, real CPU tensors when small.
+
+    A large tensor of ones, and a triangle taken of it (`torch.tril(torch.ones(n, n))`: a causal mask
+    of a long context), keep what they are though their values are not computed (`triangles`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.spent = 0
+        # id of a tensor -> (a weak reference to it, what it is): tensors compare by value, not identity.
+        self.kinds: dict[int, tuple[weakref.ref, str]] = {}
+
+    def kind(self, tensor: torch.Tensor) -> str | None:
+        held = self.kinds.get(id(tensor))
+        return held[1] if held is not None and held[0]() is tensor else None
+
+    def _mark(self, tensor: torch.Tensor, kind: str) -> None:
+        self.kinds[id(tensor)] = (weakref.ref(tensor), kind)
+
+    def triangles(self, model: torch.nn.Module) -> dict[str, str]:
+        """The buffers of `model` made as a triangle of ones ("tril": on and below the diagonal, "triu1":
+        above it), by name."""
+        return {
+            name: kind
+            for name, b in model.named_buffers()
+            if (kind := self.kind(b)) in ("tril", "triu1") and b.dim() >= 2 and b.shape[-1] == b.shape[-2]
+        }
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func not in _device_constructors() or kwargs.get("device") is not None:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            self._follow(func, args, kwargs, out)
+            return out
         probe = func(*args, **{**kwargs, "device": "meta"})
         if not isinstance(probe, torch.Tensor):
             return probe
         nbytes = probe.numel() * probe.element_size()
         if probe.numel() >= REAL_NUMEL or self.spent + nbytes > REAL_BUDGET:
+            if func is torch.ones:
+                self._mark(probe, "ones")
             return probe
         self.spent += nbytes
         return func(*args, **kwargs)
+
+    def _follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """What a triangle of ones stays through: the triangle taken of ones, a view or cast of either
+        that keeps its last two dims."""
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        kind = self.kind(source) if source is not None else None
+        if kind is None or not isinstance(out, torch.Tensor) or out.dim() < 2 or source is None:
+            return
+        name = getattr(func, "__name__", "")
+        if name in ("tril", "triu") and kind == "ones":
+            diagonal = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
+            if (name, diagonal) in (("tril", 0), ("triu", 1)):
+                self._mark(out, "tril" if name == "tril" else "triu1")
+        elif name in _SHAPE_KEEPING and out.shape[-2:] == source.shape[-2:]:
+            self._mark(out, kind)
+
+
+# Calls that leave a tensor's last two dims as they were, values and all (views, casts to a type that
+# holds 0 and 1).
+_SHAPE_KEEPING = frozenset(
+    {"view", "reshape", "unsqueeze", "expand", "to", "float", "bool", "half", "bfloat16", "contiguous"}
+)
 
 
 def to_meta(model: torch.nn.Module) -> dict[str, torch.Tensor]:

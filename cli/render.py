@@ -248,6 +248,17 @@ def _render_patterns(console: Console, model: Model) -> None:
             _literal(p.summary),
         )
     console.print(table)
+    for p in model.patterns:
+        where = _literal(_where(p.file, p.lines, model.file))
+        if p.rewrite is not None:
+            runs = f" ({_literal(p.dims['backend_detail'])})" if p.dims.get("backend_detail") else ""
+            console.print(
+                f"  {_literal(p.name)} {where}: `fuselens apply` rewrites it ({p.rewrite.id}) as "
+                f"{_literal(p.rewrite.call)}{runs}",
+                highlight=False,
+            )
+        elif p.refusal:
+            console.print(f"  {_literal(p.name)} {where}: no rewrite: {_literal(p.refusal_detail)}", highlight=False)
 
 
 def _render_rejections(console: Console, model: Model, explain: bool) -> None:

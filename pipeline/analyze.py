@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from fuselens.analysis import capture, cost, discover, loader, packages, sourcemap
+from fuselens.analysis import attention, capture, cost, discover, loader, packages, sourcemap
 from fuselens.analysis.config import ModelClass, resolve_model
 from fuselens.analysis.ops import OpClass
 from fuselens.codegen.source_file import SourceError, read_source
@@ -309,6 +309,9 @@ def _trace_paths(
             continue
         brk = main.branch_breaks[i]
         paths.append((alt, f"on the path where the condition on line {brk.line} is {decisions[-1]}"))
+    masks = {**built.triangles, **attention.triangles(built.values)}  # (a causal mask buffer: what it holds)
+    for trace, _ in paths:
+        trace.graph.triangles = masks
     model.timings_ms["trace"] = _ms(started)
     return paths
 

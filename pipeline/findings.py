@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from fuselens.analysis import cost, places, sourcemap
+from fuselens.analysis import attention, cost, places, sourcemap
 from fuselens.analysis import patterns as patterns_mod
 from fuselens.analysis import rewrites as rewrites_mod
 from fuselens.analysis.capture import Trace
@@ -116,7 +116,7 @@ def findings(
     model.clusters = [_cluster(group, profile, source) for group in groups]
     model.rejections = [_rejection(group, source) for group in group_repeats(rejected, _rejection_signature)]
     pattern_groups = group_repeats(matches, _pattern_signature)
-    model.patterns = [_pattern(group, source) for group in pattern_groups]
+    model.patterns = [_pattern(group, source, profile) for group in pattern_groups]
     # Which clusters each pattern overlaps, by op identity within the same trace.
     for pattern, matched in zip(model.patterns, pattern_groups, strict=True):
         graph, match, _ = matched[0]
@@ -392,7 +392,7 @@ def _pattern_signature(item):
     return m.name, tuple((graph[i].op, graph[i].line) for i in m.nodes)
 
 
-def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
+def _pattern(group, source: sourcemap.SourceIndex, profile: cost.DeviceProfile) -> R.Pattern:
     graph, m, _ = group[0]
     ops = [op_ref(graph[i]) for i in m.nodes]
     place = places.common_place(graph, m.nodes)
@@ -415,4 +415,19 @@ def _pattern(group, source: sourcemap.SourceIndex) -> R.Pattern:
         pattern.rewrite = built
     elif built is not None:
         pattern.refusal, pattern.refusal_detail = built.code, built.detail
+    if isinstance(m.parts, attention.Attention):
+        _attention_dims(pattern, graph, m, profile)
     return pattern
+
+
+def _attention_dims(pattern: R.Pattern, graph: Graph, m: patterns_mod.Match, profile: cost.DeviceProfile) -> None:
+    """What an attention's diagnostic and hover say beside its bytes: the regime a fused attention is in
+    on the device profile, and the kernel its rewrite's call runs there."""
+    parts: attention.Attention = m.parts
+    pattern.dims["regime"] = cost.regime(graph, m.nodes, m.bytes_after, profile)
+    if pattern.rewrite is not None:
+        mask, flex = parts.written_mask, parts.written_flex
+    else:  # what the call would run, were the code rewritten
+        mask, flex = pattern.dims.get("mask", "none"), bool(parts.score_mods)
+    backend = attention.sdpa_backend(pattern.dims, mask, parts.dropout is not None, flex, profile.name)
+    pattern.dims["backend"], pattern.dims["backend_detail"] = backend.name, backend.detail
