@@ -85,9 +85,19 @@ def diagnostics(
             out += [
                 d for c in model.clusters if (d := _cluster(c, model, path, lines, cluster_severity, report.libraries))
             ]
+            out += [
+                d
+                for p in model.patterns
+                if rewritable_kind(p, path)
+                and (d := _pattern(p, model, path, lines, cluster_severity, report.libraries, _device(report)))
+            ]
         if "patterns" in show:
             shown_as = SEVERITY.get(pattern_severity, lsp.DiagnosticSeverity.Hint)
-            out += [d for p in model.patterns if (d := _pattern(p, model, path, lines, shown_as, report.libraries))]
+            out += [
+                d
+                for p in model.patterns
+                if not rewritable_kind(p, path) and (d := _pattern(p, model, path, lines, shown_as, report.libraries))
+            ]
             if model.inductor is not None:
                 out += [d for f in model.inductor.unmatched if (d := _inductor_only(f, path, lines))]
         if "rejections" in show:
@@ -204,6 +214,10 @@ def _cluster(
     )
 
 
+def _device(report: Report) -> str:
+    return report.device.name if report.device is not None else ""
+
+
 def _pattern(
     p: Pattern,
     model: Model,
@@ -211,6 +225,7 @@ def _pattern(
     lines: list[str],
     severity: lsp.DiagnosticSeverity,
     libraries: list[Library],
+    device: str = "",
 ) -> lsp.Diagnostic | None:
     est = p.estimate
     if not est.speedup_bound or est.speedup_bound <= 1.0:
@@ -219,12 +234,15 @@ def _pattern(
     if placed is None:
         return None
     rng, related = placed
-    message = (
-        f"pattern {p.name}: {bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}, "
-        f"bound {est.speedup_bound:.2f}× — {p.summary}"
-    )
-    if p.multiplicity > 1:
-        message += f" ×{p.multiplicity}"
+    if rewritable_kind(p, path):
+        message = pattern_message(p, device)
+    else:
+        message = (
+            f"pattern {p.name}: {bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}, "
+            f"bound {est.speedup_bound:.2f}× — {p.summary}"
+        )
+        if p.multiplicity > 1:
+            message += f" ×{p.multiplicity}"
     return lsp.Diagnostic(
         range=rng,
         severity=severity,
@@ -232,7 +250,37 @@ def _pattern(
         code=f"pattern:{p.name}",
         message=message,
         related_information=related or None,
+        data={"pattern": p.name, "rewrite": p.rewrite.id} if p.rewrite is not None else None,
     )
+
+
+def rewritable_kind(p: Pattern, path: str) -> bool:
+    """A pattern of the file at `path` of a kind that has a source rewrite (an attention): it is shown as a
+    cluster is, with the rewrite that fuses it, or why there is none.  (One in a library's code, which no
+    rewrite of the file reaches, is shown as the other patterns are.)"""
+    return (p.rewrite is not None or bool(p.refusal)) and same_file(p.file, path)
+
+
+def pattern_message(p: Pattern, device: str = "") -> str:
+    """A rewritable pattern, said as a cluster is: what it moves against the fused call, the regime, and
+    the rewrite with the kernel it runs (or why there is no rewrite)."""
+    est = p.estimate
+    saved = ""
+    if est.bytes_before and est.bytes_after is not None:
+        saved = f" (−{100 * (est.bytes_before - est.bytes_after) / est.bytes_before:.0f}% DRAM traffic)"
+    text = f"fusable: {p.name}, {bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}{saved}"
+    if p.dims.get("regime"):
+        text += f" [{p.dims['regime']}]"
+    if p.multiplicity > 1:
+        text += f" ×{p.multiplicity}"
+    if p.rewrite is not None:
+        callee = p.rewrite.call.split("(", 1)[0]
+        on = f" on {device}" if device else ""
+        runs = f" ({p.dims['backend_detail']}{on})" if p.dims.get("backend_detail") else ""
+        text += f"; the quick fix rewrites it as {callee}{runs}"
+    elif p.refusal:
+        text += f"; no rewrite: {p.refusal_detail}"
+    return text
 
 
 def _inductor_only(fusion: UnmatchedFusion, path: str, lines: list[str]) -> lsp.Diagnostic | None:

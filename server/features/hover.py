@@ -19,7 +19,7 @@ from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
 from fuselens.contracts.profile import Profile
-from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Library, Model, Report
+from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Library, Model, Pattern, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
 from fuselens.contracts.validation import ORIGINAL_CODE
 
@@ -210,9 +210,63 @@ def _measured_line(profile: Profile, c) -> str:
     )
 
 
+def patterns_at(report: Report, path: str, line: int) -> list[tuple[Model, Pattern]]:
+    """The rewritable patterns (an attention) of the file at `path` whose lines hold `line`."""
+    return [
+        (model, p)
+        for model in report.models
+        for p in model.patterns
+        if (p.rewrite is not None or p.refusal) and same_file(p.file, path) and p.lines[0] <= line <= p.lines[1]
+    ]
+
+
+def describe_pattern(model: Model, p: Pattern, device: str) -> str:
+    """A rewritable pattern in a few lines: what eager moves against the fused call, what stays on chip,
+    the kernel the fused call runs on the profiled device, and the rewrite the quick fix writes (or why
+    there is none)."""
+    est = p.estimate
+    saved = ""
+    if est.bytes_before and est.bytes_after is not None:
+        saved = f" (−{100 * (est.bytes_before - est.bytes_after) / est.bytes_before:.0f}%)"
+    regime = p.dims.get("regime") or "unknown regime"
+    bound = f" · bound {est.speedup_bound:.1f}×" if est.speedup_bound else ""
+    rid = f" · `{p.rewrite.id}`" if p.rewrite is not None else ""
+    parts = [
+        f"**⚡ {p.name}{rid} · {escaped(model.name)}**{HARD_BREAK}"
+        f"**{bytes_label(est.bytes_before)} → {bytes_label(est.bytes_after)}**{saved} DRAM traffic, **{regime}**{bound}"
+    ]
+    if p.multiplicity > 1:
+        parts.append(f"×{p.multiplicity} in the model")
+    parts.append(escaped(p.summary))
+    scores = p.dims.get("scores")
+    if scores:
+        dtype = p.dims.get("scores_dtype") or p.dims.get("dtype", "")
+        parts.append(
+            f"eager writes and reads the {_shape(scores)} {dtype} scores at every step; a fused call reads q, k, v"
+            f"{' and the mask' if p.dims.get('mask', 'none') != 'none' else ''} once and writes the output"
+        )
+    if p.dims.get("backend_detail"):
+        parts.append(f"**on {escaped(device or 'the profiled device')}**: {escaped(p.dims['backend_detail'])}")
+    if p.rewrite is not None:
+        r = p.rewrite
+        span = f"line {r.start_line}" if r.start_line == r.end_line else f"lines {r.start_line}–{r.end_line}"
+        needs = f" (torch ≥ {r.torch_version})" if r.torch_version else ""
+        fix = f"the quick fix rewrites {span} as{needs}\n```python\n{r.call}\n```"
+        if r.replaces:
+            fix += f"\nin place of cluster{'s' if len(r.replaces) > 1 else ''} {', '.join(r.replaces)}"
+        parts.append(fix)
+        if r.note:
+            parts.append(f"_{escaped(r.note)}_")
+    elif p.refusal:
+        parts.append(f"**no rewrite** ({p.refusal}): {escaped(p.refusal_detail)}")
+    return "\n\n".join(parts)
+
+
 def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile | None = None) -> lsp.Hover | None:
     hits = ranked(clusters_at(report, path, line), path, line, profile)
     parts = []
+    device = report.device.name if report.device is not None else ""
+    parts += [describe_pattern(model, p, device) for model, p in patterns_at(report, path, line)[:1]]
     if hits:
         model, first = hits[0]
         parts.append(describe(model, first, report.libraries, uri, profile))
