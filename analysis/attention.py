@@ -94,13 +94,13 @@ def _attention_at(graph: Graph, pv: Node) -> Attention | None:
         return None
     softmax = current
     before: list[int] = []  # between the scores' matmul and the softmax, in order
-    current = graph[_back_through_casts(graph, softmax.inputs[0], before)]
+    current = graph[_through(graph, softmax.inputs[0], before)]
     while current.op not in _MATMULS:
         step = _score_step(graph, current)
         if step is None:
             return None
         before.insert(0, current.id)
-        current = graph[_back_through_casts(graph, step, before)]
+        current = graph[_through(graph, step, before)]
     qk = current
     if len(qk.refs) != 2 or qk.meta is None or not _scores_shape(graph, qk, pv):
         return None
@@ -121,10 +121,6 @@ def _through(graph: Graph, node_id: int, passed: list[int]) -> int:
             passed.insert(0, node.id)
         node = graph[node.inputs[0]]
     return node.id
-
-
-def _back_through_casts(graph: Graph, node_id: int, passed: list[int]) -> int:
-    return _through(graph, node_id, passed)
 
 
 def _over_last_dim(graph: Graph, softmax: Node) -> bool:

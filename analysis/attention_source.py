@@ -107,6 +107,7 @@ class _Writer:
         self.spans: dict[tuple[int, int, int, int], int] = {}  # an op's span in this function -> its node
         self.form = _Form()
         self.operands: list[tuple[ast.expr, str]] = []  # what the call reads, checked once the range is known
+        self.read: set[int] = set()  # the attention's ops the reading of its expressions came by
         self.fills: list[tuple[Node, ast.expr]] = []  # `masked_fill(mask, -inf)`, in the code's order
         self.added: list[tuple[Node, ast.expr, str]] = []  # `scores + mask` (and the mask's dtype)
         self.uses_torch = False  # the call's text names `torch`
@@ -185,7 +186,9 @@ class _Writer:
         self.statements = statements
         final = statements[-1]
         pv_expr = self._expression_at(final.node, self.spans_of([self.parts.pv])[0])
+        self._check_dtypes()
         self._explain(pv_expr)
+        self._check_every_op_read()
         self._check_operands()
         self._check_what_stays(statements)
         self._check_nothing_later_reads(block, last, statements)
@@ -240,7 +243,35 @@ class _Writer:
     def _op(self, expr: ast.expr) -> Node | None:
         """The graph's op made by `expr` (by its span), if it made one of the attention's."""
         i = self.spans.get(_span(expr))
+        if i is not None:
+            self.read.add(i)
         return self.graph[i] if i is not None else None
+
+    def _check_every_op_read(self) -> None:
+        """Every op of the attention is one the reading of its expressions came by: an op the statements'
+        values do not show (`scores.masked_fill_(mask, -inf)`, which changes the scores in place) would
+        be left out of the call."""
+        parts = self.parts
+        ops = [parts.qk, parts.pv, *parts.chain, *([parts.q_scale] if parts.q_scale is not None else [])]
+        for i in ops:
+            node = self.graph[i]
+            if i not in self.read and node.op != "to_same":
+                raise _Refused(
+                    "modified",
+                    f"`{node.op}` at line {node.line} changes the scores where the rewrite cannot follow "
+                    "(in place, or by a name it does not read): it would be left out of the call",
+                )
+
+    def _check_dtypes(self) -> None:
+        """q, k and v of one dtype, as a fused call takes them."""
+        metas = {
+            name: self.graph[i].meta
+            for name, i in (("q", self.graph[self.parts.qk].refs[0].node), ("k", self.parts.k_t), ("v", self.parts.v))
+        }
+        dtypes = {name: meta.dtype for name, meta in metas.items() if meta is not None}
+        if len(set(dtypes.values())) > 1:
+            listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+            raise _Refused("shape", f"q, k and v are of different dtypes ({listed}): a fused call takes one")
 
     def _resolve(self, expr: ast.expr, at: int) -> ast.expr:
         """`expr`, read in statement `at`; a name a statement before it (in the range) assigns is that
@@ -272,6 +303,8 @@ class _Writer:
         return len(self.statements) - 1
 
     def _explain(self, pv_expr: ast.expr) -> None:
+        """Read the call's arguments off the code, from the product with v inward."""
+        self._op(pv_expr)
         probs, v = _matmul_operands(pv_expr)
         self.form.v = self._operand(self._unrepeated(v, "v"), "v")
         at = self._position(pv_expr)
@@ -789,10 +822,6 @@ def _names_read(node: ast.AST, outside: tuple[int, int, int, int] | None = None)
 
 def _holds_span(outer: tuple[int, int, int, int], inner: tuple[int, int, int, int]) -> bool:
     return (outer[0], outer[1]) <= (inner[0], inner[1]) and (inner[2], inner[3]) <= (outer[2], outer[3])
-
-
-def _last_removed(statements: list[_Statement]) -> int:
-    return max((st.index for st in statements if st.removed), default=-1)
 
 
 def _reads_after_block(function: ast.AST, block: list[ast.stmt], names: set[str]) -> bool:

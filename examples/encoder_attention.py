@@ -53,9 +53,10 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, hidden_states, padding_mask):
-        attention = self.attention(hidden_states, padding_mask)
-        h = self.norm1(hidden_states + self.dropout(self.output(attention)))
-        return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+        attention = self.dropout(self.output(self.attention(hidden_states, padding_mask)))
+        h = self.norm1(attention + hidden_states)
+        ffn = self.dropout(self.ffn_out(F.gelu(self.ffn_in(h))))
+        return self.norm2(ffn + h)
 
 
 def example_inputs():

@@ -440,6 +440,16 @@ REFUSED = {
         "the mask at line {scores = scores.masked_fill} fills -1000000000.0, not -inf: a fused call's boolean mask leaves "
         "-inf there, which differs where a row's every key is masked",
     ),
+    "the scores masked in place": (
+        attention_class("""
+            scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+            scores.masked_fill_(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+            return scores.softmax(-1) @ v
+        """),
+        "modified",
+        "`masked_fill` at line {scores.masked_fill_} changes the scores where the rewrite cannot follow (in place, "
+        "or by a name it does not read): it would be left out of the call",
+    ),
     "the softmax in a helper": (
         attention_class(
             """

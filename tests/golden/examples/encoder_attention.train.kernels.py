@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -919,6 +942,66 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, 
     v12 = tl.exp(v11) / v10  # line 38: probs = scores.float().softmax(-1).type_as(scores)
     tl.store(out0_ptr + (rows * C + cols), v12.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
+    in0_s2, in0_s3, in1_s0, in1_s3, R, C, q0, q1, q2, sc0, sc1, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v7_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v10_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # in0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # in0
+        v1 = v0 / sc0  # line 36: scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        v2 = tl.load(in1_ptr + (c0 * in1_s0 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last')  # in1
+        v3 = v2.to(tl.float32)  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v4 = 1.0 - v3  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v5 = v4 * sc1  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v6 = v1 + v5  # line 37: scores = scores + bias
+        v7_x = tl.where(mask, v6, float('-inf'))
+        v7_new = tl.maximum(v7_acc, tl.max(v7_x, axis=1)[:, None])
+        v7_safe = tl.where(v7_new == float('-inf'), 0.0, v7_new)  # no -inf - -inf
+        v10_acc = v10_acc * tl.exp(v7_acc - v7_safe) + tl.exp(v7_x - v7_safe)
+        v7_acc = v7_new
+    v7 = v7_acc  # line 38: softmax (row max)
+    v10 = tl.sum(v10_acc, axis=1)[:, None]
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # in0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # in0
+        v1 = v0 / sc0  # line 36: scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        v2 = tl.load(in1_ptr + (c0 * in1_s0 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last')  # in1
+        v3 = v2.to(tl.float32)  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v4 = 1.0 - v3  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v5 = v4 * sc1  # line 35: bias = (1.0 - padding_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        v6 = v1 + v5  # line 37: scores = scores + bias
+        v11 = v6 - v7
+        v12 = tl.exp(v11) / v10  # line 38: probs = scores.float().softmax(-1).type_as(scores)
+        tl.store(out0_ptr + (rows * C + cols), v12.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_launch(in0, in1, sc0, sc1):
     d0 = in0.shape[0]
@@ -936,18 +1019,25 @@ def _cluster0_launch(in0, in1, sc0, sc1):
     st1 = _strides(in1)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((in0, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 4) if across else None
+    across = _down_rows(((in0, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](in0, in1, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[3], R, C, *magic, sc0, sc1, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](in0, in1, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[3], R, C, *magic, sc0, sc1,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=in0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](in0, in1, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[3], R, C, *magic, sc0, sc1, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](in0, in1, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[3], R, C, *magic, sc0, sc1,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=in0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1108,6 +1198,58 @@ def _cluster0_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3,
     v6 = v5 / sc0  # div
     tl.store(out0_ptr + (rows * C + cols), v6.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_backward_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0,
+    in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2, in1_s3, R, C, q0, q1, q2, sc0, fast_blocks,
+    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v2 = v1 * v0  # mul
+        v3_acc = v3_acc + tl.where(mask, v2, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        v4 = v1 - v3  # sub
+        v5 = v0 * v4  # mul
+        v6 = v5 / sc0  # div
+        tl.store(out0_ptr + (rows * C + cols), v6.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_backward_launch(result0, grad0, sc0):
     d0 = result0.shape[0]
@@ -1125,18 +1267,25 @@ def _cluster0_backward_launch(result0, grad0, sc0):
     st1 = _strides(grad0)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 4) if across else None
+    across = _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_kernel_across[((R // F) * fast_blocks,)](result0, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
-        kernel[grid](result0, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_kernel_across_loop[((R // F) * fast_blocks,)](result0, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
+            kernel[grid](result0, grad0, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1196,16 +1345,16 @@ def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_pt
     mask = rmask & cmask
     c2 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # attention
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # attention
     if CONTIG:
-        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
     else:
-        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
     v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
     v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v2 = v0 + v1  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+    v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
     v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 57: layer_norm (mean) (sum)
     v4 = v3 / C  # line 57: layer_norm (mean)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
@@ -1217,7 +1366,7 @@ def _cluster1_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_pt
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
     v10 = v5 * v9
     v12 = v10 * v11
-    v14 = v12 + v13  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+    v14 = v12 + v13  # line 57: h = self.norm1(attention + hidden_states)
     tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
@@ -1240,14 +1389,14 @@ def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
         v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=0) / tl.maximum(tl.sum(mask.to(tl.float32), axis=0), 1.0)
     v3_acc = tl.full([BLOCK_C], 0.0, tl.float32)
     v7_acc = tl.full([BLOCK_C], 0.0, tl.float32)
@@ -1257,14 +1406,14 @@ def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
         v3_d = tl.where(mask, v2 - v3_shift, 0.0)
         v3_acc = v3_acc + v3_d
         v7_acc = v7_acc + v3_d * v3_d
@@ -1280,20 +1429,20 @@ def _cluster1_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
         v5 = v2 - v4
         v10 = v5 * v9
         v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         v12 = v10 * v11
         v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-        v14 = v12 + v13  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+        v14 = v12 + v13  # line 57: h = self.norm1(attention + hidden_states)
         tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
@@ -1319,16 +1468,16 @@ def _cluster1_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_p
     mask = rmask & cmask
     c2 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # attention
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # attention
     if CONTIG:
-        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
     else:
-        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
     v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
     v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v2 = v0 + v1  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+    v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
     v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 57: layer_norm (mean) (sum)
     v4 = v3 / C  # line 57: layer_norm (mean)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
@@ -1340,46 +1489,134 @@ def _cluster1_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_p
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
     v10 = v5 * v9
     v12 = v10 * v11
-    v14 = v12 + v13  # line 57: h = self.norm1(hidden_states + self.dropout(self.output(attention)))
+    v14 = v12 + v13  # line 57: h = self.norm1(attention + hidden_states)
     tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in3_s0, R, C,
+    q0, sc0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
+        v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v7_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
+        v3_d = tl.where(mask, v2 - v3_shift, 0.0)
+        v3_acc = v3_acc + v3_d
+        v7_acc = v7_acc + v3_d * v3_d
+    v3_dsum = tl.sum(v3_acc, axis=1)[:, None]
+    v3 = v3_dsum + v3_shift * C  # line 57: layer_norm (mean) (sum)
+    v7 = tl.maximum(tl.sum(v7_acc, axis=1)[:, None] - v3_dsum * v3_dsum / C, 0.0)
+    v4 = v3 / C  # line 57: layer_norm (mean)
+    v8 = v7 / C  # line 57: layer_norm (variance)
+    v9 = tl.rsqrt(v8 + sc0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+        v2 = v0 + v1  # line 57: h = self.norm1(attention + hidden_states)
+        v5 = v2 - v4
+        v10 = v5 * v9
+        v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v12 = v10 * v11
+        v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v14 = v12 + v13  # line 57: h = self.norm1(attention + hidden_states)
+        tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
 
-def _cluster1_launch(hidden_states, dropout, weight, bias, sc0):
-    d0 = hidden_states.shape[0]
-    d1 = hidden_states.shape[1]
-    d2 = hidden_states.shape[2]
-    out0 = torch.empty((d0, d1, d2), device=hidden_states.device, dtype=torch.float32)
-    out1 = torch.empty((d0, d1), device=hidden_states.device, dtype=torch.float32)
-    out2 = torch.empty((d0, d1), device=hidden_states.device, dtype=torch.float32)
+
+def _cluster1_launch(attention, hidden_states, weight, bias, sc0):
+    d0 = attention.shape[0]
+    d1 = attention.shape[1]
+    d2 = attention.shape[2]
+    out0 = torch.empty((d0, d1, d2), device=attention.device, dtype=torch.float32)
+    out1 = torch.empty((d0, d1), device=attention.device, dtype=torch.float32)
+    out2 = torch.empty((d0, d1), device=attention.device, dtype=torch.float32)
     R = d0 * d1
     C = d2
-    if _shapes_only(hidden_states) or R == 0 or C == 0:  # shapes only, or nothing to do
+    if _shapes_only(attention) or R == 0 or C == 0:  # shapes only, or nothing to do
         return (out0, out1, out2)
-    index_64 = _needs_int64(hidden_states, dropout, weight, bias, out0, out1, out2)
-    st0 = _strides(hidden_states)
-    st1 = _strides(dropout)
+    index_64 = _needs_int64(attention, hidden_states, weight, bias, out0, out1, out2)
+    st0 = _strides(attention)
+    st1 = _strides(hidden_states)
     st2 = _strides(weight)
     st3 = _strides(bias)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((hidden_states, (0, 1, 2)), (dropout, (0, 1, 2))), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((attention, (0, 1, 2)), (hidden_states, (0, 1, 2))), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
-        _cluster1_kernel_across[((R // F) * fast_blocks,)](hidden_states, dropout, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
+        _cluster1_kernel_across[((R // F) * fast_blocks,)](attention, hidden_states, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](hidden_states, dropout, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=hidden_states.is_contiguous() and dropout.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_kernel_across_loop[((R // F) * fast_blocks,)](attention, hidden_states, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
+            kernel[grid](attention, hidden_states, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=attention.is_contiguous() and hidden_states.is_contiguous(), num_warps=warps)
     return (out0, out1, out2)
 
 
-def _cluster1_reference(hidden_states, dropout, weight, bias, eps):
+def _cluster1_reference(attention, hidden_states, weight, bias, eps):
     """add → layer_norm as the model computes it: what runs where the kernel cannot."""
-    v37 = hidden_states.add(dropout)
+    v37 = attention.add(hidden_states)
     v40 = torch.nn.functional.layer_norm(v37, v37.shape[-1:], weight=weight, bias=bias, eps=eps)
     return v40
 
@@ -1388,21 +1625,21 @@ _cluster1_op = _kernel_op('cluster1', _cluster1_launch, 4, 3, ('float',))
 _cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
 
 
-def cluster1(hidden_states, dropout, weight, bias, eps=1e-12):
+def cluster1(attention, hidden_states, weight, bias, eps=1e-12):
     """Fused add → layer_norm from encoder_attention.py lines 57–57 (EncoderLayer.forward).
 
-    Inputs at analysis time: hidden_states [8, 512, 768] float32, self.dropout(self.output(attention)) [8, 512, 768] float32, self.norm1.weight [768] float32, self.norm1.bias [768] float32.
+    Inputs at analysis time: attention [8, 512, 768] float32, hidden_states [8, 512, 768] float32, self.norm1.weight [768] float32, self.norm1.bias [768] float32.
     Returns [8, 512, 768] float32.
     Sizes and strides are read at call time; any shape works.
     """
-    if _kernel_runs((hidden_states, dropout, weight, bias), (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
-        return _cluster1_call(hidden_states, dropout, weight, bias, eps)[0]
-    return _cluster1_reference(hidden_states, dropout, weight, bias, eps)
+    if _kernel_runs((attention, hidden_states, weight, bias), (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
+        return _cluster1_call(attention, hidden_states, weight, bias, eps)[0]
+    return _cluster1_reference(attention, hidden_states, weight, bias, eps)
 
 
-def _cluster1_backward_reference(hidden_states, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
-    """The gradients of hidden_states, dropout, weight, bias from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
-    v37 = hidden_states.add(dropout)
+def _cluster1_backward_reference(attention, hidden_states, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of attention, hidden_states, weight, bias from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
+    v37 = attention.add(hidden_states)
     g40 = grad0
     d1 = v37
     d2 = d1 - result1[..., None]
@@ -1412,9 +1649,9 @@ def _cluster1_backward_reference(hidden_states, dropout, weight, bias, eps, resu
     g37 = result2[..., None] * (d5 - d5.mean(dim=[2], keepdim=True) - d3 * (d5 * d3).mean(dim=[2], keepdim=True))
     g38 = d4 * d3
     g39 = d4
-    g0 = g37
     g36 = g37
-    return g0, g36, g38, g39
+    g0 = g37
+    return g36, g0, g38, g39
 
 
 @triton.jit
@@ -1443,13 +1680,13 @@ def _cluster1_backward_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr,
             v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # grad0
         v2 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # attention
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0).to(tl.float32)  # attention
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # hidden_states
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0).to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0).to(tl.float32)  # hidden_states
         v10 = tl.load(in5_ptr + (c0 * in5_s0 + c1 * in5_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # result1
         v3 = v1 * v2  # mul
         v4 = tl.sum(tl.where(mask, v3, 0.0), axis=1)[:, None]  # mean (sum)
@@ -1499,13 +1736,13 @@ def _cluster1_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         v2 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         v3 = v1 * v2  # mul
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attention
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # hidden_states
         v9 = v7 + v8  # add
         v11 = v9 - v10  # sub
         v12 = v11 * v0  # mul
@@ -1529,13 +1766,13 @@ def _cluster1_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         v3 = v1 * v2  # mul
         v6 = v3 - v5  # sub
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attention
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # hidden_states
         v9 = v7 + v8  # add
         v11 = v9 - v10  # sub
         v12 = v11 * v0  # mul
@@ -1547,7 +1784,7 @@ def _cluster1_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         tl.store(out1_ptr + (rows * C + cols), v19.to(out1_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster1_backward_launch(result2, grad0, weight, hidden_states, dropout, result1):
+def _cluster1_backward_launch(result2, grad0, weight, attention, hidden_states, result1):
     d0 = result2.shape[0]
     d1 = result2.shape[1]
     d2 = grad0.shape[2]
@@ -1557,13 +1794,13 @@ def _cluster1_backward_launch(result2, grad0, weight, hidden_states, dropout, re
     C = d2
     if _shapes_only(result2) or R == 0 or C == 0:  # shapes only, or nothing to do
         return (out0, out1)
-    index_64 = _needs_int64(result2, grad0, weight, hidden_states, dropout, result1, out0, out1)
+    index_64 = _needs_int64(result2, grad0, weight, attention, hidden_states, result1, out0, out1)
     align = _align(C)
     st0 = _strides(result2)
     st1 = _strides(grad0)
     st2 = _strides(weight)
-    st3 = _strides(hidden_states)
-    st4 = _strides(dropout)
+    st3 = _strides(attention)
+    st4 = _strides(hidden_states)
     st5 = _strides(result1)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4, totals=True)
@@ -1573,8 +1810,8 @@ def _cluster1_backward_launch(result2, grad0, weight, hidden_states, dropout, re
         grid = (programs,)
     out1 = torch.empty((grid[0] if whole_row else R, C), device=result2.device, dtype=torch.float32)
     kernel = _cluster1_backward_kernel_block if whole_row else _cluster1_backward_kernel_loop
-    kernel[grid](result2, grad0, weight, hidden_states, dropout, result1, out0, out1, d0, d1, d2, st0[0], st0[1], st1[0], st1[1], st1[2], st2[0], st3[0], st3[1], st3[2], st4[0], st4[1], st4[2], st5[0], st5[1], R, C, *magic,
-        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and hidden_states.is_contiguous() and dropout.is_contiguous(), num_warps=warps)
+    kernel[grid](result2, grad0, weight, attention, hidden_states, result1, out0, out1, d0, d1, d2, st0[0], st0[1], st1[0], st1[1], st1[2], st2[0], st3[0], st3[1], st3[2], st4[0], st4[1], st4[2], st5[0], st5[1], R, C, *magic,
+        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and attention.is_contiguous() and hidden_states.is_contiguous(), num_warps=warps)
     out1 = out1.sum(0).reshape((d2,))
     return (out0, out1)
 
@@ -1582,12 +1819,12 @@ def _cluster1_backward_launch(result2, grad0, weight, hidden_states, dropout, re
 _cluster1_backward_op = _kernel_op('cluster1_backward', _cluster1_backward_launch, 6, 2)
 
 
-def _cluster1_gradients(hidden_states, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
-    """The gradients of cluster1's inputs hidden_states, dropout, weight, bias: one kernel where it runs, else the backward reference."""
-    if _kernel_runs((result2, grad0, weight, hidden_states, dropout, result1), (torch.float32, torch.float32, torch.float32, torch.float32, torch.float32, torch.float32)):
-        raws = _cluster1_backward_op(result2, grad0, weight, hidden_states, dropout, result1)
+def _cluster1_gradients(attention, hidden_states, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of cluster1's inputs attention, hidden_states, weight, bias: one kernel where it runs, else the backward reference."""
+    if _kernel_runs((result2, grad0, weight, attention, hidden_states, result1), (torch.float32, torch.float32, torch.float32, torch.float32, torch.float32, torch.float32)):
+        raws = _cluster1_backward_op(result2, grad0, weight, attention, hidden_states, result1)
         return raws[0], raws[0], raws[1], grad0,
-    return _cluster1_backward_reference(hidden_states, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2)
+    return _cluster1_backward_reference(attention, hidden_states, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2)
 
 
 # Training: the op's backward is _cluster1_gradients, for the inputs it computes gradients of;
@@ -1603,17 +1840,17 @@ _cluster1_modules = (
 )
 
 
-def _cluster1_fits(hidden_states, dropout, weight, bias, eps=1e-12, module=None):
+def _cluster1_fits(attention, hidden_states, weight, bias, eps=1e-12, module=None):
     """Whether cluster1 computes, for these arguments, what the lines it stands in for compute (else they run)."""
-    tensors = (hidden_states, dropout, weight, bias)
+    tensors = (attention, hidden_states, weight, bias)
     if not _tensors_of_ranks(tensors, (3, 3, 1, 1)) or not _kernel_runs(tensors, (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
         return False
     return (
-        dropout.shape[0] == hidden_states.shape[0]
-        and dropout.shape[1] == hidden_states.shape[1]
-        and dropout.shape[2] == hidden_states.shape[2]
-        and weight.shape[0] == hidden_states.shape[2]
-        and bias.shape[0] == hidden_states.shape[2]
+        hidden_states.shape[0] == attention.shape[0]
+        and hidden_states.shape[1] == attention.shape[1]
+        and hidden_states.shape[2] == attention.shape[2]
+        and weight.shape[0] == attention.shape[2]
+        and bias.shape[0] == attention.shape[2]
         and _numbers_fit((eps,), ('float',))
         and _modules_match(module, _cluster1_modules)
     )
@@ -1623,10 +1860,10 @@ cluster1.fits = _cluster1_fits
 
 
 # The lines `fuselens apply` writes for cluster1, and the lines they replace (restoring puts them back).
-_cluster1_replaced = ('        h = cluster1(hidden_states, dropout, self.norm1.weight, self.norm1.bias, self.norm1.eps) if cluster1.fits(hidden_states, dropout := self.dropout(self.output(attention)), self.norm1.weight, self.norm1.bias, self.norm1.eps, module=self) else self.norm1(hidden_states + dropout)\n', '        h = self.norm1(hidden_states + self.dropout(self.output(attention)))\n')
+_cluster1_replaced = ('        h = cluster1(attention, hidden_states, self.norm1.weight, self.norm1.bias, self.norm1.eps) if cluster1.fits(attention, hidden_states, self.norm1.weight, self.norm1.bias, self.norm1.eps, module=self) else self.norm1(attention + hidden_states)\n', '        h = self.norm1(attention + hidden_states)\n')
 
 
-# ---- fused kernel: cluster2: add → layer_norm (encoder_attention.py lines 58–58)
+# ---- fused kernel: cluster2: add → layer_norm (encoder_attention.py lines 59–59)
 
 @triton.jit
 def _cluster2_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr, out2_ptr,
@@ -1646,28 +1883,28 @@ def _cluster2_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_pt
     mask = rmask & cmask
     c2 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # ffn
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # h
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # ffn
     if CONTIG:
-        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
     else:
-        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # h
     v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
     v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v2 = v0 + v1  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
-    v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 58: layer_norm (mean) (sum)
-    v4 = v3 / C  # line 58: layer_norm (mean)
+    v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
+    v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 59: layer_norm (mean) (sum)
+    v4 = v3 / C  # line 59: layer_norm (mean)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
     v5 = v2 - v4
     v6 = v5 * v5
-    v7 = tl.sum(tl.where(mask, v6, 0.0), axis=1)[:, None]  # line 58: layer_norm (variance) (sum)
-    v8 = v7 / C  # line 58: layer_norm (variance)
+    v7 = tl.sum(tl.where(mask, v6, 0.0), axis=1)[:, None]  # line 59: layer_norm (variance) (sum)
+    v8 = v7 / C  # line 59: layer_norm (variance)
     v9 = tl.rsqrt(v8 + sc0)
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
     v10 = v5 * v9
     v12 = v10 * v11
-    v14 = v12 + v13  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+    v14 = v12 + v13  # line 59: return self.norm2(ffn + h)
     tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
@@ -1690,14 +1927,14 @@ def _cluster2_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
         v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=0) / tl.maximum(tl.sum(mask.to(tl.float32), axis=0), 1.0)
     v3_acc = tl.full([BLOCK_C], 0.0, tl.float32)
     v7_acc = tl.full([BLOCK_C], 0.0, tl.float32)
@@ -1707,22 +1944,22 @@ def _cluster2_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
         v3_d = tl.where(mask, v2 - v3_shift, 0.0)
         v3_acc = v3_acc + v3_d
         v7_acc = v7_acc + v3_d * v3_d
     v3_dsum = tl.sum(v3_acc, axis=0)
-    v3 = v3_dsum + v3_shift * C  # line 58: layer_norm (mean) (sum)
+    v3 = v3_dsum + v3_shift * C  # line 59: layer_norm (mean) (sum)
     v7 = tl.maximum(tl.sum(v7_acc, axis=0) - v3_dsum * v3_dsum / C, 0.0)
-    v4 = v3 / C  # line 58: layer_norm (mean)
-    v8 = v7 / C  # line 58: layer_norm (variance)
+    v4 = v3 / C  # line 59: layer_norm (mean)
+    v8 = v7 / C  # line 59: layer_norm (variance)
     v9 = tl.rsqrt(v8 + sc0)
     for col0 in range(0, C, BLOCK_C):
         cols = col0 + tl.arange(0, BLOCK_C)
@@ -1730,20 +1967,20 @@ def _cluster2_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr
         mask = rmask & cmask
         c2 = cols
         if CONTIG:
-            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
         else:
-            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
         if CONTIG:
-            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
         else:
-            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
-        v2 = v0 + v1  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
         v5 = v2 - v4
         v10 = v5 * v9
         v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         v12 = v10 * v11
         v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-        v14 = v12 + v13  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+        v14 = v12 + v13  # line 59: return self.norm2(ffn + h)
         tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
@@ -1769,67 +2006,155 @@ def _cluster2_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_p
     mask = rmask & cmask
     c2 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # ffn
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # h
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # ffn
     if CONTIG:
-        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
     else:
-        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # dropout
+        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # h
     v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
     v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
-    v2 = v0 + v1  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
-    v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 58: layer_norm (mean) (sum)
-    v4 = v3 / C  # line 58: layer_norm (mean)
+    v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
+    v3 = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None]  # line 59: layer_norm (mean) (sum)
+    v4 = v3 / C  # line 59: layer_norm (mean)
     tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
     v5 = v2 - v4
     v6 = v5 * v5
-    v7 = tl.sum(tl.where(mask, v6, 0.0), axis=1)[:, None]  # line 58: layer_norm (variance) (sum)
-    v8 = v7 / C  # line 58: layer_norm (variance)
+    v7 = tl.sum(tl.where(mask, v6, 0.0), axis=1)[:, None]  # line 59: layer_norm (variance) (sum)
+    v8 = v7 / C  # line 59: layer_norm (variance)
     v9 = tl.rsqrt(v8 + sc0)
     tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
     v10 = v5 * v9
     v12 = v10 * v11
-    v14 = v12 + v13  # line 58: return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+    v14 = v12 + v13  # line 59: return self.norm2(ffn + h)
     tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster2_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr,
+    out2_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in3_s0, R, C,
+    q0, sc0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
+        v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v7_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
+        v3_d = tl.where(mask, v2 - v3_shift, 0.0)
+        v3_acc = v3_acc + v3_d
+        v7_acc = v7_acc + v3_d * v3_d
+    v3_dsum = tl.sum(v3_acc, axis=1)[:, None]
+    v3 = v3_dsum + v3_shift * C  # line 59: layer_norm (mean) (sum)
+    v7 = tl.maximum(tl.sum(v7_acc, axis=1)[:, None] - v3_dsum * v3_dsum / C, 0.0)
+    v4 = v3 / C  # line 59: layer_norm (mean)
+    v8 = v7 / C  # line 59: layer_norm (variance)
+    v9 = tl.rsqrt(v8 + sc0)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+        v2 = v0 + v1  # line 59: return self.norm2(ffn + h)
+        v5 = v2 - v4
+        v10 = v5 * v9
+        v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v12 = v10 * v11
+        v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v14 = v12 + v13  # line 59: return self.norm2(ffn + h)
+        tl.store(out0_ptr + (rows * C + cols), v14.to(out0_ptr.dtype.element_ty), mask=mask)
+    tl.store(out1_ptr + rows, v4.to(out1_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out2_ptr + rows, v9.to(out2_ptr.dtype.element_ty), mask=rmask)
 
-def _cluster2_launch(h, dropout, weight, bias, sc0):
-    d0 = h.shape[0]
-    d1 = h.shape[1]
-    d2 = h.shape[2]
-    out0 = torch.empty((d0, d1, d2), device=h.device, dtype=torch.float32)
-    out1 = torch.empty((d0, d1), device=h.device, dtype=torch.float32)
-    out2 = torch.empty((d0, d1), device=h.device, dtype=torch.float32)
+
+def _cluster2_launch(ffn, h, weight, bias, sc0):
+    d0 = ffn.shape[0]
+    d1 = ffn.shape[1]
+    d2 = ffn.shape[2]
+    out0 = torch.empty((d0, d1, d2), device=ffn.device, dtype=torch.float32)
+    out1 = torch.empty((d0, d1), device=ffn.device, dtype=torch.float32)
+    out2 = torch.empty((d0, d1), device=ffn.device, dtype=torch.float32)
     R = d0 * d1
     C = d2
-    if _shapes_only(h) or R == 0 or C == 0:  # shapes only, or nothing to do
+    if _shapes_only(ffn) or R == 0 or C == 0:  # shapes only, or nothing to do
         return (out0, out1, out2)
-    index_64 = _needs_int64(h, dropout, weight, bias, out0, out1, out2)
-    st0 = _strides(h)
-    st1 = _strides(dropout)
+    index_64 = _needs_int64(ffn, h, weight, bias, out0, out1, out2)
+    st0 = _strides(ffn)
+    st1 = _strides(h)
     st2 = _strides(weight)
     st3 = _strides(bias)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((h, (0, 1, 2)), (dropout, (0, 1, 2))), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((ffn, (0, 1, 2)), (h, (0, 1, 2))), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
-        _cluster2_kernel_across[((R // F) * fast_blocks,)](h, dropout, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
+        _cluster2_kernel_across[((R // F) * fast_blocks,)](ffn, h, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster2_kernel_block if whole_row else _cluster2_kernel_loop
-        kernel[grid](h, dropout, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=h.is_contiguous() and dropout.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster2_kernel_across_loop[((R // F) * fast_blocks,)](ffn, h, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster2_kernel_block if whole_row else _cluster2_kernel_loop
+            kernel[grid](ffn, h, weight, bias, out0, out1, out2, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=ffn.is_contiguous() and h.is_contiguous(), num_warps=warps)
     return (out0, out1, out2)
 
 
-def _cluster2_reference(h, dropout, weight, bias, eps):
+def _cluster2_reference(ffn, h, weight, bias, eps):
     """add → layer_norm as the model computes it: what runs where the kernel cannot."""
-    v49 = h.add(dropout)
+    v49 = ffn.add(h)
     v52 = torch.nn.functional.layer_norm(v49, v49.shape[-1:], weight=weight, bias=bias, eps=eps)
     return v52
 
@@ -1838,21 +2163,21 @@ _cluster2_op = _kernel_op('cluster2', _cluster2_launch, 4, 3, ('float',))
 _cluster2_call = _kernel_call(_cluster2_op, _cluster2_launch)
 
 
-def cluster2(h, dropout, weight, bias, eps=1e-12):
-    """Fused add → layer_norm from encoder_attention.py lines 58–58 (EncoderLayer.forward).
+def cluster2(ffn, h, weight, bias, eps=1e-12):
+    """Fused add → layer_norm from encoder_attention.py lines 59–59 (EncoderLayer.forward).
 
-    Inputs at analysis time: h [8, 512, 768] float32, self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))) [8, 512, 768] float32, self.norm2.weight [768] float32, self.norm2.bias [768] float32.
+    Inputs at analysis time: ffn [8, 512, 768] float32, h [8, 512, 768] float32, self.norm2.weight [768] float32, self.norm2.bias [768] float32.
     Returns [8, 512, 768] float32.
     Sizes and strides are read at call time; any shape works.
     """
-    if _kernel_runs((h, dropout, weight, bias), (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
-        return _cluster2_call(h, dropout, weight, bias, eps)[0]
-    return _cluster2_reference(h, dropout, weight, bias, eps)
+    if _kernel_runs((ffn, h, weight, bias), (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
+        return _cluster2_call(ffn, h, weight, bias, eps)[0]
+    return _cluster2_reference(ffn, h, weight, bias, eps)
 
 
-def _cluster2_backward_reference(h, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
-    """The gradients of h, dropout, weight, bias from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
-    v49 = h.add(dropout)
+def _cluster2_backward_reference(ffn, h, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of ffn, h, weight, bias from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
+    v49 = ffn.add(h)
     g52 = grad0
     d1 = v49
     d2 = d1 - result1[..., None]
@@ -1862,9 +2187,9 @@ def _cluster2_backward_reference(h, dropout, weight, bias, eps, result0, result1
     g49 = result2[..., None] * (d5 - d5.mean(dim=[2], keepdim=True) - d3 * (d5 * d3).mean(dim=[2], keepdim=True))
     g50 = d4 * d3
     g51 = d4
-    g40 = g49
     g48 = g49
-    return g40, g48, g50, g51
+    g40 = g49
+    return g48, g40, g50, g51
 
 
 @triton.jit
@@ -1893,13 +2218,13 @@ def _cluster2_backward_kernel_block(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr,
             v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # grad0
         v2 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # ffn
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0).to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0).to(tl.float32)  # ffn
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # h
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0).to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0).to(tl.float32)  # h
         v10 = tl.load(in5_ptr + (c0 * in5_s0 + c1 * in5_s1), mask=rmask, other=0, eviction_policy='evict_last').to(tl.float32)  # result1
         v3 = v1 * v2  # mul
         v4 = tl.sum(tl.where(mask, v3, 0.0), axis=1)[:, None]  # mean (sum)
@@ -1949,13 +2274,13 @@ def _cluster2_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         v2 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
         v3 = v1 * v2  # mul
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # ffn
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # h
         v9 = v7 + v8  # add
         v11 = v9 - v10  # sub
         v12 = v11 * v0  # mul
@@ -1979,13 +2304,13 @@ def _cluster2_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         v3 = v1 * v2  # mul
         v6 = v3 - v5  # sub
         if CONTIG:
-            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
         else:
-            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
+            v7 = tl.load(in3_ptr + (c0 * in3_s0 + c1 * in3_s1 + c2 * in3_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # ffn
         if CONTIG:
-            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
         else:
-            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # dropout
+            v8 = tl.load(in4_ptr + (c0 * in4_s0 + c1 * in4_s1 + c2 * in4_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # h
         v9 = v7 + v8  # add
         v11 = v9 - v10  # sub
         v12 = v11 * v0  # mul
@@ -1997,7 +2322,7 @@ def _cluster2_backward_kernel_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, in4_ptr, 
         tl.store(out1_ptr + (rows * C + cols), v19.to(out1_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster2_backward_launch(result2, grad0, weight, h, dropout, result1):
+def _cluster2_backward_launch(result2, grad0, weight, ffn, h, result1):
     d0 = result2.shape[0]
     d1 = result2.shape[1]
     d2 = grad0.shape[2]
@@ -2007,13 +2332,13 @@ def _cluster2_backward_launch(result2, grad0, weight, h, dropout, result1):
     C = d2
     if _shapes_only(result2) or R == 0 or C == 0:  # shapes only, or nothing to do
         return (out0, out1)
-    index_64 = _needs_int64(result2, grad0, weight, h, dropout, result1, out0, out1)
+    index_64 = _needs_int64(result2, grad0, weight, ffn, h, result1, out0, out1)
     align = _align(C)
     st0 = _strides(result2)
     st1 = _strides(grad0)
     st2 = _strides(weight)
-    st3 = _strides(h)
-    st4 = _strides(dropout)
+    st3 = _strides(ffn)
+    st4 = _strides(h)
     st5 = _strides(result1)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4, totals=True)
@@ -2023,8 +2348,8 @@ def _cluster2_backward_launch(result2, grad0, weight, h, dropout, result1):
         grid = (programs,)
     out1 = torch.empty((grid[0] if whole_row else R, C), device=result2.device, dtype=torch.float32)
     kernel = _cluster2_backward_kernel_block if whole_row else _cluster2_backward_kernel_loop
-    kernel[grid](result2, grad0, weight, h, dropout, result1, out0, out1, d0, d1, d2, st0[0], st0[1], st1[0], st1[1], st1[2], st2[0], st3[0], st3[1], st3[2], st4[0], st4[1], st4[2], st5[0], st5[1], R, C, *magic,
-        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and h.is_contiguous() and dropout.is_contiguous(), num_warps=warps)
+    kernel[grid](result2, grad0, weight, ffn, h, result1, out0, out1, d0, d1, d2, st0[0], st0[1], st1[0], st1[1], st1[2], st2[0], st3[0], st3[1], st3[2], st4[0], st4[1], st4[2], st5[0], st5[1], R, C, *magic,
+        BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=grad0.is_contiguous() and ffn.is_contiguous() and h.is_contiguous(), num_warps=warps)
     out1 = out1.sum(0).reshape((d2,))
     return (out0, out1)
 
@@ -2032,12 +2357,12 @@ def _cluster2_backward_launch(result2, grad0, weight, h, dropout, result1):
 _cluster2_backward_op = _kernel_op('cluster2_backward', _cluster2_backward_launch, 6, 2)
 
 
-def _cluster2_gradients(h, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
-    """The gradients of cluster2's inputs h, dropout, weight, bias: one kernel where it runs, else the backward reference."""
-    if _kernel_runs((result2, grad0, weight, h, dropout, result1), (torch.float32, torch.float32, torch.float32, torch.float32, torch.float32, torch.float32)):
-        raws = _cluster2_backward_op(result2, grad0, weight, h, dropout, result1)
+def _cluster2_gradients(ffn, h, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2):
+    """The gradients of cluster2's inputs ffn, h, weight, bias: one kernel where it runs, else the backward reference."""
+    if _kernel_runs((result2, grad0, weight, ffn, h, result1), (torch.float32, torch.float32, torch.float32, torch.float32, torch.float32, torch.float32)):
+        raws = _cluster2_backward_op(result2, grad0, weight, ffn, h, result1)
         return raws[0], raws[0], raws[1], grad0,
-    return _cluster2_backward_reference(h, dropout, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2)
+    return _cluster2_backward_reference(ffn, h, weight, bias, eps, result0, result1, result2, grad0, grad1, grad2)
 
 
 # Training: the op's backward is _cluster2_gradients, for the inputs it computes gradients of;
@@ -2053,17 +2378,17 @@ _cluster2_modules = (
 )
 
 
-def _cluster2_fits(h, dropout, weight, bias, eps=1e-12, module=None):
+def _cluster2_fits(ffn, h, weight, bias, eps=1e-12, module=None):
     """Whether cluster2 computes, for these arguments, what the lines it stands in for compute (else they run)."""
-    tensors = (h, dropout, weight, bias)
+    tensors = (ffn, h, weight, bias)
     if not _tensors_of_ranks(tensors, (3, 3, 1, 1)) or not _kernel_runs(tensors, (torch.float32, torch.float32, torch.float32, torch.float32), trains=(0, 1, 2, 3)):
         return False
     return (
-        dropout.shape[0] == h.shape[0]
-        and dropout.shape[1] == h.shape[1]
-        and dropout.shape[2] == h.shape[2]
-        and weight.shape[0] == h.shape[2]
-        and bias.shape[0] == h.shape[2]
+        h.shape[0] == ffn.shape[0]
+        and h.shape[1] == ffn.shape[1]
+        and h.shape[2] == ffn.shape[2]
+        and weight.shape[0] == ffn.shape[2]
+        and bias.shape[0] == ffn.shape[2]
         and _numbers_fit((eps,), ('float',))
         and _modules_match(module, _cluster2_modules)
     )
@@ -2073,4 +2398,4 @@ cluster2.fits = _cluster2_fits
 
 
 # The lines `fuselens apply` writes for cluster2, and the lines they replace (restoring puts them back).
-_cluster2_replaced = ('        return cluster2(h, dropout, self.norm2.weight, self.norm2.bias, self.norm2.eps) if cluster2.fits(h, dropout := self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))), self.norm2.weight, self.norm2.bias, self.norm2.eps, module=self) else self.norm2(h + dropout)\n', '        return self.norm2(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))\n')
+_cluster2_replaced = ('        return cluster2(ffn, h, self.norm2.weight, self.norm2.bias, self.norm2.eps) if cluster2.fits(ffn, h, self.norm2.weight, self.norm2.bias, self.norm2.eps, module=self) else self.norm2(ffn + h)\n', '        return self.norm2(ffn + h)\n')

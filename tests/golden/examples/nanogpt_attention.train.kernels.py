@@ -141,18 +141,17 @@ def _register_backward(
     torch.library.register_autograd(f"{_LIBRARY.ns}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
 
 
-def _group_statistics(mean, var, groups, eps, weight, bias):
-    """A group norm's statistics from each (sample, channel)'s mean and variance ([N, C, 1, ...],
-    float32): (scale, shift, mean, rstd), each one value a (sample, channel), with the norm's output
-    x * scale + shift.  A group's variance is its channels' mean variance plus the variance of their
-    means (every channel has as many elements)."""
-    n, c = mean.shape[:2]
-    ones = (1,) * (mean.dim() - 2)
-    m, v = mean.reshape(n, groups, -1), var.reshape(n, groups, -1)
-    group_mean = m.mean(-1, keepdim=True)
-    group_var = (v + (m - group_mean) ** 2).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(group_var + eps).expand_as(m).reshape(n, c, *ones)
-    mean = group_mean.expand_as(m).reshape(n, c, *ones)
+def _group_statistics(mean, rstd, weight, bias, shape):
+    """A group norm's statistics, as its forward kept them (each (sample, group)'s mean and reciprocal
+    deviation, [N, G] float32), for an input of `shape`: (scale, shift, mean, rstd), each one value a
+    (sample, channel), [N, C, 1, ...], with the norm's output x * scale + shift."""
+    n, groups = mean.shape
+    c, ones = shape[1], (1,) * (len(shape) - 2)
+
+    def per_channel(t):  # each group's value for each of its channels
+        return t[:, :, None].expand(n, groups, c // groups).reshape(n, c, *ones)
+
+    mean, rstd = per_channel(mean), per_channel(rstd)
     scale = rstd if weight is None else rstd * weight.float().reshape(1, c, *ones)
     shift = -mean * scale if bias is None else bias.float().reshape(1, c, *ones) - mean * scale
     return scale, shift, mean, rstd
@@ -558,7 +557,11 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     layout with a leading dim innermost (a channels-last residual): the outputs then take that
     layout, as eager's would, and every tensor is read and written along its memory (ConvNeXt's
     layer scale over [32, 96, 56, 56] on an H200 in bf16: 18.6 us written channels-first, 17.2
-    channels-last, against torch.compile's 15.2).  `pitches` then holds each other leading dim's
+    channels-last, against torch.compile's 15.2).  Where the full-size inputs lay out apart and the
+    outputs are row-major, the first of them may be the one read across (`others` holds the rest): a
+    GroupNorm backward's channels-last upstream gradient beside its channels-first input, which the
+    tile kernel read one element a row (270 µs over [32, 256, 64, 64] in bf16 on an H100, against
+    about 22 µs to read one such tensor).  `pitches` then holds each other leading dim's
     step in the across kernel's count of their positions; `fast` is -1 when no input asks for it
     and rows follow the outputs' order.
 
@@ -578,6 +581,10 @@ def _row_order(leads, sizes, others, row_major=False, layout=None, cat=False):
     if inner is not None:
         out_strides, like = list(leads[0].stride()), True
         candidates = [(leads[0], tuple(range(n)))]
+    elif not like and layout is None and leads and _bytes(leads[0]) >= _ACROSS_MIN_BYTES:
+        # The full-size inputs laid out apart, the outputs row-major: the first may be the one laid out
+        # across them (a GroupNorm's channels-last upstream gradient beside its channels-first input).
+        candidates.append((leads[0], tuple(range(n))))
     for t, dims in candidates:
         fast = _stride_one_dim(t, dims)
         if fast is not None and fast < n - 1 and sizes[-1] > 1:
@@ -691,6 +698,22 @@ def _across_rows_tile(rows, block_c, itemsize):
     if block_r < 4:
         return None
     return block_r, max(2, min(16, block_r * block_c // 512))
+
+
+@functools.lru_cache(maxsize=256)  # a function of its arguments and the device; called every launch
+def _across_loop_tile(rows, fast, cols, itemsize):
+    """(BLOCK_R, BLOCK_C, num_warps) for the across row kernel walking blocks of `fast` rows (the
+    last row dim's, of `rows` in all) in column blocks: 64 columns, and 128 bytes of the widest
+    tensor down the tile, so that an input laid out along the rows and one laid out along the
+    columns are both read 128 bytes at a time; fewer rows (down to 16) while the programs would
+    leave multiprocessors idle, and 4 warps to a tile of up to 2048 elements (16 a thread), 8 past
+    it.  (Not yet timed on a GPU: a GroupNorm backward's sums over [32, 256, 64, 64] bf16, a
+    channels-last gradient, which the whole-row kernel took 262-488 µs over on an H100.)"""
+    block_c = min(_next_pow2(cols), 64)
+    block_r = max(1, min(_next_pow2(fast), 128 // itemsize))
+    while block_r > 16 and (rows // max(1, fast)) * ((fast + block_r - 1) // block_r) < _sm_count():
+        block_r //= 2
+    return block_r, block_c, 4 if block_r * block_c <= 2048 else 8
 
 
 def _needs_int64(*tensors):
@@ -911,6 +934,62 @@ def _cluster0_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, 
     v10 = tl.exp(v9) / v8  # line 67: att = F.softmax(att, dim=-1)
     tl.store(out0_ptr + (rows * C + cols), v10.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_kernel_across_loop(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, d3, in0_s0, in0_s1,
+    in0_s2, in0_s3, in1_s2, in1_s3, R, C, q0, q1, q2, sc0, fast_blocks, F,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
+    CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v5_acc = tl.full([BLOCK_R, 1], float('-inf'), tl.float32)
+    v8_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # in0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # in0
+        v1 = v0 * sc0  # line 65: att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        v2 = tl.load(in1_ptr + (c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v3 = v2 == 0.0  # line 66: att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        v4 = tl.where(v3, float('-inf'), v1)  # line 66: att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        v5_x = tl.where(mask, v4, float('-inf'))
+        v5_new = tl.maximum(v5_acc, tl.max(v5_x, axis=1)[:, None])
+        v5_safe = tl.where(v5_new == float('-inf'), 0.0, v5_new)  # no -inf - -inf
+        v8_acc = v8_acc * tl.exp(v5_acc - v5_safe) + tl.exp(v5_x - v5_safe)
+        v5_acc = v5_new
+    v5 = v5_acc  # line 67: softmax (row max)
+    v8 = tl.sum(v8_acc, axis=1)[:, None]
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # in0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # in0
+        v1 = v0 * sc0  # line 65: att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        v2 = tl.load(in1_ptr + (c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v3 = v2 == 0.0  # line 66: att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        v4 = tl.where(v3, float('-inf'), v1)  # line 66: att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        v9 = v4 - v5
+        v10 = tl.exp(v9) / v8  # line 67: att = F.softmax(att, dim=-1)
+        tl.store(out0_ptr + (rows * C + cols), v10.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_launch(in0, bias, sc0):
     d0 = in0.shape[0]
@@ -928,18 +1007,25 @@ def _cluster0_launch(in0, bias, sc0):
     st1 = _strides(bias)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((in0, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 4) if across else None
+    across = _down_rows(((in0, (0, 1, 2, 3)),), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_kernel_across[((R // F) * fast_blocks,)](in0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
-        kernel[grid](in0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[2], st1[3], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=in0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_kernel_across_loop[((R // F) * fast_blocks,)](in0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[2], st1[3], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_kernel_block if whole_row else _cluster0_kernel_loop
+            kernel[grid](in0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[2], st1[3], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=in0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1106,6 +1192,61 @@ def _cluster0_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1
     v9 = v8 * sc0  # mul
     tl.store(out0_ptr + (rows * C + cols), v9.to(out0_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster0_backward_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, out0_ptr, d0, d1, d2, d3,
+    in0_s0, in0_s1, in0_s2, in0_s3, in1_s0, in1_s1, in1_s2, in1_s3, in2_s2, in2_s3, R, C, q0,
+    q1, q2, sc0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+    C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c2 = last
+    c0 = _div(outer, d1, q2, INDEX_64)
+    c1 = _mod(outer, d1, q2, INDEX_64)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # result0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # grad0
+        v2 = v1 * v0  # mul
+        v3_acc = v3_acc + tl.where(mask, v2, 0.0)
+    v3 = tl.sum(v3_acc, axis=1)[:, None]  # sum
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c3 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2 + c3 * in0_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # result0
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2 + c3 * in1_s3), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # grad0
+        v4 = v1 - v3  # sub
+        v5 = v0 * v4  # mul
+        v6 = tl.load(in2_ptr + (c2 * in2_s2 + c3 * in2_s3), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v7 = v6 == 0.0  # eq
+        v8 = tl.where(v7, 0.0, v5)  # masked_fill
+        v9 = v8 * sc0  # mul
+        tl.store(out0_ptr + (rows * C + cols), v9.to(out0_ptr.dtype.element_ty), mask=mask)
+
 
 def _cluster0_backward_launch(result0, grad0, bias, sc0):
     d0 = result0.shape[0]
@@ -1124,18 +1265,25 @@ def _cluster0_backward_launch(result0, grad0, bias, sc0):
     st2 = _strides(bias)
     magic = _magic(d1 * d2, d2, d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
-    tile = _across_rows_tile(d2, block_c, 4) if across else None
+    across = _down_rows(((result0, (0, 1, 2, 3)), (grad0, (0, 1, 2, 3))), (d0, d1, d2, d3), 3)
+    tile = _across_rows_tile(d2, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d2
         fast_blocks = (F + block_r - 1) // block_r
         _cluster0_backward_kernel_across[((R // F) * fast_blocks,)](result0, grad0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[2], st2[3], R, C, *magic, sc0, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
-        kernel[grid](result0, grad0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[2], st2[3], R, C, *magic, sc0,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d2
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster0_backward_kernel_across_loop[((R // F) * fast_blocks,)](result0, grad0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[2], st2[3], R, C, *magic, sc0, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster0_backward_kernel_block if whole_row else _cluster0_backward_kernel_loop
+            kernel[grid](result0, grad0, bias, out0, d0, d1, d2, d3, st0[0], st0[1], st0[2], st0[3], st1[0], st1[1], st1[2], st1[3], st2[2], st2[3], R, C, *magic, sc0,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=result0.is_contiguous() and grad0.is_contiguous(), num_warps=warps)
     return out0
 
 
@@ -1349,6 +1497,88 @@ def _cluster1_kernel_across(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_p
     v14 = v12 + v13  # line 33: return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
     tl.store(out1_ptr + (rows * C + cols), v14.to(out1_ptr.dtype.element_ty), mask=mask)
 
+@triton.jit
+def _cluster1_kernel_across_loop(in0_ptr, in1_ptr, in2_ptr, in3_ptr, out0_ptr, out1_ptr,
+    out2_ptr, out3_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0,
+    in3_s0, R, C, q0, fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr, WIDTH: tl.constexpr, CONTIG: tl.constexpr):
+    C = WIDTH  # the row width, fixed by the model: a constant to triton
+    pid = tl.program_id(0)
+    outer = pid // fast_blocks
+    last = (pid % fast_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    if INDEX_64:
+        outer = outer.to(tl.int64)
+        last = last.to(tl.int64)
+    rows = outer * F + last
+    rmask = last < F
+    c1 = last
+    c0 = outer
+    v3_shift = tl.zeros([BLOCK_R, 1], tl.float32)
+    for col0 in range(0, BLOCK_C, BLOCK_C):  # the first column block only
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attn
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attn
+        v2 = v0 + v1  # line 102: x = x + self.attn(self.ln_1(x))
+        v3_shift = tl.sum(tl.where(mask, v2, 0.0), axis=1)[:, None] / tl.maximum(tl.sum(mask.to(tl.float32), axis=1)[:, None], 1.0)
+    v3_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    v7_acc = tl.full([BLOCK_R, BLOCK_C], 0.0, tl.float32)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # x
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attn
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_last').to(tl.float32)  # attn
+        v2 = v0 + v1  # line 102: x = x + self.attn(self.ln_1(x))
+        v3_d = tl.where(mask, v2 - v3_shift, 0.0)
+        v3_acc = v3_acc + v3_d
+        v7_acc = v7_acc + v3_d * v3_d
+    v3_dsum = tl.sum(v3_acc, axis=1)[:, None]
+    v3 = v3_dsum + v3_shift * C  # line 33: layer_norm (mean) (sum)
+    v7 = tl.maximum(tl.sum(v7_acc, axis=1)[:, None] - v3_dsum * v3_dsum / C, 0.0)
+    v4 = v3 / C  # line 33: layer_norm (mean)
+    v8 = v7 / C  # line 33: layer_norm (variance)
+    v9 = tl.rsqrt(v8 + 1e-05)
+    for col0 in range(0, C, BLOCK_C):
+        cols = col0 + tl.arange(0, BLOCK_C)[None, :]
+        cmask = cols < C
+        mask = rmask & cmask
+        c2 = cols
+        if CONTIG:
+            v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        else:
+            v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # x
+        if CONTIG:
+            v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attn
+        else:
+            v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0, eviction_policy='evict_first').to(tl.float32)  # attn
+        v2 = v0 + v1  # line 102: x = x + self.attn(self.ln_1(x))
+        v5 = v2 - v4
+        v10 = v5 * v9
+        v11 = tl.load(in2_ptr + (c2 * in2_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # weight
+        v12 = v10 * v11
+        v13 = tl.load(in3_ptr + (c2 * in3_s0), mask=cmask, other=0, eviction_policy='evict_last').to(tl.float32)  # bias
+        v14 = v12 + v13  # line 33: return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+        tl.store(out0_ptr + (rows * C + cols), v2.to(out0_ptr.dtype.element_ty), mask=mask)
+        tl.store(out1_ptr + (rows * C + cols), v14.to(out1_ptr.dtype.element_ty), mask=mask)
+    tl.store(out2_ptr + rows, v4.to(out2_ptr.dtype.element_ty), mask=rmask)
+    tl.store(out3_ptr + rows, v9.to(out3_ptr.dtype.element_ty), mask=rmask)
+
 
 def _cluster1_launch(x, attn, weight, bias):
     d0 = x.shape[0]
@@ -1369,18 +1599,25 @@ def _cluster1_launch(x, attn, weight, bias):
     st3 = _strides(bias)
     magic = _magic(d1)
     block_r, block_c, warps, whole_row = _row_tile(R, C, 4)
-    across = whole_row and _down_rows(((x, (0, 1, 2)), (attn, (0, 1, 2))), (d0, d1, d2), 2)
-    tile = _across_rows_tile(d1, block_c, 4) if across else None
+    across = _down_rows(((x, (0, 1, 2)), (attn, (0, 1, 2))), (d0, d1, d2), 2)
+    tile = _across_rows_tile(d1, block_c, 4) if across and whole_row else None
     if tile is not None:  # an input runs along the last row dim: down the tiles' rows
         (block_r, warps), F = tile, d1
         fast_blocks = (F + block_r - 1) // block_r
         _cluster1_kernel_across[((R // F) * fast_blocks,)](x, attn, weight, bias, out0, out1, out2, out3, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, fast_blocks, F,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
     else:
-        grid = ((R + block_r - 1) // block_r,)
-        kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
-        kernel[grid](x, attn, weight, bias, out0, out1, out2, out3, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic,
-            BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous() and attn.is_contiguous(), num_warps=warps)
+        if across:  # rows too wide for a tile of several: walked in column blocks
+            F = d1
+            block_r, block_c, warps = _across_loop_tile(R, F, C, 4)
+            fast_blocks = (F + block_r - 1) // block_r
+            _cluster1_kernel_across_loop[((R // F) * fast_blocks,)](x, attn, weight, bias, out0, out1, out2, out3, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic, fast_blocks, F,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=False, num_warps=warps)
+        else:
+            grid = ((R + block_r - 1) // block_r,)
+            kernel = _cluster1_kernel_block if whole_row else _cluster1_kernel_loop
+            kernel[grid](x, attn, weight, bias, out0, out1, out2, out3, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st3[0], R, C, *magic,
+                BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, WIDTH=C, CONTIG=x.is_contiguous() and attn.is_contiguous(), num_warps=warps)
     return (out0, out1, out2, out3)
 
 
