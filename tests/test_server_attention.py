@@ -41,24 +41,15 @@ def example(name: str) -> str:
         return fh.read()
 
 
-def applied_by_the_cli(tmp_path, name: str) -> str:
-    """The example after `fuselens apply --cluster r0` (its rewrite alone), in a folder of its own."""
+def applied_by_the_cli(tmp_path, name: str, *which: str) -> str:
+    """The example after `fuselens apply` (of the ids `which`: all when none), in a folder of its own."""
     folder = tmp_path / name.removesuffix(".py")
     folder.mkdir()
     for file in (name, "pyproject.toml"):
         (folder / file).write_text(example(file), encoding="utf-8")
+    chosen = [arg for i in which for arg in ("--cluster", i)]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fuselens.cli.main",
-            "apply",
-            str(folder / name),
-            "--cluster",
-            "r0",
-            "--yes",
-            "--no-check",
-        ],
+        [sys.executable, "-m", "fuselens.cli.main", "apply", str(folder / name), *chosen, "--yes", "--no-check"],
         capture_output=True,
         text=True,
     )
@@ -95,7 +86,7 @@ async def test_the_quick_fix_rewrites_the_attention_as_apply_does_and_restores_i
     written = await client.command(action.command.command, *action.command.arguments)
     assert written["path"] == client.path(name.replace(".py", "_kernels.py"))
     client.save(uri)
-    assert client.texts[uri] == applied_by_the_cli(tmp_path, name)  # what `fuselens apply` writes, to the byte
+    assert client.texts[uri] == applied_by_the_cli(tmp_path, name, "r0")  # what `fuselens apply` writes, to the byte
     with open(written["path"], encoding="utf-8") as fh:
         assert "# ---- source rewrite: rewrite_" in fh.read()
 
@@ -137,4 +128,20 @@ async def test_a_rewrite_offered_for_an_older_text_is_never_resolved_over_a_newe
     with pytest.raises(JsonRpcException, match="the document changed since version 1"):
         await client.resolved(rewrite)
     assert "scores = 2 * torch.matmul" in client.texts[uri]
+    client.close(uri)
+
+
+@pytest.mark.slow
+async def test_fusing_all_of_a_model_rewrites_its_attention_in_place_of_the_softmax_cluster(client: Client, tmp_path):
+    uri = client.open("fuse_all_attention.py", example("llama_block.py"))
+    await client.diagnostics_of(uri, 1, timeout=180)
+    (everything,) = [a for a in await client.code_actions(uri, 62) if a.title.startswith("Fuse all")]
+    # The softmax's cluster (c3) is the attention's: the five others, and the rewrite.
+    assert everything.title == "Fuse all 5 applicable clusters and apply 1 rewrite in LlamaBlock"
+    assert list(everything.command.arguments)[2] == ["c0", "c1", "c2", "c4", "c5", "r0"]
+    client.apply_workspace_edit(everything.edit)
+    await client.command(everything.command.command, *everything.command.arguments)
+    client.save(uri)
+    cli = applied_by_the_cli(tmp_path, "llama_block.py").replace("llama_block_kernels", "fuse_all_attention_kernels")
+    assert client.texts[uri] == cli
     client.close(uri)
