@@ -20,8 +20,9 @@ row where one of them cannot be captured), with the peak memory one call allocat
 and its inputs hold.  It prints each time, the ratios against the applied model and the applied model's
 largest difference from eager, and writes attention.json to --out.
 
-On a CPU (`--device cpu`) nothing is a CUDA graph: each call is timed back to back, and torch.compile
-runs only with `--cpu-compile` (Inductor's C++ build takes minutes there).
+On a CPU (`--device cpu`) nothing is a CUDA graph: each call is timed back to back, the applied model's
+clusters run their lines (their kernels run on CUDA, or in the Triton interpreter where TRITON_INTERPRET=1
+is set), and torch.compile runs only with `--cpu-compile` (Inductor's C++ build takes minutes there).
 """
 
 from __future__ import annotations
@@ -255,8 +256,6 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: pass --device cpu --tiny for a smoke run")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # (the kernel module's kernels never run on a CPU)
     measured_with = provenance()
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     rows = []
