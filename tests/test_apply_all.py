@@ -51,6 +51,14 @@ class Case:
     init: dict = field(default_factory=dict)
 
 
+def _tokens_and_targets(g: torch.Generator, vocab: int, shape: tuple[int, int]) -> list[torch.Tensor]:
+    """Token ids and their next-token targets, the last position of each row ignored (-100)."""
+    idx = torch.randint(0, vocab, shape, generator=g)
+    targets = torch.roll(idx, -1, dims=1)
+    targets[:, -1] = -100
+    return [idx, targets]
+
+
 CASES = {
     "branchy.py": Case("branchy.py", "GatedNet", lambda g: [torch.randn(8, 1024, generator=g)]),
     "conv_block.py": Case(
@@ -82,6 +90,13 @@ CASES = {
         "llama_block.py", "LlamaBlock", lambda g: [torch.randn(1, 24, 1024, generator=g)], torch.bfloat16
     ),
     "vit_block.py": Case("vit_block.py", "ViTBlock", lambda g: [torch.randn(2, 17, 1024, generator=g)]),
+    # A small vocabulary: the loss's projection and its cross-entropy are rewritten as one fused loss.
+    "gpt_loss.py": Case(
+        "gpt_loss.py",
+        "TinyLM",
+        lambda g: _tokens_and_targets(g, vocab=512, shape=(2, 16)),
+        init={"vocab": 512, "max_len": 64},
+    ),
     "nanogpt_attention.py": Case("nanogpt_attention.py", "Block", lambda g: [torch.randn(2, 16, 768, generator=g)]),
     "encoder_attention.py": Case(
         "encoder_attention.py",
@@ -232,17 +247,23 @@ def test_another_dtype_than_the_kernels_runs_the_lines_exactly(applied, name):
     with torch.no_grad():
         want, got = a(*xs), b(*xs)
     assert got.dtype == want.dtype
-    _assert_computed_as_the_model(got, want, ex)
+    _assert_computed_as_the_model(got, want, ex, weights=other)
     assert ex.launched and not any(ex.launched)
 
 
-def _assert_computed_as_the_model(got, want, ex):
+def _assert_computed_as_the_model(got, want, ex, weights=None):
     """The lines run as written: the same bits, except where a convolution's bias is added after it
     (as on a GPU) rather than inside it (as a CPU's convolution does): one rounding; and where an
     attention was rewritten to `scaled_dot_product_attention`, which sums and normalises the scores in
-    its own order: a few roundings of the output's dtype."""
+    its own order: a few roundings of the output's dtype; and where a projection and its cross-entropy
+    became one fused loss, which returns the loss in the logits' dtype before the code's upcast: one
+    rounding of the weights' dtype."""
     with open(ex.patched.forward.__code__.co_filename, encoding="utf-8") as fh:
         applied_code = fh.read()
+    if "linear_cross_entropy(" in applied_code:
+        eps = torch.finfo(weights or ex.case.dtype).eps
+        torch.testing.assert_close(got, want, rtol=eps, atol=0)
+        return
     if "scaled_dot_product_attention(" in applied_code:
         eps = torch.finfo(want.dtype).eps
         torch.testing.assert_close(got, want, rtol=64 * eps, atol=64 * eps * float(want.abs().max()))
