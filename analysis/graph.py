@@ -11,7 +11,7 @@ Plain data only: no torch import, so passes can be unit-tested on hand-built gra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,7 +230,7 @@ class Graph:
     # The buffers that hold a triangle of ones and zeros in their last two dims (a causal mask built once:
     # nanoGPT's `torch.tril(torch.ones(n, n))`), by name: "tril" (ones on and below the diagonal) or
     # "triu1" (ones above it).  Their values are known where the model was built (`loader.Built.values`).
-    triangles: dict[str, str] = field(default_factory=dict)
+    triangles: Mapping[str, str] = field(default_factory=dict)
 
     def names_of(self, name: str) -> tuple[str, ...]:
         """Every name of the parameter or buffer named `name`, that one first."""

@@ -30,7 +30,7 @@ from .capture import UserCode, user_frame
 from .discover import Candidates
 from .graph import Frame
 from .normalise import dtype_name
-from .weights import materialise, reproducible, to_meta, weights_on_meta
+from .weights import all_to_meta, materialise, parameters_on_meta, reproducible, to_meta, weights_on_meta
 
 
 class LoadError(Exception):
@@ -165,17 +165,27 @@ class Built:
     values: dict[str, torch.Tensor] = field(default_factory=dict)  # the small tensors' real values, by name
     # The large buffers made as a triangle of ones (a causal mask), whose values are not kept: "tril"/"triu1".
     triangles: dict[str, str] = field(default_factory=dict)
+    # For a model built without values (`build(values=False)`): the build that makes them.
+    build_values: Callable[[], dict[str, torch.Tensor]] | None = None
+
+    def real_values(self) -> dict[str, torch.Tensor]:
+        """`values`, built now for a model built without them."""
+        if self.build_values is not None:
+            self.values, self.build_values = self.build_values(), None
+        return self.values
 
     def real(self, seed: int = 0, device: str = "cpu") -> torch.nn.Module:
         """The model with real tensors (a copy): its own values for buffers and small tensors, seeded
         random weights for the rest."""
-        return materialise(copy.deepcopy(self.model), self.values, seed, device)
+        return materialise(copy.deepcopy(self.model), self.real_values(), seed, device)
 
 
-def build_source(source: ModelSource, init: dict[str, Any], user_code: UserCode, param_dtype: str | None) -> Built:
+def build_source(
+    source: ModelSource, init: dict[str, Any], user_code: UserCode, param_dtype: str | None, values: bool = True
+) -> Built:
     """The model `source` names: its class built (see `build`), or its module-level object as it is."""
     if source.instance is None:
-        return build(source.cls, init, user_code, hint_for_init(source.name), param_dtype)
+        return build(source.cls, init, user_code, hint_for_init(source.name), param_dtype, values)
     model = source.instance.eval()
     if param_dtype:
         model.to(getattr(torch, param_dtype))
@@ -184,14 +194,43 @@ def build_source(source: ModelSource, init: dict[str, Any], user_code: UserCode,
 
 
 def build(
-    cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str = "", param_dtype: str | None = None
+    cls: type,
+    init: dict[str, Any],
+    user_code: UserCode,
+    init_hint: str = "",
+    param_dtype: str | None = None,
+    values: bool = True,
 ) -> Built:
     """Instantiate `cls(**init)` in eval mode, on the meta device when the code allows it, with its
-    weights cast to `param_dtype` when one is given."""
-    built = _build(cls, init, user_code, init_hint)
+    weights cast to `param_dtype` when one is given.  `values=False` (a model to be traced): its
+    parameters are never given values, and `Built.real_values()` builds it again for them."""
+    built = None if values else _without_values(cls, init, user_code, init_hint)
+    if built is None:
+        built = _build(cls, init, user_code, init_hint)
     if param_dtype:
         built.model.to(getattr(torch, param_dtype))
     return built
+
+
+def _without_values(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) -> Built | None:
+    """The model with its parameters on meta from the start (`parameters_on_meta`): the model `_build`
+    makes, less the values.  None where the constructor cannot run so (it reads a parameter's values,
+    or fails anyway): `_build` then builds it, and says why when it cannot either."""
+    if _missing_arguments(cls, init):
+        return None
+    try:
+        with reproducible(), weights_on_meta() as made, parameters_on_meta():
+            model = cls(**init)
+    except (Exception, SystemExit):
+        return None
+    triangles = made.triangles(model)  # (as `_build` finds them: a mask of ones made from no parameter)
+    all_to_meta(model)
+    return Built(
+        model.eval(),
+        on_meta=True,
+        triangles=triangles,
+        build_values=lambda: _build(cls, init, user_code, init_hint).values,
+    )
 
 
 def _build(cls: type, init: dict[str, Any], user_code: UserCode, init_hint: str) -> Built:

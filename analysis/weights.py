@@ -12,6 +12,11 @@ The small tensors a constructor initialises from torch's random generator (a rou
 small model) are values the analysis then relies on: past a data-dependent op it runs the model on
 them, and which tokens reach which expert follows from them.  `reproducible()` seeds the generator
 while a model is built, so the same file gives the same report every time.
+
+A trace needs no values at all: built under `parameters_on_meta()` too, every parameter goes to meta
+as its module registers it, and the constructor initialises nothing (a 12-layer GPT's 768 x 768
+projections are each filled with random numbers and copied otherwise).  The values are then those of
+a build without it, made again when they are asked for (`loader.Built.real_values`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_parameter_registration_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
@@ -105,6 +111,37 @@ class weights_on_meta(TorchFunctionMode):
 _SHAPE_KEEPING = frozenset(
     {"view", "reshape", "unsqueeze", "expand", "to", "float", "bool", "half", "bfloat16", "contiguous"}
 )
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Each `nn.Parameter` a module registers with real values is registered as a meta parameter of
+    the same shape, strides and dtype instead, so that initialising it computes nothing.  One
+    parameter registered twice (tied weights) stays one."""
+    # id -> (the parameter registered, while it lives; the one on meta)
+    on_meta: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+
+    def registered(module: torch.nn.Module, name: str, param: Any) -> Any:  # (the parameter to register, or None)
+        if type(param) is not torch.nn.Parameter or param.device.type == "meta":
+            return None  # (a lazy module's uninitialised parameter is left to its own kind)
+        known = on_meta.get(id(param))
+        if known is None or known[0]() is not param:  # (a parameter that died may leave its id to a new one)
+            known = on_meta[id(param)] = (
+                weakref.ref(param),
+                torch.nn.Parameter(param.data.to("meta"), param.requires_grad),
+            )
+        return known[1]
+
+    handle = register_module_parameter_registration_hook(registered)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def all_to_meta(model: torch.nn.Module) -> None:
+    """Move every tensor of `model` to meta, keeping none of its values."""
+    _replace(model, lambda _, tensor: tensor.to("meta"))
 
 
 def to_meta(model: torch.nn.Module) -> dict[str, torch.Tensor]:

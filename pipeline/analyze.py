@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -278,7 +278,8 @@ def _trace_paths(
 ) -> list[tuple[capture.Trace, str]]:
     """Build the model and trace it: the main path, then each data-dependent branch the other way."""
     user_code = file.analyzed.user_code
-    built = loader.build_source(source, config.init, user_code, config.param_dtype)
+    # Built without values (a trace needs none): `_real_run` has them made where it needs them.
+    built = loader.build_source(source, config.init, user_code, config.param_dtype, values=False)
     if file.options.train:
         built.model.train()
         model.training = True
@@ -309,11 +310,41 @@ def _trace_paths(
             continue
         brk = main.branch_breaks[i]
         paths.append((alt, f"on the path where the condition on line {brk.line} is {decisions[-1]}"))
-    masks = {**built.triangles, **attention.triangles(built.values)}  # (a causal mask buffer: what it holds)
+    masks = _Masks(built)  # (a causal mask buffer: what it holds)
     for trace, _ in paths:
         trace.graph.triangles = masks
     model.timings_ms["trace"] = _ms(started)
     return paths
+
+
+class _Masks(Mapping[str, str]):
+    """The model's buffers that hold a causal mask (`Graph.triangles`), worked out the first time the
+    attention pattern asks about one: the small ones from their values, which a model built for its
+    trace alone does not have (`Built.real_values` builds it again for them), and most models have no
+    buffer for the pattern to ask about."""
+
+    def __init__(self, built: loader.Built):
+        self._built = built
+        self._masks: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._masks is None:
+            try:
+                values = self._built.real_values()
+            except loader.LoadError:  # (a constructor that cannot run twice: the masks its ones show)
+                values = {}
+            self._masks = {**self._built.triangles, **attention.triangles(values)}
+        return self._masks
+
+    def __getitem__(self, name: str) -> str:
+        known = self._built.triangles.get(name)  # (a large one, kept by what made it: no values needed)
+        return known if known is not None else self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 REAL_RUN_BYTES = 2 << 30  # the most a model's tensors may take to be run on real values past a break
