@@ -59,9 +59,10 @@ def import_file(path: str, user_code: UserCode, text: str | None = None) -> Modu
     stem = os.path.splitext(os.path.basename(path))[0]
     name = f"fuselens_user_{stem}_{digest}"
     # The file's fuselens kernel module is imported afresh too: one imported earlier may be another
-    # folder's of the same name, or this one's before `apply` rewrote it.
-    for stale in [m for m in sys.modules if m in (name, f"{stem}_kernels")]:
-        del sys.modules[stale]
+    # folder's of the same name, or this one's before `apply` rewrote it.  (Looked up by name: reading
+    # every name in `sys.modules` copies the worker host's pages into the job.)
+    for stale in (name, f"{stem}_kernels"):
+        sys.modules.pop(stale, None)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError("import", f"cannot import {path}")

@@ -58,6 +58,8 @@ def package_of(file: str, home: str = "") -> Package | None:
     if not file or file.startswith("<"):
         return None
     path = os.path.abspath(file)
+    if home and path == os.path.abspath(home):
+        return None  # (without a look at the modules: the file was just imported, and is in no table yet)
     found = _from_module(path) or _from_path_entry(path)
     if found is None or found.toolchain:
         return found
