@@ -67,6 +67,12 @@ class _StopTrace(Exception):
     pass
 
 
+# What the recorder itself reads of the tensors of a call (shapes, strides, views) is none of the model's
+# calls: run with torch functions off, it skips the default-device mode under the recorder (a Python call
+# for each read, several for each op).  Nothing it runs makes a tensor without naming the device.
+_bookkeeping = torch._C.DisableTorchFunction
+
+
 @dataclass
 class UserCode:
     """Decides which source files are the user's (vs torch, the stdlib, installed packages), and which
@@ -227,6 +233,8 @@ class Recorder(TorchFunctionMode):
         self._invocations: dict[int, int] = {}
         self._owners: list[str] = []  # by invocation: the module path of the frame's `self`
         self._positions: dict[Any, list[Any]] = {}  # code object -> its instructions' source spans
+        # Code object -> (whether it is model code, whether a library's): asked for each frame of each op.
+        self._code_kinds: dict[types.CodeType, tuple[bool, bool]] = {}
         self._frame_refs: list[Any] = []
         self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
         self._scalars = ScalarSources(user_code.model_code, self._invocation, self._module_path, self._made_at)
@@ -261,8 +269,9 @@ class Recorder(TorchFunctionMode):
         # Numbers read from the model's state (`self.eps`) carry where they come from: a kernel takes them
         # from its caller.  The call itself runs on the plain values.
         called_args, called_kwargs = args, kwargs
-        args, kwargs = self._tagged(func, name, args, kwargs)
-        template = self._template((args, kwargs))  # the call as made: validation and the reference replay it
+        with _bookkeeping():
+            args, kwargs = self._tagged(func, name, args, kwargs)
+            template = self._template((args, kwargs))  # the call as made: validation and the reference replay it
         number, first = self._calls, len(self.graph.nodes)
         self._calls += 1
         with self.around_call(number) if self.around_call else contextlib.nullcontext():
@@ -273,18 +282,19 @@ class Recorder(TorchFunctionMode):
                 # in the graph, and a kernel's reference casts too in a model of another dtype), while
                 # what reads the tensor elsewhere does not.
                 out = out.view(out.shape)
-        if not tensors_in(out) and name not in ("__setitem__",):
-            return out
-        first_new = len(self.graph.nodes)
-        try:
-            self._record(func, name, args, kwargs, out)
-            if template is not None:
-                self._attach_replay(func, template, out, first_new)
-        except _StopTrace:
-            raise
-        except Exception as exc:  # a normalisation gap must never fail the user's trace
-            self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
-        self.call_nodes[number] = range(first, len(self.graph.nodes))
+        with _bookkeeping():
+            if not tensors_in(out) and name not in ("__setitem__",):
+                return out
+            first_new = len(self.graph.nodes)
+            try:
+                self._record(func, name, args, kwargs, out)
+                if template is not None:
+                    self._attach_replay(func, template, out, first_new)
+            except _StopTrace:
+                raise
+            except Exception as exc:  # a normalisation gap must never fail the user's trace
+                self._record_opaque(func, name, args, kwargs, out, note=f"unrecognised call ({exc})")
+            self.call_nodes[number] = range(first, len(self.graph.nodes))
         return out
 
     def _conv_then_bias(self, func, types, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -362,31 +372,43 @@ class Recorder(TorchFunctionMode):
         """
         if self.real:
             return func(*args, **kwargs)
-        try:
-            key = (func, _signature(args), _signature(kwargs))
-            hash(key)
-        except TypeError:
-            return func(*args, **kwargs)
-        spec = self._memo.get(key)
-        if spec is not None:
-            shape, stride, dtype = spec
-            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        with _bookkeeping():
+            try:
+                key = (func, _signature(args), _signature(kwargs))
+                hash(key)
+            except TypeError:
+                key = None
+            spec = self._memo.get(key) if key is not None else None
+            if spec is not None:
+                shape, stride, dtype = spec
+                return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         out = func(*args, **kwargs)
-        if type(out) is torch.Tensor and out.device.type == "meta" and not _aliases_inputs(out, args, kwargs):
-            self._memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype)
+        with _bookkeeping():
+            if (
+                key is not None
+                and type(out) is torch.Tensor
+                and out.device.type == "meta"
+                and not _aliases_inputs(out, args, kwargs)
+            ):
+                self._memo[key] = (tuple(out.shape), tuple(out.stride()), out.dtype)
         return out
 
     # ---- provenance ---------------------------------------------------------------
     def _frames(self) -> tuple[Frame, ...]:
         frames = []
         self._caller = None
+        kinds = self._code_kinds
         f: types.FrameType | None = sys._getframe(2)
         while f is not None and f.f_code is not self.stop_at:
             code = f.f_code
-            if self.user_code.model_code(code.co_filename):
+            kind = kinds.get(code)
+            if kind is None:
+                model = self.user_code.model_code(code.co_filename)
+                kind = kinds[code] = (model, model and not self.user_code(code.co_filename))
+            model, library = kind
+            if model:
                 if self._caller is None:
                     self._caller = f
-                library = not self.user_code(code.co_filename)
                 invocation, owner = self._invocation(f)
                 line, col, end_line, end_col = self._position(f)
                 frames.append(

@@ -180,7 +180,7 @@ class ScalarSources:
         names = _names_read(expr)
         if not any(self._reads_state(name, frame) for name in names):
             return value  # a literal or a true constant: the same in every call
-        text = ast.unparse(expr)
+        text = _unparsed(expr)
         at: dict[int, str] = {}
         owner = frame.f_locals.get("self") if "self" in names else None
         owner_path = self._module_path(owner) if owner is not None else None
@@ -236,7 +236,7 @@ class ScalarSources:
         return True
 
     def _as_written_in(
-        self, expr: ast.expr, names: set[str], frame: types.FrameType, owner_path: str | None, f: types.FrameType
+        self, expr: ast.expr, names: frozenset[str], frame: types.FrameType, owner_path: str | None, f: types.FrameType
     ) -> str | None:
         """`expr`, read in `frame`, as the outer frame `f` reaches the same values: each name it reads
         rebased (`_rebase`); None where some name is out of `f`'s reach."""
@@ -277,12 +277,12 @@ class ScalarSources:
         if function is None or code is not frame.f_code:
             return None
         try:
-            passed = inspect.signature(function).bind_partial(*call.args, **keywords)
+            passed = _signature(function).bind_partial(*call.args, **keywords)
         except (TypeError, ValueError):
             return None
         if name in passed.arguments:
             return None
-        callee = ast.unparse(call.func)
+        callee = _unparsed(call.func)
         defaults = getattr(function, "__defaults__", None) or ()
         positional = code.co_varnames[: code.co_argcount]
         if name in positional[len(positional) - len(defaults) :]:
@@ -346,7 +346,7 @@ def _by_parameter(
     """`F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)` reaches the mode as
     `(x, num_groups)` and `weight=, bias=, eps=`: both matched to the function's parameters."""
     try:
-        signature = inspect.signature(func)
+        signature = _signature(func)
         written = signature.bind_partial(*positional, **keywords).arguments
         names = list(signature.parameters)
     except (TypeError, ValueError):
@@ -385,8 +385,45 @@ def _within(span: Span, expr: ast.expr) -> bool:
     return (outer[0], outer[1]) <= (span[0], span[1]) and (span[2], span[3]) <= (outer[2], outer[3])
 
 
-def _names_read(expr: ast.expr) -> set[str]:
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+# An expression's text, the names it reads and its text rebased, asked for each number of each op: made
+# once for an expression of a parsed source (`_parsed`, which keeps the expressions), whichever layer's
+# call reaches it.  The caches hold the expressions they are keyed by, so a key is never another's.
+
+
+@functools.lru_cache(maxsize=4096)
+def _unparsed(expr: ast.AST) -> str:
+    return ast.unparse(expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_read(expr: ast.expr) -> frozenset[str]:
+    return frozenset(n.id for n in ast.walk(expr) if isinstance(n, ast.Name))
+
+
+def _signature(function: Callable) -> inspect.Signature:
+    """`inspect.signature(function)`; a bound method's from its function's (the same for every `self`)."""
+    method = getattr(function, "__func__", None)
+    if isinstance(function, types.MethodType) and method is not None:
+        return _bound_signature(method, function)
+    try:
+        return _function_signature(function)
+    except TypeError:  # (unhashable)
+        return inspect.signature(function)
+
+
+@functools.lru_cache(maxsize=1024)
+def _function_signature(function: Callable) -> inspect.Signature:
+    return inspect.signature(function)
+
+
+_BOUND: dict[Any, tuple[Any, inspect.Signature]] = {}  # function -> (the function, its methods' signature)
+
+
+def _bound_signature(method: Any, bound: types.MethodType) -> inspect.Signature:
+    known = _BOUND.get(id(method))
+    if known is None or known[0] is not method:
+        known = _BOUND[id(method)] = (method, inspect.signature(bound))
+    return known[1]
 
 
 def _reached_self(from_path: str, to_path: str) -> str | None:
@@ -401,8 +438,13 @@ def _reached_self(from_path: str, to_path: str) -> str | None:
 def _rebase(expr: ast.expr, replacements: dict[str, str]) -> str:
     """`expr` with each name of `replacements` replaced by its expression: `self.eps` -> `self.mlp_norm.eps`."""
     if not replacements or all(name == text for name, text in replacements.items()):
-        return ast.unparse(expr)
-    parsed = {name: ast.parse(text, mode="eval").body for name, text in replacements.items()}
+        return _unparsed(expr)
+    return _rebased(expr, tuple(sorted(replacements.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rebased(expr: ast.expr, replacements: tuple[tuple[str, str], ...]) -> str:
+    parsed = {name: ast.parse(text, mode="eval").body for name, text in replacements}
 
     class _Rebase(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.AST:
