@@ -11,6 +11,7 @@ Plain data only: no torch import, so passes can be unit-tested on hand-built gra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,16 +178,19 @@ class Node:
 
     @property
     def refs(self) -> list[Ref]:
-        return [a for a in _flatten(self.args) if isinstance(a, Ref)]
+        return list(self._reads[0])
 
     @property
     def inputs(self) -> list[int]:
         """Ids of the distinct nodes this one reads, in argument order."""
-        seen: list[int] = []
-        for r in self.refs:
-            if r.node not in seen:
-                seen.append(r.node)
-        return seen
+        return list(self._reads[1])
+
+    @functools.cached_property
+    def _reads(self) -> tuple[tuple[Ref, ...], tuple[int, ...]]:
+        """`refs` and `inputs`, asked for over and over by every pass: worked out once, from the
+        arguments a node is made with (nothing changes them after)."""
+        refs = tuple(a for a in _flatten(self.args) if isinstance(a, Ref))
+        return refs, tuple(dict.fromkeys(r.node for r in refs))
 
     @property
     def line(self) -> int | None:
@@ -238,11 +242,13 @@ class Graph:
 
     def __post_init__(self) -> None:
         self._users: dict[int, list[int]] | None = None
+        self._calls: dict[int, list[tuple[Node, int]]] | None = None
 
     def add(self, node: Node) -> Node:
         assert node.id == len(self.nodes), "node ids are positions"
         self.nodes.append(node)
         self._users = None
+        self._calls = None
         return node
 
     def __getitem__(self, node_id: int) -> Node:
@@ -263,6 +269,18 @@ class Graph:
                     users[i].append(n.id)
             self._users = users
         return self._users[node_id]
+
+    def in_call(self, invocation: int) -> list[tuple[Node, int]]:
+        """The nodes made inside call `invocation` of a function (its frame is in their stack), in
+        execution order, each with where that frame is in its stack (0: the op's own line).  Indexed
+        once: each cluster's source mapping asks for the call its code is in."""
+        if self._calls is None:
+            calls: dict[int, list[tuple[Node, int]]] = {}
+            for n in self.nodes:
+                for depth, frame in enumerate(n.stack):
+                    calls.setdefault(frame.invocation, []).append((n, depth))
+            self._calls = calls
+        return self._calls.get(invocation, [])
 
     def view_root(self, node_id: int) -> int:
         """The non-view, non-identity node whose storage `node_id` reads."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .graph import Graph, Node
+from .graph import Frame, Graph, Node
 
 
 class Unreachable(Exception):
@@ -64,7 +64,9 @@ def module_checks(
     if "" in moded and not has_self:
         raise Unreachable("it drops in training, and nothing its function holds says which mode the model is in")
     code, arguments = list(code), list(arguments)
-    placed = [(node, depth) for node in graph if (depth := _depth_in(node, invocation, code, arguments)) is not None]
+    placed = [
+        (node, depth) for node, depth in graph.in_call(invocation) if _evaluating(node.stack[depth], code, arguments)
+    ]
     # The module whose code was running when the function was called: its `self`, or for a function of
     # no module (`apply_rotary_pos_emb`) its caller's, which the ops made in the function itself show.
     base = owner if has_self else next((n.module for n, depth in placed if depth == 0), owner)
@@ -91,14 +93,10 @@ def module_checks(
     return checks
 
 
-def _depth_in(node: Node, invocation: int, code: list[Span], arguments: list[Span]) -> int | None:
-    """Where in `node`'s stack the frame of call `invocation` is, when that frame was evaluating the
-    replaced `code` (and not one of its `arguments`)."""
-    for depth, frame in enumerate(node.stack):
-        if frame.invocation == invocation:
-            inside = any(_contains(span, frame.span) for span in code)
-            return depth if inside and not any(_contains(span, frame.span) for span in arguments) else None
-    return None
+def _evaluating(frame: Frame, code: list[Span], arguments: list[Span]) -> bool:
+    """Whether `frame` was evaluating the replaced `code` (and not one of its `arguments`)."""
+    inside = any(_contains(span, frame.span) for span in code)
+    return inside and not any(_contains(span, frame.span) for span in arguments)
 
 
 def _contains(outer: Span, inner: Span) -> bool:

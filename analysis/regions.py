@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import linecache
 import os
 from collections.abc import Callable, Sequence
@@ -169,7 +170,7 @@ def find_region(
     `numbers`: the numbers of the model's state the kernel takes after its tensors, each as the op's
     call spells it and what each frame calls it (`analysis.scalars`)."""
     spans = _Spans(graph, members, invocation)
-    ast_of = _AstIndex(function)
+    ast_of = _AstIndex.of(function)
     has_self = bool(function.args.args) and function.args.args[0].arg == "self"
     made = _modules_made_at_call(graph, members, invocation, ast_of, lines)
     roots = _roots(spans, ast_of, graph, compute)
@@ -235,16 +236,17 @@ class _Spans:
         self.moded: set[str] = set()  # those it leaves out in eval mode only (a dropout): "" for `self`
         self.cluster: dict[Span, list[int]] = {}
         self.foreign: dict[Span, list[int]] = {}
+        in_call = graph.in_call(invocation)
         # The module path of the frame's `self`.
-        self.owner = next((f.owner for n in graph for f in n.stack if f.invocation == invocation), "")
+        self.owner = in_call[0][0].stack[in_call[0][1]].owner if in_call else ""
         # Each time the function evaluates an expression (a loop evaluates it once an iteration), its ops
         # run one after another: the ops of one evaluation, by span, are those of the cluster's.
         evaluation: dict[int, tuple[Span, int]] = {}
         count: dict[Span, int] = {}
         previous: Span | None = None
-        for node in graph:
-            frame = next((f for f in node.stack if f.invocation == invocation), None)
-            if frame is None or (node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const", "input")):
+        for node, depth in in_call:
+            frame = node.stack[depth]
+            if node.cls is OpClass.SOURCE and node.op in ("param", "buffer", "const", "input"):
                 continue
             if frame.col < 0:
                 raise NoRegion(f"the trace has no column positions for line {frame.line}")
@@ -334,17 +336,35 @@ def _bias_left_to(graph: Graph, node_id: int, members: set[int]) -> bool:
 
 
 class _AstIndex:
-    """The function's expressions and statements, by span."""
+    """The function's expressions and statements, by span; the names it binds or reads (arguments
+    included), and its statements, in `ast.walk`'s order.  Read only once made."""
 
     def __init__(self, function: ast.AST):
         self.by_span: dict[Span, ast.AST] = {}
         self.parent: dict[ast.AST, ast.AST] = {}
+        self.names: frozenset[str] = frozenset()
+        self.statements: list[ast.stmt] = []
+        names: set[str] = set()
         for node in ast.walk(function):
             for child in ast.iter_child_nodes(node):
                 self.parent[child] = node
             span = _span(node)
             if span is not None and (isinstance(node, ast.expr) or span not in self.by_span):
                 self.by_span[span] = node  # an expression wins over the statement of the same span
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.stmt):
+                self.statements.append(node)
+        self.names = frozenset(names)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def of(function: ast.AST) -> _AstIndex:
+        """The index of `function`, made once for all the clusters whose code it holds (each of a
+        model's repeated layers has one there).  The cache holds the function, so its key stays its."""
+        return _AstIndex(function)
 
     def inside(self, outer: ast.AST, inner: Span) -> bool:
         span = _span(outer)
@@ -667,9 +687,10 @@ def _number_argument(text: str, at: dict[int, str], invocation: int, function: a
 
 def _attribute_path(param: Node, graph: Graph, roots: list[_Root], spans: _Spans, invocation: int) -> str:
     """`self.mlp_norm.weight` for a parameter reached from the frame whose `self` is a parent module."""
-    owner = next((f.owner for n in graph for f in n.stack if f.invocation == invocation), None)
-    if owner is None:
+    in_call = graph.in_call(invocation)
+    if not in_call:
         raise NoRegion(f"`{param.name}` is not reachable from the code to replace")
+    owner = in_call[0][0].stack[in_call[0][1]].owner
     prefix = owner + "." if owner else ""
     own = next((name for name in graph.names_of(param.name) if name.startswith(prefix)), None)
     if own is None:
@@ -946,8 +967,7 @@ def _rewrite(
     read = {n.id for test, _ in conditions for n in ast.walk(test) if isinstance(n, ast.Name)}
     bound = set().union(*(_stored(s) for s in plan.kept(min(statements), plan.call_at)))
     region.conditions_first = not (read & bound)
-    region.taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
-    region.taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
+    region.taken = set(_AstIndex.of(function).names)
     return region
 
 
@@ -988,8 +1008,7 @@ def _call_binding(plan: _Rewrite, outputs: list[tuple[_Root, int]], function: as
     """Several outputs: one statement binds them all where the first is computed
     (`x, h = cluster4(...)`); an output that was a whole right-hand side binds that name (and its
     statement goes), any other is bound to a fresh name that stands where the expression stood."""
-    taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
-    taken |= {a.arg for a in ast.walk(function) if isinstance(a, ast.arg)}
+    taken = set(_AstIndex.of(function).names)
     names: list[str] = []
     for k, (root, i) in enumerate(outputs):
         name = _target_of(root, plan.own(root))
@@ -1158,7 +1177,7 @@ def _read_later(block: list[ast.stmt], j: int, name: str, inside: list[Span | No
         if name in _stored(statement):
             return False
     end = block[-1].end_lineno or block[-1].lineno
-    later = [n for n in ast.walk(function) if isinstance(n, ast.stmt) and n.lineno > end]
+    later = [n for n in _AstIndex.of(function).statements if n.lineno > end]
     return any(outside(statement) for statement in later)
 
 
