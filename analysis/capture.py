@@ -43,6 +43,8 @@ from .settings import class_identity, module_settings
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FUSELENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Torch's code and the analysis's own, whose frames every op's stack holds: never a model's.
+_TOOLCHAIN_DIRS = (_TORCH_DIR + os.sep, os.path.join(_FUSELENS_DIR, "analysis") + os.sep)
 _SYSTEM_DIRS = tuple(
     {p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}
 )
@@ -108,8 +110,12 @@ class UserCode:
         """Model code of an installed library: transformers' modeling files, timm's layers, ..."""
         hit = self._library.get(filename)
         if hit is None:
-            found = package_of(filename, self.home)
-            hit = self._library[filename] = found is not None and not found.toolchain
+            if os.path.abspath(filename).startswith(_TOOLCHAIN_DIRS):
+                hit = False  # (no package to look up: a namespace package's path is searched again then)
+            else:
+                found = package_of(filename, self.home)
+                hit = found is not None and not found.toolchain
+            self._library[filename] = hit
         return hit
 
     def model_code(self, filename: str) -> bool:
@@ -232,12 +238,14 @@ class Recorder(TorchFunctionMode):
         self._memo: dict[Any, tuple] = {}
         self._invocations: dict[int, int] = {}
         self._owners: list[str] = []  # by invocation: the module path of the frame's `self`
-        self._positions: dict[Any, list[Any]] = {}  # code object -> its instructions' source spans
-        # Code object -> (whether it is model code, whether a library's): asked for each frame of each op.
-        self._code_kinds: dict[types.CodeType, tuple[bool, bool]] = {}
+        # For each frame of each op, by its code object's id (hashing a code object hashes its contents,
+        # a microsecond or two each time): the code itself (kept, so that its id is not reused), and its
+        # instructions' source spans, or whether it is model code and whether a library's.
+        self._positions: dict[int, tuple[types.CodeType, list[Any]]] = {}
+        self._code_kinds: dict[int, tuple[types.CodeType, bool, bool]] = {}
         self._frame_refs: list[Any] = []
         self._caller: types.FrameType | None = None  # innermost user frame of the call being recorded
-        self._scalars = ScalarSources(user_code.model_code, self._invocation, self._module_path, self._made_at)
+        self._scalars = ScalarSources(user_code.model_code, self._invocation, self._module_path, self._made_at, stop_at)
         # Profiling: a context each call runs inside (a profiler range named after it), and the nodes
         # each call recorded, by the call's number.
         self.around_call: Callable[[int], contextlib.AbstractContextManager] | None = None
@@ -401,11 +409,11 @@ class Recorder(TorchFunctionMode):
         f: types.FrameType | None = sys._getframe(2)
         while f is not None and f.f_code is not self.stop_at:
             code = f.f_code
-            kind = kinds.get(code)
+            kind = kinds.get(id(code))
             if kind is None:
                 model = self.user_code.model_code(code.co_filename)
-                kind = kinds[code] = (model, model and not self.user_code(code.co_filename))
-            model, library = kind
+                kind = kinds[id(code)] = (code, model, model and not self.user_code(code.co_filename))
+            _, model, library = kind
             if model:
                 if self._caller is None:
                     self._caller = f
@@ -420,9 +428,10 @@ class Recorder(TorchFunctionMode):
     def _position(self, frame: types.FrameType) -> tuple[int, int, int, int]:
         """The span of the expression `frame` is evaluating: the op, or the call leading to it."""
         code = frame.f_code
-        positions = self._positions.get(code)
-        if positions is None:
-            positions = self._positions[code] = list(code.co_positions())
+        known = self._positions.get(id(code))
+        if known is None:
+            known = self._positions[id(code)] = (code, list(code.co_positions()))
+        positions = known[1]
         index = frame.f_lasti // 2
         if 0 <= index < len(positions):
             line, end_line, col, end_col = positions[index]

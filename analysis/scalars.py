@@ -95,13 +95,15 @@ class ScalarSources:
         invocation: Callable[[types.FrameType], tuple[int, str]],
         module_path: Callable[[Any], str | None],
         made_at: Callable[[Any, types.FrameType], Span | None],
+        stop_at: types.CodeType | None = None,
     ):
         self._model_code = model_code  # whether a file is model code (the user's or a library's)
+        self._stop_at = stop_at  # the code of the frame that runs the model: the frames past it are the tool's
         self._invocation = invocation  # a frame's invocation number and its `self`'s module path
         self._module_path = module_path  # the module path of an object, None if it is no module of the model
         self._made_at = made_at  # the span, in a frame, of the expression whose op made a tensor
         self._sources: dict[str, _Source] = {}
-        self._positions: dict[types.CodeType, list] = {}
+        self._positions: dict[int, tuple[types.CodeType, list]] = {}  # by id: as the recorder's (capture.py)
         self._named_before: dict[tuple, NamedFloat | NamedInt] = {}
 
     def tag(self, func: Callable, start: types.FrameType | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -166,9 +168,10 @@ class ScalarSources:
     def _call_node(self, frame: types.FrameType) -> ast.AST | None:
         source = self._source(frame.f_code.co_filename)
         code = frame.f_code
-        positions = self._positions.get(code)
-        if positions is None:
-            positions = self._positions[code] = list(code.co_positions())
+        known = self._positions.get(id(code))
+        if known is None:
+            known = self._positions[id(code)] = (code, list(code.co_positions()))
+        positions = known[1]
         span = _span_at(positions, frame.f_lasti // 2)
         return source.by_span.get(span) if span is not None else None
 
@@ -303,7 +306,7 @@ class ScalarSources:
 
     def _model_frames(self, frame: types.FrameType) -> Iterator[types.FrameType]:
         f: types.FrameType | None = frame
-        while f is not None:
+        while f is not None and f.f_code is not self._stop_at:
             if self._model_code(f.f_code.co_filename):
                 yield f
             f = f.f_back
