@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .parsed import parse
+
 
 @dataclass
 class ClassInfo:
@@ -62,14 +64,14 @@ def _base_name(node: ast.expr) -> str:
 
 
 def find_candidates(source: str) -> Candidates:
-    tree = ast.parse(source)
+    tree = parse(source)
     lines = source.splitlines()
     return Candidates(_classes(tree, lines), _bindings(tree, lines), _imports(tree))
 
 
 def find_classes(source: str) -> list[ClassInfo]:
     """Top-level classes with a base class: each may derive from nn.Module (imports decide)."""
-    return _classes(ast.parse(source), source.splitlines())
+    return _classes(parse(source), source.splitlines())
 
 
 def _classes(tree: ast.Module, lines: list[str]) -> list[ClassInfo]:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .graph import NamedFloat, NamedInt
+from .parsed import parse
 
 # Frames between a torch function and the code that called it: dispatch and Python wrappers.
 _WRAPPER_FILES = tuple(
@@ -60,7 +61,7 @@ class _Source:
         self.by_span: dict[Span, ast.AST] = {}
         self.imported: dict[str, str] = {}
         try:
-            tree = ast.parse(text)
+            tree = parse(text)
         except SyntaxError:
             return
         for statement in tree.body:

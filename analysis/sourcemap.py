@@ -29,6 +29,7 @@ from fuselens.contracts.report import Mapping as MappingQuality
 
 from .graph import Graph, Node
 from .packages import model_library
+from .parsed import parse
 from .places import common_place
 from .regions import MixedCall, NoRegion, Region, find_region
 
@@ -53,7 +54,7 @@ class SourceIndex:
         self.path = os.path.abspath(path)
         self.text = text
         self.lines = text.splitlines()
-        self.tree = ast.parse(text)
+        self.tree = parse(text)
         self._functions = [n for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
     def function_at(self, line: int, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

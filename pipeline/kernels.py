@@ -25,6 +25,7 @@ from fuselens.analysis import sourcemap
 from fuselens.analysis.guarded import Alternative, Guarded, carried_ahead, dispatched, guarded, unbiased_calls
 from fuselens.analysis.library import NotPatchable, called_code, library_function
 from fuselens.analysis.packages import Package, model_library, not_a_package
+from fuselens.analysis.parsed import parse
 from fuselens.analysis.regions import NoRegion, Region
 from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.admission import fits_text
@@ -656,7 +657,7 @@ def _kernel_names_in_use(source_text: str, module_path: str) -> set[str]:
     module = os.path.splitext(os.path.basename(module_path))[0]
     names: set[str] = set()
     try:
-        tree = ast.parse(source_text)
+        tree = parse(source_text)
     except SyntaxError:
         tree = None
     for node in ast.walk(tree) if tree else []:
