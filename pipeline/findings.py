@@ -20,7 +20,7 @@ from fuselens.analysis.capture import Trace
 from fuselens.analysis.detect import Detection, Group, Rejected, Split, detect
 from fuselens.analysis.graph import Graph, Node
 from fuselens.analysis.repeats import group_repeats
-from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
+from fuselens.codegen.plan import KernelPlan, PlanError, plan_cluster, returned_outputs
 from fuselens.contracts import report as R
 
 from .pieces import split_into_pieces
@@ -66,16 +66,17 @@ def findings(
     seen_signatures: set = set()
     for index, (trace, note) in enumerate(paths):
         graph = trace.graph
-        detection: Detection = detect(graph, check)
+        plans = _Plans(graph)
+        detection: Detection = detect(graph, plans.check)
         path_found = []
         for position, detected in enumerate(detection.clusters):
             group = detected
-            plan, mapping = _planned(graph, group, source)
+            plan, mapping = _planned(plans, group, source)
             if mapping.region is None and _BIAS_KEPT in mapping.detail:
-                smaller = _without_the_bias(graph, group, mapping.detail, detection)
+                smaller = _without_the_bias(plans, group, mapping.detail, detection)
                 if smaller is not None:
                     group = smaller
-                    plan, mapping = _planned(graph, group, source)
+                    plan, mapping = _planned(plans, group, source)
             parts = [(group, (plan, mapping))]
             if mapping.region is None:
                 parts = (
@@ -83,7 +84,7 @@ def findings(
                         graph,
                         group,
                         mapping.detail,
-                        functools.partial(_placed, graph, source=source),
+                        functools.partial(_placed, plans, source=source),
                         detection.rejected,
                     )
                     or parts
@@ -131,18 +132,40 @@ def findings(
     return [group[0] for group in groups]
 
 
-def _planned(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping]:
+class _Plans:
+    """The kernel plans of one trace's groups of ops, by their members: detection plans each group it
+    tries (`check`), and the mapping of a cluster it keeps needs the plan of its last try again."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._made: dict[frozenset[int], KernelPlan] = {}
+
+    def check(self, graph: Graph, members: frozenset[int]) -> tuple[bool, str, str]:
+        """`codegen.plan.check`, keeping the plan."""
+        try:
+            self._made[members] = plan_cluster(graph, set(members))
+        except PlanError as exc:
+            return False, exc.reason, exc.detail
+        return True, "", ""
+
+    def of(self, members: set[int]) -> KernelPlan:
+        made = self._made.get(frozenset(members))
+        return made if made is not None else plan_cluster(self.graph, members)
+
+
+def _planned(plans: _Plans, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping]:
     """The cluster's kernel plan, and where its code is."""
-    plan = plan_cluster(graph, group.members)
+    graph = plans.graph
+    plan = plans.of(group.members)
     inputs = [s.node for s in plan.inputs]
     outputs = [o.node for o in returned_outputs(plan)]
     numbers = [(n.text, n.at) for n in plan.scalars]
     return plan, sourcemap.map_cluster(graph, plan.compute, set(group.members), inputs, outputs, source, numbers)
 
 
-def _placed(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping] | None:
+def _placed(plans: _Plans, group: Group, source: sourcemap.SourceIndex) -> tuple[KernelPlan, sourcemap.Mapping] | None:
     """The piece's plan and mapping where one kernel call can stand in for its code, else None."""
-    plan, mapping = _planned(graph, group, source)
+    plan, mapping = _planned(plans, group, source)
     return (plan, mapping) if mapping.region is not None else None
 
 
@@ -151,16 +174,17 @@ def _placed(graph: Graph, group: Group, source: sourcemap.SourceIndex) -> tuple[
 _BIAS_KEPT = "adds its bias in the cluster, but"
 
 
-def _without_the_bias(graph: Graph, group: Group, why: str, detection: Detection) -> Group | None:
+def _without_the_bias(plans: _Plans, group: Group, why: str, detection: Detection) -> Group | None:
     """The cluster without the bias add of a convolution whose call must keep its bias: its other ops,
     where they are still one kernel (the bias add is then left out, with why)."""
+    graph = plans.graph
     biases = [
         m for m in group.members if graph[m].op == "add" and any(graph[i].op in _CONVOLUTIONS for i in graph[m].inputs)
     ]
     if len(biases) != 1:
         return None
     rest = set(group.members) - set(biases)
-    if not any(graph[m].cls.absorbable for m in rest) or not check(graph, frozenset(rest))[0]:
+    if not any(graph[m].cls.absorbable for m in rest) or not plans.check(graph, frozenset(rest))[0]:
         return None
     detail = why.split("; ")[-1]
     detection.rejected.append(Rejected(biases[0], "layer-boundary", f"{detail}: the bias stays with it"))
