@@ -21,7 +21,6 @@ reference under autograd instead.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +29,8 @@ from fuselens.analysis.ops import OpClass
 
 from .lowering import dtype_tuple, tuple_display
 from .plan import KernelPlan, reduced_dims, saved_counts
-from .reference import forward_lines
+from .reference import forward_statements
+from .torch_code import Assign, Code, code, joined, lit, var
 
 
 class NoBackward(Exception):
@@ -107,14 +107,14 @@ def backward_text(
     }
     saved = {(out.node, out.saved): results[k] for k, out in enumerate(plan.outputs) if out.saved}
     saved |= {(plan.outputs[k].node, "count"): results[len(plan.outputs) + j] for j, k in enumerate(counts)}
-    body, names = forward_lines(graph, plan, params, number_params, given)
+    body, names = forward_statements(graph, plan, params, number_params, given)
     grads = _fresh([f"grad{k}" for k in range(returned_by_op)], params + number_params)
     numbers = {id(slot.value): p for slot, p in zip(plan.scalars, number_params, strict=True)}
     staging = _group_staging(graph, plan, body, names, grads, numbers, saved) if plan.groups else None
     writer = _Writer(graph, plan, names, numbers, saved=saved, staging=staging)
     for k, out in enumerate(plan.outputs):
         if out.saved is None:
-            writer.add(out.node, grads[k])
+            writer.add(out.node, var(grads[k]))
     folded = _slices_of_inputs(graph, plan)
     for member in sorted(set(plan.members) | {plan.inputs[k].node for k in folded}, reverse=True):
         node = graph[member]
@@ -129,14 +129,14 @@ def backward_text(
     if not returned:
         raise NoBackward("no input of the cluster needs a gradient")
     statements = _live([*body, *writer.lines], returned)
-    read = _names_in(statements + returned)
+    read = set(returned).union(*(s.reads for s in statements), (s.target for s in statements))
     keeps = [k for k, p in enumerate(params) if p in read]
     keeps_results = [k for k, r in enumerate(results) if r in read]
     lines = [
         f"def _{name}_backward_reference({', '.join(params + number_params + results + grads)}):",
         f'    """The gradients of {", ".join(params[k] for k in grads_of)} from those of the outputs: the '
         'forward recomputed where they need it, then each op\'s derivative."""',
-        *statements,
+        *map(str, statements),
         f"    return {', '.join(returned)}" + ("," if len(returned) == 1 else ""),
     ]
     folded_in = {k: b for k, b in folded.items() if b in grads_of}
@@ -159,32 +159,18 @@ def _fresh(names: list[str], taken: list[str]) -> list[str]:
     return out
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-
-
-def _names_in(texts: list[str]) -> set[str]:
-    return {m for t in texts for m in _NAME.findall(t)}
-
-
-def _live(statements: list[str], returned: list[str]) -> list[str]:
-    """The statements (`    name = expression`) that the returned values need, in order: the
-    forward's values no derivative reads are not recomputed (RoPE's gradient never reads q * cos),
-    and the inputs only they read need not be kept for the backward."""
-    live = _names_in(returned)
+def _live(statements: list[Assign], returned: list[str]) -> list[Assign]:
+    """The statements that the returned values (variables) need, in order: the forward's values no
+    derivative reads are not recomputed (RoPE's gradient never reads q * cos), and the inputs only
+    they read need not be kept for the backward."""
+    live = set(returned)
     kept = []
-    for line in reversed(statements):
-        target, expression = _assignment(line)
-        if target in live:
-            kept.append(line)
-            live.discard(target)
-            live |= _names_in([expression])
+    for statement in reversed(statements):
+        if statement.target in live:
+            kept.append(statement)
+            live.discard(statement.target)
+            live |= statement.reads
     return kept[::-1]
-
-
-def _assignment(line: str) -> tuple[str, str]:
-    """(target, expression) of a statement `    name = expression`."""
-    target, expression = line.strip().split(" = ", 1)
-    return target, expression
 
 
 @dataclass
@@ -195,18 +181,18 @@ class _Staging:
     code over [N, C] values (`glue`: the statements it assigns) turns groups into channels and
     channels into groups."""
 
-    xf: str  # the group norm's input in float32
-    mean: str  # the group's mean, one value a (sample, channel), [N, C, 1, ...]
-    rstd: str  # its reciprocal standard deviation
-    count: str  # the elements of a channel: an expression over a gradient's shape
-    sums: list[str] = field(default_factory=list)
+    xf: Code  # the group norm's input in float32
+    mean: Code  # the group's mean, one value a (sample, channel), [N, C, 1, ...]
+    rstd: Code  # its reciprocal standard deviation
+    count: Code  # the elements of a channel: an expression over a gradient's shape
+    sums: list[Code] = field(default_factory=list)
     glue: set[str] = field(default_factory=set)
 
 
 def _group_staging(
     graph: Graph,
     plan: KernelPlan,
-    body: list[str],
+    body: list[Assign],
     names: dict[int, str],
     grads: list[str],
     numbers: dict[int, str],
@@ -227,34 +213,41 @@ def _group_staging(
     if len(meta.shape) < 3:  # no spatial dims to reduce a channel over (and `dim=[]` means every dim)
         raise NoBackward("a group norm over [N, C] alone")
     v = f"v{gn.id}"
-    xv = names[x.node]
-    xf = xv if meta.dtype in ("float32", "float64") else f"{xv}.float()"
+    xv = var(names[x.node])
+    xf = xv if meta.dtype in ("float32", "float64") else code("{}.float()", xv)
 
-    def operand(arg) -> str:
-        return names[arg.node] if isinstance(arg, Ref) else "None"
+    def operand(arg) -> Code:
+        return var(names[arg.node]) if isinstance(arg, Ref) else lit("None")
 
+    grad = var(grads[domain[0]])  # of the norm's shape
+    kept = [var(saved[(gn.id, "mean")]), var(saved[(gn.id, "rstd")])]
+    t = var(f"{v}t")
     # The norm's output stays in float32, as the forward kernel keeps it for what follows in the cluster.
-    y = f"{v}x * {v}scale + {v}shift"
-    grad = grads[domain[0]]  # of the norm's shape
-    kept = f"{saved[(gn.id, 'mean')]}, {saved[(gn.id, 'rstd')]}"
-    lines = [
-        f"    {v}x = {xf}",
-        f"    {v}t = _group_statistics({kept}, {operand(weight)}, {operand(bias)}, {grad}.shape)",
-        f"    {v}scale = {v}t[0]",
-        f"    {v}shift = {v}t[1]",
-        f"    {v}mean = {v}t[2]",
-        f"    {v}rstd = {v}t[3]",
-        f"    {v} = {y}",
+    statements = [
+        Assign(f"{v}x", xf),
+        Assign(
+            f"{v}t", code("_group_statistics({}, {}, {}, {}, {}.shape)", *kept, operand(weight), operand(bias), grad)
+        ),
+        Assign(f"{v}scale", code("{}[0]", t)),
+        Assign(f"{v}shift", code("{}[1]", t)),
+        Assign(f"{v}mean", code("{}[2]", t)),
+        Assign(f"{v}rstd", code("{}[3]", t)),
+        Assign(v, code("{} * {} + {}", var(f"{v}x"), var(f"{v}scale"), var(f"{v}shift"))),
     ]
-    at = next(k for k, line in enumerate(body) if line.startswith(f"    {v} = "))
-    body[at : at + 1] = lines
-    staging = _Staging(f"{v}x", f"{v}mean", f"{v}rstd", f"{grad}[0, 0].numel()")
+    at = next(k for k, statement in enumerate(body) if statement.target == v)
+    body[at : at + 1] = statements
+    staging = _Staging(var(f"{v}x"), var(f"{v}mean"), var(f"{v}rstd"), code("{}[0, 0].numel()", grad))
     staging.glue |= {f"{v}t", f"{v}scale", f"{v}shift", f"{v}mean", f"{v}rstd"}
     return staging
 
 
 def _split_stages(
-    text: BackwardText, staging: _Staging, name: str, signature: list[str], statements: list[str], returned: list[str]
+    text: BackwardText,
+    staging: _Staging,
+    name: str,
+    signature: list[str],
+    statements: list[Assign],
+    returned: list[str],
 ) -> None:
     """The backward reference's statements as kernels (`text.stages`, `text.last`) and the torch code
     before and between them (`text.prelude`, each stage's `glue`): each kernel's statements are the
@@ -262,40 +255,41 @@ def _split_stages(
     only its values (a weight's gradient cast to the weight's dtype)."""
     if not staging.sums:
         raise NoBackward("a group norm whose gradient does not reach its input")
-    assigned = [_assignment(s) for s in statements]
-    targets = [target for target, _ in assigned]
+    targets = [s.target for s in statements]
     glue = set(staging.glue)
-    for target, expression in assigned:
-        read = _names_in([expression]) & set(targets)
+    for statement in statements:
+        read = statement.reads & set(targets)
         if read and read <= glue:
-            glue.add(target)
-    kernel_lines = [s for t, s in zip(targets, statements, strict=True) if t not in glue]
+            glue.add(statement.target)
+    kernel_lines = [s for s in statements if s.target not in glue]
     # The torch code before the sums (over the statistics the forward kept), and the rest, after them
     # (what reads them).
     after_sums: list[str] = []
     before_sums: list[str] = []
-    later = set(staging.sums)
-    for (target, expression), statement in zip(assigned, statements, strict=True):
-        if target in glue:
-            on_sums = bool(_names_in([expression]) & later)
-            (after_sums if on_sums else before_sums).append(statement)
+    sums = [str(total) for total in staging.sums]
+    later = set(sums)
+    for statement in statements:
+        if statement.target in glue:
+            on_sums = bool(statement.reads & later)
+            (after_sums if on_sums else before_sums).append(str(statement))
             if on_sums:
-                later.add(target)
+                later.add(statement.target)
     order = {t: k for k, t in enumerate(targets)}
 
     def stage(suffix: str, returns: list[str], glue_after: list[str]) -> Stage:
         body = _live(kernel_lines, returns)
-        extras = sorted(_names_in(body + returns) & glue, key=order.__getitem__)
+        read = set(returns).union(*(s.reads for s in body), (s.target for s in body))
+        extras = sorted(read & glue, key=order.__getitem__)
         lines = [
             f"def _{name}_backward_{suffix}({', '.join(signature + extras)}):",
             f'    """A kernel of {name}\'s backward: {", ".join(returns)}."""',
-            *body,
+            *map(str, body),
             f"    return {', '.join(returns)}" + ("," if len(returns) == 1 else ""),
         ]
         return Stage(suffix, "\n".join(lines), extras, returns, glue_after)
 
     text.prelude = before_sums
-    text.stages = [stage("sums", staging.sums, after_sums)]
+    text.stages = [stage("sums", sums, after_sums)]
     kept = [r for r in returned if r not in glue]
     text.last = stage("last", kept, []) if kept else None
     text.returned = returned
@@ -394,19 +388,28 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
-def spelled(value, numbers: dict[int, str], kind: type | None = None) -> str:
+def spelled(value, numbers: dict[int, str], kind: type | None = None) -> Code:
     """A number an op took, as the gradients' code writes it: for one of the model's state (`eps`, a
     head width's scale), the parameter the cluster's functions take it as (`numbers`: its id -> the
     parameter), so the gradients compute with the value the forward ran with, never the analyzed
     one; any other as its literal (`kind` converts it first: an int bound written as a float)."""
     if is_named(value) and id(value) in numbers:
-        return numbers[id(value)]
+        return var(numbers[id(value)])
     value = plain(value)
     if kind is not None:
         value = kind(value)
     if isinstance(value, float) and not math.isfinite(value):
         raise NoBackward("a derivative through a non-finite constant")
-    return repr(value)
+    return lit(repr(value))
+
+
+def _dims(dims: list[int] | tuple[int, ...]) -> Code:
+    """Dims as the code writes them: `[-1]`, `[2, 3]`."""
+    return lit(str(dims))
+
+
+def _literal(value: float | int) -> Code:
+    return lit(repr(value))
 
 
 @dataclass
@@ -416,7 +419,7 @@ class _Writer:
     names: dict[int, str]  # node -> its name in the recomputed forward
     numbers: dict[int, str]  # a number of the model's state (by id) -> its parameter (`spelled`)
     adjoint: dict[int, str] = field(default_factory=dict)  # node -> the variable holding its gradient
-    lines: list[str] = field(default_factory=list)
+    lines: list[Assign] = field(default_factory=list)
     slices: dict[int, list[tuple[int, int, Node]]] = field(default_factory=dict)  # input -> (dim, start, view)
     leads: dict[int, int] = field(default_factory=dict)  # input -> where it runs along the domain (`BackwardText`)
     at: Node | None = None  # the op whose derivative is being written: its contributions have its shape
@@ -424,21 +427,25 @@ class _Writer:
     # "count") -> its parameter.
     saved: dict[tuple[int, str], str] = field(default_factory=dict)
     # Nodes whose gradient's row sum is known without summing it (a pick's: the picked gradient).
-    row_totals: dict[int, str] = field(default_factory=dict)
+    row_totals: dict[int, Code] = field(default_factory=dict)
     # Gradients (their variables) whose sum over a group norm's spatial dims is known from the sums its
     # backward reduces anyway (`_group_norm`): what writes that sum, [N, C, 1, ...], on first use.
-    spatial_totals: dict[str, Callable[[], str]] = field(default_factory=dict)
+    spatial_totals: dict[str, Callable[[], Code]] = field(default_factory=dict)
     spatial_dims: list[int] = field(default_factory=list)  # those dims
     staging: _Staging | None = None  # a group norm's backward in stages
     sized: bool = False  # a derivative was written with a reduced dim's analyzed size (`BackwardText.sized`)
 
-    def value(self, arg) -> str:
+    def value(self, arg) -> Code:
         """An operand as the recomputed forward names it, or a number as `spelled`."""
         if isinstance(arg, Ref):
-            return self.names[arg.node]
+            return var(self.names[arg.node])
         return self.number(arg)
 
-    def number(self, value, kind: type | None = None) -> str:
+    def output(self, node: Node) -> Code:
+        """The op's own value, as the recomputed forward names it."""
+        return var(self.names[node.id])
+
+    def number(self, value, kind: type | None = None) -> Code:
         return spelled(value, self.numbers, kind)
 
     def dtype(self, arg) -> str:
@@ -448,57 +455,62 @@ class _Writer:
             return meta.dtype if meta is not None else "float32"
         return "float32"
 
-    def wide(self, text: str, dtype: str) -> str:
-        """`text` (of `dtype`) in float32, as torch's own backward formulas compute narrow dtypes."""
-        return text if dtype in ("float32", "float64") else f"{text}.float()"
+    def wide(self, value: Code, dtype: str) -> Code:
+        """`value` (of `dtype`) in float32, as torch's own backward formulas compute narrow dtypes."""
+        return value if dtype in ("float32", "float64") else code("{}.float()", value)
 
-    def narrow(self, text: str, dtype: str, like: str, like_dtype: str) -> str:
-        """`text` (of `dtype`) in `like`'s dtype, `like_dtype`: no cast where they are the same (a cast
+    def narrow(self, value: Code, dtype: str, like: Code, like_dtype: str) -> Code:
+        """`value` (of `dtype`) in `like`'s dtype, `like_dtype`: no cast where they are the same (a cast
         to the same dtype would be a view of the kernel's value, not a value of its own).  The dtype is
         written out, not read from `like`, so the backward keeps no value alive only for its dtype:
         the op runs, and so its backward, only for the dtypes the kernel was generated for."""
         del like
         same = dtype == like_dtype or (dtype == "float32" and like_dtype == "float64")
-        return text if same else f"({text}).to(torch.{like_dtype})"
+        return value if same else code("({}).to({})", value, lit(f"torch.{like_dtype}"))
 
-    def grad(self, node: Node) -> str:
-        return self.adjoint[node.id]
+    def grad(self, node: Node) -> Code:
+        return var(self.adjoint[node.id])
 
-    def let(self, text: str) -> str:
-        """A fresh variable holding `text`."""
+    def saved_value(self, node: Node, what: str) -> Code | None:
+        """What the forward kept of `node` for the backward (`saved`), None where it kept nothing."""
+        name = self.saved.get((node.id, what))
+        return var(name) if name is not None else None
+
+    def let(self, value: Code) -> Code:
+        """A fresh variable holding `value`."""
         name = f"d{len(self.lines)}"
-        self.lines.append(f"    {name} = {text}")
-        return name
+        self.lines.append(Assign(name, value))
+        return var(name)
 
-    def add(self, node_id: int, text: str) -> None:
-        """Accumulate `text` into `node_id`'s gradient."""
+    def add(self, node_id: int, value: Code) -> None:
+        """Accumulate `value` into `node_id`'s gradient."""
         if node_id in self.adjoint:
             self.row_totals.pop(node_id, None)  # a sum of contributions: its row sum is no longer known
             self.spatial_totals.pop(f"g{node_id}", None)  # (nor its spatial sum)
-            self.lines.append(f"    g{node_id} = {self.adjoint[node_id]} + {text}")
+            self.lines.append(Assign(f"g{node_id}", code("{} + {}", var(self.adjoint[node_id]), value)))
         else:
-            self.lines.append(f"    g{node_id} = {text}")
-            if text in self.spatial_totals:  # passed on as it is: its spatial sum is the same
-                self.spatial_totals[f"g{node_id}"] = self.spatial_totals[text]
+            self.lines.append(Assign(f"g{node_id}", value))
+            if value.text in self.spatial_totals:  # a gradient passed on as it is: its spatial sum is the same
+                self.spatial_totals[f"g{node_id}"] = self.spatial_totals[value.text]
         self.adjoint[node_id] = f"g{node_id}"
 
-    def to(self, arg, text: str, over_row: bool = True) -> None:
-        """A contribution `text` to operand `arg`'s gradient (a number has none).  Where the operand
+    def to(self, arg, value: Code, over_row: bool = True) -> None:
+        """A contribution `value` to operand `arg`'s gradient (a number has none).  Where the operand
         is smaller than the contribution along row dims (a per-row scale), it is summed along them."""
         if not isinstance(arg, Ref):
             return
         node = self.graph[arg.node]
         if node.meta is None or not _floating(node.meta.dtype):
             return
-        if text in self.spatial_totals and self._broadcast_over_spatial(node):
+        if value.text in self.spatial_totals and self._broadcast_over_spatial(node):
             # Only its sum over those dims reaches it: the one the group norm's sums give, no full-size
             # value (a convolution's bias, a time embedding added before a GroupNorm).
-            self.add(arg.node, self.spatial_totals[text]())
+            self.add(arg.node, self.spatial_totals[value.text]())
             return
         reduced = self._row_dims_reduced(node) if over_row else []
         if reduced:
-            text = f"({text}).sum(dim={reduced}, keepdim=True)"
-        self.add(arg.node, text)
+            value = code("({}).sum(dim={}, keepdim=True)", value, _dims(reduced))
+        self.add(arg.node, value)
 
     def _broadcast_over_spatial(self, node: Node) -> bool:
         """Whether `node` (as its user broadcasts it, its dims to the right) is 1 along every spatial dim
@@ -549,20 +561,20 @@ def _sub(w: _Writer, node: Node) -> None:
     a, b = _operands(node)[:2]
     g = w.grad(node)
     w.to(a, g)
-    w.to(b, f"(-{_times_alpha(w, node, g)})")
+    w.to(b, code("(-{})", _times_alpha(w, node, g)))
 
 
-def _times_alpha(w: _Writer, node: Node, g: str) -> str:
+def _times_alpha(w: _Writer, node: Node, g: Code) -> Code:
     """`g` times the `alpha` of `add(a, b, alpha=...)` (b's factor); `g` itself for a literal 1."""
     alpha = node.params.get("alpha", 1)
-    return g if alpha == 1 and not is_named(alpha) else f"({g} * {w.number(alpha)})"
+    return g if alpha == 1 and not is_named(alpha) else code("({} * {})", g, w.number(alpha))
 
 
 def _mul(w: _Writer, node: Node) -> None:
     a, b = _operands(node)[:2]
     g = w.grad(node)
-    w.to(a, f"{g} * {w.value(b)}")
-    w.to(b, f"{g} * {w.value(a)}")
+    w.to(a, code("{} * {}", g, w.value(b)))
+    w.to(b, code("{} * {}", g, w.value(a)))
 
 
 def _div(w: _Writer, node: Node) -> None:
@@ -570,9 +582,9 @@ def _div(w: _Writer, node: Node) -> None:
     if node.params.get("rounding_mode"):
         raise NoBackward("`div` with a rounding mode")
     g = w.grad(node)
-    w.to(a, f"{g} / {w.value(b)}")
+    w.to(a, code("{} / {}", g, w.value(b)))
     if isinstance(b, Ref):
-        w.to(b, f"(-{g}) * {w.names[node.id]} / {w.value(b)}")
+        w.to(b, code("(-{}) * {} / {}", g, w.output(node), w.value(b)))
 
 
 def _pow(w: _Writer, node: Node) -> None:
@@ -582,26 +594,30 @@ def _pow(w: _Writer, node: Node) -> None:
     g, x = w.grad(node), w.value(base)
     if is_named(exponent):  # the model's, passed by the caller: written for any value, not the analyzed one's
         p = w.number(exponent)
-        w.to(base, f"{g} * {p} * {x}.pow({p} - 1)")
+        w.to(base, code("{} * {} * {}.pow({} - 1)", g, p, x, p))
     elif exponent == 2:
-        w.to(base, f"{g} * 2.0 * {x}")
+        w.to(base, code("{} * 2.0 * {}", g, x))
     elif exponent != 0:
-        w.to(base, f"{g} * {float(exponent)!r} * {x}.pow({float(exponent) - 1!r})")
+        w.to(base, code("{} * {} * {}.pow({})", g, _literal(float(exponent)), x, _literal(float(exponent) - 1)))
 
 
 def _unary(derivative: str):
-    """A rule for y = f(x) whose derivative is `derivative`, written in x and y (the op's output)."""
+    """A rule for y = f(x) whose derivative is `derivative`, written in x and y (the op's output):
+    `{x}` and `{y}` mark where they go."""
+    order = [piece[0] for piece in derivative.split("{")[1:]]  # "x" and "y", as they come
+    template = derivative.replace("{x}", "{}").replace("{y}", "{}")
 
     def rule(w: _Writer, node: Node) -> None:
         x = _operands(node)[0]
-        local = derivative.format(x=w.value(x), y=w.names[node.id])
-        w.to(x, f"{w.grad(node)} * ({local})")
+        values = {"x": w.value(x), "y": w.output(node)}
+        local = code(template, *(values[k] for k in order))
+        w.to(x, code("{} * ({})", w.grad(node), local))
 
     return rule
 
 
 def _neg(w: _Writer, node: Node) -> None:
-    w.to(_operands(node)[0], f"(-{w.grad(node)})")
+    w.to(_operands(node)[0], code("(-{})", w.grad(node)))
 
 
 def _pass_through(w: _Writer, node: Node) -> None:
@@ -614,56 +630,58 @@ def _cast(w: _Writer, node: Node) -> None:
     w.to(x, w.narrow(w.grad(node), w.dtype(Ref(node.id)), w.value(x), w.dtype(x)), over_row=False)
 
 
-def _activation(w: _Writer, node: Node, local: str) -> None:
+def _activation(w: _Writer, node: Node, local: Code) -> None:
     """The gradient through an activation whose derivative `local` is in float32 (as torch's own
     silu and gelu backward compute it in every dtype), in the output's dtype."""
     g, d = w.grad(node), w.dtype(Ref(node.id))
-    w.to(_operands(node)[0], w.narrow(f"{w.wide(g, d)} * ({local})", "float32", g, d))
+    w.to(_operands(node)[0], w.narrow(code("{} * ({})", w.wide(g, d), local), "float32", g, d))
 
 
 def _silu(w: _Writer, node: Node) -> None:
     x = _operands(node)[0]
     xf = w.let(w.wide(w.value(x), w.dtype(x)))
-    s = w.let(f"torch.sigmoid({xf})")
-    _activation(w, node, f"{s} * (1.0 + {xf} * (1.0 - {s}))")
+    s = w.let(code("torch.sigmoid({})", xf))
+    _activation(w, node, code("{} * (1.0 + {} * (1.0 - {}))", s, xf, s))
 
 
 def _gelu(w: _Writer, node: Node) -> None:
     x = w.let(w.wide(w.value(_operands(node)[0]), w.dtype(_operands(node)[0])))
     if node.params.get("approximate", "none") == "tanh":
-        k = math.sqrt(2.0 / math.pi)
-        inner = w.let(f"{k!r} * ({x} + 0.044715 * {x} * {x} * {x})")
-        t = w.let(f"torch.tanh({inner})")
-        local = f"0.5 * (1.0 + {t}) + 0.5 * {x} * (1.0 - {t} * {t}) * {k!r} * (1.0 + 0.134145 * {x} * {x})"
+        k = _literal(math.sqrt(2.0 / math.pi))
+        inner = w.let(code("{} * ({} + 0.044715 * {} * {} * {})", k, x, x, x, x))
+        t = w.let(code("torch.tanh({})", inner))
+        local = code(
+            "0.5 * (1.0 + {}) + 0.5 * {} * (1.0 - {} * {}) * {} * (1.0 + 0.134145 * {} * {})", t, x, t, t, k, x, x
+        )
     else:
-        cdf = f"0.5 * (1.0 + torch.erf({x} * {1 / math.sqrt(2.0)!r}))"
-        local = f"{cdf} + {x} * torch.exp(-0.5 * {x} * {x}) * {1 / math.sqrt(2.0 * math.pi)!r}"
+        cdf = code("0.5 * (1.0 + torch.erf({} * {}))", x, _literal(1 / math.sqrt(2.0)))
+        local = code("{} + {} * torch.exp(-0.5 * {} * {}) * {}", cdf, x, x, x, _literal(1 / math.sqrt(2.0 * math.pi)))
     _activation(w, node, local)
 
 
 def _relu(w: _Writer, node: Node) -> None:
-    w.to(_operands(node)[0], f"torch.where({w.names[node.id]} > 0, {w.grad(node)}, 0.0)")
+    w.to(_operands(node)[0], code("torch.where({} > 0, {}, 0.0)", w.output(node), w.grad(node)))
 
 
 def _where(w: _Writer, node: Node) -> None:
     cond, a, b = _operands(node)[:3]
     g = w.grad(node)
     c = w.value(cond)
-    w.to(a, f"torch.where({c}, {g}, 0.0)")
-    w.to(b, f"torch.where({c}, 0.0, {g})")
+    w.to(a, code("torch.where({}, {}, 0.0)", c, g))
+    w.to(b, code("torch.where({}, 0.0, {})", c, g))
 
 
 def _masked_fill(w: _Writer, node: Node) -> None:
     x, mask = _operands(node)[:2]
-    w.to(x, f"{w.grad(node)}.masked_fill({w.value(mask)}, 0.0)")
+    w.to(x, code("{}.masked_fill({}, 0.0)", w.grad(node), w.value(mask)))
 
 
-def _reduced(node: Node, g: str) -> str:
+def _reduced(node: Node, g: Code) -> Code:
     """`g`, a reduction's gradient, with the dims it removed put back (keepdim=False)."""
     if node.params.get("keepdim", False):
         return g
     dims = sorted(node.params.get("dims", []))
-    return f"{g}[{', '.join('None' if d in dims else ':' for d in range(max(dims) + 1))}]"
+    return code("{}[{}]", g, lit(", ".join("None" if d in dims else ":" for d in range(max(dims) + 1))))
 
 
 def _sum(w: _Writer, node: Node) -> None:
@@ -679,17 +697,17 @@ def _mean(w: _Writer, node: Node) -> None:
     for d in node.params["dims"]:
         n *= meta.shape[d]
     w.sized = True
-    w.to(x, f"{_reduced(node, w.grad(node))} * {1.0 / n!r}", over_row=False)
+    w.to(x, code("{} * {}", _reduced(node, w.grad(node)), _literal(1.0 / n)), over_row=False)
 
 
-def _last_dims(node: Node) -> list[int]:
-    return node.params.get("dims", [-1])
+def _last_dims(node: Node) -> Code:
+    return _dims(node.params.get("dims", [-1]))
 
 
 def _softmax(w: _Writer, node: Node) -> None:
-    y, g, dims = w.names[node.id], w.grad(node), _last_dims(node)
-    total = w.let(f"({g} * {y}).sum(dim={dims}, keepdim=True)")
-    w.to(_operands(node)[0], f"{y} * ({g} - {total})", over_row=False)
+    y, g, dims = w.output(node), w.grad(node), _last_dims(node)
+    total = w.let(code("({} * {}).sum(dim={}, keepdim=True)", g, y, dims))
+    w.to(_operands(node)[0], code("{} * ({} - {})", y, g, total), over_row=False)
 
 
 def _log_softmax(w: _Writer, node: Node) -> None:
@@ -697,19 +715,19 @@ def _log_softmax(w: _Writer, node: Node) -> None:
     log-probabilities are only picked from), the softmax comes from it, and a pick's gradient
     brings its own row sum (`_pick`): one pass over the logits."""
     x, g, dims = _operands(node)[0], w.grad(node), _last_dims(node)
-    total = w.row_totals.get(node.id) or w.let(f"{g}.sum(dim={dims}, keepdim=True)")
-    lse = w.saved.get((node.id, "lse"))
+    total = w.row_totals.get(node.id) or w.let(code("{}.sum(dim={}, keepdim=True)", g, dims))
+    lse = w.saved_value(node, "lse")
     if lse is None:
-        w.to(x, f"{g} - torch.exp({w.names[node.id]}) * {total}", over_row=False)
+        w.to(x, code("{} - torch.exp({}) * {}", g, w.output(node), total), over_row=False)
         return
     p = _softmax_from(w, x, lse)
-    w.to(x, w.narrow(f"{g} - {p} * {total}", "float32", w.value(x), w.dtype(x)), over_row=False)
+    w.to(x, w.narrow(code("{} - {} * {}", g, p, total), "float32", w.value(x), w.dtype(x)), over_row=False)
 
 
-def _softmax_from(w: _Writer, x: Ref, lse: str) -> str:
+def _softmax_from(w: _Writer, x: Ref, lse: Code) -> Code:
     """The softmax of the logits `x` over their rows, in float32, from the row log-sum-exp `lse` the
     forward kept: one elementwise pass, no reduction."""
-    return w.let(f"torch.exp({w.wide(w.value(x), w.dtype(x))} - {lse}.unsqueeze(-1))")
+    return w.let(code("torch.exp({} - {}.unsqueeze(-1))", w.wide(w.value(x), w.dtype(x)), lse))
 
 
 def _pick(w: _Writer, node: Node) -> None:
@@ -718,9 +736,9 @@ def _pick(w: _Writer, node: Node) -> None:
     x, index = _operands(node)[:2]
     classes, g = _shape(w.graph[x.node])[-1], w.grad(node)
     w.sized = True  # the class count is the analyzed one's: a call with gradients must have it
-    hot = w.let(f"torch.nn.functional.one_hot({w.value(index)}[..., 0], {classes})")
+    hot = w.let(code("torch.nn.functional.one_hot({}[..., 0], {})", w.value(index), _literal(classes)))
     alone = x.node not in w.adjoint
-    w.to(x, f"{hot} * {g}", over_row=False)
+    w.to(x, code("{} * {}", hot, g), over_row=False)
     if alone:
         w.row_totals[x.node] = g
 
@@ -729,31 +747,39 @@ def _norm(w: _Writer, node: Node, centered: bool) -> None:
     """LayerNorm (`centered`) or RMSNorm over the row: y = xhat * weight (+ bias) with
     xhat = (x - mean) * rstd, in float32 as torch computes it."""
     x, weight = _operands(node)[:2]
-    dims, eps, g = node.params["dims"], w.number(node.params["eps"], float), w.grad(node)
+    dims, eps, g = _dims(node.params["dims"]), w.number(node.params["eps"], float), w.grad(node)
     xv = w.value(x)
     xf = w.let(w.wide(xv, w.dtype(x)))
     # The row statistics the forward kept (`OutputSlot.saved`), one number a row: put back the
     # normalised dims; else recomputed from the row.
+    put_back = lit(", ".join(["..."] + ["None"] * len(node.params["dims"])))
     kept = {
-        what: f"{w.saved[(node.id, what)]}[{', '.join(['...'] + ['None'] * len(dims))}]"
+        what: code("{}[{}]", saved, put_back)
         for what in ("mean", "rstd")
-        if (node.id, what) in w.saved
+        if (saved := w.saved_value(node, what)) is not None
     }
     if centered:
-        xc = w.let(f"{xf} - {kept.get('mean') or f'{xf}.mean(dim={dims}, keepdim=True)'}")
-        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps})")
+        xc = w.let(code("{} - {}", xf, kept.get("mean") or code("{}.mean(dim={}, keepdim=True)", xf, dims)))
+        rstd = kept.get("rstd") or w.let(
+            code("torch.rsqrt(({} * {}).mean(dim={}, keepdim=True) + {})", xc, xc, dims, eps)
+        )
     else:
         xc = xf
-        rstd = kept.get("rstd") or w.let(f"torch.rsqrt(({xf} * {xf}).mean(dim={dims}, keepdim=True) + {eps})")
-    xhat = w.let(f"{xc} * {rstd}")
+        rstd = kept.get("rstd") or w.let(
+            code("torch.rsqrt(({} * {}).mean(dim={}, keepdim=True) + {})", xf, xf, dims, eps)
+        )
+    xhat = w.let(code("{} * {}", xc, rstd))
     gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
-    gxhat = w.let(f"{gf} * {w.wide(w.value(weight), w.dtype(weight))}") if isinstance(weight, Ref) else gf
-    inner = f"{gxhat} - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
+    gxhat = w.let(code("{} * {}", gf, w.wide(w.value(weight), w.dtype(weight)))) if isinstance(weight, Ref) else gf
+    inner = code("{} - {} * ({} * {}).mean(dim={}, keepdim=True)", gxhat, xhat, gxhat, xhat, dims)
     if centered:
-        inner = f"{gxhat} - {gxhat}.mean(dim={dims}, keepdim=True) - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
-    w.to(x, w.narrow(f"{rstd} * ({inner})", "float32", xv, w.dtype(x)), over_row=False)
+        inner = code(
+            "{} - {}.mean(dim={}, keepdim=True) - {} * ({} * {}).mean(dim={}, keepdim=True)",
+            gxhat, gxhat, dims, xhat, gxhat, xhat, dims,
+        )  # fmt: skip
+    w.to(x, w.narrow(code("{} * ({})", rstd, inner), "float32", xv, w.dtype(x)), over_row=False)
     if isinstance(weight, Ref):
-        w.to(weight, w.narrow(f"{gf} * {xhat}", "float32", w.value(weight), w.dtype(weight)), over_row=False)
+        w.to(weight, w.narrow(code("{} * {}", gf, xhat), "float32", w.value(weight), w.dtype(weight)), over_row=False)
     if centered and len(_operands(node)) > 2 and isinstance(_operands(node)[2], Ref):
         bias = _operands(node)[2]
         # Through float32 (a value the kernel computes, so it can sum it over the rows itself).
@@ -768,31 +794,32 @@ def _channel_norm(w: _Writer, node: Node) -> None:
     (one number a row); an instance norm's still has a number a sample, which the caller sums
     (`leads`: the weight's dim runs along dim 1)."""
     x, _, _, weight, bias = [*_operands(node), None, None, None, None][:5]
-    dims, eps, g = list(node.params["dims"]), float(node.params["eps"]), w.grad(node)
+    dims, eps, g = _dims(list(node.params["dims"])), _literal(float(node.params["eps"])), w.grad(node)
     ndim = len(_shape(node))
     xv = w.value(x)
     xf = w.let(w.wide(xv, w.dtype(x)))
-    xc = w.let(f"{xf} - {xf}.mean(dim={dims}, keepdim=True)")
-    rstd = w.let(f"torch.rsqrt(({xc} * {xc}).mean(dim={dims}, keepdim=True) + {eps!r})")
-    xhat = w.let(f"{xc} * {rstd}")
+    xc = w.let(code("{} - {}.mean(dim={}, keepdim=True)", xf, xf, dims))
+    rstd = w.let(code("torch.rsqrt(({} * {}).mean(dim={}, keepdim=True) + {})", xc, xc, dims, eps))
+    xhat = w.let(code("{} * {}", xc, rstd))
     gf = w.let(w.wide(g, w.dtype(Ref(node.id))))
     gxhat = gf
     if isinstance(weight, Ref):
-        gxhat = w.let(f"{gf} * {_per_channel(w.wide(w.value(weight), w.dtype(weight)), ndim)}")
-    inner = (
-        f"{gxhat} - {gxhat}.mean(dim={dims}, keepdim=True) - {xhat} * ({gxhat} * {xhat}).mean(dim={dims}, keepdim=True)"
-    )
-    w.to(x, w.narrow(f"{rstd} * ({inner})", "float32", xv, w.dtype(x)), over_row=False)
-    for arg, grad in ((weight, f"({gf} * {xhat})"), (bias, gf)):
+        gxhat = w.let(code("{} * {}", gf, _per_channel(w.wide(w.value(weight), w.dtype(weight)), ndim)))
+    inner = code(
+        "{} - {}.mean(dim={}, keepdim=True) - {} * ({} * {}).mean(dim={}, keepdim=True)",
+        gxhat, gxhat, dims, xhat, gxhat, xhat, dims,
+    )  # fmt: skip
+    w.to(x, w.narrow(code("{} * ({})", rstd, inner), "float32", xv, w.dtype(x)), over_row=False)
+    for arg, grad in ((weight, code("({} * {})", gf, xhat)), (bias, gf)):
         if isinstance(arg, Ref):
-            summed = f"{grad}.sum(dim={dims}, keepdim=True)"
+            summed = code("{}.sum(dim={}, keepdim=True)", grad, dims)
             w.to(arg, w.narrow(summed, "float32", w.value(arg), w.dtype(arg)), over_row=False)
             w.leads[arg.node] = 1
 
 
-def _per_channel(value: str, ndim: int) -> str:
+def _per_channel(value: Code, ndim: int) -> Code:
     """A [C] value read along dim 1 of an `ndim`-dim tensor."""
-    return value if ndim == 2 else f"{value}[:, {', '.join(['None'] * (ndim - 2))}]"
+    return value if ndim == 2 else code("{}[:, {}]", value, lit(", ".join(["None"] * (ndim - 2))))
 
 
 def _group_norm(w: _Writer, node: Node) -> None:
@@ -810,15 +837,17 @@ def _group_norm(w: _Writer, node: Node) -> None:
     dims = list(range(2, len(meta.shape)))
     gf = w.let(w.wide(w.grad(node), w.dtype(Ref(node.id))))
     s.sums = [
-        w.let(f"({gf} * {s.xf}).sum(dim={dims}, keepdim=True)"),
-        w.let(f"{gf}.sum(dim={dims}, keepdim=True)"),
+        w.let(code("({} * {}).sum(dim={}, keepdim=True)", gf, s.xf, _dims(dims))),
+        w.let(code("{}.sum(dim={}, keepdim=True)", gf, _dims(dims))),
     ]
-    weight_value = w.value(weight) if isinstance(weight, Ref) else "None"
+    weight_value = w.value(weight) if isinstance(weight, Ref) else lit("None")
     groups = w.number(node.params["groups"], int)
-    t = w.let(f"_group_coefficients({s.sums[0]}, {s.sums[1]}, {s.mean}, {s.rstd}, {weight_value}, {groups}, {s.count})")
-    alpha, beta, gamma, dweight, dbias = (w.let(f"{t}[{k}]") for k in range(5))
-    s.glue |= {t, alpha, beta, gamma, dweight, dbias}
-    dx = f"{alpha} * {gf} + {beta} * {s.xf} + {gamma}"
+    t = w.let(
+        code("_group_coefficients({}, {}, {}, {}, {}, {}, {})", *s.sums, s.mean, s.rstd, weight_value, groups, s.count)
+    )
+    alpha, beta, gamma, dweight, dbias = (w.let(code("{}[{}]", t, _literal(k))) for k in range(5))
+    s.glue |= {str(v) for v in (t, alpha, beta, gamma, dweight, dbias)}
+    dx = code("{} * {} + {} * {} + {}", alpha, gf, beta, s.xf, gamma)
     fresh = x.node not in w.adjoint
     w.to(x, w.narrow(dx, "float32", w.value(x), w.dtype(x)), over_row=False)
     if fresh:  # the input's gradient summed over a channel's pixels is known from the sums' terms
@@ -830,19 +859,21 @@ def _group_norm(w: _Writer, node: Node) -> None:
         w.to(bias, w.narrow(dbias, "float32", w.value(bias), w.dtype(bias)), over_row=False)
 
 
-def _spatial_total(w: _Writer, s: _Staging, dims: list[int], alpha: str, beta: str, gamma: str) -> Callable[[], str]:
+def _spatial_total(
+    w: _Writer, s: _Staging, dims: list[int], alpha: Code, beta: Code, gamma: Code
+) -> Callable[[], Code]:
     """What writes, on first use, the group norm input's gradient alpha * g + beta * x + gamma summed
     over each (sample, channel)'s pixels: alpha times the gradient's sum (the sums kernel's), beta times
     the input's (one more sum in the same kernel, no more reads) and gamma times the pixels, in
     torch between the kernels.  Without it, an input added before the norm that is one value a
     (sample, channel) or a channel would have its gradient summed from a full-size one by torch."""
-    made: list[str] = []
+    made: list[Code] = []
 
-    def total() -> str:
+    def total() -> Code:
         if not made:
-            s.sums.append(w.let(f"{s.xf}.sum(dim={dims}, keepdim=True)"))
-            made.append(w.let(f"{alpha} * {s.sums[1]} + {beta} * {s.sums[-1]} + {gamma} * {s.count}"))
-            s.glue.add(made[0])
+            s.sums.append(w.let(code("{}.sum(dim={}, keepdim=True)", s.xf, _dims(dims))))
+            made.append(w.let(code("{} * {} + {} * {} + {} * {}", alpha, s.sums[1], beta, s.sums[-1], gamma, s.count)))
+            s.glue.add(str(made[0]))
         return made[0]
 
     return total
@@ -854,25 +885,25 @@ def _cross_entropy(w: _Writer, node: Node) -> None:
     "mean"), 0 on rows whose target is ignored.  The softmax comes from the row log-sum-exp the
     forward kept, so the gradient is one pass over the logits."""
     x, target = _operands(node)[:2]
-    lse = w.saved.get((node.id, "lse"))
+    lse = w.saved_value(node, "lse")
     if lse is None:
         raise NoBackward("a cross-entropy whose forward kept no row log-sum-exp")
     reduction, ignored = node.params["reduction"], w.number(node.params["ignore_index"], int)
     smoothing, classes = node.params["label_smoothing"], _shape(w.graph[x.node])[-1]
     w.sized = True  # the class count is the analyzed one's: a call with gradients must have it
     t, g = w.value(target), w.grad(node)
-    valid = w.let(f"{t} != {ignored}")
-    share = f"{g} / {w.saved[(node.id, 'count')]}" if reduction == "mean" else g
-    row = w.let(f"torch.where({valid}, {share}, 0.0).unsqueeze(-1)")
-    hot = w.let(f"torch.nn.functional.one_hot(torch.where({valid}, {t}, 0), {classes})")
+    valid = w.let(code("{} != {}", t, ignored))
+    share = code("{} / {}", g, var(w.saved[(node.id, "count")])) if reduction == "mean" else g
+    row = w.let(code("torch.where({}, {}, 0.0).unsqueeze(-1)", valid, share))
+    hot = w.let(code("torch.nn.functional.one_hot(torch.where({}, {}, 0), {})", valid, t, _literal(classes)))
     if is_named(smoothing):  # the model's, passed by the caller: written for any value, not the analyzed one's
         e = w.number(smoothing)
-        aim = f"(1.0 - {e}) * {hot} + {e} / {classes}"
+        aim = code("(1.0 - {}) * {} + {} / {}", e, hot, e, _literal(classes))
     else:
         smoothing = float(smoothing)
-        aim = f"{1.0 - smoothing!r} * {hot} + {smoothing / classes!r}" if smoothing else hot
+        aim = code("{} * {} + {}", _literal(1.0 - smoothing), hot, _literal(smoothing / classes)) if smoothing else hot
     p = _softmax_from(w, x, lse)
-    w.to(x, w.narrow(f"({p} - {aim}) * {row}", "float32", w.value(x), w.dtype(x)), over_row=False)
+    w.to(x, w.narrow(code("({} - {}) * {}", p, aim, row), "float32", w.value(x), w.dtype(x)), over_row=False)
 
 
 def _cat(w: _Writer, node: Node) -> None:
@@ -882,7 +913,7 @@ def _cat(w: _Writer, node: Node) -> None:
     for part in parts:
         size = _shape(w.graph[part.node])[dim]
         index = ", ".join([":"] * dim + [f"{start}:{start + size}"])
-        w.to(part, f"{g}[{index}]", over_row=False)
+        w.to(part, code("{}[{}]", g, lit(index)), over_row=False)
         start += size
 
 
@@ -907,7 +938,7 @@ def _view(w: _Writer, node: Node) -> None:
         return
     if not of_input and all(s[0] in ("unsqueeze", "squeeze", "reshape") for s in steps):
         # A view of a value the cluster computes, that only regroups its dims: the gradient regrouped back.
-        w.to(x, f"{w.grad(node)}.reshape({w.value(x)}.shape)", over_row=False)
+        w.to(x, code("{}.reshape({}.shape)", w.grad(node), w.value(x)), over_row=False)
         return
     raise NoBackward(f"the gradient through a `{node.op}` view")
 
@@ -929,7 +960,8 @@ def _join_slices(w: _Writer, base: int) -> None:
         covered += _shape(view)[dim]
     if covered != meta.shape[dim]:
         return
-    w.add(base, f"torch.cat(({', '.join(w.adjoint[v.id] for _, _, v in pieces)},), dim={dim})")
+    grads = joined([w.grad(v) for _, _, v in pieces])
+    w.add(base, code("torch.cat(({},), dim={})", grads, _literal(dim)))
 
 
 def _bounded(w: _Writer, node: Node) -> None:
@@ -938,23 +970,24 @@ def _bounded(w: _Writer, node: Node) -> None:
     x = _operands(node)[0]
     lo = node.params.get("min", node.params.get("min_val"))
     hi = node.params.get("max", node.params.get("max_val"))
-    inside = " & ".join(
-        [f"({w.value(x)} >= {w.number(lo, float)})" for _ in [0] if lo is not None]
-        + [f"({w.value(x)} <= {w.number(hi, float)})" for _ in [0] if hi is not None]
-    )
-    w.to(x, f"torch.where({inside}, {w.grad(node)}, 0.0)" if inside else w.grad(node))
+    bounds = [code("({} >= {})", w.value(x), w.number(lo, float)) for _ in [0] if lo is not None]
+    bounds += [code("({} <= {})", w.value(x), w.number(hi, float)) for _ in [0] if hi is not None]
+    if bounds:
+        w.to(x, code("torch.where({}, {}, 0.0)", joined(bounds, " & "), w.grad(node)))
+    else:
+        w.to(x, w.grad(node))
 
 
 def _leaky_relu(w: _Writer, node: Node) -> None:
     x, slope = _operands(node)[0], w.number(node.params.get("negative_slope", 0.01), float)
     g = w.grad(node)
-    w.to(x, f"torch.where({w.value(x)} > 0, {g}, {g} * {slope})")
+    w.to(x, code("torch.where({} > 0, {}, {} * {})", w.value(x), g, g, slope))
 
 
 def _abs(w: _Writer, node: Node) -> None:
     x = _operands(node)[0]
     g, v = w.grad(node), w.value(x)
-    w.to(x, f"torch.where({v} > 0, {g}, torch.where({v} < 0, -{g}, 0.0))")
+    w.to(x, code("torch.where({} > 0, {}, torch.where({} < 0, -{}, 0.0))", v, g, v, g))
 
 
 def _permute(w: _Writer, node: Node) -> None:
@@ -967,7 +1000,7 @@ def _permute(w: _Writer, node: Node) -> None:
         raise NoBackward(f"the gradient through a `{node.op}` view of an input")
     order = list(steps[0][1])
     inverse = [order.index(d) for d in range(len(order))]
-    w.to(x, f"{w.grad(node)}.permute({inverse})", over_row=False)
+    w.to(x, code("{}.permute({})", w.grad(node), _dims(inverse)), over_row=False)
 
 
 def _embedding(w: _Writer, node: Node) -> None:
@@ -975,14 +1008,15 @@ def _embedding(w: _Writer, node: Node) -> None:
     autograd computes it (`embedding_dense_backward`); a scatter, so torch runs it, not a kernel."""
     table, ids = _operands(node)[:2]
     padding = w.number(node.params.get("padding_idx", -1), int)
-    by_freq = bool(node.params.get("scale_grad_by_freq", False))
+    by_freq = _literal(bool(node.params.get("scale_grad_by_freq", False)))
     # The lookup's gradient as large as the lookup (a position embedding is broadcast over the batch):
     # the sizes of the call's ids and table, which a kernel made at other sizes may take.
-    looked_up, rows = f"tuple({w.value(ids)}.shape) + ({w.value(table)}.shape[-1],)", f"{w.value(table)}.shape[0]"
-    g = f"{w.grad(node)}.sum_to_size({looked_up})"
+    looked_up = code("tuple({}.shape) + ({}.shape[-1],)", w.value(ids), w.value(table))
+    rows = code("{}.shape[0]", w.value(table))
+    g = code("{}.sum_to_size({})", w.grad(node), looked_up)
     w.to(
         table,
-        f"torch.ops.aten.embedding_dense_backward({g}, {w.value(ids)}, {rows}, {padding}, {by_freq})",
+        code("torch.ops.aten.embedding_dense_backward({}, {}, {}, {}, {})", g, w.value(ids), rows, padding, by_freq),
         over_row=False,
     )
 

@@ -19,6 +19,7 @@ import torch
 from fuselens.analysis.graph import Graph, Node, Ref, is_named
 
 from .plan import KernelPlan, returned_outputs
+from .torch_code import Assign, Code
 
 _BINARY = {
     "__add__": "+", "__sub__": "-", "__mul__": "*", "__truediv__": "/", "__floordiv__": "//", "__mod__": "%",
@@ -38,16 +39,16 @@ def reference_text(
     """`_<name>_reference(params, number_params)`: the cluster's members, replayed as the model called
     them, with the numbers of the model's state (`plan.scalars`) as the caller passes them."""
     number_params = number_params if number_params is not None else [slot.name for slot in plan.scalars]
-    body, names = forward_lines(graph, plan, params, number_params)
+    statements, names = forward_statements(graph, plan, params, number_params)
     outputs = [names[o.node] for o in returned_outputs(plan)]
-    body.append(f"    return {', '.join(outputs)}")
+    body = [*map(str, statements), f"    return {', '.join(outputs)}"]
     doc = f'    """{summary} as the model computes it: what runs where the kernel cannot."""'
     return "\n".join([f"def _{name}_reference({', '.join(params + number_params)}):", doc, *body])
 
 
-def forward_lines(
+def forward_statements(
     graph: Graph, plan: KernelPlan, params: list[str], number_params: list[str], given: dict[int, str] | None = None
-) -> tuple[list[str], dict[int, str]]:
+) -> tuple[list[Assign], dict[int, str]]:
     """The statements that compute the cluster's members from its inputs (`params`) and numbers, and
     the name each member's value gets (`v<node>`; an input's is its parameter).  Members in `given`
     (node -> name) are not computed: the caller has their values under those names."""
@@ -59,7 +60,7 @@ def forward_lines(
         if member in names:
             continue
         names[member] = f"v{member}"
-        body.append(f"    v{member} = {_call(node, names, graph, [slot.node for slot in plan.inputs], numbers)}")
+        body.append(Assign(f"v{member}", _call(node, names, graph, [slot.node for slot in plan.inputs], numbers)))
     return body, names
 
 
@@ -108,7 +109,7 @@ def _following_device(value: Any, first_input: str) -> Any:
     return value
 
 
-def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], numbers: dict[int, _Param]) -> str:
+def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], numbers: dict[int, _Param]) -> Code:
     if node.replay is None:
         raise NoReference(f"`{node.op}` was recorded without its call")
     func, args, kwargs, index = node.replay
@@ -122,10 +123,13 @@ def _call(node: Node, names: dict[int, str], graph: Graph, inputs: list[int], nu
     if node.op == "cat":
         args, kwargs = _without_empty_pieces(args, kwargs, names, graph)
     if _reads_only_metadata(func) and not (isinstance(args[1], Ref) and args[1].node in names):
-        text = _metadata_call(func, _value(args[0], names), args[1], graph, [(names[i], graph[i]) for i in inputs])
+        first = _value(args[0], names)
+        text, same = _metadata_call(func, first, args[1], graph, [(names[i], graph[i]) for i in inputs])
+        reads = _reads(args[0], names) | ({same} if same else set())
     else:
         text = _expression(func, [_value(a, names) for a in args], {k: _value(v, names) for k, v in kwargs.items()})
-    return f"{text}[{index}]" if index is not None else text
+        reads = _reads(args, names) | _reads(kwargs, names)
+    return Code(f"{text}[{index}]" if index is not None else text, frozenset(reads))
 
 
 def _without_empty_pieces(args: tuple, kwargs: dict, names: dict[int, str], graph: Graph) -> tuple[tuple, dict]:
@@ -191,22 +195,23 @@ def _reads_only_metadata(func: Any) -> bool:
 _METADATA_CALLS = {"type_as": "to", "expand_as": "expand", "view_as": "view", "reshape_as": "reshape"}
 
 
-def _metadata_call(func: Any, first: str, other: Any, graph: Graph, inputs: list[tuple[str, Node]]) -> str:
+def _metadata_call(
+    func: Any, first: str, other: Any, graph: Graph, inputs: list[tuple[str, Node]]
+) -> tuple[str, str | None]:
     """`a.type_as(b)` reads only b's dtype (`expand_as` its shape), and b is not an input of the
     kernel: the reference reads it from an input that had the same dtype (shape) in the trace, so it
-    follows the model into other dtypes (`a.to(x.dtype)`), else it says what was read."""
+    follows the model into other dtypes (`a.to(x.dtype)`), else it says what was read.  The call, and
+    the input it reads that from (None: none)."""
     meta = graph[other.node].meta if isinstance(other, Ref) else None
     if meta is None:
         raise NoReference(f"`{func.__name__}` of a value with no recorded metadata")
     if func.__name__ == "type_as":
         same = next((name for name, n in inputs if n.meta is not None and n.meta.dtype == meta.dtype), None)
-        return f"{first}.to({same}.dtype)" if same else f"{first}.to(torch.{meta.dtype})"
+        return (f"{first}.to({same}.dtype)" if same else f"{first}.to(torch.{meta.dtype})"), same
     same = next((name for name, n in inputs if n.meta is not None and n.meta.shape == meta.shape), None)
-    return (
-        f"{first}.{func.__name__}({same})"
-        if same
-        else f"{first}.{_METADATA_CALLS[func.__name__]}({tuple(meta.shape)!r})"
-    )
+    if same:
+        return f"{first}.{func.__name__}({same})", same
+    return f"{first}.{_METADATA_CALLS[func.__name__]}({tuple(meta.shape)!r})", None
 
 
 def _spells_dtype(node: Node) -> bool:
@@ -268,6 +273,23 @@ def _normalized_shape_of_input(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if len(args) > 1:
         return (args[0], trailing, *args[2:]), kwargs
     return args, {**kwargs, "normalized_shape": trailing}
+
+
+def _reads(value: Any, names: dict[int, str]) -> set[str]:
+    """The variables `_value`'s text of `value` reads: the tensors' names and the numbers' parameters."""
+    if isinstance(value, _TrailingShape):
+        return _reads(value.of, names)
+    if isinstance(value, (_DtypeOf, _DeviceOf, _Param)):
+        return {value.name}
+    if isinstance(value, Ref):
+        return {names[value.node]}
+    if isinstance(value, slice):
+        return _reads(value.start, names) | _reads(value.stop, names) | _reads(value.step, names)
+    if isinstance(value, dict):
+        return set().union(*(_reads(v, names) for v in value.values()))
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return set().union(*(_reads(v, names) for v in value))
+    return set()
 
 
 def _value(value: Any, names: dict[int, str]) -> str:

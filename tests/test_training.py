@@ -1001,6 +1001,24 @@ def test_the_forward_keeps_only_what_the_backward_reads(write_model):
     assert cluster.backward.count(" + ") == 1  # the sums, then the input's gradient
 
 
+def test_an_input_the_gradients_do_not_read_is_not_kept_whatever_it_is_called(write_model):
+    """`e`'s gradient is the upstream one times 1e-05, which reads no value: the forward keeps `x` (tanh's
+    gradient reads it) and not `e`, though `e` is spelled inside that literal.  What the gradients read is
+    what they are made of, never names picked out of their text."""
+    source = """
+        class M(nn.Module):
+            def forward(self, x, e):
+                return torch.tanh(x) + e * 1e-05
+    """
+    report = analyze_file(
+        write_model(HEADER + textwrap.dedent(source).lstrip("\n"), "scaled.py"),
+        AnalyzeOptions(input_shapes=["4,33", "4,33"], dtypes=["float32", "float32"]),
+    )
+    ((cluster,),) = [m.clusters for m in report.models if m.status == "analyzed"]
+    assert cluster.backward and [i.name for i in cluster.inputs] == ["x", "e"]
+    assert cluster.saved_bytes_fused == 4 * 33 * 4  # x alone
+
+
 EMBEDDING_THEN_RESIDUAL = """
     class M(nn.Module):
         def __init__(self):
