@@ -162,20 +162,15 @@ class Restore:
     labels: dict[str, str] = field(default_factory=dict)  # a restored rewrite record's name -> what it rewrote
 
 
+_REPLACED_RE = re.compile(r"_(\w+)_replaced")
+
+
 def kept_originals(module_text: str) -> dict[str, tuple[str, str]]:
     """kernel name -> (the lines `apply` wrote, the lines they replaced), as the kernel module keeps
     them (`_cluster0_replaced = ("...", "...")`); read from its syntax tree, never run."""
-    try:
-        tree = ast.parse(module_text)
-    except SyntaxError:
-        return {}
     kept = {}
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            continue
-        match = re.fullmatch(r"_(\w+)_replaced", node.targets[0].id)
-        value = node.value
-        if match and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+    for match, value in rewrites_mod.named_assignments(module_text, _REPLACED_RE):
+        if isinstance(value, ast.Tuple) and len(value.elts) == 2:
             texts = [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
             if len(texts) == 2:
                 kept[match.group(1)] = (texts[0], texts[1])

@@ -181,21 +181,29 @@ def existing_records(module_text: str) -> dict[str, str]:
     return out
 
 
-def kept_rewrites(module_text: str) -> dict[str, Record]:
-    """The records a kernel module keeps, read from its syntax tree (never run)."""
+def named_assignments(module_text: str, name: re.Pattern[str]) -> list[tuple[re.Match[str], ast.expr]]:
+    """The module-level assignments `<name> = <value>` of a kernel module whose one target's name matches
+    `name` in full, with the match and the value's syntax: read from its syntax tree, never run (none
+    where the text does not parse)."""
     try:
         tree = ast.parse(module_text)
     except SyntaxError:
-        return {}
-    kept = {}
+        return []
+    found = []
     for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            continue
-        match = _RECORD_RE.fullmatch(node.targets[0].id)
-        if match is None:
-            continue
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            match = name.fullmatch(node.targets[0].id)
+            if match is not None:
+                found.append((match, node.value))
+    return found
+
+
+def kept_rewrites(module_text: str) -> dict[str, Record]:
+    """The records a kernel module keeps, read from its syntax tree (never run)."""
+    kept = {}
+    for match, value in named_assignments(module_text, _RECORD_RE):
         try:
-            written, original, imports, label = ast.literal_eval(node.value)
+            written, original, imports, label = ast.literal_eval(value)
         except (ValueError, TypeError, SyntaxError):
             continue
         if all(isinstance(t, str) for t in (written, original, label)) and all(isinstance(i, str) for i in imports):
