@@ -55,6 +55,9 @@ WARM_UP_MODEL = (
     "        h = F.gelu(self.proj(x * 2.0 + 1.0))\n"
     "        h = torch.sigmoid(h).pow(2).mean(-1, keepdim=True) * h\n"
     "        h = self.norm(h.float() + x).to(torch.bfloat16).float()\n"
+    "        t = h.view(1, 8, 2, 8).transpose(1, 2)\n"
+    "        a = torch.softmax((t @ t.transpose(-2, -1)) / 2.0, dim=-1) @ t\n"
+    "        h = h + (a + F.scaled_dot_product_attention(t, t, t)).transpose(1, 2).reshape(8, 16)\n"
     "        return F.softmax(torch.tanh(h) * 3.0, dim=-1)[..., :8].contiguous()\n"
 )
 
