@@ -347,12 +347,14 @@ _SPANS_CALLS = "which is not part of the cluster"
 
 
 def test_every_cluster_within_one_call_applies(capsys):
-    rows = []
+    rows, rewritten = [], set()
     for name in EXAMPLE_FILES:
         report = analyze_file(example(name), AnalyzeOptions())
         assert not report.problems, (name, report.problems)
         for model in report.models:
             rows += [(name, c.id, c.op_chain, c.applies, c.apply_detail) for c in model.clusters]
+            # A cluster whose ops a pattern's rewrite computes (an attention's softmax) is fixed by it.
+            rewritten |= {(name, cid) for p in model.patterns if p.rewrite for cid in p.rewrite.replaces}
     appliable = [r for r in rows if r[3] in ("edit", "patch")]
     with capsys.disabled():
         print(f"\nappliable clusters: {len(appliable)} of {len(rows)} ({len(appliable) / len(rows):.0%})")
@@ -363,7 +365,7 @@ def test_every_cluster_within_one_call_applies(capsys):
     unexplained = [
         f"{name} {cid} ({chain}): {detail}"
         for name, cid, chain, applies, detail in rows
-        if applies == "no" and _SPANS_CALLS not in detail
+        if applies == "no" and _SPANS_CALLS not in detail and (name, cid) not in rewritten
     ]
     assert not unexplained, unexplained
     assert all(applies != "no" or detail for _, _, _, applies, detail in rows)
