@@ -33,6 +33,8 @@ class Configuration:
         self._warn = warn
         self._read = asyncio.Event()  # set once `initialized` has read the settings
         self._warned: dict[str, None] = {}  # (the latest WARNINGS_KEPT)
+        self._reading = False  # a read is under way
+        self._again: tuple[list[str], AskClient | None] | None = None  # what changed meanwhile: read again
 
     def client_sent(self, settings: Any) -> None:
         """`workspace/didChangeConfiguration`'s settings: its "fuselens" section replaces the one the
@@ -40,10 +42,30 @@ class Configuration:
         if isinstance(settings, dict) and isinstance(settings.get("fuselens"), dict):
             self.init_options = {**self.init_options, "settings": settings["fuselens"]}
 
-    async def reload(self, roots: list[str], ask_client: AskClient | None) -> None:
-        """Read the settings again: each workspace folder's pyproject.toml, the initialization options,
-        then what the client answers (`ask_client`, None for a client that cannot be asked).  A value
-        that is not taken is warned about, once per server."""
+    async def reload(self, roots: list[str], ask_client: AskClient | None) -> bool:
+        """Read the settings again; False when a read already under way takes the change in instead.
+
+        Changes that come while the client is being asked are read once, after its answer: a client
+        that is slow or never answers is asked once per read, not once per change, and what the server
+        keeps meanwhile does not grow with the changes it is sent."""
+        if self._reading:
+            self._again = (roots, ask_client)
+            return False
+        self._reading = True
+        try:
+            again: tuple[list[str], AskClient | None] | None = (roots, ask_client)
+            while again is not None:
+                self._again = None
+                await self._read_sources(*again)
+                again = self._again
+        finally:
+            self._reading = False
+        return True
+
+    async def _read_sources(self, roots: list[str], ask_client: AskClient | None) -> None:
+        """Read the settings: each workspace folder's pyproject.toml, the initialization options, then
+        what the client answers (`ask_client`, None for a client that cannot be asked).  A value that
+        is not taken is warned about, once per server."""
         merged = Settings()
         problems: list[str] = []
         for root in roots:

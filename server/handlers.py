@@ -87,8 +87,8 @@ def _register_documents(server: LanguageServer, services: Services) -> None:
     async def did_change_configuration(params: lsp.DidChangeConfigurationParams) -> None:
         state.configuration.client_sent(params.settings)
         ask = services.editor.configuration if state.client.configuration else None
-        await state.configuration.reload(state.folders.roots, ask)
-        analyzer.settings_changed()
+        if await state.configuration.reload(state.folders.roots, ask):
+            analyzer.settings_changed()
 
     @server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
     def did_change_watched_files(params: lsp.DidChangeWatchedFilesParams) -> None:
