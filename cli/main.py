@@ -168,9 +168,9 @@ def _options(args: argparse.Namespace) -> AnalyzeOptions:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from fuselens.server.app import run
+        from fuselens.server.start import serve
 
-        return run(log_file=args.log_file)
+        return serve(log_file=args.log_file)
     if not os.path.isfile(args.file):
         print(f"fuselens: no such file: {args.file}", file=sys.stderr)
         return 2

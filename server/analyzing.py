@@ -21,7 +21,7 @@ from .features.diagnostics import diagnostics
 from .features.text import same_file, uri_to_path
 from .generation import Generation
 from .inductor import InductorComparer
-from .libraries import library_modules
+from .libraries import file_imports, library_modules
 from .logs import EditorLog
 from .protocol import remember
 from .reloads import Reloads, disk_text
@@ -180,7 +180,9 @@ class Analyzer:
         w = settings.worker
         job = AnalyzeJob(path, settings.analyze_options(text))
         try:
-            report: Report = await self._worker.run(job, Limits(w.timeout_seconds, w.memory_mb))
+            # The host imports the file's installed libraries first: even a first job starts with them.
+            limits = Limits(w.timeout_seconds, w.memory_mb)
+            report: Report = await self._worker.run(job, limits, imports=file_imports(text))
         except JobFailed as exc:
             if exc.kind != "timeout":
                 raise

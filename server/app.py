@@ -16,11 +16,13 @@ Which module holds what:
 - handlers: `handlers.py` (lifecycle, document changes, requests), `commands.py`;
 - services, each given only what it uses: `analyzing.py`, `scheduler.py`, `generation.py`,
   `inductor.py`, `worker_handle.py`, `editor.py` (what the server sends the client), `history.py`, `views.py`;
-- logging: `logs.py`.
+- logging: `logs.py`;
+- the start: `start.py` (the worker host is launched before this module is imported).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from lsprotocol import types as lsp
@@ -43,6 +45,7 @@ from .runner import RemoteRunners
 from .services import Services
 from .state import Folders, OpenDocuments, ServerState
 from .worker_handle import WorkerHandle
+from .workers import WorkerClient
 
 
 class FuselensServer(LanguageServer):
@@ -59,13 +62,14 @@ class FuselensServer(LanguageServer):
         self.protocol: FuselensProtocol
 
 
-def create_server() -> tuple[FuselensServer, Services]:
-    """A server with every handler registered, and the parts they use."""
+def create_server(launched: WorkerClient | None = None) -> tuple[FuselensServer, Services]:
+    """A server with every handler registered, and the parts they use; `launched`: the worker host
+    started before the server was imported (`start.py`)."""
     server = FuselensServer()
     log = EditorLog(server.window_log_message, server.window_show_message)
     background = Background()
     configuration = Configuration(lambda text: log.tell(text, lsp.MessageType.Warning))
-    worker = WorkerHandle(lambda: configuration.current.worker.python, log.line, background)
+    worker = WorkerHandle(lambda: configuration.current.worker.python, log.line, background, launched)
     admission = Admission()
     generation = Generation(worker.run, admission, log.line)
     state = ServerState(
@@ -83,15 +87,20 @@ def create_server() -> tuple[FuselensServer, Services]:
     return server, services
 
 
-def serve_stdio(server: FuselensServer, services: Services) -> int:
-    """Serve on stdin and stdout (`stdio.py`); the exit code."""
+def serve_stdio(server: FuselensServer, services: Services, loop: asyncio.AbstractEventLoop | None = None) -> int:
+    """Serve on stdin and stdout (`stdio.py`), on `loop` if given; the exit code."""
     try:
-        return stdio.serve(server.protocol, services.remote.kill_all)
+        return stdio.serve(server.protocol, services.remote.kill_all, loop)
     finally:
         server.shutdown()
 
 
-def run(log_file: str | None = None) -> int:
+def run(
+    log_file: str | None = None, loop: asyncio.AbstractEventLoop | None = None, worker: WorkerClient | None = None
+) -> int:
+    """Serve on stdio; `worker`: a worker client whose host was launched on `loop` before the server
+    was imported (`start.py`)."""
     logs.configure(log_file)
     logs.log.info("fuselens %s language server on stdio (python %s)", TOOL_VERSION, sys.version.split()[0])
-    return serve_stdio(*create_server())
+    server, services = create_server(worker)
+    return serve_stdio(server, services, loop)

@@ -4,7 +4,6 @@ snapshot taken as it arrives (`requests.py`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from lsprotocol import types as lsp
@@ -39,6 +38,8 @@ def _register_lifecycle(server: LanguageServer, services: Services) -> None:
         editor = params.client_info.name if params.client_info else ""
         state.folders.open(found, Trust(client_trust(options), found), editor)
         state.client = client_features(params.capabilities)
+        if not state.folders.trusts_a_folder():
+            services.worker.discard()  # launched as the server started (`start.py`): nothing runs here for now
 
     @server.feature(lsp.INITIALIZED)
     async def on_initialized(params: lsp.InitializedParams) -> None:
@@ -53,7 +54,7 @@ def _register_lifecycle(server: LanguageServer, services: Services) -> None:
             except Exception as exc:  # watchdog still watches
                 services.log.line(f"the client did not register file watching ({exc}); using watchdog only")
         roots = state.folders.roots
-        if any(state.folders.trusted(os.path.join(r, "x.py")) for r in roots):
+        if state.folders.trusts_a_folder():
             analyzer.watch(roots)
             services.background.start(services.worker.warm())
 

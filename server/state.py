@@ -102,6 +102,10 @@ class Folders:
     def trusted(self, path: str) -> bool:
         return self.trust.trusted(path)
 
+    def trusts_a_folder(self) -> bool:
+        """Whether the models of a workspace folder may run: then the worker host is kept warm."""
+        return any(self.trusted(os.path.join(r, "x.py")) for r in self.roots)
+
     def root_of(self, path: str) -> str | None:
         """The workspace folder that holds `path` (with none open, the file's own folder); None
         outside them all.  Files are generated only inside the workspace."""

@@ -26,16 +26,20 @@ log = logging.getLogger("fuselens.server")
 EXIT_GRACE = 2.0  # seconds the tasks still running at exit have to clean up
 
 
-def serve(protocol: FuselensProtocol, before_tasks_end: Callable[[], None]) -> int:
+def serve(
+    protocol: FuselensProtocol, before_tasks_end: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+) -> int:
     """Serve on stdin and stdout until `exit` or the end of input; the exit code the LSP spec asks
     for: 0 after `shutdown`, 1 for an `exit` without it (or a termination signal).
-    `before_tasks_end` runs as the server stops, before its tasks are cancelled."""
+    `before_tasks_end` runs as the server stops, before its tasks are cancelled.  `loop`: the event
+    loop to serve on (one the worker host was launched from, `start.py`), else a new one."""
     # Not dumpable: the model's code, which runs as the same user, cannot reopen this process's
     # standard output through /proc and speak to the editor in its name (worker/confine.py).
     if not keep_descriptors_private():
         log.warning("cannot keep the server's descriptors from other processes (no PR_SET_DUMPABLE)")
     protocol.set_writer(StdoutWriter(sys.stdout.buffer))
-    loop = asyncio.new_event_loop()
+    if loop is None:
+        loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     code = 0
     try:

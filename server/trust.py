@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from fuselens.contracts.folders import user_config_folder
+from fuselens.contracts.folders import installed, user_config_folder
 from fuselens.contracts.reading import read_bytes
 
 MAX_TRUST_FILE_BYTES = 1 << 20  # a list of folders; a larger file is not read (nothing is trusted)
@@ -44,10 +44,6 @@ def _listed_folders(path: str) -> list[str]:
     return (
         [os.path.realpath(os.path.expanduser(p)) for p in data if isinstance(p, str)] if isinstance(data, list) else []
     )
-
-
-# Folders Python installs packages into: what lies below one is a library's code.
-INSTALLED_PACKAGES = ("site-packages", "dist-packages")
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -83,7 +79,7 @@ class Trust:
         real = os.path.realpath(path)
         root = self._root_of(real)
         below = os.path.relpath(real, root) if root is not None else real
-        return any(part in INSTALLED_PACKAGES for part in below.split(os.sep))
+        return installed(below)
 
     def _root_of(self, path: str) -> str | None:
         real = os.path.realpath(path)

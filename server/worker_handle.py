@@ -1,5 +1,6 @@
 """The worker host the server's jobs run in (`workers.py`): one at a time, for the interpreter the
-settings name (`worker.python`); a new one is started, and the old one stopped, when they name another."""
+settings name (`worker.python`); a new one is started, and the old one stopped, when they name another.
+The first is launched as the server starts (`start.py`), with the server's own interpreter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fuselens.worker.protocol import Job, Limits
+from fuselens.worker.protocol import Job, Limits, ModuleImport
 
 from .background import Background
 from .workers import WorkerClient
@@ -17,11 +18,15 @@ Progress = Callable[[str, float | None], None]
 
 
 class WorkerHandle:
-    def __init__(self, python: Callable[[], str | None], log: Log, background: Background) -> None:
+    def __init__(
+        self, python: Callable[[], str | None], log: Log, background: Background, launched: WorkerClient | None = None
+    ) -> None:
         self._python = python  # the interpreter the current settings name (None: the server's own)
         self._log = log
         self._background = background
-        self.client: WorkerClient | None = None
+        self.client = launched  # (a host launched before the server was imported: `start.py`)
+        if launched is not None:
+            launched.log = log
 
     def get(self) -> WorkerClient:
         """The worker for the interpreter the settings name now."""
@@ -33,9 +38,15 @@ class WorkerHandle:
                 self._background.start(old.stop())
         return self.client
 
-    async def run(self, job: Job, limits: Limits, on_progress: Progress | None = None) -> Any:
-        """`job`'s result from the worker (`WorkerClient.run`)."""
-        return await self.get().run(job, limits, on_progress=on_progress)
+    async def run(
+        self,
+        job: Job,
+        limits: Limits,
+        on_progress: Progress | None = None,
+        imports: list[ModuleImport] | None = None,
+    ) -> Any:
+        """`job`'s result from the worker (`WorkerClient.run`); `imports`: its file's import statements."""
+        return await self.get().run(job, limits, on_progress=on_progress, imports=imports)
 
     def torch_version(self) -> str:
         """The torch version of the running worker ("" before it is ready)."""
@@ -52,6 +63,11 @@ class WorkerHandle:
             await self.get().ensure_started()
         except Exception as exc:
             self._log(f"worker did not start: {exc}")
+
+    def discard(self) -> None:
+        """End at once a host that has run no job (`WorkerClient.discard`): the workspace is not trusted."""
+        if self.client is not None:
+            self.client.discard()
 
     async def stop(self) -> None:
         if self.client is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ from fuselens.worker.protocol import (
     Job,
     Limits,
     Lines,
+    ModuleImport,
     Preload,
     Progress,
     Ready,
@@ -45,6 +45,8 @@ from fuselens.worker.protocol import (
     encode,
     result_type,
 )
+
+from .host_imports import ImportRequests
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
 HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
@@ -102,24 +104,46 @@ class WorkerClient:
         self._stderr: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
         self._jobs: dict[int, tuple[asyncio.Future, Job, Callable | None]] = {}
-        self._ids = itertools.count(1)
+        self._next_id = 1
         self._lock = asyncio.Lock()
         self.stderr_tail: list[str] = []
         self._kept: set[str] = set()  # the modules this host was asked to keep imported
+        self._imports = ImportRequests()  # the files' imports a host is asked to run before their jobs
+        self._stopping: asyncio.subprocess.Process | None = None  # a host this client ends itself
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        """The host runs and hears requests: not exited, nor closed its end (it dies then; the kernel
+        may tell its exit a moment after the pipe's end, and a job sent to it meanwhile is lost)."""
+        reading = self._reader is not None and not self._reader.done()
+        return self._proc is not None and self._proc.returncode is None and reading
+
+    async def launch(self) -> None:
+        """Start a host, without waiting for it to be ready: the server's first step, so that the host
+        imports torch while the server itself starts and the editor says hello (`server/start.py`)."""
+        async with self._lock:
+            if not self.alive:
+                await self._spawn()
 
     async def ensure_started(self) -> None:
         async with self._lock:
-            if self.alive and self._ready is not None and self._ready.done() and not self._ready.exception():
+            if self._ready_now():
                 return
-            await self._spawn()
+            if not self._starting():
+                await self._spawn()
+            await self._wait_ready()
+
+    def _ready_now(self) -> bool:
+        return self.alive and self._ready is not None and self._ready.done() and not self._ready.exception()
+
+    def _starting(self) -> bool:
+        """A host is spawned (by `launch`) that has not said yet that it is ready."""
+        return self.alive and self._ready is not None and not self._ready.done()
 
     async def _spawn(self) -> None:
         self.starts += 1
         self._kept = set()  # (a new host has none: the next analyses name them again)
+        self._imports.new_host()
         self._ready = asyncio.get_running_loop().create_future()
         try:
             # -P and a working directory nobody but root can write to: nothing in the folder the
@@ -141,6 +165,10 @@ class WorkerClient:
         # Each reader holds its own process: a restart must never put two readers on one pipe.
         self._reader = asyncio.create_task(self._read(self._proc, self._ready))
         self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
+
+    async def _wait_ready(self) -> None:
+        """Wait for the host just spawned to say it is ready; a host that does not is stopped."""
+        assert self._ready is not None
         try:
             async with asyncio.timeout(READY_TIMEOUT):
                 info: Ready = await asyncio.shield(self._ready)
@@ -176,11 +204,18 @@ class WorkerClient:
             error = Failure("crash", "the analysis worker exited unexpectedly")
             if not ready.done():
                 ready.set_exception(JobFailed(error))
+                if self._stopping is proc:
+                    ready.exception()  # (ended on purpose before it was ready: nobody waits to hear why)
             if self._proc is proc:  # jobs in flight belong to this process only if it is still the current one
                 for future, _, _ in list(self._jobs.values()):
                     if not future.done():
                         future.set_exception(JobFailed(error))
                 self._jobs.clear()
+                if self._stopping is not proc and (lost := self._imports.host_lost()):
+                    self.log(
+                        f"the worker exited before it had imported {', '.join(sorted(lost))} for a job: "
+                        "from now on the jobs import them themselves"
+                    )
 
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr
@@ -196,6 +231,7 @@ class WorkerClient:
             if self._ready and not self._ready.done():
                 self._ready.set_result(message)
             return
+        self._imports.answered(message.id)
         entry = self._jobs.get(message.id)
         if entry is None:
             return
@@ -216,16 +252,24 @@ class WorkerClient:
             future.set_exception(JobFailed(Failure("internal", f"the worker's answer cannot be read: {exc}")))
 
     async def run(
-        self, job: Job, limits: Limits, on_progress: Callable[[str, float | None], None] | None = None
+        self,
+        job: Job,
+        limits: Limits,
+        on_progress: Callable[[str, float | None], None] | None = None,
+        imports: list[ModuleImport] | None = None,
     ) -> Any:
         """Run a job and return its result (its `result_type()`); cancelling the awaiting task
-        cancels (kills) the job in the worker."""
+        cancels (kills) the job in the worker.  `imports`: the import statements of the job's file
+        (`server/libraries.py`), which the host runs first where they name installed packages."""
         checked = bounded(limits)  # (the settings bound them too; the host checks them again)
         if isinstance(checked, Failure):
             raise JobFailed(checked)
         await self.ensure_started()
         proc = self._proc
-        job_id = next(self._ids)
+        job_id = self._next_id
+        self._next_id += 1
+        if imports and (preload := self._imports.request(getattr(job, "path", ""), imports, job_id)):
+            self._send(preload)
         request = encode(Run(job_id, job, checked))
         if len(request) > MAX_MESSAGE_BYTES:  # (the editor's buffer of a file of tens of MB)
             too_long = (
@@ -271,10 +315,22 @@ class WorkerClient:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
             self._proc.stdin.write(line)
 
+    def discard(self) -> None:
+        """End a host that has run no job (one launched before the workspace turned out untrusted) at
+        once: nothing of the user's ran in it, there is nothing to clean up after."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None and not self._jobs:
+            self._stopping = proc
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            # Forgotten at once: a job that comes later starts a fresh host, never waits on this one.
+            self._proc, self._ready = None, None
+
     async def stop(self) -> None:
         proc = self._proc
         if proc is None:
             return
+        self._stopping = proc
         if proc.returncode is None:
             try:
                 self._send(Shutdown())

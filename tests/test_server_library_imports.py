@@ -4,17 +4,21 @@ A model built from an installed library (transformers' Llama) spent most of each
 library's modeling code in a fresh job.  After the first analysis the worker host imports the
 library modules that hold the model's code, once, and every job forked after that starts with them.
 Here the library is a small package on PYTHONPATH, outside the workspace, that writes the pid of each
-process that imports it; a project's own module of the same name still wins in its folder.
+process that imports it; a project's own module of the same name still wins in its folder.  A
+package installed in a site-packages folder is imported by the host even before a file's first job,
+from the file's own import statements.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import textwrap
 
 import pytest
 
-from lsp_helpers import Client, children, server_fixture, server_pid
+from library_corpus import CORPUS
+from lsp_helpers import PROFILES, Client, children, running_server, server_fixture, server_pid, time_limit
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -70,21 +74,29 @@ def site(root: str) -> str:
     return os.path.join(os.path.dirname(root), "site")
 
 
+def site_packages(root: str) -> str:
+    """Where `pip install --target` installed another copy of it, as `instlib`: a site-packages folder."""
+    return os.path.join(os.path.dirname(root), "prefix", "lib", "python3", "site-packages")
+
+
 def install_library(root: str) -> None:
-    folder = os.path.join(site(root), "fakelib")
-    os.makedirs(folder)
-    for name, text in LIBRARY.items():
-        with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
-            fh.write(textwrap.dedent(text).lstrip("\n"))
+    for folder in (os.path.join(site(root), "fakelib"), os.path.join(site_packages(root), "instlib")):
+        os.makedirs(folder)
+        for name, text in LIBRARY.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+                fh.write(textwrap.dedent(text).lstrip("\n"))
 
 
-client = server_fixture(prepare=install_library, server_env=lambda root: {"PYTHONPATH": site(root)})
+client = server_fixture(
+    prepare=install_library, server_env=lambda root: {"PYTHONPATH": os.pathsep.join([site(root), site_packages(root)])}
+)
 
 
-def importers(client: Client) -> list[int]:
+def importers(client: Client, library: str = "fakelib") -> list[int]:
     """The pids of the processes that imported the library, in order."""
+    folder = site(client.root) if library == "fakelib" else site_packages(client.root)
     try:
-        with open(os.path.join(site(client.root), "fakelib", "imports.log"), encoding="utf-8") as fh:
+        with open(os.path.join(folder, library, "imports.log"), encoding="utf-8") as fh:
             return [int(line) for line in fh.read().split()]
     except FileNotFoundError:
         return []
@@ -125,3 +137,31 @@ async def test_a_projects_own_module_of_the_librarys_name_is_still_imported_in_i
     assert chains(await client.diagnostics_of(mine, 1)) == ["mul → sigmoid → add"]  # the project's, not the library's
     client.close(mine)
     client.close(uri)
+
+
+async def test_a_files_first_job_starts_with_its_installed_library_imported(client: Client):
+    (host,) = children(server_pid(client))
+    uri = client.open("uses_instlib.py", textwrap.dedent(MODEL).lstrip("\n").replace("fakelib", "instlib"))
+    assert chains(await client.diagnostics_of(uri, 1)) == ["mul → relu → add"]
+    assert importers(client, "instlib") == [host]  # the host, before the job: the job found it imported
+    assert any("keeping instlib (Block) loaded for the jobs" in m.message for m in client.log_messages)
+    client.close(uri)
+
+
+FIRST_OPEN_S = 3.0  # a 2-core machine: the host's start, transformers' import and the analysis, after `initialize`
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_a_transformers_model_opened_as_the_server_starts_shows_its_diagnostics_within_3_s(profile, tmp_path):
+    pytest.importorskip("transformers")
+    llama = next(case for case in CORPUS if case.id == "llama")
+    llama.write(str(tmp_path / "ws"))
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # (no analysis kept from an earlier run to show first)
+    async with running_server(profile, str(tmp_path / "ws"), server_env=env, wait_ready=False) as client:
+        started = asyncio.get_running_loop().time()
+        uri = client.open("llama.py")
+        diags = await client.diagnostics_of(uri, 1)
+        elapsed = asyncio.get_running_loop().time() - started
+    assert chains(diags), [d.message for d in diags]  # (the analysis was the real one)
+    assert elapsed <= time_limit(FIRST_OPEN_S), f"{elapsed:.2f} s from the open to the first diagnostics"

@@ -1,14 +1,30 @@
 """Language server, processes: the server never imports torch, the worker gets a scrubbed
-environment, and nothing outlives the server."""
+environment, the worker host starts with the server, and nothing outlives the server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 
 import pytest
 
-from lsp_helpers import INTERPRET, PROFILES, Client, children, make_workspace, running, running_server, server_pid
+from fuselens.server.workers import WorkerClient
+from fuselens.worker.protocol import Limits, PingJob, Pong
+
+from lsp_helpers import (
+    INTERPRET,
+    PROFILES,
+    SERVER,
+    TIMEOUT,
+    Client,
+    children,
+    make_workspace,
+    running,
+    running_server,
+    server_pid,
+)
 
 SECRETS = {
     "GITHUB_TOKEN": "ghp_x",
@@ -129,3 +145,67 @@ async def test_the_worker_does_not_outlive_a_killed_server(profile: str, tmp_pat
         os.kill(server_pid(client), signal.SIGKILL)  # the editor crashed, say
         await client._server.wait()
         await client.wait_until(lambda: not running(host), "the worker to exit", poll=0.05)
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [part.decode(errors="replace") for part in fh.read().split(b"\0") if part]
+    except OSError:  # (gone)
+        return []
+
+
+def hosts(server: int) -> list[int]:
+    """The worker hosts the server started (a child between its fork and its exec is not one yet)."""
+    return [pid for pid in children(server) if command_line(pid)[1:] == ["-P", "-m", "fuselens.worker.host"]]
+
+
+async def eventually(predicate, what: str, timeout: float = TIMEOUT):
+    """Poll `predicate` (state outside any conversation: processes) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        await asyncio.sleep(0.02)
+    return result
+
+
+async def test_the_worker_host_starts_before_the_editor_says_anything():
+    """A file's first analysis waits for the worker host to import torch: the host starts with the
+    server, and imports it while the server itself starts and the editor says hello."""
+    server = await asyncio.create_subprocess_exec(
+        *SERVER, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        (host,) = await eventually(lambda: hosts(server.pid), "the worker host to start before `initialize`")
+        assert children(server.pid) == [host]
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()  # the editor went away without a word: the server exits, and so does its host
+        await server.wait()
+    await eventually(lambda: not running(host), "the worker host to exit with the server")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_the_first_analysis_runs_in_the_host_started_with_the_server(profile: str, tmp_path):
+    root = make_workspace(str(tmp_path / "ws"))
+    async with running_server(profile, root, wait_ready=False) as client:
+        (host,) = children(server_pid(client))  # (right after `initialize`: there already)
+        uri = client.open("example_net.py")
+        assert len(await client.diagnostics_of(uri, 1)) >= 3
+        assert children(server_pid(client)) == [host]
+        assert any(m.message.startswith(f"worker ready: pid {host},") for m in client.log_messages)
+
+
+async def test_a_host_ended_for_an_untrusted_workspace_makes_way_for_a_fresh_one_at_once():
+    """`initialize` ends the host launched with the server when no folder is trusted; a file trusted on
+    its own (a link into a trusted folder) opened right after gets a fresh host, not the dying one."""
+    worker = WorkerClient()
+    try:
+        await worker.launch()
+        (launched,) = await eventually(lambda: hosts(os.getpid()), "the host to start")
+        worker.discard()
+        assert await worker.run(PingJob(), Limits(60.0, 2048)) == Pong()
+        assert worker.info is not None and worker.info.pid != launched and worker.starts == 2
+    finally:
+        await worker.stop()

@@ -8,7 +8,8 @@ process costs milliseconds, the child imports the user's module afresh (so edits
 always seen), and whatever the user's code does (loop forever, allocate 50 GB, chdir,
 sys.exit, fork, print megabytes) stays in the child.  Between jobs it imports the installed
 library modules the server names (`preload.py`: transformers' modeling code, which a job would
-otherwise import afresh on every save).
+otherwise import afresh on every save), and before a file's job the imports of installed packages
+its syntax tree names, so that even the first job of a file starts with its library imported.
 
 Limits per job: wall time (the child's watchdog thread dumps its stack at the limit, so the
 report can name the line it was stuck on, and the host then kills it) and address space
@@ -61,7 +62,7 @@ from fuselens.contracts.plain import ContractError
 from fuselens.worker.confine import keep_descriptors_private, prctl, renounce_ptrace
 from fuselens.worker.descendants import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG
 from fuselens.worker.descendants import kill_strays as _kill_strays
-from fuselens.worker.preload import folder_of, forget_shadowed, preload
+from fuselens.worker.preload import folder_of, forget_shadowed, preload, preload_imports
 from fuselens.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Cancel,
@@ -73,6 +74,7 @@ from fuselens.worker.protocol import (
     Limits,
     Lines,
     Preload,
+    PreloadImports,
     Progress,
     Ready,
     Run,
@@ -194,11 +196,17 @@ class Host:
         if job_id is not None:
             self.send(Failed(job_id, Failure("internal", f"the worker cannot read this request: {error}")))
 
-    def _handle(self, message: Run | Cancel | Shutdown | Preload) -> None:
+    def _handle(self, message: Run | Cancel | Shutdown | Preload | PreloadImports) -> None:
         if isinstance(message, Run):
             self._start(message.id, message.job, message.limits)
-        elif isinstance(message, Preload):
-            for line in preload(message.modules):  # (between jobs: the loop waits meanwhile)
+        elif isinstance(message, Preload | PreloadImports):
+            # (between jobs: the loop waits meanwhile; the job that follows a file's imports needs them first)
+            said = (
+                preload(message.modules)
+                if isinstance(message, Preload)
+                else preload_imports(message.path, message.imports)
+            )
+            for line in said:
                 print(f"fuselens worker: {line}", file=sys.stderr)
         elif isinstance(message, Cancel):
             for child in list(self.children.values()):

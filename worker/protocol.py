@@ -6,6 +6,7 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
 `ContractError`, never silently half-read.  No torch here: the server imports this module.
 
     server -> host    Run(id, job, limits) | Cancel(id) | Shutdown | Preload(modules)
+                      | PreloadImports(path, imports)
     host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
@@ -180,7 +181,28 @@ class Preload:
     op: Literal["preload"] = "preload"
 
 
-Request = Run | Cancel | Shutdown | Preload
+@dataclass
+class ModuleImport:
+    """One import statement of a model's file, as its syntax tree says: `import module`, or
+    `from module import names` (what Python imports for either, a lazy package's attributes too)."""
+
+    module: str  # absolute: "transformers", "transformers.models.llama"
+    names: list[str] = field(default_factory=list)  # for `from module import ...`; [] for `import module`
+
+
+@dataclass
+class PreloadImports:
+    """The imports of the model's file at `path` that name installed packages, for the host to run
+    before it forks the file's next job, which then starts with them (`worker/preload.py`).  Unlike
+    `Preload`, no job has run them yet: the host imports only packages installed in a site-packages
+    folder that the file's own folder does not shadow."""
+
+    path: str
+    imports: list[ModuleImport]
+    op: Literal["preload_imports"] = "preload_imports"
+
+
+Request = Run | Cancel | Shutdown | Preload | PreloadImports
 
 
 # ---- host -> server --------------------------------------------------------------------------
