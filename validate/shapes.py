@@ -3,7 +3,9 @@
 The Triton interpreter costs about a millisecond per program launched, so validating
 at a 16384x1024 example shape would take minutes.  We shrink the example inputs dim by
 dim (halving, never to 1, which would change broadcasting) while a meta trace of the
-model still finds the same clusters, until the largest cluster is small.  Validating at
+model still finds the same clusters, until the largest cluster is small; a dim that inputs share
+(a batch, a sequence: the same size at the same place), which halving in one of them alone makes
+disagree, is halved in all of them at once.  Validating at
 a shape different from the one the kernels were generated for is also the test that no
 size was baked into them.  A profile on a CPU shrinks them the same way until its forward
 moves few enough bytes (`pipeline/profile.py`).
@@ -76,9 +78,11 @@ def scaled_specs(specs: list[InputSpec], signatures: Signatures, bound: int = MA
             for d, size in enumerate(spec.shape):
                 if (i, d) in frozen or size < 4 or largest <= bound:
                     continue
-                trial = [InputSpec(list(s.shape), s.dtype, high=s.high) for s in current]
-                trial[i].shape[d] = size // 2
+                trial = _halved(current, [(i, d)])
                 result = signatures(trial)
+                if result is None or result[0] != wanted:
+                    trial = _halved(current, _sharing(current, i, d))
+                    result = signatures(trial) if trial != current else None
                 if result is None or result[0] != wanted:
                     frozen.add((i, d))
                     continue
@@ -87,3 +91,19 @@ def scaled_specs(specs: list[InputSpec], signatures: Signatures, bound: int = MA
         if not progress:
             break
     return current
+
+
+def _halved(specs: list[InputSpec], dims: list[tuple[int, int]]) -> list[InputSpec]:
+    """`specs` with each (input, dim) of `dims` halved."""
+    trial = [InputSpec(list(s.shape), s.dtype, high=s.high) for s in specs]
+    for i, d in dims:
+        trial[i].shape[d] //= 2
+    return trial
+
+
+def _sharing(specs: list[InputSpec], i: int, d: int) -> list[tuple[int, int]]:
+    """Input `i`'s dim `d` and the same dim of every other input of its size there (a batch, a sequence
+    that two inputs share, which halving in one of them alone makes disagree); [] where none shares it."""
+    size = specs[i].shape[d]
+    shared = [(j, d) for j, s in enumerate(specs) if j != i and d < len(s.shape) and s.shape[d] == size]
+    return [(i, d), *shared] if shared else []
