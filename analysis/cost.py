@@ -5,8 +5,15 @@ bound: no cache model).  Fused, the kernel reads each external input once and wr
 each escaping output once; inputs that are views of one tensor are counted once, at
 most that tensor's size.  Views and identities move nothing.
 
+A cluster that starts with a GEMM counts the GEMM as the op it is: unfused it reads its operands
+and writes its result, which the ops after it read back; fused, the result never leaves the chip, so
+what the fusion saves is that round trip (and the epilogue's own intermediates), while the GEMM's
+reads of its operands stay on both sides.
+
 The regime says how to read the ratio on a given device:
 - `launch-bound`  the fused kernel moves so little that launch overhead dominates;
+- `compute-bound` a GEMM's multiply-adds take longer than the fused kernel's traffic: the bytes saved
+  are a smaller share of the time than of the traffic;
 - `l2-resident`   every unfused intermediate fits in L2, so the DRAM saving is overstated;
 - `dram-bound`    the traffic ratio is the speedup to expect.
 """
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 
 from fuselens.contracts.report import Regime
 
+from .gemms import GEMM_OPS, flops, gemm_form
 from .graph import DTYPE_BYTES, Graph, Node
 from .ops import OpClass
 
@@ -27,17 +35,25 @@ class DeviceProfile:
     peak_gbps: float  # practical DRAM bandwidth the best kernels reach, GB/s
     l2_bytes: int
     launch_us: float  # per-kernel launch overhead seen by a stream of small kernels
+    # Dense GEMM throughput, TFLOP/s, that tuned GEMMs reach: 16-bit operands on tensor cores, and
+    # float32 as torch multiplies it by default (full precision, no TF32).
+    gemm_tflops: float = 0.0
+    gemm_tflops_fp32: float = 0.0
 
     def dram_us(self, nbytes: int) -> float:
         return nbytes / (self.peak_gbps * 1e3)
 
+    def gemm_us(self, flop: int, dtype: str) -> float:
+        tflops = self.gemm_tflops_fp32 if dtype == "float32" else self.gemm_tflops
+        return flop / (tflops * 1e6) if tflops else 0.0
 
-# Practical ceilings (what well-written streaming kernels reach), not datasheet peaks.
+
+# Practical ceilings (what well-written streaming kernels and tuned GEMMs reach), not datasheet peaks.
 DEVICES = {
-    "h200": DeviceProfile("NVIDIA H200", 4300.0, 50 * 2**20, 2.5),
-    "h100": DeviceProfile("NVIDIA H100 SXM", 3000.0, 50 * 2**20, 2.5),
-    "a100": DeviceProfile("NVIDIA A100 80GB", 1800.0, 40 * 2**20, 3.0),
-    "rtx4090": DeviceProfile("NVIDIA RTX 4090", 950.0, 72 * 2**20, 3.0),
+    "h200": DeviceProfile("NVIDIA H200", 4300.0, 50 * 2**20, 2.5, 700.0, 50.0),
+    "h100": DeviceProfile("NVIDIA H100 SXM", 3000.0, 50 * 2**20, 2.5, 700.0, 50.0),
+    "a100": DeviceProfile("NVIDIA A100 80GB", 1800.0, 40 * 2**20, 3.0, 250.0, 18.0),
+    "rtx4090": DeviceProfile("NVIDIA RTX 4090", 950.0, 72 * 2**20, 3.0, 150.0, 70.0),
 }
 DEFAULT_DEVICE = "h200"
 
@@ -50,7 +66,12 @@ def device_profile(
         raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
     base = DEVICES[key]
     return DeviceProfile(
-        base.name, peak_gbps or base.peak_gbps, int(l2_mb * 2**20) if l2_mb else base.l2_bytes, base.launch_us
+        base.name,
+        peak_gbps or base.peak_gbps,
+        int(l2_mb * 2**20) if l2_mb else base.l2_bytes,
+        base.launch_us,
+        base.gemm_tflops,
+        base.gemm_tflops_fp32,
     )
 
 
@@ -116,9 +137,23 @@ def _looked_up(graph: Graph, compute: list[int], views: list[int]) -> int:
 
 
 def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> Regime:
-    if device.dram_us(fused) < device.launch_us:
+    multiply = gemm_us(graph, compute, device)
+    if max(device.dram_us(fused), multiply) < device.launch_us:
         return "launch-bound"
+    if multiply > device.dram_us(fused):
+        return "compute-bound"
     largest = max((op_bytes(graph, graph[i]) for i in compute), default=0)
     if largest <= device.l2_bytes:
         return "l2-resident"
     return "dram-bound"
+
+
+def gemm_us(graph: Graph, compute: list[int], device: DeviceProfile) -> float:
+    """The time the GEMMs among `compute` take at the device's GEMM throughput (0 without any)."""
+    total = 0.0
+    for i in compute:
+        node = graph[i]
+        form = gemm_form(graph, node) if node.op in GEMM_OPS and not node.cls.absorbable else None
+        if form is not None and node.meta is not None:
+            total += device.gemm_us(flops(graph, form), node.meta.dtype)
+    return total

@@ -26,8 +26,10 @@ every op that reduces, selects or orders along dims but that no kernel here comp
 (`torch.max(x, dim)`, `topk`, pooling: `unlowered.py`).  An op left alone next to a
 fusable one it meets through a view a kernel does not follow (a reshape) says so (`view`).
 A failed join never discards work: the op starts its own cluster, and every legal
-sub-group survives.  Views and identities (eval dropout, `contiguous` on a contiguous
-tensor, same-dtype casts) move no data: they join clusters as glue but never count as ops.
+sub-group survives.  Once the groups are grown, a GEMM whose result only one group's elementwise
+ops read starts that group, as the product whose epilogue they are (`_start_with_gemms`).  Views
+and identities (eval dropout, `contiguous` on a contiguous tensor, same-dtype casts) move no data:
+they join clusters as glue but never count as ops.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .gemms import GEMM_OPS, gemm_form
 from .graph import Graph, Node
 from .ops import OpClass
 from .places import common_place
@@ -61,9 +64,14 @@ class Split:
 class Group:
     members: set[int]  # compute ops and the views/identities between them
     splits: list[Split] = field(default_factory=list)
+    # A GEMM the group starts with (`analysis.gemms`), which computes its result with the group's ops
+    # as its epilogue; and, when those ops are one op, why that op alone would not be a cluster.
+    gemm: int | None = None
+    alone: tuple[str, str] | None = None
 
     def compute(self, graph: Graph) -> list[int]:
-        return sorted(m for m in self.members if graph[m].cls.absorbable)
+        """The ops that compute (not the views and identities between them), the GEMM it starts with too."""
+        return sorted(m for m in self.members if graph[m].cls.absorbable or m == self.gemm)
 
 
 @dataclass
@@ -147,6 +155,7 @@ def detect(graph: Graph, planner: Planner) -> Detection:
             cluster_of[node.id] = len(groups)
             groups.append(Group({node.id}))
 
+    _start_with_gemms(graph, reach, planner, groups, failed_join)
     clusters: list[Group] = []
     for group in groups:
         if group is None:
@@ -156,17 +165,75 @@ def detect(graph: Graph, planner: Planner) -> Detection:
             _take_views_inside(graph, planner, group)
             clusters.append(group)
             continue
-        only = compute[0]
-        # Why it stayed alone: a neighbour's refused join into it, its own refused join, or no neighbour.
-        if group.splits:
-            reason, detail = group.splits[0].reason, group.splits[0].detail
-        else:
-            reason, detail = failed_join.get(only, ("", ""))
-        if not reason:
-            reason, detail = _why_alone(graph, only)
-        rejected.append(Rejected(only, reason, detail))
+        rejected.append(Rejected(compute[0], *_why_apart(graph, group, failed_join)))
     rejected.sort(key=lambda r: r.node)
     return Detection(clusters, rejected, functionalised)
+
+
+def _why_apart(graph: Graph, group: Group, failed_join: dict[int, tuple[str, str]]) -> tuple[str, str]:
+    """Why a group of one op stayed alone: a neighbour's refused join into it, its own refused join, or
+    no neighbour."""
+    only = group.compute(graph)[0]
+    if group.splits:
+        reason, detail = group.splits[0].reason, group.splits[0].detail
+    else:
+        reason, detail = failed_join.get(only, ("", ""))
+    if not reason:
+        reason, detail = _why_alone(graph, only)
+    return reason, detail
+
+
+def _start_with_gemms(
+    graph: Graph,
+    reach: _Reach,
+    planner: Planner,
+    groups: list[Group | None],
+    failed_join: dict[int, tuple[str, str]],
+) -> None:
+    """Each GEMM whose result only one group's elementwise ops read (through identities: an eval-mode
+    dropout) starts that group, where the planner takes the two as one kernel: the product with those
+    ops as its epilogue, whose result no longer goes to memory and back.  Ops that only run after a
+    GEMM, which grouped with no other op (`gelu` between two projections), form a cluster with it."""
+    taken: set[int] = set()
+    for group in groups:
+        if group is None:
+            continue
+        for gemm, glue in _gemms_read_by(graph, group.members):
+            if gemm in taken:
+                continue
+            if layer_of(graph[gemm].module) not in _layers(graph, group.members):
+                continue  # a layer's last projection, read by the code around the layers
+            members = group.members | glue | {gemm}
+            if _legal(graph, reach, planner, members) is not None:
+                continue
+            if len(group.compute(graph)) == 1:
+                group.alone = _why_apart(graph, group, failed_join)
+            group.members, group.gemm = members, gemm
+            taken.add(gemm)
+            break
+
+
+def _gemms_read_by(graph: Graph, members: set[int]) -> list[tuple[int, set[int]]]:
+    """The GEMMs (in execution order) whose result only `members` read, directly or through identities
+    (each with those identities)."""
+    found = []
+    for operand in sorted({i for m in members for i in graph[m].inputs} - members):
+        glue: set[int] = set()
+        node = graph[operand]
+        while node.cls is OpClass.IDENTITY and node.inputs and node.id not in members:
+            glue.add(node.id)
+            node = graph[node.inputs[0]]
+        if node.op not in GEMM_OPS or gemm_form(graph, node) is None:
+            continue
+        readers, todo = set(), list(graph.users(node.id))
+        while todo:
+            user = todo.pop()
+            readers.add(user)
+            if graph[user].cls is OpClass.IDENTITY and user not in members:
+                todo += graph.users(user)
+        if readers - glue <= members and all(set(graph.users(g)) <= members | glue for g in glue):
+            found.append((node.id, glue))
+    return sorted(found, key=lambda f: f[0])
 
 
 def _take_views_inside(graph: Graph, planner: Planner, group: Group) -> None:

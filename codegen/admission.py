@@ -9,7 +9,8 @@ where it computes exactly what those lines compute:
 - the sizes relate as they did: a dim the kernel reads along a domain dim has that dim's size (read
   at call time from the input the launcher takes it from), a table's rows read at the ids the kernel
   loads may be any number, and every other dim (a broadcast one, one read through a fixed offset, one
-  the kernel never indexes) has the size it had;
+  the kernel never indexes) has the size it had; a GEMM's operands multiply (K agrees), and its
+  epilogue's inputs have the sizes of the result's dims they are read along;
 - the numbers of the model's state are numbers of the type the kernel takes (and those it bakes in
   have the value it baked);
 - the modules the lines call are of the same class, set up the same way, and in the same mode where
@@ -24,6 +25,7 @@ from __future__ import annotations
 from fuselens.analysis.module_checks import ModuleCheck
 
 from .code_buffer import CodeBuffer
+from .gemm_launcher import gemm_relations
 from .launcher import domain_size_exprs
 from .lowering import dtype_tuple, tuple_display
 from .plan import KernelPlan, is_loaded_index
@@ -49,7 +51,8 @@ def fits_text(
     dtypes = dtype_tuple(slot.dtype for slot in plan.inputs)
     trained = "" if trains is None else f", trains={tuple(trains)!r}"
     numbers = [f"{n}={literal(slot.value)}" for n, slot in zip(number_names, plan.scalars, strict=True)]
-    conditions = _size_conditions(plan, input_names) + _number_conditions(plan, number_names)
+    sizes = gemm_relations(plan, input_names) if plan.gemm is not None else _size_conditions(plan, input_names)
+    conditions = sizes + _number_conditions(plan, number_names)
     lines = []
     if checks:
         lines += [f"_{name}_modules = {_checks_literal(checks)}", "", ""]

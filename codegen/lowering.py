@@ -99,6 +99,14 @@ def convert(operand: Operand, kind: str) -> Term:
 
 # Helpers a kernel module defines once when any kernel uses them.
 HELPERS = {
+    "_nearest_bfloat16": """@triton.jit
+def _nearest_bfloat16(x):
+    # x rounded to bfloat16, to nearest (ties to even), in float32: by its bits, which rounds alike on a GPU
+    # and in the Triton interpreter (whose conversion to bfloat16 truncates); a NaN stays as it is.
+    bits = x.to(tl.int32, bitcast=True)
+    nearest = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(x == x, nearest, x)
+""",
     "_tanh": """@triton.jit
 def _tanh(x):
     # tl has no tanh that also runs in the interpreter; tanh(x) = 2*sigmoid(2x) - 1.

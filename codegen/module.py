@@ -23,6 +23,8 @@ from .lowering import HELPERS, helpers_used
 from .runtime_source import analysis_functions, runtime_source
 
 MARKER = "# ---- fused kernel: "
+# What a GEMM cluster's section calls, which only a module with one carries (`runtime/gemm.py`).
+GEMM_RUNTIME_USE = "_gemm_problem("
 _MARKER_RE = re.compile(r"^# ---- fused kernel: (\w+)", re.M)
 
 # Generated, and rewritten on every apply: the user's linters and type checker leave it alone (its
@@ -95,6 +97,8 @@ def render_module(
     parts = [module_header(source_name)]
     parts += [HELPERS[h] for h in helpers]
     parts.append(runtime_source("tiles", inline=("MAX_BLOCK_ROW", "LOOP_BLOCK")))
+    if any(GEMM_RUNTIME_USE in text for text in ordered):  # a cluster that starts with a GEMM
+        parts.append(runtime_source("gemm"))
     parts += ordered
     if patches:
         parts.append(patches_mod.runtime(alias))

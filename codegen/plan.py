@@ -22,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from fuselens.analysis.gemms import GEMM_OPS
 from fuselens.analysis.graph import Graph, Node, Ref, TensorMeta, is_named
 from fuselens.analysis.ops import GEMMS, OpClass
 from fuselens.contracts.report import ClusterKind
@@ -42,6 +44,9 @@ from .lowering import (
 )
 from .terms import NONE, Dim, Lit, Load, Name, Term, Value, all_of, call, compare, dims, literal, paren, reads_values
 from .terms import values as values_read
+
+if TYPE_CHECKING:
+    from .gemm_plan import GemmPlan
 
 
 class PlanError(Exception):
@@ -284,6 +289,9 @@ class KernelPlan:
     # Pooling: a reduction over each window (`Window`); the domain is the tensor's dims before the
     # pooled ones, the output's positions along those, then each window's offsets (the columns).
     windows: list[Window] = field(default_factory=list)
+    # A cluster that starts with a GEMM (kind "gemm-epilogue"): the product and the elementwise ops
+    # after it, whose statements are there (`gemm_plan.GemmPlan`).
+    gemm: GemmPlan | None = None
 
     @property
     def levels(self) -> int:
@@ -302,7 +310,13 @@ def plan_cluster(graph: Graph, members: set[int], backward: bool = False) -> Ker
     """The kernel plan of `members`.  A `backward` cluster's (the gradients of a forward one) keeps
     nothing for a backward of its own, and a permute of a computed value may leave it, written as a
     permuted output (the gradient for an input the forward read permuted: ConvNeXt's
-    `y.permute(0, 2, 3, 1)` before its LayerNorm)."""
+    `y.permute(0, 2, 3, 1)` before its LayerNorm).  Members that start with a GEMM are planned as
+    its epilogue (`gemm_plan`)."""
+    if any(graph[m].op in GEMM_OPS and not graph[m].cls.absorbable for m in members):
+        # Imported here: the GEMM's plan wraps the plan of the ops after it, made by this module.
+        from .gemm_plan import plan_gemm_cluster
+
+        return plan_gemm_cluster(graph, members, backward)
     return _Planner(graph, members, backward).plan()
 
 

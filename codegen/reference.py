@@ -64,6 +64,13 @@ def forward_statements(
     return body, names
 
 
+def member_call(graph: Graph, plan: KernelPlan, member: int, params: list[str]) -> str:
+    """The model's call of one member on the cluster's inputs (`params`): a GEMM's, which the library
+    path of a GEMM cluster makes before its epilogue."""
+    names = {slot.node: params[k] for k, slot in enumerate(plan.inputs)}
+    return str(_call(graph[member], names, graph, [slot.node for slot in plan.inputs], {}))
+
+
 class _Param:
     """A number the reference takes as a parameter (`eps`), where the model's call passed `self.eps`."""
 

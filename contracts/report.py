@@ -25,8 +25,9 @@ from .profile import Profile
 # the original lines of an edit; 5: the numbers of the model's state a cluster takes; 6: the `layout`
 # rejection reason; 9: the fingerprints of a library patch's code; 10: the libraries whose code the
 # report names, wherever they are installed; 11: the `view` rejection reason; 13: a pattern's source
-# rewrite (`Rewrite`), or why it has none; 14: a pattern's activation memory in training (`ActivationMemory`)
-SCHEMA_VERSION = 14
+# rewrite (`Rewrite`), or why it has none; 14: a pattern's activation memory in training (`ActivationMemory`);
+# 15: clusters that start with a GEMM (kind "gemm-epilogue") and the `compute-bound` regime
+SCHEMA_VERSION = 15
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -44,9 +45,9 @@ REJECTION_REASONS = {
 }
 
 Mapping = Literal["exact", "pointer", "unavailable"]
-Regime = Literal["launch-bound", "l2-resident", "dram-bound"]
+Regime = Literal["launch-bound", "l2-resident", "dram-bound", "compute-bound"]
 ModelStatus = Literal["analyzed", "skipped", "error"]
-ClusterKind = Literal["elementwise", "reduction"]
+ClusterKind = Literal["elementwise", "reduction", "gemm-epilogue"]
 MAPPINGS: tuple[str, ...] = typing.get_args(Mapping)
 REGIMES: tuple[str, ...] = typing.get_args(Regime)
 

@@ -31,6 +31,14 @@ class Timing:
     speedup_vs_compiled: float | None = None
     # CUDA-graph µs of torch.compile in each other mode asked for (`ValidateOptions.other_compile_modes`)
     compiled_modes_us: dict[str, float] = field(default_factory=dict)
+    # A cluster that starts with a GEMM (`fused_us` is its public function, which runs whichever path
+    # it kept): the fused kernel alone, the library's GEMM then the epilogue's kernel, cuBLASLt's GEMM
+    # with its epilogue where offered, and which one the public function keeps at the shape ("fused",
+    # "library", "cublaslt"; the fused kernel only where it is the fastest).
+    gemm_fused_us: float | None = None
+    gemm_library_us: float | None = None
+    gemm_cublaslt_us: float | None = None
+    gemm_kept: str = ""
 
 
 @dataclass

@@ -69,9 +69,12 @@ def findings(
         plans = _Plans(graph)
         detection: Detection = detect(graph, plans.check)
         path_found = []
+        placed = _gemms_on_lines_of_their_own(plans, detection, source)
         for position, detected in enumerate(detection.clusters):
-            group = detected
-            plan, mapping = _planned(plans, group, source)
+            entry = placed[position]
+            if entry is None:
+                continue
+            group, (plan, mapping) = entry
             if mapping.region is None and _BIAS_KEPT in mapping.detail:
                 smaller = _without_the_bias(plans, group, mapping.detail, detection)
                 if smaller is not None:
@@ -194,6 +197,89 @@ def _without_the_bias(plans: _Plans, group: Group, why: str, detection: Detectio
 _CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d"})
 
 
+def _gemms_on_lines_of_their_own(
+    plans: _Plans, detection: Detection, source: sourcemap.SourceIndex
+) -> list[tuple[Group, tuple[KernelPlan, sourcemap.Mapping]] | None]:
+    """Each detected group with its plan and mapping, the GEMM a group starts with left out where the
+    group's code would then have no one call of its own: no region (the GEMM is a layer's last
+    projection, the ops after it the caller's), one that another call of its lines needs as written (a
+    helper defined between the GEMM's line and the ops', run in a call of its own), or one that shares
+    a line with another group's (the GEMM's statement on the line where the group before it ends:
+    `w = torch.tanh(z) + 1.0; u = self.proj(w)`), which one rewrite of the line could not give both calls.  Of two groups that start with GEMMs and
+    share a line, the later one leaves its GEMM out.  None for a group of one op after its GEMM, left out
+    as detection would have left it."""
+    graph = plans.graph
+    placed: list[tuple[Group, tuple[KernelPlan, sourcemap.Mapping]] | None] = [
+        (group, _planned(plans, group, source)) for group in detection.clusters
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for k, entry in enumerate(placed):
+            if entry is None or entry[0].gemm is None:
+                continue
+            group, (_, mapping) = entry
+            if mapping.region is not None and not _shares_lines(placed, k) and not _needed_as_written(graph, placed, k):
+                continue
+            epilogue = _without_the_gemm(graph, group, detection)
+            placed[k] = None if epilogue is None else (epilogue, _planned(plans, epilogue, source))
+            changed = True
+    return placed
+
+
+def _needed_as_written(graph: Graph, placed: list, k: int) -> bool:
+    """Whether another call of the lines of group `k`'s region computes something else there (a helper
+    defined inside them, run in a call of its own), so that its region would be refused."""
+    found = [
+        Found(graph, plan, mapping, None, None, "", []) for entry in placed if entry for plan, mapping in [entry[1]]
+    ]
+    mine = placed[k][1][1]
+    return any(f.mapping is mine for group, _ in _regions_other_calls_need(found) for f in group)
+
+
+def _shares_lines(placed: list, k: int) -> bool:
+    """Whether the region of group `k` shares a line with another group's: an earlier one's, or a later
+    one's that starts with no GEMM (that one keeps its code)."""
+    region = placed[k][1][1].region
+    for j, other in enumerate(placed):
+        if j == k or other is None or other[1][1].region is None:
+            continue
+        theirs = other[1][1].region
+        if j > k and other[0].gemm is not None:
+            continue  # the later GEMM cluster leaves its GEMM out
+        if os.path.abspath(theirs.file) != os.path.abspath(region.file) or (theirs.first, theirs.last) == (
+            region.first,
+            region.last,
+        ):
+            continue  # elsewhere, or the same lines (another layer's call of them, asked in turn)
+        if not (theirs.last < region.first or region.last < theirs.first):
+            return True
+    return False
+
+
+def _without_the_gemm(graph: Graph, group: Group, detection: Detection) -> Group | None:
+    """A cluster that starts with a GEMM whose code no one call can stand in for (the GEMM is a layer's
+    last projection, the ops after it the caller's residual add): its ops without the GEMM, as
+    detection had grouped them; None where that was one op, which is left out as it was, with why."""
+    rest = {m for m in group.members if m != group.gemm and not _only_reads(graph, m, group.gemm)}
+    if len([m for m in rest if graph[m].cls.absorbable]) < 2:
+        only = next(m for m in rest if graph[m].cls.absorbable)
+        detection.rejected.append(Rejected(only, *(group.alone or ("no-neighbour", ""))))
+        detection.rejected.sort(key=lambda r: r.node)
+        return None
+    return Group(rest, group.splits)
+
+
+def _only_reads(graph: Graph, member: int, gemm: int | None) -> bool:
+    """Whether `member` is an identity the cluster took in only to read the GEMM's result through."""
+    node = graph[member]
+    while node.cls.free and node.inputs:
+        if node.inputs[0] == gemm:
+            return True
+        node = graph[node.inputs[0]]
+    return False
+
+
 def _refuse_regions_other_calls_need(found: list[Found]) -> None:
     """A region is code of a function, and the rewrite written there runs in every call of it.  Where a
     call runs the region's lines and computes other ops there (a layer whose `self.activation` is
@@ -201,6 +287,16 @@ def _refuse_regions_other_calls_need(found: list[Found]) -> None:
     where its `fits` tells that call apart (a module the lines call is of another class or set up
     otherwise, or an `if` the lines sit in went the other way), and the rewrite runs the lines there;
     otherwise no call is offered.  (A call that computes the same ops, fused otherwise, is fine.)"""
+    for group, detail in _regions_other_calls_need(found):
+        for f in group:
+            f.mapping.region = None
+            f.mapping.quality = "pointer"
+            f.mapping.detail = f"{f.mapping.detail}; {detail}" if f.mapping.detail.startswith("its code is") else detail
+
+
+def _regions_other_calls_need(found: list[Found]) -> list[tuple[list[Found], str]]:
+    """The instances of each region that another call of its lines needs left as written, with why."""
+    refused = []
     by_region: dict[tuple, list[Found]] = {}
     for f in found:
         region = f.mapping.region
@@ -226,12 +322,9 @@ def _refuse_regions_other_calls_need(found: list[Found]) -> None:
                 break
             if detail:
                 break
-        if not detail:
-            continue
-        for f in group:
-            f.mapping.region = None
-            f.mapping.quality = "pointer"
-            f.mapping.detail = f"{f.mapping.detail}; {detail}" if f.mapping.detail.startswith("its code is") else detail
+        if detail:
+            refused.append((group, detail))
+    return refused
 
 
 @dataclass

@@ -16,7 +16,9 @@ something asks (`worker/protocol.py`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,9 +33,11 @@ from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.admission import fits_text
 from fuselens.codegen.emit import emit
 from fuselens.codegen.files import MAX_KERNEL_MODULE_BYTES
+from fuselens.codegen.gemm_launcher import gemm_kernels, gemm_launcher_text
+from fuselens.codegen.gemm_plan import library_activation
 from fuselens.codegen.patches import kernel_alias, patched_kernels
 from fuselens.codegen.plan import ScalarSlot
-from fuselens.codegen.reference import NoReference, reference_text
+from fuselens.codegen.reference import NoReference, member_call, reference_text
 from fuselens.contracts import report as R
 from fuselens.contracts.reading import read_text
 from fuselens.contracts.training import MeasuredTraining, slower_in_training
@@ -163,6 +167,8 @@ def _kernel(
     else its name and strategy alone; None, with why on the cluster, when code generation fails.
     `slower`: why it trains through its original code (its kernels measured slower in training), so
     that it gets no backward."""
+    if instance.plan.gemm is not None:
+        return _gemm_kernel(cluster, instance, name, params, numbers, module_path, source, code, slower)
     try:
         reference = reference_text(instance.graph, instance.plan, name, params, cluster.op_chain, numbers)
     except NoReference as exc:
@@ -207,6 +213,100 @@ def _kernel(
     made = region.made if region is not None else []
     text += "\n\n\n" + fits_text(instance.plan, name, params, numbers, trains, checks, sized, made)
     return R.Kernel(name, module_path, text, emitted.strategy)
+
+
+def _gemm_kernel(
+    cluster: R.Cluster,
+    instance: Found,
+    name: str,
+    params: list[str],
+    numbers: list[str],
+    module_path: str,
+    source: sourcemap.SourceIndex,
+    code: bool,
+    slower: str = "",
+) -> R.Kernel | None:
+    """A cluster that starts with a GEMM: its epilogue's own kernel (`<name>_epilogue`, with its backward,
+    as any elementwise cluster's), the fused kernel, the library's path and the public function that
+    picks between them (`codegen/gemm_launcher.py`), and `fits`.  `slower`: why it trains through its
+    original code (`_kernel`): then its epilogue gets no backward, and a call that wants gradients runs
+    the lines it replaced."""
+    graph, plan = instance.graph, instance.plan
+    gemm = plan.gemm
+    assert gemm is not None
+    epilogue = dataclasses.replace(instance, plan=gemm.epilogue)
+    result = _result_param(graph[gemm.form.node].op, params + numbers)
+    own = [result if j is None else params[j] for j in gemm.taken]
+    chain = " → ".join(graph[c].op for c in gemm.epilogue.compute)
+    comments = _comments(epilogue, source, own)
+    outputs = [o.name or f"out{k}" for k, o in enumerate(cluster.outputs)]
+    try:
+        reference = reference_text(graph, plan, name, params, cluster.op_chain, numbers)
+        own_reference = reference_text(graph, gemm.epilogue, f"{name}_epilogue", own, chain, numbers)
+        call = member_call(graph, plan, gemm.form.node, params)
+    except NoReference as exc:  # the library's path is the GEMM's call: without it there is no cluster
+        cluster.lowering = cluster.apply_detail = f"code generation failed: {exc}"
+        return None
+    trained = None
+    if code and slower:
+        cluster.backward_detail = slower
+    elif code:
+        trained = _backward(cluster, epilogue, f"{name}_epilogue", own, numbers, own_reference)
+        cluster.backward_detail = _gemm_training(cluster.backward_detail, trained is not None, params)
+    try:
+        emitted = emit(
+            gemm.epilogue,
+            f"{name}_epilogue",
+            own,
+            outputs,
+            f"The ops after {name}'s GEMM, on its result {result}: what runs after the library's GEMM.",
+            comments,
+            own_reference,
+            numbers,
+            trained.trains if trained else None,
+        )
+        kernels, launch = gemm_kernels(plan, name, params, comments)
+        library = f"{result} = {call}\nreturn {name}_epilogue({', '.join(own + numbers)})"
+        activation = library_activation(graph, plan)
+        launcher = gemm_launcher_text(
+            plan, name, params, numbers, _doc(cluster, source), launch, reference, library, activation, not slower
+        )
+    except Exception as exc:  # codegen must never lose the analysis
+        cluster.lowering = f"code generation failed: {type(exc).__name__}: {exc}"
+        cluster.apply_detail = cluster.lowering
+        return None
+    strategy = f"gemm{'/cublaslt' if activation else ''} + {emitted.strategy}"
+    if not code:
+        return R.Kernel(name, module_path, "", strategy)
+    region = instance.mapping.region
+    parts = [emitted.kernels, kernels, emitted.launcher, *([trained.text] if trained else []), launcher]
+    if slower:  # what the user's validation found, where the kernel module is read
+        said = f"Training: {name} {slower}; a call that wants gradients runs the lines it replaced."
+        parts.append("\n".join(f"# {line}" for line in textwrap.wrap(said, 98)))
+    checks = region.checks if region is not None else []
+    made = region.made if region is not None else []
+    trains = [] if slower else list(range(len(plan.inputs)))  # torch's GEMM and the epilogue's kernels
+    parts.append(fits_text(plan, name, params, numbers, trains, checks, False, made))
+    return R.Kernel(name, module_path, "\n\n\n".join(parts), strategy)
+
+
+def _result_param(op: str, taken: list[str]) -> str:
+    """The epilogue's name for the GEMM's result: the op's, unless an input of the cluster has it."""
+    name = op
+    while name in taken:
+        name += "_"
+    return name
+
+
+def _gemm_training(detail: str, kernel: bool, params: list[str]) -> str:
+    """What a GEMM cluster trains through: torch's GEMM and its gradients, with the epilogue's backward
+    kernel (`detail`: the epilogue inputs it takes gradients of), or, without one, the epilogue's
+    reference (`detail`: why)."""
+    if kernel:
+        return (
+            f"gradients of {', '.join(params)}: torch's GEMM gradients after the epilogue's backward kernel ({detail})"
+        )
+    return f"{detail}; the cluster trains through torch's GEMM and the epilogue's reference"
 
 
 def _nest_shared_lines(report: R.Report, module_path: str, carried: dict[str, tuple[str, str]]) -> None:
@@ -556,12 +656,22 @@ def _span(region: Region) -> str:
 
 def _launcher_params(cluster: R.Cluster) -> list[str]:
     params: list[str] = []
+    gemm = cluster.kind == "gemm-epilogue"
+    taken = {"self", "torch", "triton", "tl"} | (_GEMM_LOCALS if gemm else set())
     for k, info in enumerate(cluster.inputs):
         base = _identifier(info.name) or f"in{k}"
-        if base[0].isdigit() or base in params or base in ("self", "torch", "triton", "tl"):
+        numbered = gemm and re.fullmatch(r"(out|st)\d+", base) is not None  # the launcher's outputs and strides
+        if base[0].isdigit() or base in params or base in taken or numbered:
             base = f"{base}_{k}"
         params.append(base)
     return params
+
+
+# The names a GEMM cluster's launcher and public function give their own values (`codegen/gemm_launcher.py`).
+_GEMM_LOCALS = {
+    "a", "b", "batch", "M", "N", "K", "sa", "sb", "so", "shape", "groups", "index_64", "precision", "run",
+    "tile", "grid", "paths", "tensors", "block_m", "block_n", "block_k", "group_m", "warps", "stages", "rows",
+}  # fmt: skip
 
 
 def _number_params(slots: list[ScalarSlot], taken: list[str]) -> list[str]:

@@ -724,7 +724,8 @@ BREADTH: list[Case] = [
                               layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16)
         """,
         "diffusers.models.autoencoders.vae",  # the encoder's and decoder's own code; AutoencoderKL only calls them
-        shared=("models/resnet.py", "models/attention_processor.py"),
+        # (and its own 1x1 quant convolutions, each with its bias: a GEMM and its epilogue)
+        shared=("models/resnet.py", "models/attention_processor.py", "models/autoencoders/autoencoder_kl.py"),
         library="diffusers",
         repeats=1,
         pyproject="""

@@ -133,7 +133,7 @@ def test_clusters_never_span_two_layers(tmp_path):
     apart = [r for r in model.rejections if r.reason == "layer-boundary"]
     assert apart and all("across a layer's boundary" in r.detail for r in apart), model.rejections
     result = apply_file(str(path), options, None, lambda r: True)
-    assert result.applied == ["c0", "c1"] and not result.skipped
+    assert result.applied == ["c0", "c1", "c2"] and not result.skipped  # c2: the MLP's fc and its GELU
     after = path.read_text().splitlines()
     embeddings = "cluster0(idx, self.tok.weight, pos, self.pos.weight)"
     assert (
@@ -150,6 +150,7 @@ def test_clusters_never_span_two_layers(tmp_path):
         "            x = x + self.mlp(self.ln2(x))",
     ]
     assert "            x = block(x)" in after and "        x = self.ln_f(x)" in after
+    assert "            h = cluster2(x, self.fc.weight, self.fc.bias)" in after
 
 
 def test_applying_one_cluster_then_another_merges_the_import(tmp_path):
@@ -158,13 +159,14 @@ def test_applying_one_cluster_then_another_merges_the_import(tmp_path):
     first = apply_file(str(path), AnalyzeOptions(), ["c1"], lambda r: True)
     assert first.applied == ["c1"]
     text = path.read_text()
-    assert "    from example_net_kernels import cluster1" in text and "x = cluster1(x)" in text
+    assert "    from example_net_kernels import cluster1" in text
+    assert "x = cluster1(x, self.proj1.weight, self.proj1.bias)" in text
     second = apply_file(str(path), AnalyzeOptions(), None, lambda r: True)
     text = path.read_text()
     assert second.applied == ["c0", "c2"]  # cluster1 keeps its name and its kernel
     assert "    from example_net_kernels import cluster0, cluster1, cluster2" in text
     module = (tmp_path / "example_net_kernels.py").read_text()
-    assert "fused kernel: cluster1: gelu → sigmoid → mul" in module
+    assert "fused kernel: cluster1: linear → gelu → sigmoid → mul" in module
     assert "fused kernel: cluster2: tanh → mul → softmax" in module
 
 
@@ -337,8 +339,9 @@ def test_torch_export_captures_each_kernel_as_one_op(tmp_path):
     done = subprocess.run([sys.executable, "-c", EXPORT], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = done.stdout.split()
-    # cluster3 (the softmax) is not applied: the attention's rewrite computes it, as one call of torch's.
-    assert [n.split(".")[0] for n in names] == [f"cluster{k}" for k in (0, 1, 2, 4, 5)], names
+    # cluster3 (the softmax) is not applied: the attention's rewrite computes it, as one call of torch's;
+    # cluster5 and cluster6 start with the MLP's projections (the gate's, and w_down's with the residual).
+    assert [n.split(".")[0] for n in names] == [f"cluster{k}" for k in (0, 1, 2, 4, 5, 6)], names
 
 
 def test_a_number_computed_inside_a_helper_is_not_baked_into_the_kernel(write_model):
@@ -716,7 +719,7 @@ def test_apply_validates_first_and_leaves_a_kernel_that_computes_otherwise_unwri
     done = _apply_cli(path, "--param-dtype", "float16")
     out = " ".join(done.stdout.split())
     assert done.returncode == 1, done.stdout + done.stderr  # asked to apply, it applied nothing
-    assert "skip c0 (mul → exp → add → div): its kernel does not compute what its lines do" in out, out
+    assert "skip c0 (linear → mul → exp → add → div): its kernel does not compute what its lines do" in out, out
     assert "NaN in one and not the other" in out and "nothing applied" in out
     assert path.read_text() == OVERFLOWS_IN_HALF and sorted(os.listdir(tmp_path)) == ["gate.py"]
     unchecked = _apply_cli(path, "--param-dtype", "float16", "--no-check")
@@ -733,7 +736,7 @@ def test_apply_validates_each_kernel_and_the_model_as_a_whole_before_writing(tmp
     checked = [line for line in done.stdout.splitlines() if line.startswith("… ExampleNet: ")]
     assert checked == [
         "… ExampleNet: c0 (mul → relu → add)",
-        "… ExampleNet: c1 (gelu → sigmoid → mul)",
+        "… ExampleNet: c1 (linear → gelu → sigmoid → mul)",
         "… ExampleNet: c2 (tanh → mul → softmax)",
         "… ExampleNet: the whole model",
     ]

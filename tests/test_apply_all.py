@@ -73,6 +73,9 @@ CASES = {
         lambda g: [torch.randn(2, 64, 6, 10, generator=g), torch.randn(2, 256, generator=g)],
     ),
     "example_net.py": Case("example_net.py", "ExampleNet", lambda g: [torch.randn(8, 1024, generator=g)]),
+    "gemm_epilogues.py": Case(
+        "gemm_epilogues.py", "GeluMLP", lambda g: [torch.randn(2, 9, 768, generator=g)], torch.bfloat16
+    ),
     "gemma_norm.py": Case(
         "gemma_norm.py",
         "GemmaBlock",

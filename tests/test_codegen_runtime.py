@@ -6,6 +6,7 @@ and layout choices of the launchers, what a kernel's `fits` asks, the backward's
 from __future__ import annotations
 
 import ast
+import json
 import sys
 import textwrap
 import types
@@ -15,7 +16,7 @@ import torch
 
 from fuselens.analysis.code_identity import fingerprint
 from fuselens.analysis.settings import class_identity
-from fuselens.codegen.runtime import fits, ops, patches, tiles
+from fuselens.codegen.runtime import fits, gemm, ops, patches, tiles
 from fuselens.codegen.runtime_source import runtime_source
 
 # ---- tiles ---------------------------------------------------------------------------------------
@@ -166,10 +167,80 @@ def test_install_leaves_a_library_whose_code_changed_alone_and_says_what_differs
     assert library.scaled(1) == 2
 
 
+# ---- GEMM clusters -----------------------------------------------------------------------------
+
+
+def test_a_gemms_operands_are_read_as_its_form_multiplies_them():
+    """(A, B, batch, M, N, K, A's strides, B's strides, the result's shape) for linear's x by its weight
+    transposed, a product by a transposed weight, a batch of products and a 1x1 convolution."""
+    x, w = torch.randn(3, 5, 7), torch.randn(11, 7)
+    a, b, batch, m, n, k, sa, sb, shape = gemm._gemm_problem("linear", x, w)
+    assert (batch, m, n, k, shape) == (1, 15, 11, 7, (3, 5, 11)) and sb == (0, 1, 7)  # B[k, n] = w[n, k]
+    assert torch.equal((a @ w.t()).view(shape), x @ w.t()) and sa == (0, 7, 1)
+    assert gemm._gemm_problem("matmul", x, w.t())[7] == (0, 1, 7)
+    q, kt = torch.randn(2, 4, 6), torch.randn(2, 9, 6).transpose(1, 2)
+    assert gemm._gemm_problem("matmul", q, kt)[2:8] == (2, 4, 9, 6, (24, 6, 1), (54, 1, 6))
+    images, weight = torch.randn(2, 16, 5, 3).contiguous(memory_format=torch.channels_last), torch.randn(8, 16, 1, 1)
+    a, b, batch, m, n, k, sa, sb, shape = gemm._gemm_problem("conv2d", weight, images)
+    assert (batch, m, n, k, shape, sa) == (2, 8, 15, 16, (2, 8, 5, 3), (0, 16, 1))
+    assert sb == (240, 1, 16) and b.data_ptr() == images.data_ptr()  # the pixels of a channels-last image, as they lie
+    assert gemm._gemm_image_format(images) == torch.channels_last
+
+
+def test_an_epilogue_input_is_read_along_the_batch_rows_and_columns_of_the_product():
+    """A bias over the columns, a residual of the result's shape and a per-row scale collapse into one
+    stride each along the rows (x's leading dims) and the columns; a transposed residual cannot, and is
+    read as a copy laid out as the result."""
+    shape, groups = (3, 5, 11), ((), (0, 1), (2,))
+    bias = torch.randn(11)
+    assert gemm._gemm_operand(bias, (2,), shape, groups) == (bias, (0, 0, 1))
+    residual = torch.randn(3, 5, 11)
+    assert gemm._gemm_operand(residual, (0, 1, 2), shape, groups)[1] == (0, 11, 1)
+    per_row = torch.randn(3, 5, 1)
+    assert gemm._gemm_operand(per_row, (0, 1, -1), shape, groups)[1] == (0, 1, 0)
+    transposed = torch.randn(5, 3, 11).transpose(0, 1)
+    copy, strides = gemm._gemm_operand(transposed, (0, 1, 2), shape, groups)
+    assert strides == (0, 11, 1) and torch.equal(copy, transposed) and copy.data_ptr() != transposed.data_ptr()
+    assert (gemm._collapsed([6, 2], [4, 3]), gemm._collapsed([6, 1], [4, 3]), gemm._collapsed([0, 0], [4, 3])) == (
+        2,
+        None,
+        0,
+    )
+
+
+def test_in_the_interpreter_the_fused_kernel_runs_with_one_tile_that_fits_its_products(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for m, n, k in [(1, 29, 37), (66, 97, 97), (8, 3072, 768), (64, 768, 3072)]:
+        ((block_m, block_n, block_k, *_),) = gemm._gemm_tiles(torch.bfloat16, m, n, k)
+        assert block_m * block_n * block_k <= 1 << 20 and min(block_m, block_n, block_k) >= 16
+    assert gemm._gemm_tiles(torch.float32, 66, 97, 97)[0][:3] == (64, 64, 64)  # small: edges inside the tiles
+    assert gemm._gemm_by_elements()
+
+
+def test_the_fastest_path_is_chosen_once_a_shape_and_kept_in_a_file_across_processes(monkeypatch, tmp_path):
+    """Where nothing can be timed (the interpreter here) the fused kernel runs; a choice kept in the file
+    FUSELENS_GEMM_TUNING names (timed by an earlier process on the device) is what runs for that key."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(gemm, "_GEMM_CHOSEN", {})
+    monkeypatch.setattr(gemm, "_GEMM_FILE_READ", [])
+    x, w = torch.randn(3, 5, 7), torch.randn(11, 7)
+    ran: list[str] = []
+    paths = {name: (lambda name=name: ran.append(name) or name) for name in ("fused", "library")}
+    assert gemm._gemm_fastest("cluster4", "linear", x, w, paths) == "fused"
+    key = ("path", *gemm._gemm_key("cluster4", "linear", x, w))
+    assert key[1:] == ("cluster4", 1, 16, 11, 7, "torch.float32", "cpu", True, True)  # 15 rows: bucket 16
+    tuning = tmp_path / "tuning.json"
+    tuning.write_text(json.dumps({repr(key): "library"}))
+    monkeypatch.setenv("FUSELENS_GEMM_TUNING", str(tuning))
+    assert gemm._gemm_fastest("cluster4", "linear", x, w, paths) == "library"
+    assert gemm._gemm_fastest("cluster4", "linear", torch.randn(2, 7, 7), w, paths) == "library"  # 14 rows: 16
+    assert ran == ["fused", "library", "library"]
+
+
 # ---- the copies --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["ops", "fits", "tiles", "patches"])
+@pytest.mark.parametrize("name", ["ops", "fits", "tiles", "patches", "gemm"])
 def test_each_runtime_copy_is_python_that_imports_nothing_of_fuselens(name):
     copy = runtime_source(name, inline=("MAX_BLOCK_ROW", "LOOP_BLOCK") if name == "tiles" else ())
     imported = [

@@ -56,6 +56,34 @@ def test_regime_depends_on_the_device():
     assert device_profile("h100", peak_gbps=2000).peak_gbps == 2000
 
 
+def test_a_gemm_cluster_saves_its_products_round_trip_and_is_bound_by_its_multiply_adds():
+    """`gelu(linear(x, w, b))` over 16k rows of 4096 into 11008, bf16: both sides read x, w and b and
+    write one [16384, 11008] result; unfused, the GEMM writes it and the GELU reads it back and writes
+    its own.  The 1.5 TFLOP of multiply-adds take longer than that traffic on an H200: compute-bound,
+    and launch-bound only for a product too small for either to matter."""
+    b = Builder()
+    x = b.input([16384, 4096], dtype="bfloat16")
+    w = b.param([11008, 4096], dtype="bfloat16")
+    bias = b.param([11008], dtype="bfloat16", name="b")
+    gemm = b.op("linear", x, w, bias, shape=[16384, 11008], dtype="bfloat16")
+    gelu = b.op("gelu", gemm, dtype="bfloat16")
+    b.output(gelu)
+    g = b.graph
+    reads = (16384 * 4096 + 11008 * 4096 + 11008) * 2
+    out = 16384 * 11008 * 2
+    unfused, fused = cluster_bytes(g, [gemm, gelu], [x, w, bias], [gelu])
+    assert (unfused, fused) == (reads + out + 2 * out, reads + out)
+    h200 = device_profile("h200")
+    assert regime(g, [gemm, gelu], fused, h200) == "compute-bound"
+    assert regime(g, [gelu], fused, h200) == "dram-bound"  # the same bytes with no GEMM
+    tiny = Builder()
+    xs = tiny.input([4, 64], dtype="bfloat16")
+    ws = tiny.param([64, 64], dtype="bfloat16")
+    small = tiny.op("linear", xs, ws, shape=[4, 64], dtype="bfloat16")
+    relu = tiny.op("relu", small, dtype="bfloat16")
+    assert regime(tiny.graph, [small, relu], 1024, h200) == "launch-bound"
+
+
 def test_labels():
     assert bytes_label(384 * 2**20) == "384 MB"
     assert bytes_label(None) == "unknown"

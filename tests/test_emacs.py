@@ -122,7 +122,7 @@ def test_trust_and_settings_in_initialization_options(session):
 def test_diagnostics_in_flymake(session):
     _steps(session, "diagnostics")
     clusters = sorted((d for d in session["diagnostics"] if "fusable:" in d["text"]), key=lambda d: d["line"])
-    assert [d["line"] for d in clusters] == [18, 23, 28]
+    assert [d["line"] for d in clusters] == [18, 22, 28]
     assert "fusable: mul → relu → add, 384 MB → 128 MB" in clusters[0]["text"]
     assert all(d["type"] == "eglot-warning" for d in clusters), "severity = warning reached the server"
 
@@ -132,11 +132,11 @@ def test_hover_through_eldoc(session):
     assert "c0 · elementwise · `cluster0` · ExampleNet" in session["hover"]
 
 
-def _kernel_view(view: dict, cluster: str) -> None:
+def _kernel_view(view: dict, cluster: str, params: str = "x") -> None:
     """`view` is the server's read-only view of `cluster`'s kernel, at its definition."""
     assert view["file"].endswith(f"/kernels/example_net_{cluster}.py"), view
     assert os.stat(view["file"]).st_mode & 0o222 == 0 and view["read-only"], view
-    assert view["line"] == f"def {cluster}(x):", view
+    assert view["line"] == f"def {cluster}({params}):", view
 
 
 def test_the_hover_s_kernel_link_opens_the_kernel(session):
@@ -151,7 +151,7 @@ def test_the_hover_s_kernel_link_opens_the_kernel(session):
 
 def test_open_kernel_at_point_on_a_cluster_s_line(session):
     _steps(session, "open the kernel at point")
-    _kernel_view(session["kernel-at-point"], "cluster1")
+    _kernel_view(session["kernel-at-point"], "cluster1", "x, weight, bias")  # it starts with proj1
 
 
 def test_validate_command(session):

@@ -51,7 +51,7 @@ in_module_loop = pytest.mark.asyncio(loop_scope="module")  # the async tests sha
 TIMEOUT_S = 30.0  # a job's time limit: far past what these jobs need, so that only a hang reaches it
 MEMORY_MB = 2048
 GONE_WITHIN = 20.0  # seconds a test waits for a process to be gone before it fails
-GOOD = ["mul → relu → add", "gelu → sigmoid → mul", "tanh → mul → softmax"]
+GOOD = ["mul → relu → add", "linear → gelu → sigmoid → mul", "tanh → mul → softmax"]
 
 # Code a hostile model is made of; RECORD is the file its processes' pids are written to.
 HELPERS = textwrap.dedent(

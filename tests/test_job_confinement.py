@@ -26,7 +26,7 @@ from robust_helpers import fusable
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 LIMITS = Limits(60.0, 2048)
-GOOD = ["mul → relu → add", "gelu → sigmoid → mul", "tanh → mul → softmax"]
+GOOD = ["mul → relu → add", "linear → gelu → sigmoid → mul", "tanh → mul → softmax"]
 
 
 def with_prologue(prologue: str) -> str:

@@ -32,7 +32,7 @@ client = single_server(
     }
 )
 
-GOOD = [(18, 20, "mul → relu → add"), (23, 25, "gelu → sigmoid → mul"), (28, 30, "tanh → mul → softmax")]
+GOOD = [(18, 20, "mul → relu → add"), (22, 25, "linear → gelu → sigmoid → mul"), (28, 30, "tanh → mul → softmax")]
 CHAINS = [chain for _, _, chain in GOOD]
 HERE = "os.path.join(os.path.dirname(__file__), {!r})"  # a file beside the model, in the workspace
 

@@ -242,7 +242,7 @@ async def test_fifty_rapid_saves_run_one_job_at_a_time(client: Client, figures):
     }
     assert [chain for *_, chain in fusable(diags)] == [
         "mul → relu → add",
-        "gelu → sigmoid → mul",
+        "linear → gelu → sigmoid → mul",
         "tanh → mul → softmax",
     ]
     assert published == [final] and analyzed()[before:] == [f"v{final}"]

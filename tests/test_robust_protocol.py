@@ -45,7 +45,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 client = server_fixture()
 
-GOOD = [(18, 20, "mul → relu → add"), (23, 25, "gelu → sigmoid → mul"), (28, 30, "tanh → mul → softmax")]
+GOOD = [(18, 20, "mul → relu → add"), (22, 25, "linear → gelu → sigmoid → mul"), (28, 30, "tanh → mul → softmax")]
 INVALID_PARAMS, METHOD_NOT_FOUND, INVALID_REQUEST, SERVER_NOT_INITIALIZED = -32602, -32601, -32600, -32002
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -32,13 +33,22 @@ client = server_fixture()
 IMPORT_AFTER = 8  # `import torch.nn.functional as F`
 
 
-def fused(name: str, first: int, last: int, call: str) -> str:
+def fused(name: str, first: int, last: int, call: str, fits: str = "x") -> str:
     """Lines `first`..`last` of example_net.py as a fix writes them: the kernel `name`'s `call` where it
-    fits the call's arguments, the lines as they were everywhere else."""
+    fits the call's arguments (`fits`), the lines as they were everywhere else."""
     original = example_text().split("\n")[first - 1 : last]
     return "\n".join(
-        [f"        if {name}.fits(x):", f"            {call}", "        else:", *("    " + line for line in original)]
+        [
+            f"        if {name}.fits({fits}):",
+            f"            {call}",
+            "        else:",
+            *("    " + line for line in original),
+        ]
     )
+
+
+# ExampleNet's second cluster starts with proj1: its call passes the projection's weight and bias.
+PROJ1 = "x, self.proj1.weight, self.proj1.bias"
 
 
 def expected_model(stem: str, replaced: dict[tuple[int, int], str]) -> str:
@@ -120,9 +130,9 @@ async def test_fuse_one_cluster(client: Client):
         for d in diags
         if d.message.startswith("fusable:")
     )
-    assert clusters == [(30, 32, "fusable: gelu → sigmoid → mul"), (35, 37, "fusable: tanh → mul → softmax")]
+    assert clusters == [(29, 32, "fusable: linear → gelu → sigmoid → mul"), (35, 37, "fusable: tanh → mul → softmax")]
     assert [a.title for a in await client.code_actions(uri, 30)] == [
-        "Fuse lines 30–32 into Triton kernel cluster1",
+        "Fuse lines 29–32 into Triton kernel cluster1",
         "Fuse all 2 applicable clusters in ExampleNet",
         "Restore the original code of every fused cluster in fuse_one.py",  # cluster0 is applied
     ]
@@ -165,7 +175,7 @@ async def test_fuse_all_clusters(client: Client):
 
     actions = await client.code_actions(uri, 24)
     assert [a.title for a in actions] == [
-        "Fuse lines 23–25 into Triton kernel cluster1",
+        "Fuse lines 22–25 into Triton kernel cluster1",
         "Fuse all 3 applicable clusters in ExampleNet",
     ]
     action = actions[1]
@@ -179,17 +189,52 @@ async def test_fuse_all_clusters(client: Client):
         "fuse_all",
         {
             (18, 20): fused("cluster0", 18, 20, "x = cluster0(x)"),
-            (23, 25): fused("cluster1", 23, 25, "x = cluster1(x)"),
+            (22, 25): fused("cluster1", 22, 25, f"x = cluster1({PROJ1})", f"{PROJ1}, module=self"),
             (28, 30): fused("cluster2", 28, 30, "return cluster2(x)"),
         },
     )
     with open(module, encoding="utf-8") as fh:
         kernels = fh.read()
     compile(kernels, module, "exec")
-    for name in ("cluster0", "cluster1", "cluster2"):
-        assert f"@triton.jit\ndef _{name}_kernel" in kernels and f"\ndef {name}(x):" in kernels
+    for name, params in (("cluster0", "x"), ("cluster1", "x, weight, bias"), ("cluster2", "x")):
+        assert f"@triton.jit\ndef _{name}_" in kernels and f"\ndef {name}({params}):" in kernels
     diags = await client.diagnostics_of(uri)
     assert [d for d in diags if d.message.startswith("fusable:")] == []
+
+
+async def test_fuse_a_gemm_and_the_ops_after_it(client: Client, tmp_path):
+    """A cluster that starts with a GEMM is offered and fused as any other: the fix calls it with the
+    GEMM's operands where the lines called the projection, and the module it writes (the one `fuselens
+    apply` writes) holds the fused GEMM kernel, the epilogue's own kernel and the choice between them."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "examples", "pyproject.toml"), encoding="utf-8") as fh:
+        client.write("pyproject.toml", fh.read())  # the examples' inputs
+    uri = client.open("gemms.py", example_text("gemm_epilogues.py"))
+    await client.diagnostics_of(uri, 1)
+    actions = await client.code_actions(uri, 27)
+    assert [a.title for a in actions] == ["Fuse line 27 into Triton kernel cluster0"]
+    check_how_the_module_is_written(client, actions[0], uri, client.path("gemms_kernels.py"), ["c0"])
+    await fuse(client, uri, actions[0])
+    call = "cluster0(x, self.fc1.weight, self.fc1.bias)"
+    fits = "cluster0.fits(x, self.fc1.weight, self.fc1.bias, module=self)"
+    assert f"        return self.fc2({call} if {fits} else F.gelu(self.fc1(x)))\n" in client.texts[uri]
+    with open(client.path("gemms_kernels.py"), encoding="utf-8") as fh:
+        kernels = fh.read()
+    compile(kernels, "gemms_kernels.py", "exec")
+    for part in (
+        "def _cluster0_kernel_gemm(",
+        "def cluster0_epilogue(",
+        "def _cluster0_library(",
+        "def _gemm_fastest(",
+    ):
+        assert part in kernels, part
+
+    elsewhere = tmp_path / "gemms.py"
+    elsewhere.write_text(example_text("gemm_epilogues.py"))
+    shutil.copy(client.path("pyproject.toml"), tmp_path / "pyproject.toml")
+    cli = [sys.executable, "-m", "fuselens.cli.main", "apply", str(elsewhere), "--cluster", "c0", "--yes", "--no-check"]
+    applied = subprocess.run(cli, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert (tmp_path / "gemms_kernels.py").read_text(encoding="utf-8") == kernels
 
 
 async def test_a_second_fix_merges_into_the_module_on_disk(client: Client):
@@ -202,12 +247,12 @@ async def test_a_second_fix_merges_into_the_module_on_disk(client: Client):
     await client.diagnostics_of(uri)
 
     action = (await client.code_actions(uri, 31))[0]
-    assert action.title == "Fuse lines 30–32 into Triton kernel cluster1"
+    assert action.title == "Fuse lines 29–32 into Triton kernel cluster1"
     check_how_the_module_is_written(client, action, uri, client.path("fuse_twice_kernels.py"), ["c1"])
     await fuse(client, uri, action)
     with open(client.path("fuse_twice_kernels.py"), encoding="utf-8") as fh:
         kernels = fh.read()
-    assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x):" in kernels
+    assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x, weight, bias):" in kernels
     assert client.unsaved == {}, "no buffer left for the user to save"
     assert "    from .fuse_twice_kernels import cluster0, cluster1\n" in client.texts[uri]
     assert "    from fuse_twice_kernels import cluster0, cluster1\n" in client.texts[uri]
@@ -304,15 +349,15 @@ async def test_two_fixes_in_a_row_without_saving(client: Client):
     first = (await client.code_actions(uri, 18))[0]
     client.apply_workspace_edit(first.edit)
     await client.command(first.command.command, *first.command.arguments)
-    assert chains(await client.diagnostics_of(uri)) == ["gelu → sigmoid → mul", "tanh → mul → softmax"]
+    assert chains(await client.diagnostics_of(uri)) == ["linear → gelu → sigmoid → mul", "tanh → mul → softmax"]
 
     second = (await client.code_actions(uri, 31))[0]
-    assert second.title == "Fuse lines 30–32 into Triton kernel cluster1"
+    assert second.title == "Fuse lines 29–32 into Triton kernel cluster1"
     client.apply_workspace_edit(second.edit)
     await client.command(second.command.command, *second.command.arguments)
     with open(client.path("fuse_unsaved_kernels.py"), encoding="utf-8") as fh:
         kernels = fh.read()
-    assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x):" in kernels
+    assert "\ndef cluster0(x):" in kernels and "\ndef cluster1(x, weight, bias):" in kernels
     assert client.unsaved == {}, "no buffer left for the user to save"
     assert chains(await client.diagnostics_of(uri)) == ["tanh → mul → softmax"]
     with open(client.path("fuse_unsaved.py"), encoding="utf-8") as fh:
@@ -323,7 +368,7 @@ async def test_no_actions_outside_clusters_or_after_typing(client: Client):
     uri = client.open("fuse_none.py", example_text())
     await client.diagnostics_of(uri, 1)
     assert await client.code_actions(uri, 14) == []  # __init__
-    assert await client.code_actions(uri, 22) == []  # the Linear between two clusters
+    assert await client.code_actions(uri, 27) == []  # the Linear before the softmax's cluster
     client.change(uri, example_text().replace("x = x * 2.0", "x = x * 4.0"))
     assert await client.code_actions(uri, 18) == []  # the edit would be for a text that is gone
 

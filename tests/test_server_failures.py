@@ -103,7 +103,7 @@ async def test_an_error_in_the_model_is_one_diagnostic_at_its_line(client: Clien
 
     # The server is still up: fixing the file brings the clusters back.
     version = client.save_text(uri, example_text())
-    assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (23, 25), (28, 30)]
+    assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (22, 25), (28, 30)]
     assert logged(client, name)[-1].startswith(f"analyzed {name} v{version} in ")
 
 
@@ -148,6 +148,6 @@ async def test_a_dead_worker_is_replaced(client: Client):
     await client.wait_until(lambda: not running(job), "the orphaned job to be killed", poll=0.05)
 
     version = client.save_text(uri, example_text())
-    assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (23, 25), (28, 30)]
+    assert clusters(await client.diagnostics_of(uri, version)) == [(18, 20), (22, 25), (28, 30)]
     assert sum("worker ready" in m.message for m in client.log_messages) == 2
     assert host not in children(server_pid(client))

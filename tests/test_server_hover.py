@@ -38,7 +38,7 @@ async def test_hover_on_every_line_of_a_cluster(client: Client, analyzed: str, i
         )
         assert f"{ops} · 16384×" in text and "float32" in text  # the ops with their lines, over their shape
         assert f"**{want['bytes']}**" in text
-        assert "dram-bound" in text  # the regime
+        assert want["regime"] in text
         assert f"maps **exactly** to lines {first}–{last}" in text
         # A save's analysis leaves the backward to the kernel's code, generated when something asks.
         assert "**training**: whether its backward is a kernel is worked out with the kernel's code" in text
@@ -64,9 +64,9 @@ async def test_hover_shows_the_bytes_moved(client: Client):
     assert float(fused) < float(unfused), text
 
 
-@pytest.mark.parametrize("line", [1, 11, 14, 17, 21, 22, 26, 27])
+@pytest.mark.parametrize("line", [1, 11, 14, 17, 21, 26, 27])
 async def test_no_hover_outside_clusters(client: Client, analyzed: str, line: int):
-    assert await client.hover(analyzed, line) is None  # docstring, class line, __init__, forward, Linears, blanks
+    assert await client.hover(analyzed, line) is None  # docstring, class line, __init__, forward, a Linear, blanks
 
 
 async def test_no_hover_before_the_analysis_or_for_an_unknown_file(client: Client):

@@ -43,7 +43,8 @@ async def test_diagnostics_come_first_then_hover_and_lens_gain_the_comparison(cl
     text = hover.contents.value
     assert "**torch.compile**" in text and "**agree**" in text and "triton_poi_fused" in text
     lenses = await client.code_lenses(compared)
-    assert "Inductor agrees on 3/3" in lenses[0].command.title
+    # (c1 starts with proj1, which Inductor runs as the library's GEMM: it splits that cluster)
+    assert "Inductor agrees on 2/3" in lenses[0].command.title
     shown = await client.command("fuselens.showInductorKernel", compared, "c0")
     assert shown["status"] == "agree" and "@triton.jit" in shown["text"]
     assert shown["path"] == os.path.join(views.views_folder(client.root, "inductor"), "example_net_c0.py")

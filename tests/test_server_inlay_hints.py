@@ -22,7 +22,7 @@ async def test_one_hint_at_the_end_of_each_cluster(client: Client, analyzed: str
         assert hint.position == lsp.Position(last - 1, len(lines[last - 1]))
         assert hint.label == f"⚡ −{want['saved']}"
         assert hint.padding_left
-        assert want["chain"] in hint.tooltip and "dram-bound" in hint.tooltip
+        assert want["chain"] in hint.tooltip and want["regime"] in hint.tooltip
 
 
 async def test_hints_only_for_the_requested_range(client: Client, analyzed: str):
@@ -35,7 +35,7 @@ async def test_hints_only_for_the_requested_range(client: Client, analyzed: str)
             )
         )
 
-    assert [h.label for h in await ask(21, 26)] == ["⚡ −128 MB"]
+    assert [h.label for h in await ask(21, 26)] == ["⚡ −192 MB"]
     assert [h.position.line + 1 for h in await ask(1, 20)] == [20]
     assert [h.position.line + 1 for h in await ask(25, 40)] == [25, 30]
     assert await ask(1, 17) == []
@@ -49,7 +49,7 @@ async def test_hints_follow_the_saved_text(client: Client):
     hints = await client.inlay_hints(uri)
     assert [(h.position.line + 1, h.label) for h in hints] == [
         (20, "⚡ −256 MB"),
-        (25, "⚡ −128 MB"),
+        (25, "⚡ −192 MB"),
         (29, "⚡ −64 MB"),
     ]
 

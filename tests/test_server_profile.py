@@ -46,7 +46,7 @@ async def test_the_profile_lens_measures_the_forward_and_every_view_shows_it(cli
     c0 = next(c for c in model["clusters"] if c["id"] == "c0")
     assert f"({c0['share']:.1%};" in text and f"rank {c0['rank_by_time']} by time" in text
     # A line with no cluster (a Linear) has a hover now: its measured time, its op.
-    linear = next(line for line in model["lines"] if line["ops"] == ["linear"])
+    linear = next(line for line in model["lines"] if line["ops"] == ["linear"] and not line["clusters"])
     text = (await client.hover(uri, linear["line"])).contents.value
     assert text.startswith(f"◔ **line {linear['line']}:") and "`linear`" in text
     # Inlay hints: the share of each line that took at least 1% of the forward.

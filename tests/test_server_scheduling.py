@@ -24,7 +24,7 @@ EDITS = [
 FINAL = replace_line(example_text(), 19, "        x = x - 1.0")  # relu -> sub
 FINAL_CLUSTERS = [
     (18, 20, "fusable: mul → sub → add"),
-    (23, 25, "fusable: gelu → sigmoid → mul"),
+    (22, 25, "fusable: linear → gelu → sigmoid → mul"),
     (28, 30, "fusable: tanh → mul → softmax"),
 ]
 
@@ -108,7 +108,7 @@ async def test_documents_are_scheduled_independently(client: Client):
     assert clusters(b) == FINAL_CLUSTERS
     assert clusters(a) == [
         (18, 20, "fusable: mul → relu → add"),
-        (23, 25, "fusable: gelu → sigmoid → mul"),
+        (22, 25, "fusable: linear → gelu → sigmoid → mul"),
         (28, 29, "fusable: mul → softmax"),
     ]
 

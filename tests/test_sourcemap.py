@@ -55,16 +55,24 @@ def test_exact_mapping_names_inputs_and_outputs(write_model, analyze):
 
 def test_a_statement_sharing_its_line_is_kept(write_model, analyze):
     model = only_model(analyze(write_model(MODEL)))
-    c = by_chain(model)["tanh → add"]
+    c = by_chain(model)["linear → tanh → add"]  # `z = self.proj(y)` starts it, on the line before
     # `w = torch.tanh(z) + 1.0; u = self.proj(w)`: the first statement becomes the call, the second stays
-    assert c.mapping == "exact" and c.lines == [line_of("torch.tanh(z)")] * 2
+    assert c.mapping == "exact" and c.lines == [line_of("z = self.proj(y)"), line_of("torch.tanh(z)")]
     k = c.kernel.name
-    assert c.edit.text == f"        w = {k}(z) if {k}.fits(z) else torch.tanh(z) + 1.0; u = self.proj(w)\n"
+    assert c.edit.text == (
+        f"        if {k}.fits(y, self.proj.weight, self.proj.bias, module=self):\n"
+        f"            w = {k}(y, self.proj.weight, self.proj.bias); u = self.proj(w)\n"
+        "        else:\n"
+        "            z = self.proj(y)\n"
+        "            w = torch.tanh(z) + 1.0; u = self.proj(w)\n"
+    )
 
 
 def test_ops_in_a_helper_are_replaced_at_the_caller(write_model, analyze):
     model = only_model(analyze(write_model(MODEL)))
+    # (`u = self.proj(w)` stays out: its line is the cluster before's, whose rewrite keeps it)
     c = next(c for c in model.clusters if "sigmoid" in c.op_chain)
+    assert c.op_chain == "sigmoid → mul → add"
     assert c.lines == [line_of("helper(u) + u")] * 2  # where forward() calls helper(), not helper's own lines
     # the call of helper() goes with the ops it runs; the linear around them stays
     k = c.kernel.name
@@ -73,7 +81,7 @@ def test_ops_in_a_helper_are_replaced_at_the_caller(write_model, analyze):
 
 def test_a_name_read_after_the_lines_keeps_them(write_model, analyze):
     model = only_model(analyze(write_model(MODEL)))
-    c = next(c for c in model.clusters if c.op_chain.startswith("exp"))
+    c = next(c for c in model.clusters if c.op_chain.startswith("exp"))  # (its GEMM's line is helper's call's)
     # t is reassigned and its final value is what the lines leave behind: they become one call
     assert c.mapping == "exact" and c.lines == [line_of("torch.exp(v)"), line_of("t = t * 3.0")]
     k = c.kernel.name
@@ -110,10 +118,12 @@ class Net(nn.Module):  # fuselens: input=(64, 32)
 def test_lines_that_compute_something_else_in_another_call_are_not_replaced(write_model, analyze):
     # Layer.forward's lines are one cluster in every layer: one call stands for them all
     model = only_model(analyze(write_model(LAYERS)))
-    assert [(c.op_chain, c.multiplicity, c.mapping) for c in model.clusters] == [("mul → gelu → add", 2, "exact")]
+    clusters = [(c.op_chain, c.multiplicity, c.mapping) for c in model.clusters]
+    assert clusters == [("linear → mul → gelu → add", 2, "exact")]
     # With one layer's activation an Identity, a call written there would run GELU in that layer too
     mixed = LAYERS.replace('acts=("gelu", "gelu")', 'acts=("gelu", "none")')
     model = only_model(analyze(write_model(mixed)))
+    # (the projections stay out: no call could stand for the lines with them either)
     assert {c.op_chain for c in model.clusters} == {"mul → gelu → add", "mul → add"}
     for c in model.clusters:
         assert c.mapping == "pointer" and c.edit is None and c.applies == "no"
@@ -123,7 +133,7 @@ def test_lines_that_compute_something_else_in_another_call_are_not_replaced(writ
     broken = LAYERS.replace('acts=("gelu", "gelu")', 'acts=("gelu", "linear")')
     model = only_model(analyze(write_model(broken)))
     gelu = next(c for c in model.clusters if "gelu" in c.op_chain)
-    assert gelu.edit is not None and "cluster0.fits(proj := self.proj(x), module=self)" in gelu.edit.text
+    assert gelu.edit is not None and "cluster0.fits(x, self.proj.weight, self.proj.bias, module=self)" in gelu.edit.text
 
 
 LAYER_SCALE = """
@@ -161,13 +171,15 @@ def test_an_identity_module_inside_the_cluster_is_replaced_with_it(write_model, 
     for drop in ("nn.Identity()", "nn.Dropout(0.0)"):
         model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
         (c,) = model.clusters
-        assert c.op_chain == "gelu → mul → add" and c.applies == "edit", (drop, c.apply_detail)
+        assert c.op_chain == "linear → gelu → mul → add" and c.applies == "edit", (drop, c.apply_detail)
         k = c.kernel.name
-        original = "x + self.drop_path(self.gamma * F.gelu(y))"
         # asked with the module, whose drop_path must still be the module that was analyzed
-        assert (
-            c.edit.text.strip()
-            == f"return {k}(x, self.gamma, y) if {k}.fits(x, self.gamma, y, module=self) else {original}"
+        assert c.edit.text == (
+            f"        if {k}.fits(x, self.fc.weight, self.fc.bias, self.gamma, module=self):\n"
+            f"            return {k}(x, self.fc.weight, self.fc.bias, self.gamma)\n"
+            "        else:\n"
+            "            y = self.fc(x)\n"
+            "            return x + self.drop_path(self.gamma * F.gelu(y))\n"
         )
 
 
@@ -179,13 +191,15 @@ def test_a_module_that_drops_only_in_training_is_left_to_the_lines_in_training(w
         model = only_model(analyze(write_model(LAYER_SCALE.replace("DROP", drop))))
         (c,) = model.clusters
         assert c.applies == "edit", c.apply_detail
-        assert "_modules = (\n    ('drop_path'," in c.kernel.source and ", False),\n)" in c.kernel.source
+        assert "_modules = (\n    ('drop_path'," in c.kernel.source and ", False),\n    ('fc'," in c.kernel.source
     functional = LAYER_SCALE.replace("DROP", "nn.Identity()").replace(
         "self.drop_path(self.gamma * F.gelu(y))", "F.dropout(self.gamma * F.gelu(y), 0.1, self.training)"
     )
     (c,) = only_model(analyze(write_model(functional))).clusters
     assert c.applies == "edit" and "module=self" in c.edit.text and "    ('', '', {}, (), False),\n" in c.kernel.source
-    # a dropout whose mode nothing in the code names stays out
+    # a dropout whose mode nothing in the code names stays out (and the GEMM with it: its call, and the
+    # expression's, are then no one call's)
     fixed = functional.replace("0.1, self.training)", "0.1, self.fc.training)")
     (c,) = only_model(analyze(write_model(fixed))).clusters
+    assert c.op_chain == "gelu → mul → add"
     assert c.applies == "no" and "(line 25) ran no op here" in c.apply_detail

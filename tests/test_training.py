@@ -137,8 +137,9 @@ KINDS = [
                 return torch.sigmoid(mlp_output * 2.0 + x)
         """,
         [("5,33", "float32")],
-        "add → mul → add → sigmoid",
-        ["mlp_output", "self.attn(x)", "x"],  # the update in place names its value: the kernel's call passes them
+        "linear → add → mul → add → sigmoid",
+        # The first projection starts the cluster: its operands, and the other's result, are the call's.
+        ["x", "self.mlp.weight", "self.mlp.bias", "self.attn(x)"],
     ),
     case(
         # ConvNeXt's LayerNorm over the channels of a depthwise convolution, read channels-last:

@@ -40,6 +40,7 @@ from fuselens.contracts.options import Progress, ValidateOptions
 from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
+from .gemms import compare_paths
 from .gradients import check_gradients, time_training
 from .interpreter import imported_problem, interpreting, loop_problem
 from .numerics import compare, narrowest
@@ -207,6 +208,7 @@ def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
         if timing and check_.status == "verified" and peak is not None:
             progress(f"{model.name}: timing {cluster.id}", None)
             check_.timing = _time_cluster(kernel, found[0], run.kernels, peak, run.options.other_compile_modes)
+            _compare_gemm_paths(check_, kernel, found[0], run.kernels)
             if check_.backward is not None and check_.backward.status == "verified":
                 progress(f"{model.name}: timing {cluster.id}'s training step", None)
                 check_.backward.timing = time_training(kernel, found[0], run.kernels, options.seed)
@@ -260,6 +262,16 @@ def _time_cluster(kernel: Kernel, instance, kernels, peak: float, other_modes: l
         cluster_function(graph, plan, values), getattr(kernels, kernel.name), args, fused_bytes, peak, other_modes
     )
     return Timing(**figures)
+
+
+def _compare_gemm_paths(check_: ClusterCheck, kernel: Kernel, instance, kernels) -> None:
+    """For a cluster that starts with a GEMM: its fused kernel against the library's path, and which one
+    the kernel module keeps at the shape, in its timing and its message."""
+    _, plan, values = instance
+    if plan.gemm is None or check_.timing is None:
+        return
+    line = compare_paths(check_.timing, kernels, kernel.name, plan, [values[s.node] for s in plan.inputs])
+    check_.message = f"{check_.message}; {line}" if check_.message else line
 
 
 def _time_model(result: ModelValidation, model, inputs) -> None:

@@ -2,7 +2,7 @@
 writes its launch; which variants a plan gets, and how its launcher picks between them, here.
 
 An elementwise plan always gets the 2-D tile kernel (`TileKernel`), a row plan the whole-row and
-looped row kernels (`RowKernels`); the others are for layouts and shapes those serve badly, each
+looped row kernels (`RowKernels`), a GEMM cluster's plan the fused GEMM (`GemmKernel`); the others are for layouts and shapes those serve badly, each
 tried at call time before the ones it falls back to (`Family.tried`).  `docs/ARCHITECTURE.md`
 tabulates them.
 """
@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from ..plan import KernelPlan
 from .base import Context, Launch, Variant
 from .elementwise import AcrossKernel, FlatKernel, TileKernel, WideKernel
+from .gemm import GemmKernel
 from .groups import SplitGroupKernels
 from .rows import AcrossRowKernel, RowKernels
 
-__all__ = ["ELEMENTWISE", "ROWS", "Context", "Family", "Launch", "Variant", "family_of"]
+__all__ = ["ELEMENTWISE", "GEMM", "ROWS", "Context", "Family", "Launch", "Variant", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -74,5 +75,11 @@ ROWS = Family(
 )
 
 
+# A GEMM cluster's product and epilogue: one kernel (its epilogue's own kernels are an elementwise plan's).
+GEMM = Family("", written=(GemmKernel,), tried=(GemmKernel,), exclusive=())
+
+
 def family_of(plan: KernelPlan) -> Family:
+    if plan.kind == "gemm-epilogue":
+        return GEMM
     return ELEMENTWISE if plan.kind == "elementwise" else ROWS

@@ -102,7 +102,7 @@
       (test-put :clusters-between (length (test-diags-matching "fusable:"))))
     (test-step "second library fix"
       (goto-char (point-min)) (search-forward "model = LlamaForCausalLM") (beginning-of-line)
-      (test-put :second-titles (vconcat (test-fix "Fuse silu → mul")))
+      (test-put :second-titles (vconcat (test-fix "Fuse linear → silu → mul")))
       (test-wait 15 (lambda () (string-search "modeling_llama.LlamaMLP.forward: " (or (test-file-text module) ""))))
       (test-put :second-module (test-file-text module))
       (test-put :modified-buffers (test-modified-buffers))

@@ -817,6 +817,227 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False
     return 1, 4096, 4 if rows_only else 8, False
 
 
+import json
+import os
+
+import torch
+
+# (shape bucket, dtype, device, ...) -> what ran fastest there: a tile, or the path of the public function.
+# Kept in the process; with FUSELENS_GEMM_TUNING naming a JSON file, read from it and written to it too.
+_GEMM_CHOSEN = {}
+_GEMM_FILE_READ = []
+
+
+def _gemm_sizes(form, a, b):
+    """(batch, M, N, K) of the product `form` computes from its operands `a` and `b`."""
+    if form == "linear":  # a [..., K] by b [N, K], transposed
+        return 1, a.numel() // max(1, a.shape[-1]), b.shape[0], a.shape[-1]
+    if form == "conv2d":  # a [Cout, Cin, 1, 1] by each image of b [N, Cin, H, W]
+        return b.shape[0], a.shape[0], b.shape[2] * b.shape[3], a.shape[1]
+    if b.dim() == 3:  # batched: a [B, M, K] by b [B, K, N]
+        return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
+    return 1, a.numel() // max(1, a.shape[-1]), b.shape[1], a.shape[-1]  # a [..., K] by b [K, N]
+
+
+def _gemm_problem(form, a, b):
+    """(A, B, batch, M, N, K, A's strides (batch, row, k), B's strides (batch, k, column), the result's
+    shape): A and B as the kernel reads them (x's leading dims as one, an image's pixels as one: views
+    where the layout allows, else copies, as torch's own GEMMs make)."""
+    batch, m, n, k = _gemm_sizes(form, a, b)
+    if form == "conv2d":
+        shape = (b.shape[0], a.shape[0], b.shape[2], b.shape[3])
+        pixels = b.reshape(b.shape[0], b.shape[1], n)
+        return a, pixels, batch, m, n, k, (0, a.stride(0), a.stride(1)), pixels.stride(), shape
+    if b.dim() == 3:
+        return a, b, batch, m, n, k, a.stride(), b.stride(), (batch, m, n)
+    rows = a.reshape(m, k)
+    shape = (*a.shape[:-1], n)
+    across = (0, b.stride(1), b.stride(0)) if form == "linear" else (0, b.stride(0), b.stride(1))
+    return rows, b, 1, m, n, k, (0, rows.stride(0), rows.stride(1)), across, shape
+
+
+def _gemm_image_format(images):
+    """The layout a 1x1 convolution's result takes: channels-last for channels-last images, as cuDNN's."""
+    if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _gemm_operand(t, reads, shape, groups):
+    """(t, its strides along the product's batch, rows and columns): t's dim j runs along the result's dim
+    `reads[j]` (-1: broadcast), and the result's dims are grouped into those three (`groups`).  Where
+    t's strides cannot walk a group as one index (a transposed view of a residual), a copy laid out
+    as the result is read instead."""
+    along = [0] * len(shape)
+    for j, d in enumerate(reads):
+        if d >= 0 and t.shape[j] != 1:
+            along[d] += t.stride(j)
+    strides = [_collapsed([along[d] for d in dims], [shape[d] for d in dims]) for dims in groups]
+    if None not in strides:
+        return t, tuple(strides)
+    copy = torch.as_strided(t, shape, along, t.storage_offset()).contiguous()
+    return copy, tuple([_collapsed([copy.stride(d) for d in dims], [shape[d] for d in dims]) for dims in groups])
+
+
+def _collapsed(strides, sizes):
+    """The one stride that walks dims of `sizes` (row-major, as one index) at `strides`; None if none does."""
+    step, inner = None, 1
+    for s, n in zip(reversed(strides), reversed(sizes)):
+        if n != 1:
+            if step is None:
+                step = s
+            elif s != step * inner:
+                return None
+        inner *= n
+    return 0 if step is None else step
+
+
+def _gemm_precision(a):
+    """What `tl.dot` multiplies float32 operands in: "ieee", as torch's matmuls do by default, or TF32
+    where torch's may (`torch.backends.cuda.matmul.allow_tf32`).  For 16-bit operands, which it
+    multiplies as they are, Triton's default."""
+    if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _gemm_by_elements():
+    """Whether the kernel multiplies its tiles element by element and sums them, not by `tl.dot`: in the
+    Triton interpreter only, whose dot multiplies a bfloat16 tile's bits (NumPy has no bfloat16) and
+    float32 ones without BLAS."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _gemm_tiles(dtype, m, n, k):
+    """The tiles tried: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).  Wide tiles with
+    three or four stages for 16-bit operands, which keep an H100's tensor cores fed from shared
+    memory; narrower K for float32 (twice the bytes a stage); a few rows for a product of few rows
+    (decoding), which would otherwise leave most of each tile's rows idle.  In the interpreter: one
+    tile, as large as the product allows (each program and K step costs the interpreter about the same
+    whatever its size), small for small products, whose edges then fall inside tiles too."""
+    if os.environ.get("TRITON_INTERPRET") == "1":  # (its products by elements: at most 2**20 of them a step)
+        block_m, block_n = 32 if m <= 64 else 64, 64 if n <= 256 else 256
+        return ((block_m, block_n, min(64 if k <= 256 else 128, (1 << 20) // (block_m * block_n)), 4, 4, 1),)
+    if m <= 32:
+        return ((16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4), (32, 64, 64, 1, 4, 4), (32, 128, 64, 1, 4, 3))
+    if dtype == torch.float32:
+        return ((128, 128, 32, 8, 8, 3), (128, 64, 32, 8, 4, 4), (64, 128, 32, 8, 4, 4), (64, 64, 32, 8, 4, 4))
+    return (
+        (128, 256, 64, 8, 8, 3),
+        (256, 128, 64, 8, 8, 3),
+        (128, 128, 64, 8, 8, 4),
+        (128, 128, 64, 8, 4, 4),
+        (128, 64, 64, 8, 4, 4),
+        (64, 128, 64, 8, 4, 4),
+        (64, 64, 64, 8, 4, 4),
+    )
+
+
+def _gemm_key(name, form, a, b):
+    """What a choice is kept under: the kernel, the product's batch, N, K, dtype and device, its M
+    rounded up to a power of two (the tokens of a batch change from call to call), and whether A and B
+    run along K in memory (a transposed operand reads otherwise)."""
+    batch, m, n, k = _gemm_sizes(form, a, b)
+    bucket = 1 << max(0, m - 1).bit_length()
+    return (name, batch, bucket, n, k, str(a.dtype), str(a.device), a.stride(-1) == 1, b.stride(-1) == 1)
+
+
+def _gemm_tile(key, run, dtype, m, n, k):
+    """The tile `run(tile)` launches the fused kernel with at `key`: the fastest of `_gemm_tiles` the
+    first time, timed on the device (the first one where nothing can be timed: the interpreter, a CUDA
+    graph being captured)."""
+    tiles = _gemm_tiles(dtype, m, n, k)
+    chosen = _gemm_chosen(("tile", *key))
+    if chosen is not None and tuple(chosen) in tiles:
+        return tuple(chosen)
+    if not _gemm_timeable():
+        return tiles[0]
+    times = _gemm_times({tile: (lambda tile=tile: run(tile)) for tile in tiles})
+    best = min(times, key=times.get) if times else tiles[0]
+    _gemm_keep(("tile", *key), list(best))
+    return best
+
+
+def _gemm_fastest(name, form, a, b, paths):
+    """The result of the fastest of `paths` (name -> call) for cluster `name`'s product of `a` by `b`
+    (`_gemm_key`), timed the first time on the device: "fused" where it beats "library" (the library's
+    GEMM, then the epilogue's kernel) by 1% or more, its tile already tuned for the shape; "library"
+    where nothing can be timed on CUDA (a graph being captured), "fused" in the interpreter."""
+    key = ("path", *_gemm_key(name, form, a, b))
+    chosen = _gemm_chosen(key)
+    if chosen in paths:
+        return paths[chosen]()
+    if not _gemm_timeable():
+        return paths["fused" if os.environ.get("TRITON_INTERPRET") == "1" else "library"]()
+    usable = {}
+    for path, call in paths.items():  # once each: the fused kernel's first call tunes its tile
+        try:
+            call()
+        except Exception:  # a kernel this device cannot run (no tile fits its shared memory): no choice
+            continue
+        usable[path] = call
+    times = _gemm_times(usable)
+    if "fused" in times and "library" in times and times["fused"] > 0.99 * times["library"]:
+        del times["fused"]  # within the timings' noise of the library: not worth a kernel of its own
+    best = min(times, key=times.get) if times else "library"
+    _gemm_keep(key, best)
+    return paths[best]()
+
+
+def _gemm_laid_out(outputs, layout):
+    """`outputs` (a tensor or a tuple of them) in `layout`, as the fused kernel writes them (the op's
+    outputs are laid out as its shapes-only call allocates them): a copy only of one laid out otherwise."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.contiguous(memory_format=layout)
+    return tuple([out.contiguous(memory_format=layout) for out in outputs])
+
+
+def _gemm_timeable():
+    """Whether kernels can be timed here and now: on CUDA, outside a graph capture."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _gemm_times(calls):
+    """Median ms of each of `calls` (name -> call), by Triton's `do_bench`; a call that fails is left out."""
+    from triton.testing import do_bench
+
+    times = {}
+    for name, call in calls.items():
+        try:
+            times[name] = do_bench(call, warmup=5, rep=25, return_mode="median")
+        except Exception:  # a tile that does not fit the device (shared memory): not a choice
+            continue
+    return times
+
+
+def _gemm_chosen(key):
+    """What was chosen at `key`, in this process or (FUSELENS_GEMM_TUNING) an earlier one; None if nothing."""
+    path = os.environ.get("FUSELENS_GEMM_TUNING")
+    if path and not _GEMM_FILE_READ:
+        _GEMM_FILE_READ.append(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                _GEMM_CHOSEN.update({k: v for k, v in json.load(fh).items() if k not in _GEMM_CHOSEN})
+        except (OSError, ValueError, AttributeError):
+            pass
+    return _GEMM_CHOSEN.get(repr(key))
+
+
+def _gemm_keep(key, choice):
+    """Keep `choice` at `key` in the process and, with FUSELENS_GEMM_TUNING, in its file."""
+    _GEMM_CHOSEN[repr(key)] = choice
+    path = os.environ.get("FUSELENS_GEMM_TUNING")
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(_GEMM_CHOSEN, fh, indent=1, sort_keys=True)
+    except OSError:
+        pass
+
+
 # ---- fused kernel: cluster0: mul → relu → add (example_net.py lines 18–20)
 
 @triton.jit
@@ -1095,10 +1316,10 @@ cluster0.fits = _cluster0_fits
 _cluster0_replaced = ('        if cluster0.fits(x):\n            x = cluster0(x)\n        else:\n            x = x * 2.0\n            x = F.relu(x)\n            x = x + 1.0\n', '        x = x * 2.0\n        x = F.relu(x)\n        x = x + 1.0\n')
 
 
-# ---- fused kernel: cluster1: gelu → sigmoid → mul (example_net.py lines 23–25)
+# ---- fused kernel: cluster1: linear → gelu → sigmoid → mul (example_net.py lines 22–25)
 
 @triton.jit
-def _cluster1_kernel_flat(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q0, q1,
+def _cluster1_epilogue_kernel_flat(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q0, q1,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1110,14 +1331,14 @@ def _cluster1_kernel_flat(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q
     mask = offs < numel
     rmask = mask
     cmask = mask
-    v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # x
+    v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # linear
     v1 = 0.5 * v0 * (1.0 + tl.erf(v0 * 0.7071067811865476))  # line 23: x = F.gelu(x)
     v2 = tl.sigmoid(v1)  # line 24: x = torch.sigmoid(x)
     v3 = v2 * 0.5  # line 25: x = x * 0.5
     tl.store(out0_ptr + offs, v3.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_kernel_tile(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q0, q1,
+def _cluster1_epilogue_kernel_tile(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q0, q1,
     col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
     ALIGN: tl.constexpr, CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
@@ -1133,86 +1354,133 @@ def _cluster1_kernel_tile(in0_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, R, C, p0, q
     c0 = _mod(_div(rows, p0, q0, INDEX_64), d0, q1, INDEX_64)
     c1 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # x
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # linear
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0).to(tl.float32)  # x
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0).to(tl.float32)  # linear
     v1 = 0.5 * v0 * (1.0 + tl.erf(v0 * 0.7071067811865476))  # line 23: x = F.gelu(x)
     v2 = tl.sigmoid(v1)  # line 24: x = torch.sigmoid(x)
     v3 = v2 * 0.5  # line 25: x = x * 0.5
     tl.store(out0_ptr + (rows * C + cols), v3.to(out0_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster1_launch(x):
-    d0 = x.shape[0]
-    d1 = x.shape[1]
+@triton.jit
+def _cluster1_kernel_gemm(a_ptr, b_ptr, in2_ptr, out0_ptr, M, N, K, a_sb, a_sm, a_sk, b_sb,
+    b_sk, b_sn, in2_sn, o_sb, o_sm, o_sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, BY_ELEMENTS: tl.constexpr, INDEX_64: tl.constexpr):
+    pid = tl.program_id(0)
+    batch = tl.program_id(1)
+    # Row blocks in groups of GROUP_M, each group's programs along its columns: the tiles that run
+    # together read the same columns of B (and rows of A) from L2.
+    blocks_n = (N + BLOCK_N - 1) // BLOCK_N
+    in_group = GROUP_M * blocks_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum((M + BLOCK_M - 1) // BLOCK_M - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        batch = batch.to(tl.int64)
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edges read the first ones again (never stored): only K is masked.
+    a_ptrs = a_ptr + batch * a_sb + (rm % M)[:, None] * a_sm + rk[None, :] * a_sk
+    b_ptrs = b_ptr + batch * b_sb + rk[:, None] * b_sk + (rn % N)[None, :] * b_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        if BY_ELEMENTS:  # the Triton interpreter: the same products in float32
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * a_sk
+        b_ptrs += BLOCK_K * b_sk
+    rows = rm[:, None]
+    cols = rn[None, :]
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask & cmask
+    acc += tl.load(in2_ptr + (cols * in2_sn), mask=cmask, other=0).to(tl.float32)  # the bias, bias
+    v0 = acc  # the product
+    v1 = 0.5 * v0 * (1.0 + tl.erf(v0 * 0.7071067811865476))  # line 23: x = F.gelu(x)
+    v2 = tl.sigmoid(v1)  # line 24: x = torch.sigmoid(x)
+    v3 = v2 * 0.5  # line 25: x = x * 0.5
+    tl.store(out0_ptr + (batch * o_sb + rows * o_sm + cols * o_sn), v3.to(out0_ptr.dtype.element_ty), mask=mask)
+
+
+def _cluster1_epilogue_launch(linear):
+    d0 = linear.shape[0]
+    d1 = linear.shape[1]
     if d1 & (d1 - 1) and d0 > 1:  # short rows of an odd width: one long row, if memory allows
-        merged = _merged_row_end((x,), ((0, (0, 1)),), 2)
+        merged = _merged_row_end((linear,), ((0, (0, 1)),), 2)
         if merged is not None:
             shape = (d0, d1)
-            merged = _cluster1_launch(*merged)
+            merged = _cluster1_epilogue_launch(*merged)
             return merged.view(shape)
-    pitches, dense, like = _row_pitches((x,), (d0, d1), row_major=True)
-    out0 = torch.empty_like(x, dtype=torch.float32) if like else torch.empty((d0, d1), device=x.device, dtype=torch.float32)
+    pitches, dense, like = _row_pitches((linear,), (d0, d1), row_major=True)
+    out0 = torch.empty_like(linear, dtype=torch.float32) if like else torch.empty((d0, d1), device=linear.device, dtype=torch.float32)
     R = d0
     C = d1
-    if _shapes_only(x) or R == 0 or C == 0:  # shapes only, or nothing to do
+    if _shapes_only(linear) or R == 0 or C == 0:  # shapes only, or nothing to do
         return out0
-    index_64 = _needs_int64(x, out0)
+    index_64 = _needs_int64(linear, out0)
     align = _align(C)
-    st0 = _strides(x)
+    st0 = _strides(linear)
     magic = _magic(pitches[0], d0)
     if dense:  # one flat offset addresses every full-size input and the output
         block, warps = _flat_tile(R * C, 4)
-        _cluster1_kernel_flat[((R * C + block - 1) // block,)](x, out0, d0, d1, st0[0], st0[1], R, C, *pitches, *magic,
+        _cluster1_epilogue_kernel_flat[((R * C + block - 1) // block,)](linear, out0, d0, d1, st0[0], st0[1], R, C, *pitches, *magic,
             BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)
     else:
         block_r, block_c, warps = _pointwise_tile(R, C, 4, 1)
         col_blocks = (C + block_c - 1) // block_c
         grid = (((R + block_r - 1) // block_r) * col_blocks,)
-        _cluster1_kernel_tile[grid](x, out0, d0, d1, st0[0], st0[1], R, C, *pitches, *magic, col_blocks,
+        _cluster1_epilogue_kernel_tile[grid](linear, out0, d0, d1, st0[0], st0[1], R, C, *pitches, *magic, col_blocks,
             BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=dense, num_warps=warps)
     return out0
 
 
-def _cluster1_reference(x):
+def _cluster1_epilogue_reference(linear):
     """gelu → sigmoid → mul as the model computes it: what runs where the kernel cannot."""
-    v7 = torch.nn.functional.gelu(x)
+    v7 = torch.nn.functional.gelu(linear)
     v8 = torch.sigmoid(v7)
     v9 = v8.mul(0.5)
     return v9
 
 
-_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 1, 1)
-_cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
+_cluster1_epilogue_op = _kernel_op('cluster1_epilogue', _cluster1_epilogue_launch, 1, 1)
+_cluster1_epilogue_call = _kernel_call(_cluster1_epilogue_op, _cluster1_epilogue_launch)
 
 
-def cluster1(x):
-    """Fused gelu → sigmoid → mul from example_net.py lines 23–25 (ExampleNet.forward).
-
-    Inputs at analysis time: x [16384, 512] float32.
-    Returns [16384, 512] float32.
-    Sizes and strides are read at call time; any shape works.
-    """
-    if _kernel_runs((x,), (torch.float32,), trains=(0,)):
-        return _cluster1_call(x)
-    return _cluster1_reference(x)
+def cluster1_epilogue(linear):
+    """The ops after cluster1's GEMM, on its result linear: what runs after the library's GEMM."""
+    if _kernel_runs((linear,), (torch.float32,), trains=(0,)):
+        return _cluster1_epilogue_call(linear)
+    return _cluster1_epilogue_reference(linear)
 
 
-def _cluster1_backward_reference(x, result0, grad0):
-    """The gradients of x from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
-    v7 = torch.nn.functional.gelu(x)
+def _cluster1_epilogue_backward_reference(linear, result0, grad0):
+    """The gradients of linear from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
+    v7 = torch.nn.functional.gelu(linear)
     v8 = torch.sigmoid(v7)
     g9 = grad0
     g8 = g9 * 0.5
     g7 = g8 * (v8 * (1.0 - v8))
-    d3 = x
+    d3 = linear
     g6 = g7 * (0.5 * (1.0 + torch.erf(d3 * 0.7071067811865475)) + d3 * torch.exp(-0.5 * d3 * d3) * 0.3989422804014327)
     return g6,
 
 
 @triton.jit
-def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, in1_s0,
-    in1_s1, R, C, p0, o0, oc, q0, q1, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+def _cluster1_epilogue_backward_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1,
+    in1_s0, in1_s1, R, C, p0, o0, oc, q0, q1, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr, ALIGN: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1226,7 +1494,7 @@ def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, i
     cmask = mask
     v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # grad0
     v1 = v0 * 0.5  # mul
-    v2 = tl.load(in1_ptr + offs, mask=mask, other=0).to(tl.float32)  # x
+    v2 = tl.load(in1_ptr + offs, mask=mask, other=0).to(tl.float32)  # linear
     v3 = 0.5 * v2 * (1.0 + tl.erf(v2 * 0.7071067811865476))  # gelu
     v4 = tl.sigmoid(v3)  # sigmoid
     v5 = 1.0 - v4  # sub
@@ -1246,9 +1514,9 @@ def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, i
     tl.store(out0_ptr + offs, v18.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1, in1_s0,
-    in1_s1, R, C, p0, o0, oc, q0, q1, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
+def _cluster1_epilogue_backward_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1,
+    in1_s0, in1_s1, R, C, p0, o0, oc, q0, q1, col_blocks, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
     rows = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
@@ -1267,9 +1535,9 @@ def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, i
         v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0).to(tl.float32)  # grad0
     v1 = v0 * 0.5  # mul
     if CONTIG:
-        v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # x
+        v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # linear
     else:
-        v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0).to(tl.float32)  # x
+        v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0).to(tl.float32)  # linear
     v3 = 0.5 * v2 * (1.0 + tl.erf(v2 * 0.7071067811865476))  # gelu
     v4 = tl.sigmoid(v3)  # sigmoid
     v5 = 1.0 - v4  # sub
@@ -1289,8 +1557,8 @@ def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, i
     tl.store(out0_ptr + (rows * C + cols), v18.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0, in0_s1,
-    in1_s0, in1_s1, R, C, p0, o0, oc, q0, q1, col_blocks, fast_blocks, F,
+def _cluster1_epilogue_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0,
+    in0_s1, in1_s0, in1_s1, R, C, p0, o0, oc, q0, q1, col_blocks, fast_blocks, F,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
     FAST: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
@@ -1314,7 +1582,7 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0,
     c1 = cols
     v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1), mask=mask, other=0).to(tl.float32)  # grad0
     v1 = v0 * 0.5  # mul
-    v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0).to(tl.float32)  # x
+    v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1), mask=mask, other=0).to(tl.float32)  # linear
     v3 = 0.5 * v2 * (1.0 + tl.erf(v2 * 0.7071067811865476))  # gelu
     v4 = tl.sigmoid(v3)  # sigmoid
     v5 = 1.0 - v4  # sub
@@ -1334,29 +1602,29 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, in0_s0,
     tl.store(out0_ptr + (orow + cols * oc), v18.to(out0_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster1_backward_launch(grad0, x, layout):
+def _cluster1_epilogue_backward_launch(grad0, linear, layout):
     d0 = grad0.shape[0]
     d1 = grad0.shape[1]
     if d1 & (d1 - 1) and d0 > 1:  # short rows of an odd width: one long row, if memory allows
-        merged = _merged_row_end((grad0, x), ((0, (0, 1)), (1, (0, 1))), 2)
+        merged = _merged_row_end((grad0, linear), ((0, (0, 1)), (1, (0, 1))), 2)
         if merged is not None:
             shape = (d0, d1)
-            merged = _cluster1_backward_launch(*merged, ())
+            merged = _cluster1_epilogue_backward_launch(*merged, ())
             return merged.view(shape)
-    pitches, out_strides, dense, like, fast = _row_order((grad0, x), (d0, d1), ((grad0, (0, 1)), (x, (0, 1))), layout=layout)
+    pitches, out_strides, dense, like, fast = _row_order((grad0, linear), (d0, d1), ((grad0, (0, 1)), (linear, (0, 1))), layout=layout)
     out0 = torch.empty_strided((d0, d1), out_strides, device=grad0.device, dtype=torch.float32)
     R = d0
     C = d1
     if _shapes_only(grad0) or R == 0 or C == 0:  # shapes only, or nothing to do
         return out0
-    index_64 = _needs_int64(grad0, x, out0)
+    index_64 = _needs_int64(grad0, linear, out0)
     align = _align(C)
     st0 = _strides(grad0)
-    st1 = _strides(x)
+    st1 = _strides(linear)
     magic = _magic(pitches[0], d0)
     if dense:  # one flat offset addresses every full-size input and the output
         block, warps = _flat_tile(R * C, 4)
-        _cluster1_backward_kernel_flat[((R * C + block - 1) // block,)](grad0, x, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic,
+        _cluster1_epilogue_backward_kernel_flat[((R * C + block - 1) // block,)](grad0, linear, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic,
             BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)
     else:
         if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows
@@ -1365,49 +1633,136 @@ def _cluster1_backward_launch(grad0, x, layout):
             col_blocks = (C + block_c - 1) // block_c
             fast_blocks = (F + block_r - 1) // block_r
             grid = ((R // F) * fast_blocks * col_blocks,)
-            _cluster1_backward_kernel_across[grid](grad0, x, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
+            _cluster1_epilogue_backward_kernel_across[grid](grad0, linear, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, FAST=fast, num_warps=warps)
         else:
             block_r, block_c, warps = _pointwise_tile(R, C, 4, 2)
             col_blocks = (C + block_c - 1) // block_c
             grid = (((R + block_r - 1) // block_r) * col_blocks,)
-            _cluster1_backward_kernel_tile[grid](grad0, x, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic, col_blocks,
+            _cluster1_epilogue_backward_kernel_tile[grid](grad0, linear, out0, d0, d1, st0[0], st0[1], st1[0], st1[1], R, C, *pitches, *out_strides, *magic, col_blocks,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=dense, num_warps=warps)
     return out0
 
 
-_cluster1_backward_op = _kernel_op('cluster1_backward', _cluster1_backward_launch, 2, 1, ('SymInt[]',))
+_cluster1_epilogue_backward_op = _kernel_op('cluster1_epilogue_backward', _cluster1_epilogue_backward_launch, 2, 1, ('SymInt[]',))
 
 
-def _cluster1_gradients(x, result0, grad0, layouts=None):
-    """The gradients of cluster1's inputs x: one kernel where it runs, else the backward reference."""
-    if _kernel_runs((grad0, x), (torch.float32, torch.float32)):
-        raws = (_cluster1_backward_op(grad0, x, layouts[0] if layouts else ()),)
+def _cluster1_epilogue_gradients(linear, result0, grad0, layouts=None):
+    """The gradients of cluster1_epilogue's inputs linear: one kernel where it runs, else the backward reference."""
+    if _kernel_runs((grad0, linear), (torch.float32, torch.float32)):
+        raws = (_cluster1_epilogue_backward_op(grad0, linear, layouts[0] if layouts else ()),)
         return raws[0],
-    return _cluster1_backward_reference(x, result0, grad0)
+    return _cluster1_epilogue_backward_reference(linear, result0, grad0)
 
 
-# Training: the op's backward is _cluster1_gradients, for the inputs it computes gradients of;
+# Training: the op's backward is _cluster1_epilogue_gradients, for the inputs it computes gradients of;
 # an input that is a view of another (position: the other's) has its gradient in that one's;
 # the forward keeps for the backward only the inputs and outputs it reads.
-_cluster1_trains = (0,)
+_cluster1_epilogue_trains = (0,)
+_cluster1_epilogue_folded = {}
+_register_backward('cluster1_epilogue', _cluster1_epilogue_gradients, 1, _cluster1_epilogue_trains, (0,), (), layouts=True)
+
+
+def _cluster1_fused(x, weight, bias):
+    """The fused kernel, with the tile that ran fastest at the shape."""
+    a, b, batch, M, N, K, sa, sb, shape = _gemm_problem('linear', x, weight)
+    out0 = torch.empty(shape, device=x.device, dtype=torch.float32)
+    if _shapes_only(x) or out0.numel() == 0:  # shapes only, or nothing to do
+        return out0
+    groups = ((), (0,), (1,))  # the result's dims that are the batch, the rows and the columns
+    bias, st2 = _gemm_operand(bias, (1,), shape, groups)
+    so = _gemm_operand(out0, (0, 1), shape, groups)[1]
+    index_64 = _needs_int64(a, b, bias, out0)
+    precision = _gemm_precision(a)
+
+    def run(tile):
+        block_m, block_n, block_k, group_m, warps, stages = tile
+        grid = (((M + block_m - 1) // block_m) * ((N + block_n - 1) // block_n), batch)
+        _cluster1_kernel_gemm[grid](a, b, bias, out0, M, N, K, *sa, *sb, st2[2], *so,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=K % block_k == 0, PRECISION=precision, BY_ELEMENTS=_gemm_by_elements(), INDEX_64=index_64, num_warps=warps, num_stages=stages)
+        return out0
+
+    return run(_gemm_tile(_gemm_key('cluster1', 'linear', x, weight), run, a.dtype, M, N, K))
+
+
+def _cluster1_library(x, weight, bias):
+    """The library's GEMM, then the epilogue's own kernel: where the fused kernel does not run, or is the slower."""
+    linear = torch.nn.functional.linear(x, weight, bias)
+    return cluster1_epilogue(linear)
+
+
+def _cluster1_launch(x, weight, bias):
+    """The op: the fastest way at the shape (`_gemm_fastest`), its outputs laid out as the fused kernel's, which allocates them on shapes alone."""
+    if _shapes_only(x):
+        return _cluster1_fused(x, weight, bias)
+    layout = torch.contiguous_format
+    paths = {
+        "fused": lambda: _cluster1_fused(x, weight, bias),
+        "library": lambda: _gemm_laid_out(_cluster1_library(x, weight, bias), layout),
+    }
+    return _gemm_fastest('cluster1', 'linear', x, weight, paths)
+
+
+def _cluster1_reference(x, weight, bias):
+    """linear → gelu → sigmoid → mul as the model computes it: what runs where the kernel cannot."""
+    v6 = torch.nn.functional.linear(x, weight, bias)
+    v7 = torch.nn.functional.gelu(v6)
+    v8 = torch.sigmoid(v7)
+    v9 = v8.mul(0.5)
+    return v9
+
+
+_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 3, 1)
+_cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
+
+
+def cluster1(x, weight, bias):
+    """Fused linear → gelu → sigmoid → mul from example_net.py lines 22–25 (ExampleNet.forward).
+
+    Inputs at analysis time: x [16384, 1024] float32, self.proj1.weight [512, 1024] float32, self.proj1.bias [512] float32.
+    Returns [16384, 512] float32.
+    Sizes and strides are read at call time; any shape works.
+
+    Where no gradient is wanted it runs the fused kernel, or the library's GEMM and then the
+    epilogue's kernel: whichever ran fastest the first time the shape (its rows rounded up to a
+    power of two), dtype and device came.  Where gradients are wanted, the library's GEMM and the
+    epilogue's kernels.
+    """
+    tensors = (x, weight, bias)
+    if _kernel_runs(tensors, (torch.float32, torch.float32, torch.float32), trains=(0, 1, 2)):
+        if _no_gradients(tensors):  # the fastest at the shape
+            return _cluster1_call(x, weight, bias)
+        return _cluster1_library(x, weight, bias)  # torch's GEMM gradients, the epilogue's kernels
+    return _cluster1_reference(x, weight, bias)
+
+
+# Training: every input's gradient, through torch's GEMM and the epilogue's kernels (`_cluster1_library`).
+_cluster1_trains = (0, 1, 2)
 _cluster1_folded = {}
-_register_backward('cluster1', _cluster1_gradients, 1, _cluster1_trains, (0,), (), layouts=True)
 
 
-def _cluster1_fits(x, module=None):
+_cluster1_modules = (
+    ('proj1', 'linear.py:Linear', {}, (), None),
+)
+
+
+def _cluster1_fits(x, weight, bias, module=None):
     """Whether cluster1 computes, for these arguments, what the lines it stands in for compute (else they run)."""
-    tensors = (x,)
-    if not _tensors_of_ranks(tensors, (2,)) or not _kernel_runs(tensors, (torch.float32,), trains=(0,)):
+    tensors = (x, weight, bias)
+    if not _tensors_of_ranks(tensors, (2, 2, 1)) or not _kernel_runs(tensors, (torch.float32, torch.float32, torch.float32), trains=(0, 1, 2)):
         return False
-    return True
+    return (
+        weight.shape[1] == x.shape[-1]
+        and bias.shape[0] == weight.shape[0]
+        and _modules_match(module, _cluster1_modules)
+    )
 
 
 cluster1.fits = _cluster1_fits
 
 
 # The lines `fuselens apply` writes for cluster1, and the lines they replace (restoring puts them back).
-_cluster1_replaced = ('        if cluster1.fits(x):\n            x = cluster1(x)\n        else:\n            x = F.gelu(x)\n            x = torch.sigmoid(x)\n            x = x * 0.5\n', '        x = F.gelu(x)\n        x = torch.sigmoid(x)\n        x = x * 0.5\n')
+_cluster1_replaced = ('        if cluster1.fits(x, self.proj1.weight, self.proj1.bias, module=self):\n            x = cluster1(x, self.proj1.weight, self.proj1.bias)\n        else:\n            x = self.proj1(x)\n            x = F.gelu(x)\n            x = torch.sigmoid(x)\n            x = x * 0.5\n', '        x = self.proj1(x)\n        x = F.gelu(x)\n        x = torch.sigmoid(x)\n        x = x * 0.5\n')
 
 
 # ---- fused kernel: cluster2: tanh → mul → softmax (example_net.py lines 28–30)

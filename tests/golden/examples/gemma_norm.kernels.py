@@ -323,6 +323,15 @@ def _mod(n, d, q, WIDE: tl.constexpr):
 
 
 @triton.jit
+def _nearest_bfloat16(x):
+    # x rounded to bfloat16, to nearest (ties to even), in float32: by its bits, which rounds alike on a GPU
+    # and in the Triton interpreter (whose conversion to bfloat16 truncates); a NaN stays as it is.
+    bits = x.to(tl.int32, bitcast=True)
+    nearest = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(x == x, nearest, x)
+
+
+@triton.jit
 def _tanh(x):
     # tl has no tanh that also runs in the interpreter; tanh(x) = 2*sigmoid(2x) - 1.
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
@@ -815,6 +824,227 @@ def _row_tile(rows, cols, itemsize, rows_only=False, gathers=False, totals=False
         per_thread = 64 if itemsize < 4 and tile > 2048 else 32
         return block_r, width, max(1, min(16, tile // (32 * per_thread))), True
     return 1, 4096, 4 if rows_only else 8, False
+
+
+import json
+import os
+
+import torch
+
+# (shape bucket, dtype, device, ...) -> what ran fastest there: a tile, or the path of the public function.
+# Kept in the process; with FUSELENS_GEMM_TUNING naming a JSON file, read from it and written to it too.
+_GEMM_CHOSEN = {}
+_GEMM_FILE_READ = []
+
+
+def _gemm_sizes(form, a, b):
+    """(batch, M, N, K) of the product `form` computes from its operands `a` and `b`."""
+    if form == "linear":  # a [..., K] by b [N, K], transposed
+        return 1, a.numel() // max(1, a.shape[-1]), b.shape[0], a.shape[-1]
+    if form == "conv2d":  # a [Cout, Cin, 1, 1] by each image of b [N, Cin, H, W]
+        return b.shape[0], a.shape[0], b.shape[2] * b.shape[3], a.shape[1]
+    if b.dim() == 3:  # batched: a [B, M, K] by b [B, K, N]
+        return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
+    return 1, a.numel() // max(1, a.shape[-1]), b.shape[1], a.shape[-1]  # a [..., K] by b [K, N]
+
+
+def _gemm_problem(form, a, b):
+    """(A, B, batch, M, N, K, A's strides (batch, row, k), B's strides (batch, k, column), the result's
+    shape): A and B as the kernel reads them (x's leading dims as one, an image's pixels as one: views
+    where the layout allows, else copies, as torch's own GEMMs make)."""
+    batch, m, n, k = _gemm_sizes(form, a, b)
+    if form == "conv2d":
+        shape = (b.shape[0], a.shape[0], b.shape[2], b.shape[3])
+        pixels = b.reshape(b.shape[0], b.shape[1], n)
+        return a, pixels, batch, m, n, k, (0, a.stride(0), a.stride(1)), pixels.stride(), shape
+    if b.dim() == 3:
+        return a, b, batch, m, n, k, a.stride(), b.stride(), (batch, m, n)
+    rows = a.reshape(m, k)
+    shape = (*a.shape[:-1], n)
+    across = (0, b.stride(1), b.stride(0)) if form == "linear" else (0, b.stride(0), b.stride(1))
+    return rows, b, 1, m, n, k, (0, rows.stride(0), rows.stride(1)), across, shape
+
+
+def _gemm_image_format(images):
+    """The layout a 1x1 convolution's result takes: channels-last for channels-last images, as cuDNN's."""
+    if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _gemm_operand(t, reads, shape, groups):
+    """(t, its strides along the product's batch, rows and columns): t's dim j runs along the result's dim
+    `reads[j]` (-1: broadcast), and the result's dims are grouped into those three (`groups`).  Where
+    t's strides cannot walk a group as one index (a transposed view of a residual), a copy laid out
+    as the result is read instead."""
+    along = [0] * len(shape)
+    for j, d in enumerate(reads):
+        if d >= 0 and t.shape[j] != 1:
+            along[d] += t.stride(j)
+    strides = [_collapsed([along[d] for d in dims], [shape[d] for d in dims]) for dims in groups]
+    if None not in strides:
+        return t, tuple(strides)
+    copy = torch.as_strided(t, shape, along, t.storage_offset()).contiguous()
+    return copy, tuple([_collapsed([copy.stride(d) for d in dims], [shape[d] for d in dims]) for dims in groups])
+
+
+def _collapsed(strides, sizes):
+    """The one stride that walks dims of `sizes` (row-major, as one index) at `strides`; None if none does."""
+    step, inner = None, 1
+    for s, n in zip(reversed(strides), reversed(sizes)):
+        if n != 1:
+            if step is None:
+                step = s
+            elif s != step * inner:
+                return None
+        inner *= n
+    return 0 if step is None else step
+
+
+def _gemm_precision(a):
+    """What `tl.dot` multiplies float32 operands in: "ieee", as torch's matmuls do by default, or TF32
+    where torch's may (`torch.backends.cuda.matmul.allow_tf32`).  For 16-bit operands, which it
+    multiplies as they are, Triton's default."""
+    if a.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _gemm_by_elements():
+    """Whether the kernel multiplies its tiles element by element and sums them, not by `tl.dot`: in the
+    Triton interpreter only, whose dot multiplies a bfloat16 tile's bits (NumPy has no bfloat16) and
+    float32 ones without BLAS."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _gemm_tiles(dtype, m, n, k):
+    """The tiles tried: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).  Wide tiles with
+    three or four stages for 16-bit operands, which keep an H100's tensor cores fed from shared
+    memory; narrower K for float32 (twice the bytes a stage); a few rows for a product of few rows
+    (decoding), which would otherwise leave most of each tile's rows idle.  In the interpreter: one
+    tile, as large as the product allows (each program and K step costs the interpreter about the same
+    whatever its size), small for small products, whose edges then fall inside tiles too."""
+    if os.environ.get("TRITON_INTERPRET") == "1":  # (its products by elements: at most 2**20 of them a step)
+        block_m, block_n = 32 if m <= 64 else 64, 64 if n <= 256 else 256
+        return ((block_m, block_n, min(64 if k <= 256 else 128, (1 << 20) // (block_m * block_n)), 4, 4, 1),)
+    if m <= 32:
+        return ((16, 64, 128, 1, 4, 4), (16, 128, 64, 1, 4, 4), (32, 64, 64, 1, 4, 4), (32, 128, 64, 1, 4, 3))
+    if dtype == torch.float32:
+        return ((128, 128, 32, 8, 8, 3), (128, 64, 32, 8, 4, 4), (64, 128, 32, 8, 4, 4), (64, 64, 32, 8, 4, 4))
+    return (
+        (128, 256, 64, 8, 8, 3),
+        (256, 128, 64, 8, 8, 3),
+        (128, 128, 64, 8, 8, 4),
+        (128, 128, 64, 8, 4, 4),
+        (128, 64, 64, 8, 4, 4),
+        (64, 128, 64, 8, 4, 4),
+        (64, 64, 64, 8, 4, 4),
+    )
+
+
+def _gemm_key(name, form, a, b):
+    """What a choice is kept under: the kernel, the product's batch, N, K, dtype and device, its M
+    rounded up to a power of two (the tokens of a batch change from call to call), and whether A and B
+    run along K in memory (a transposed operand reads otherwise)."""
+    batch, m, n, k = _gemm_sizes(form, a, b)
+    bucket = 1 << max(0, m - 1).bit_length()
+    return (name, batch, bucket, n, k, str(a.dtype), str(a.device), a.stride(-1) == 1, b.stride(-1) == 1)
+
+
+def _gemm_tile(key, run, dtype, m, n, k):
+    """The tile `run(tile)` launches the fused kernel with at `key`: the fastest of `_gemm_tiles` the
+    first time, timed on the device (the first one where nothing can be timed: the interpreter, a CUDA
+    graph being captured)."""
+    tiles = _gemm_tiles(dtype, m, n, k)
+    chosen = _gemm_chosen(("tile", *key))
+    if chosen is not None and tuple(chosen) in tiles:
+        return tuple(chosen)
+    if not _gemm_timeable():
+        return tiles[0]
+    times = _gemm_times({tile: (lambda tile=tile: run(tile)) for tile in tiles})
+    best = min(times, key=times.get) if times else tiles[0]
+    _gemm_keep(("tile", *key), list(best))
+    return best
+
+
+def _gemm_fastest(name, form, a, b, paths):
+    """The result of the fastest of `paths` (name -> call) for cluster `name`'s product of `a` by `b`
+    (`_gemm_key`), timed the first time on the device: "fused" where it beats "library" (the library's
+    GEMM, then the epilogue's kernel) by 1% or more, its tile already tuned for the shape; "library"
+    where nothing can be timed on CUDA (a graph being captured), "fused" in the interpreter."""
+    key = ("path", *_gemm_key(name, form, a, b))
+    chosen = _gemm_chosen(key)
+    if chosen in paths:
+        return paths[chosen]()
+    if not _gemm_timeable():
+        return paths["fused" if os.environ.get("TRITON_INTERPRET") == "1" else "library"]()
+    usable = {}
+    for path, call in paths.items():  # once each: the fused kernel's first call tunes its tile
+        try:
+            call()
+        except Exception:  # a kernel this device cannot run (no tile fits its shared memory): no choice
+            continue
+        usable[path] = call
+    times = _gemm_times(usable)
+    if "fused" in times and "library" in times and times["fused"] > 0.99 * times["library"]:
+        del times["fused"]  # within the timings' noise of the library: not worth a kernel of its own
+    best = min(times, key=times.get) if times else "library"
+    _gemm_keep(key, best)
+    return paths[best]()
+
+
+def _gemm_laid_out(outputs, layout):
+    """`outputs` (a tensor or a tuple of them) in `layout`, as the fused kernel writes them (the op's
+    outputs are laid out as its shapes-only call allocates them): a copy only of one laid out otherwise."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.contiguous(memory_format=layout)
+    return tuple([out.contiguous(memory_format=layout) for out in outputs])
+
+
+def _gemm_timeable():
+    """Whether kernels can be timed here and now: on CUDA, outside a graph capture."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _gemm_times(calls):
+    """Median ms of each of `calls` (name -> call), by Triton's `do_bench`; a call that fails is left out."""
+    from triton.testing import do_bench
+
+    times = {}
+    for name, call in calls.items():
+        try:
+            times[name] = do_bench(call, warmup=5, rep=25, return_mode="median")
+        except Exception:  # a tile that does not fit the device (shared memory): not a choice
+            continue
+    return times
+
+
+def _gemm_chosen(key):
+    """What was chosen at `key`, in this process or (FUSELENS_GEMM_TUNING) an earlier one; None if nothing."""
+    path = os.environ.get("FUSELENS_GEMM_TUNING")
+    if path and not _GEMM_FILE_READ:
+        _GEMM_FILE_READ.append(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                _GEMM_CHOSEN.update({k: v for k, v in json.load(fh).items() if k not in _GEMM_CHOSEN})
+        except (OSError, ValueError, AttributeError):
+            pass
+    return _GEMM_CHOSEN.get(repr(key))
+
+
+def _gemm_keep(key, choice):
+    """Keep `choice` at `key` in the process and, with FUSELENS_GEMM_TUNING, in its file."""
+    _GEMM_CHOSEN[repr(key)] = choice
+    path = os.environ.get("FUSELENS_GEMM_TUNING")
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(_GEMM_CHOSEN, fh, indent=1, sort_keys=True)
+    except OSError:
+        pass
 
 
 # ---- fused kernel: cluster0: add → cast → pow → mean → add → rsqrt → mul → cast → add → mul → cast (gemma_norm.py lines 46–48)
@@ -1341,12 +1571,12 @@ cluster0.fits = _cluster0_fits
 _cluster0_replaced = ('        if cluster0.fits(residual, attn_out := self.attn_out(hidden_states), self.post_attention_layernorm.weight, self.post_attention_layernorm.eps, module=self):\n            hidden_states, fused_1 = cluster0(residual, attn_out, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)\n            residual = hidden_states\n            hidden_states = fused_1\n        else:\n            hidden_states = residual + attn_out\n            residual = hidden_states\n            hidden_states = self.post_attention_layernorm(hidden_states)\n', '        hidden_states = residual + self.attn_out(hidden_states)\n        residual = hidden_states\n        hidden_states = self.post_attention_layernorm(hidden_states)\n')
 
 
-# ---- fused kernel: cluster1: gelu → mul (gemma_norm.py lines 34–34)
+# ---- fused kernel: cluster1: linear → gelu → mul (gemma_norm.py lines 32–34)
 
 @triton.jit
-def _cluster1_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2,
-    in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr):
+def _cluster1_epilogue_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1,
+    in0_s2, in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     if INDEX_64:
@@ -1357,15 +1587,15 @@ def _cluster1_kernel_flat(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1
     mask = offs < numel
     rmask = mask
     cmask = mask
-    v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # gate
+    v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # linear
     v1 = 0.5 * v0 * (1.0 + _tanh(0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0)))  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
     v2 = tl.load(in1_ptr + offs, mask=mask, other=0).to(tl.float32)  # up
     v3 = v1 * v2  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
     tl.store(out0_ptr + offs, v3.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2,
-    in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3, col_blocks,
+def _cluster1_epilogue_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1,
+    in0_s2, in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3, col_blocks,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr,
     CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
@@ -1382,9 +1612,9 @@ def _cluster1_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1
     c1 = _mod(_div(rows, p1, q2, INDEX_64), d1, q3, INDEX_64)
     c2 = cols
     if CONTIG:
-        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # gate
+        v0 = tl.load(in0_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # linear
     else:
-        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # gate
+        v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # linear
     v1 = 0.5 * v0 * (1.0 + _tanh(0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0)))  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
     if CONTIG:
         v2 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # up
@@ -1394,9 +1624,9 @@ def _cluster1_kernel_tile(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1
     tl.store(out0_ptr + (rows * C + cols), v3.to(out0_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1, in0_s2,
-    in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3, col_blocks, fast_blocks,
-    F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
+def _cluster1_epilogue_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_s1,
+    in0_s2, in1_s0, in1_s1, in1_s2, R, C, p0, p1, o0, o1, oc, q0, q1, q2, q3, col_blocks,
+    fast_blocks, F, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr,
     ALIGN: tl.constexpr, FAST: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
@@ -1421,37 +1651,88 @@ def _cluster1_kernel_across(in0_ptr, in1_ptr, out0_ptr, d0, d1, d2, in0_s0, in0_
         c1 = _mod(_div(outer, p1, q2, INDEX_64), d1, q3, INDEX_64)
     orow = c0 * o0 + c1 * o1
     c2 = cols
-    v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # gate
+    v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # linear
     v1 = 0.5 * v0 * (1.0 + _tanh(0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0)))  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
     v2 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # up
     v3 = v1 * v2  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
     tl.store(out0_ptr + (orow + cols * oc), v3.to(out0_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster1_launch(gate, up):
-    d0 = gate.shape[0]
-    d1 = gate.shape[1]
-    d2 = gate.shape[2]
+@triton.jit
+def _cluster1_kernel_gemm(a_ptr, b_ptr, in2_ptr, out0_ptr, M, N, K, a_sb, a_sm, a_sk, b_sb,
+    b_sk, b_sn, in2_sm, in2_sn, o_sb, o_sm, o_sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, BY_ELEMENTS: tl.constexpr, INDEX_64: tl.constexpr):
+    pid = tl.program_id(0)
+    batch = tl.program_id(1)
+    # Row blocks in groups of GROUP_M, each group's programs along its columns: the tiles that run
+    # together read the same columns of B (and rows of A) from L2.
+    blocks_n = (N + BLOCK_N - 1) // BLOCK_N
+    in_group = GROUP_M * blocks_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum((M + BLOCK_M - 1) // BLOCK_M - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        batch = batch.to(tl.int64)
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edges read the first ones again (never stored): only K is masked.
+    a_ptrs = a_ptr + batch * a_sb + (rm % M)[:, None] * a_sm + rk[None, :] * a_sk
+    b_ptrs = b_ptr + batch * b_sb + rk[:, None] * b_sk + (rn % N)[None, :] * b_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        if BY_ELEMENTS:  # the Triton interpreter: the same products in float32
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * a_sk
+        b_ptrs += BLOCK_K * b_sk
+    rows = rm[:, None]
+    cols = rn[None, :]
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask & cmask
+    v0 = _nearest_bfloat16(acc)  # the product, as the GEMM writes it in bfloat16
+    v1 = 0.5 * v0 * (1.0 + _tanh(0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0)))  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    v2 = tl.load(in2_ptr + (rows * in2_sm + cols * in2_sn), mask=mask, other=0).to(tl.float32)  # up
+    v3 = v1 * v2  # line 34: return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    tl.store(out0_ptr + (batch * o_sb + rows * o_sm + cols * o_sn), _nearest_bfloat16(v3).to(out0_ptr.dtype.element_ty), mask=mask)
+
+
+def _cluster1_epilogue_launch(linear, up):
+    d0 = linear.shape[0]
+    d1 = linear.shape[1]
+    d2 = linear.shape[2]
     if d2 & (d2 - 1) and d1 > 1:  # short rows of an odd width: one long row, if memory allows
-        merged = _merged_row_end((gate, up), ((0, (0, 1, 2)), (1, (0, 1, 2))), 3)
+        merged = _merged_row_end((linear, up), ((0, (0, 1, 2)), (1, (0, 1, 2))), 3)
         if merged is not None:
             shape = (d0, d1, d2)
-            merged = _cluster1_launch(*merged)
+            merged = _cluster1_epilogue_launch(*merged)
             return merged.view(shape)
-    pitches, out_strides, dense, like, fast = _row_order((gate, up), (d0, d1, d2), ((up, (0, 1, 2)),), row_major=True)
-    out0 = torch.empty_like(gate, dtype=torch.bfloat16) if like else torch.empty((d0, d1, d2), device=gate.device, dtype=torch.bfloat16)
+    pitches, out_strides, dense, like, fast = _row_order((linear, up), (d0, d1, d2), ((up, (0, 1, 2)),), row_major=True)
+    out0 = torch.empty_like(linear, dtype=torch.bfloat16) if like else torch.empty((d0, d1, d2), device=linear.device, dtype=torch.bfloat16)
     R = d0 * d1
     C = d2
-    if _shapes_only(gate) or R == 0 or C == 0:  # shapes only, or nothing to do
+    if _shapes_only(linear) or R == 0 or C == 0:  # shapes only, or nothing to do
         return out0
-    index_64 = _needs_int64(gate, up, out0)
+    index_64 = _needs_int64(linear, up, out0)
     align = _align(C)
-    st0 = _strides(gate)
+    st0 = _strides(linear)
     st1 = _strides(up)
     magic = _magic(pitches[0], d0, pitches[1], d1)
     if dense:  # one flat offset addresses every full-size input and the output
         block, warps = _flat_tile(R * C, 2)
-        _cluster1_kernel_flat[((R * C + block - 1) // block,)](gate, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic,
+        _cluster1_epilogue_kernel_flat[((R * C + block - 1) // block,)](linear, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic,
             BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)
     else:
         if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows
@@ -1460,47 +1741,42 @@ def _cluster1_launch(gate, up):
             col_blocks = (C + block_c - 1) // block_c
             fast_blocks = (F + block_r - 1) // block_r
             grid = ((R // F) * fast_blocks * col_blocks,)
-            _cluster1_kernel_across[grid](gate, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
+            _cluster1_epilogue_kernel_across[grid](linear, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, FAST=fast, num_warps=warps)
         else:
             block_r, block_c, warps = _pointwise_tile(R, C, 2, 2)
             col_blocks = (C + block_c - 1) // block_c
             grid = (((R + block_r - 1) // block_r) * col_blocks,)
-            _cluster1_kernel_tile[grid](gate, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic, col_blocks,
+            _cluster1_epilogue_kernel_tile[grid](linear, up, out0, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], R, C, *pitches, *out_strides, *magic, col_blocks,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=dense, num_warps=warps)
     return out0
 
 
-def _cluster1_reference(gate, up):
+def _cluster1_epilogue_reference(linear, up):
     """gelu → mul as the model computes it: what runs where the kernel cannot."""
-    v20 = torch.nn.functional.gelu(gate, approximate='tanh')
+    v20 = torch.nn.functional.gelu(linear, approximate='tanh')
     v21 = v20.mul(up)
     return v21
 
 
-_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 2, 1)
-_cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
+_cluster1_epilogue_op = _kernel_op('cluster1_epilogue', _cluster1_epilogue_launch, 2, 1)
+_cluster1_epilogue_call = _kernel_call(_cluster1_epilogue_op, _cluster1_epilogue_launch)
 
 
-def cluster1(gate, up):
-    """Fused gelu → mul from gemma_norm.py lines 34–34 (GemmaMLP.forward).
-
-    Inputs at analysis time: gate [4, 1024, 4096] bfloat16, up [4, 1024, 4096] bfloat16.
-    Returns [4, 1024, 4096] bfloat16.
-    Sizes and strides are read at call time; any shape works.
-    """
-    if _kernel_runs((gate, up), (torch.bfloat16, torch.bfloat16), trains=(0, 1)):
-        return _cluster1_call(gate, up)
-    return _cluster1_reference(gate, up)
+def cluster1_epilogue(linear, up):
+    """The ops after cluster1's GEMM, on its result linear: what runs after the library's GEMM."""
+    if _kernel_runs((linear, up), (torch.bfloat16, torch.bfloat16), trains=(0, 1)):
+        return _cluster1_epilogue_call(linear, up)
+    return _cluster1_epilogue_reference(linear, up)
 
 
-def _cluster1_backward_reference(gate, up, result0, grad0):
-    """The gradients of gate, up from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
-    v20 = torch.nn.functional.gelu(gate, approximate='tanh')
+def _cluster1_epilogue_backward_reference(linear, up, result0, grad0):
+    """The gradients of linear, up from those of the outputs: the forward recomputed where they need it, then each op's derivative."""
+    v20 = torch.nn.functional.gelu(linear, approximate='tanh')
     g21 = grad0
     g20 = g21 * up
     g19 = g21 * v20
-    d3 = gate.float()
+    d3 = linear.float()
     d4 = 0.7978845608028654 * (d3 + 0.044715 * d3 * d3 * d3)
     d5 = torch.tanh(d4)
     g17 = (g20.float() * (0.5 * (1.0 + d5) + 0.5 * d3 * (1.0 - d5 * d5) * 0.7978845608028654 * (1.0 + 0.134145 * d3 * d3))).to(torch.bfloat16)
@@ -1508,9 +1784,9 @@ def _cluster1_backward_reference(gate, up, result0, grad0):
 
 
 @triton.jit
-def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0, d1, d2,
-    in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C, p0, p1, o0,
-    o1, oc, q0, q1, q2, q3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+def _cluster1_epilogue_backward_kernel_flat(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0,
+    d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C, p0,
+    p1, o0, o1, oc, q0, q1, q2, q3, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr, ALIGN: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1523,7 +1799,7 @@ def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr
     rmask = mask
     cmask = mask
     v0 = tl.load(in0_ptr + offs, mask=mask, other=0).to(tl.float32)  # grad0
-    v1 = tl.load(in1_ptr + offs, mask=mask, other=0).to(tl.float32)  # gate
+    v1 = tl.load(in1_ptr + offs, mask=mask, other=0).to(tl.float32)  # linear
     v2 = 0.5 * v1 * (1.0 + _tanh(0.7978845608028654 * (v1 + 0.044715 * v1 * v1 * v1)))  # gelu
     v3 = v0 * v2  # mul
     v4 = tl.load(in2_ptr + offs, mask=mask, other=0).to(tl.float32)  # up
@@ -1554,9 +1830,9 @@ def _cluster1_backward_kernel_flat(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr
     tl.store(out1_ptr + offs, v27.to(out1_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0, d1, d2,
-    in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C, p0, p1, o0,
-    o1, oc, q0, q1, q2, q3, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+def _cluster1_epilogue_backward_kernel_tile(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0,
+    d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C, p0,
+    p1, o0, o1, oc, q0, q1, q2, q3, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr, ALIGN: tl.constexpr, CONTIG: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
@@ -1576,9 +1852,9 @@ def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr
     else:
         v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # grad0
     if CONTIG:
-        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # gate
+        v1 = tl.load(in1_ptr + (rows * C + cols), mask=mask, other=0).to(tl.float32)  # linear
     else:
-        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # gate
+        v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # linear
     v2 = 0.5 * v1 * (1.0 + _tanh(0.7978845608028654 * (v1 + 0.044715 * v1 * v1 * v1)))  # gelu
     v3 = v0 * v2  # mul
     if CONTIG:
@@ -1612,9 +1888,9 @@ def _cluster1_backward_kernel_tile(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr
     tl.store(out1_ptr + (rows * C + cols), v27.to(out1_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr, d0, d1, d2,
-    in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C, p0, p1, o0,
-    o1, oc, q0, q1, q2, q3, col_blocks, fast_blocks, F, BLOCK_R: tl.constexpr,
+def _cluster1_epilogue_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_ptr,
+    d0, d1, d2, in0_s0, in0_s1, in0_s2, in1_s0, in1_s1, in1_s2, in2_s0, in2_s1, in2_s2, R, C,
+    p0, p1, o0, o1, oc, q0, q1, q2, q3, col_blocks, fast_blocks, F, BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr, ALIGN: tl.constexpr, FAST: tl.constexpr):
     C = (C // ALIGN) * ALIGN  # the width, a multiple of ALIGN: rows move in vectors
     pid = tl.program_id(0)
@@ -1640,7 +1916,7 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_p
     orow = c0 * o0 + c1 * o1
     c2 = cols
     v0 = tl.load(in0_ptr + (c0 * in0_s0 + c1 * in0_s1 + c2 * in0_s2), mask=mask, other=0).to(tl.float32)  # grad0
-    v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # gate
+    v1 = tl.load(in1_ptr + (c0 * in1_s0 + c1 * in1_s1 + c2 * in1_s2), mask=mask, other=0).to(tl.float32)  # linear
     v2 = 0.5 * v1 * (1.0 + _tanh(0.7978845608028654 * (v1 + 0.044715 * v1 * v1 * v1)))  # gelu
     v3 = v0 * v2  # mul
     v4 = tl.load(in2_ptr + (c0 * in2_s0 + c1 * in2_s1 + c2 * in2_s2), mask=mask, other=0).to(tl.float32)  # up
@@ -1671,32 +1947,32 @@ def _cluster1_backward_kernel_across(in0_ptr, in1_ptr, in2_ptr, out0_ptr, out1_p
     tl.store(out1_ptr + (orow + cols * oc), v27.to(out1_ptr.dtype.element_ty), mask=mask)
 
 
-def _cluster1_backward_launch(grad0, gate, up):
+def _cluster1_epilogue_backward_launch(grad0, linear, up):
     d0 = grad0.shape[0]
     d1 = grad0.shape[1]
     d2 = grad0.shape[2]
     if d2 & (d2 - 1) and d1 > 1:  # short rows of an odd width: one long row, if memory allows
-        merged = _merged_row_end((grad0, gate, up), ((0, (0, 1, 2)), (1, (0, 1, 2)), (2, (0, 1, 2))), 3)
+        merged = _merged_row_end((grad0, linear, up), ((0, (0, 1, 2)), (1, (0, 1, 2)), (2, (0, 1, 2))), 3)
         if merged is not None:
             shape = (d0, d1, d2)
-            merged = _cluster1_backward_launch(*merged)
+            merged = _cluster1_epilogue_backward_launch(*merged)
             return tuple(out.view(shape) for out in merged)
-    pitches, out_strides, dense, like, fast = _row_order((grad0, gate, up), (d0, d1, d2), ((gate, (0, 1, 2)), (up, (0, 1, 2))))
+    pitches, out_strides, dense, like, fast = _row_order((grad0, linear, up), (d0, d1, d2), ((linear, (0, 1, 2)), (up, (0, 1, 2))))
     out0 = torch.empty_like(grad0, dtype=torch.bfloat16) if like else torch.empty((d0, d1, d2), device=grad0.device, dtype=torch.bfloat16)
     out1 = torch.empty_like(grad0, dtype=torch.bfloat16) if like else torch.empty((d0, d1, d2), device=grad0.device, dtype=torch.bfloat16)
     R = d0 * d1
     C = d2
     if _shapes_only(grad0) or R == 0 or C == 0:  # shapes only, or nothing to do
         return (out0, out1)
-    index_64 = _needs_int64(grad0, gate, up, out0, out1)
+    index_64 = _needs_int64(grad0, linear, up, out0, out1)
     align = _align(C)
     st0 = _strides(grad0)
-    st1 = _strides(gate)
+    st1 = _strides(linear)
     st2 = _strides(up)
     magic = _magic(pitches[0], d0, pitches[1], d1)
     if dense:  # one flat offset addresses every full-size input and the output
         block, warps = _flat_tile(R * C, 2)
-        _cluster1_backward_kernel_flat[((R * C + block - 1) // block,)](grad0, gate, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic,
+        _cluster1_epilogue_backward_kernel_flat[((R * C + block - 1) // block,)](grad0, linear, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic,
             BLOCK_R=1, BLOCK_C=block, INDEX_64=index_64, ALIGN=align, num_warps=warps)
     else:
         if fast >= 0:  # an input is laid out along row dim `fast`: down the tiles' rows
@@ -1705,45 +1981,129 @@ def _cluster1_backward_launch(grad0, gate, up):
             col_blocks = (C + block_c - 1) // block_c
             fast_blocks = (F + block_r - 1) // block_r
             grid = ((R // F) * fast_blocks * col_blocks,)
-            _cluster1_backward_kernel_across[grid](grad0, gate, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
+            _cluster1_epilogue_backward_kernel_across[grid](grad0, linear, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic, col_blocks, fast_blocks, F,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, FAST=fast, num_warps=warps)
         else:
             block_r, block_c, warps = _pointwise_tile(R, C, 2, 3)
             col_blocks = (C + block_c - 1) // block_c
             grid = (((R + block_r - 1) // block_r) * col_blocks,)
-            _cluster1_backward_kernel_tile[grid](grad0, gate, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic, col_blocks,
+            _cluster1_epilogue_backward_kernel_tile[grid](grad0, linear, up, out0, out1, d0, d1, d2, st0[0], st0[1], st0[2], st1[0], st1[1], st1[2], st2[0], st2[1], st2[2], R, C, *pitches, *out_strides, *magic, col_blocks,
                 BLOCK_R=block_r, BLOCK_C=block_c, INDEX_64=index_64, ALIGN=align, CONTIG=dense, num_warps=warps)
     return (out0, out1)
 
 
-_cluster1_backward_op = _kernel_op('cluster1_backward', _cluster1_backward_launch, 3, 2)
+_cluster1_epilogue_backward_op = _kernel_op('cluster1_epilogue_backward', _cluster1_epilogue_backward_launch, 3, 2)
 
 
-def _cluster1_gradients(gate, up, result0, grad0):
-    """The gradients of cluster1's inputs gate, up: one kernel where it runs, else the backward reference."""
-    if _kernel_runs((grad0, gate, up), (torch.bfloat16, torch.bfloat16, torch.bfloat16)):
-        raws = _cluster1_backward_op(grad0, gate, up)
+def _cluster1_epilogue_gradients(linear, up, result0, grad0):
+    """The gradients of cluster1_epilogue's inputs linear, up: one kernel where it runs, else the backward reference."""
+    if _kernel_runs((grad0, linear, up), (torch.bfloat16, torch.bfloat16, torch.bfloat16)):
+        raws = _cluster1_epilogue_backward_op(grad0, linear, up)
         return raws[1], raws[0],
-    return _cluster1_backward_reference(gate, up, result0, grad0)
+    return _cluster1_epilogue_backward_reference(linear, up, result0, grad0)
 
 
-# Training: the op's backward is _cluster1_gradients, for the inputs it computes gradients of;
+# Training: the op's backward is _cluster1_epilogue_gradients, for the inputs it computes gradients of;
 # an input that is a view of another (position: the other's) has its gradient in that one's;
 # the forward keeps for the backward only the inputs and outputs it reads.
-_cluster1_trains = (0, 1)
+_cluster1_epilogue_trains = (0, 1)
+_cluster1_epilogue_folded = {}
+_register_backward('cluster1_epilogue', _cluster1_epilogue_gradients, 2, _cluster1_epilogue_trains, (0, 1), ())
+
+
+def _cluster1_fused(x, weight, up):
+    """The fused kernel, with the tile that ran fastest at the shape."""
+    a, b, batch, M, N, K, sa, sb, shape = _gemm_problem('linear', x, weight)
+    out0 = torch.empty(shape, device=x.device, dtype=torch.bfloat16)
+    if _shapes_only(x) or out0.numel() == 0:  # shapes only, or nothing to do
+        return out0
+    groups = ((), (0, 1), (2,))  # the result's dims that are the batch, the rows and the columns
+    up, st2 = _gemm_operand(up, (0, 1, 2), shape, groups)
+    so = _gemm_operand(out0, (0, 1, 2), shape, groups)[1]
+    index_64 = _needs_int64(a, b, up, out0)
+    precision = _gemm_precision(a)
+
+    def run(tile):
+        block_m, block_n, block_k, group_m, warps, stages = tile
+        grid = (((M + block_m - 1) // block_m) * ((N + block_n - 1) // block_n), batch)
+        _cluster1_kernel_gemm[grid](a, b, up, out0, M, N, K, *sa, *sb, st2[1], st2[2], *so,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=K % block_k == 0, PRECISION=precision, BY_ELEMENTS=_gemm_by_elements(), INDEX_64=index_64, num_warps=warps, num_stages=stages)
+        return out0
+
+    return run(_gemm_tile(_gemm_key('cluster1', 'linear', x, weight), run, a.dtype, M, N, K))
+
+
+def _cluster1_library(x, weight, up):
+    """The library's GEMM, then the epilogue's own kernel: where the fused kernel does not run, or is the slower."""
+    linear = torch.nn.functional.linear(x, weight, None)
+    return cluster1_epilogue(linear, up)
+
+
+def _cluster1_launch(x, weight, up):
+    """The op: the fastest way at the shape (`_gemm_fastest`), its outputs laid out as the fused kernel's, which allocates them on shapes alone."""
+    if _shapes_only(x):
+        return _cluster1_fused(x, weight, up)
+    layout = torch.contiguous_format
+    paths = {
+        "fused": lambda: _cluster1_fused(x, weight, up),
+        "library": lambda: _gemm_laid_out(_cluster1_library(x, weight, up), layout),
+    }
+    return _gemm_fastest('cluster1', 'linear', x, weight, paths)
+
+
+def _cluster1_reference(x, weight, up):
+    """linear → gelu → mul as the model computes it: what runs where the kernel cannot."""
+    v17 = torch.nn.functional.linear(x, weight, None)
+    v20 = torch.nn.functional.gelu(v17, approximate='tanh')
+    v21 = v20.mul(up)
+    return v21
+
+
+_cluster1_op = _kernel_op('cluster1', _cluster1_launch, 3, 1)
+_cluster1_call = _kernel_call(_cluster1_op, _cluster1_launch)
+
+
+def cluster1(x, weight, up):
+    """Fused linear → gelu → mul from gemma_norm.py lines 32–34 (GemmaMLP.forward).
+
+    Inputs at analysis time: x [4, 1024, 1024] bfloat16, self.gate_proj.weight [4096, 1024] bfloat16, up [4, 1024, 4096] bfloat16.
+    Returns [4, 1024, 4096] bfloat16.
+    Sizes and strides are read at call time; any shape works.
+
+    Where no gradient is wanted it runs the fused kernel, or the library's GEMM and then the
+    epilogue's kernel: whichever ran fastest the first time the shape (its rows rounded up to a
+    power of two), dtype and device came.  Where gradients are wanted, the library's GEMM and the
+    epilogue's kernels.
+    """
+    tensors = (x, weight, up)
+    if _kernel_runs(tensors, (torch.bfloat16, torch.bfloat16, torch.bfloat16), trains=(0, 1, 2)):
+        if _no_gradients(tensors):  # the fastest at the shape
+            return _cluster1_call(x, weight, up)
+        return _cluster1_library(x, weight, up)  # torch's GEMM gradients, the epilogue's kernels
+    return _cluster1_reference(x, weight, up)
+
+
+# Training: every input's gradient, through torch's GEMM and the epilogue's kernels (`_cluster1_library`).
+_cluster1_trains = (0, 1, 2)
 _cluster1_folded = {}
-_register_backward('cluster1', _cluster1_gradients, 2, _cluster1_trains, (0, 1), ())
 
 
-def _cluster1_fits(gate, up, module=None):
+_cluster1_modules = (
+    ('gate_proj', 'linear.py:Linear', {}, (), None),
+)
+
+
+def _cluster1_fits(x, weight, up, module=None):
     """Whether cluster1 computes, for these arguments, what the lines it stands in for compute (else they run)."""
-    tensors = (gate, up)
-    if not _tensors_of_ranks(tensors, (3, 3)) or not _kernel_runs(tensors, (torch.bfloat16, torch.bfloat16), trains=(0, 1)):
+    tensors = (x, weight, up)
+    if not _tensors_of_ranks(tensors, (3, 2, 3)) or not _kernel_runs(tensors, (torch.bfloat16, torch.bfloat16, torch.bfloat16), trains=(0, 1, 2)):
         return False
     return (
-        up.shape[0] == gate.shape[0]
-        and up.shape[1] == gate.shape[1]
-        and up.shape[2] == gate.shape[2]
+        weight.shape[1] == x.shape[-1]
+        and up.shape[0] == x.shape[0]
+        and up.shape[1] == x.shape[1]
+        and up.shape[2] == weight.shape[0]
+        and _modules_match(module, _cluster1_modules)
     )
 
 
@@ -1751,4 +2111,4 @@ cluster1.fits = _cluster1_fits
 
 
 # The lines `fuselens apply` writes for cluster1, and the lines they replace (restoring puts them back).
-_cluster1_replaced = ('        return self.down_proj(cluster1(gate, up) if cluster1.fits(gate, up) else F.gelu(gate, approximate="tanh") * up)\n', '        return self.down_proj(F.gelu(gate, approximate="tanh") * up)\n')
+_cluster1_replaced = ('        up = self.up_proj(x)\n        if cluster1.fits(x, self.gate_proj.weight, up, module=self):\n            return self.down_proj(cluster1(x, self.gate_proj.weight, up))\n        else:\n            gate = self.gate_proj(x)\n            return self.down_proj(F.gelu(gate, approximate="tanh") * up)\n', '        gate = self.gate_proj(x)\n        up = self.up_proj(x)\n        return self.down_proj(F.gelu(gate, approximate="tanh") * up)\n')
