@@ -447,3 +447,16 @@ def test_the_validation_says_which_path_runs_at_the_shape_and_what_it_beat():
     assert kept_line(slower).endswith(
         "cuBLASLt's GEMM with its epilogue runs at this shape (the fused kernel is not faster here, so it is not used)"
     )
+
+
+def test_the_benchmarks_cpu_check_runs_every_cluster_in_the_interpreter(tmp_path):
+    """`benchmarks/gemm_epilogue.py --cpu-check`: its steps (analysis at a size, the module, the traced
+    inputs, each way of running a cluster checked against eager) on a CPU, small."""
+    script = os.path.join(os.path.dirname(EXAMPLES), "benchmarks", "gemm_epilogue.py")
+    done = subprocess.run(
+        [sys.executable, script, "--cpu-check", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for model in ("GeluMLP", "ClampedLogits", "LayerScaleResidual"):
+        assert f"{model} c" in done.stdout and "library ok, fused ok, offered ok; offers fused" in done.stdout
+    assert (tmp_path / "results.md").exists()
