@@ -323,6 +323,56 @@ def test_the_library_path_computes_the_same(forms):
         )
 
 
+TRAINS_SLOWER = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class M(nn.Module):  # fuselens: input=(3, 7, 37) float32
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(37, 53)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+"""
+
+
+@pytest.mark.interpreter
+def test_a_gemm_cluster_measured_slower_in_training_trains_through_its_original_code(tmp_path):
+    """Where the user's validation measured the cluster's training step slower than torch.compile's, the
+    applied module keeps the fused kernel for a forward without gradients, and a training step runs the
+    lines it replaced (no kernel at all: its `fits` says no), with eager's gradients."""
+    from test_training_policy import _applied, validated
+
+    path = tmp_path / "model.py"
+    path.write_text(TRAINS_SLOWER.lstrip("\n"))
+    validated(str(path), 0.8, ops="linear → gelu")
+    done = subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", "apply", str(path), "--yes", "--no-check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "training c0 (linear → gelu): trains through the original code" in " ".join(done.stdout.split())
+    counts: list[str] = []
+    model_class, kernels = _applied(str(path), counts)
+    assert not hasattr(kernels, "_cluster0_trains")
+    model = model_class()
+    x = torch.randn(3, 7, 37, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), F.gelu(model.fc(x)), atol=1e-4, rtol=1e-4)
+    assert counts == ["_cluster0_kernel_gemm"]
+    counts.clear()
+    leaf, plain = x.clone().requires_grad_(), x.clone().requires_grad_()
+    model(leaf).sum().backward()
+    F.gelu(model.fc(plain)).sum().backward()
+    assert counts == []  # the lines as written, no kernel
+    torch.testing.assert_close(leaf.grad, plain.grad)
+
+
 # ---- the examples, applied ---------------------------------------------------------------------------
 
 SMALL = """
