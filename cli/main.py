@@ -7,6 +7,8 @@
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
     fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--full-size]
                               [--json OUT] [--html OUT]
+    fuselens probe FILE [--model NAME] [--data pkg.mod:fn] [--synthetic normal|heavy|sparse] [--batches 8]
+                        [--sample-every N] [--on cuda|cpu] [--json OUT]
     fuselens serve [--stdio]
 
 Each exits non-zero, with a line that says why, when it could not do what was asked.
@@ -23,6 +25,7 @@ import sys
 
 from fuselens.contracts.config import ConfigError
 from fuselens.contracts.options import DEVICE_PROFILES, AnalyzeOptions
+from fuselens.contracts.probe import DISTRIBUTIONS
 from fuselens.contracts.report import Report
 
 from .option_values import device_name, non_negative_int, positive_int, positive_number
@@ -146,6 +149,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--top", type=positive_int, default=12, help="lines to list (default 12)")
 
+    probe = sub.add_parser("probe", help="run the models on data and sketch what flows through each GEMM")
+    _analysis_arguments(probe)
+    probe.add_argument("--model", dest="model_class", help="probe only this model (as --model-class)")
+    probe.add_argument(
+        "--data",
+        metavar="PKG.MOD:FN",
+        help="a function (no arguments) returning or yielding batches: a tensor or a tuple of tensors, the "
+        "forward's positional inputs (default: [tool.fuselens] probe-data, the file's probe_batches(), "
+        "synthetic inputs of the declared shapes)",
+    )
+    probe.add_argument(
+        "--synthetic",
+        choices=list(DISTRIBUTIONS),
+        default="normal",
+        help="the distribution of synthetic inputs, when no data is given (default normal)",
+    )
+    probe.add_argument("--batches", type=positive_int, default=8, help="batches to run (default 8)")
+    probe.add_argument(
+        "--sample-every",
+        type=positive_int,
+        help="sketch one call in N of each site (default: [tool.fuselens] probe-sample-every, else 1)",
+    )
+    probe.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
+    probe.add_argument("--json", metavar="OUT", help="write the probe report as JSON to OUT ('-' for stdout)")
+
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
     serve.add_argument("--log-file", help="also write the server log here")
@@ -202,6 +230,10 @@ def _run(args: argparse.Namespace) -> int:
         from fuselens.cli.profile import run_profile
 
         return run_profile(args, _options(args))
+    if args.command == "probe":
+        from fuselens.cli.probe import run_probe
+
+        return run_probe(args, _options(args))
     return 2
 
 

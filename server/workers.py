@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fuselens.contracts.plain import ContractError, from_plain
+from fuselens.contracts.probe import ProbeReport
 from fuselens.contracts.report import Report
 from fuselens.worker.protocol import (
     MAX_MESSAGE_BYTES,
@@ -399,4 +400,6 @@ def _result(job: Job, done: Done) -> Any:
     kind = result_type(job)
     if kind is Report:
         return Report.from_dict(done.result)
+    if kind is ProbeReport:
+        return ProbeReport.from_dict(done.result)
     return from_plain(kind, done.result, f"{job.kind} result")

@@ -13,7 +13,7 @@ from typing import Any
 from fuselens.contracts.options import Progress
 from fuselens.contracts.plain import to_plain
 
-from .protocol import AnalyzeJob, CompareJob, GenerateJob, Job, PingJob, Pong, ProfileJob, ValidateJob
+from .protocol import AnalyzeJob, CompareJob, GenerateJob, Job, PingJob, Pong, ProbeJob, ProfileJob, ValidateJob
 
 
 def run_job(job: Job, progress: Progress) -> dict[str, Any]:
@@ -33,6 +33,10 @@ def run_job(job: Job, progress: Progress) -> dict[str, Any]:
         from fuselens.pipeline.profile import profile_file
 
         return profile_file(job.path, job.options, job.profile, progress).to_dict()
+    if isinstance(job, ProbeJob):
+        from fuselens.pipeline.probe import probe_file
+
+        return probe_file(job.path, job.options, job.probe, progress).to_dict()
     if isinstance(job, PingJob):
         return dict(to_plain(Pong()))
     raise TypeError(f"not a job: {job!r}")

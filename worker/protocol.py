@@ -10,7 +10,8 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
     host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
-A job is what to run (`AnalyzeJob`, `GenerateJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `PingJob`); the result of a
+A job is what to run (`AnalyzeJob`, `GenerateJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `ProbeJob`,
+`PingJob`); the result of a
 finished job is the plain form of its `result_type()`.  Every line is at most
 `MAX_MESSAGE_BYTES` long, either way: a longer one is dropped whole, never half-read.
 """
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from fuselens.contracts.inductor import ComparisonResult
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import ContractError, from_plain, to_plain
+from fuselens.contracts.probe import ProbeOptions, ProbeReport
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
 
@@ -84,6 +86,16 @@ class ProfileJob:
 
 
 @dataclass
+class ProbeJob:
+    """Run the models on data with every GEMM call sketched: the result is the probe report."""
+
+    path: str
+    options: AnalyzeOptions
+    probe: ProbeOptions
+    kind: Literal["probe"] = "probe"
+
+
+@dataclass
 class Pong:
     pong: bool = True
 
@@ -93,7 +105,7 @@ class PingJob:
     kind: Literal["ping"] = "ping"
 
 
-Job = AnalyzeJob | GenerateJob | ValidateJob | CompareJob | ProfileJob | PingJob
+Job = AnalyzeJob | GenerateJob | ValidateJob | CompareJob | ProfileJob | ProbeJob | PingJob
 
 _RESULTS: dict[str, type] = {
     "analyze": Report,
@@ -101,6 +113,7 @@ _RESULTS: dict[str, type] = {
     "validate": ValidationReport,
     "compare": ComparisonResult,
     "profile": Report,
+    "probe": ProbeReport,
     "ping": Pong,
 }
 

@@ -1,0 +1,137 @@
+"""A probe of a model on data: what the values flowing through each GEMM allow.
+
+`fuselens probe` runs a model in eval mode on batches (the user's, or synthetic ones built from the
+declared input shapes) and folds, for every GEMM call site (one source line and its op), sketches of
+the call's input, weight and output: zeros, 2:4 groups along the reduction dim, per-channel abs max
+and outlier channels, quantization error at int8 and fp8, the weight's effective rank, how many
+distinct inputs it saw, a histogram of log2|x|.  From them come opportunities, each with the saving
+its shape gives and the error measured on the data.
+
+The probe is its own versioned contract, apart from the analysis report: `ProbeReport.from_dict`
+reads every version up to `PROBE_VERSION`, filling what an older one lacks with its default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .plain import ContractError, from_plain, to_plain
+
+PROBE_VERSION = 1
+
+Distribution = Literal["normal", "heavy", "sparse"]
+DISTRIBUTIONS: tuple[str, ...] = Distribution.__args__  # type: ignore[attr-defined]
+
+# The ops a probe sketches, by the canonical name the analysis gives them.
+GEMM_OPS = ("linear", "matmul", "bmm", "conv1d", "conv2d", "einsum")
+
+OpportunityKind = Literal["sparse-2:4", "quantize", "low-rank", "memoize", "near-identity"]
+
+HISTOGRAM_BINS = 16
+HISTOGRAM_LOW = -24  # log2|x| of the first bin's lower edge; each bin is 2 wide (below and above clamp)
+HISTOGRAM_WIDTH = 2
+
+
+@dataclass
+class ProbeOptions:
+    data: str = ""  # "pkg.mod:fn" yielding batches; "": settings' probe-data, the file's probe_batches(), synthetic
+    synthetic: Distribution = "normal"  # the distribution synthetic batches are drawn from
+    batches: int = 8  # batches to run (at most: a data function may yield fewer)
+    sample_every: int = 0  # sketch one call in this many of each site; 0: settings' probe-sample-every, else 1
+    device: str = ""  # "cuda" or "cpu"; "": CUDA where there is one
+    seed: int = 0
+    working_directory: str = ""  # where `data` is imported from besides the file's folder (the caller's cwd)
+
+
+@dataclass
+class RoleSketch:
+    """One operand (or the output) of a site's calls, folded over the sampled calls."""
+
+    role: Literal["input", "weight", "output"]
+    shape: list[int]  # of the first call
+    elements: int  # summed over the sampled calls
+    zero_fraction: float
+    sparse_24_fraction: float  # of the groups of 4 along the reduction dim, those with at most 2 nonzeros
+    channel_dim: int  # the dim its channels are along (input: features; weight: output channels)
+    channels: int
+    absmax: float
+    channel_max_to_median: float  # largest channel's abs max over the median channel's
+    outlier_channels: list[int]  # channels whose abs max is far above the median's, largest first
+    int8_error: float  # relative error ‖q(x) − x‖ / ‖x‖ with one scale for the tensor
+    int8_channel_error: float  # with one scale per channel
+    fp8_error: float
+    fp8_channel_error: float
+    histogram: list[int]  # HISTOGRAM_BINS counts of log2|x| for the nonzeros
+    effective_rank: int | None = None  # weight only: singular values holding 99% of the energy (largest over layers)
+    rank_of: int | None = None  # min(rows, cols) of the weight the rank is of
+
+
+@dataclass
+class Opportunity:
+    kind: OpportunityKind
+    summary: str  # one line: what to do
+    evidence: str  # what the sketches showed
+    flops_saved: int  # per forward, from the shapes
+    bytes_saved: int  # per forward, from the shapes
+    error: float | None  # the relative output error measured on the data with the change (None: exact)
+    risk: str  # what the error means
+
+
+@dataclass
+class ProbeSite:
+    """One GEMM call site: a line of model code and the op it made there, over every call."""
+
+    file: str
+    line: int
+    function: str
+    op: str
+    calls: int  # calls seen, over all batches (a line of N repeated layers: N per batch)
+    sampled: int  # calls sketched
+    layers: int  # distinct weights the site was called with (1 for a plain line)
+    flops_per_call: int
+    bytes_per_call: int
+    distinct_inputs: int  # estimated distinct input batches among the sampled calls
+    roles: list[RoleSketch] = field(default_factory=list)
+    residual_ratio: float | None = None  # ‖output‖ / ‖residual‖ where a residual add takes the output
+    opportunities: list[Opportunity] = field(default_factory=list)
+    library: bool = False  # a line of an installed library's code, not the user's
+
+
+@dataclass
+class ModelProbe:
+    name: str
+    data_source: str  # where the batches came from, in words
+    batches: int  # batches run
+    sites: list[ProbeSite] = field(default_factory=list)
+    problem: str = ""  # why the model could not be probed
+
+
+@dataclass
+class ProbeReport:
+    file: str
+    device: str
+    sample_every: int
+    models: list[ModelProbe] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the file could not be loaded or analyzed
+    versions: dict[str, str] = field(default_factory=dict)
+    probe_version: int = PROBE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(to_plain(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeReport:
+        version = data.get("probe_version") if isinstance(data, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= PROBE_VERSION:
+            raise ContractError(f"probe_version {version!r} is not one of 1..{PROBE_VERSION}")
+        return from_plain(cls, {**data, "probe_version": PROBE_VERSION})
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(not m.problem for m in self.models)
+
+
+def histogram_edges() -> list[float]:
+    """The lower edge (log2|x|) of each histogram bin; the first and last take what lies beyond."""
+    return [float(HISTOGRAM_LOW + HISTOGRAM_WIDTH * i) for i in range(HISTOGRAM_BINS)]
