@@ -205,3 +205,76 @@ def test_a_report_of_a_later_probe_version_is_refused_by_name():
     assert ProbeReport.from_dict(report.to_dict()) == report
     with pytest.raises(ContractError, match="probe_version"):
         ProbeReport.from_dict(report.to_dict() | {"probe_version": PROBE_VERSION + 1})
+
+
+OPS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Mixed(nn.Module):  # fuselens: input=(2, 8, 16) float32
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.mix = nn.Parameter(torch.randn(16, 16))
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.conv(x)
+        h = torch.einsum("bcd,de->bce", h, self.mix)
+        h = torch.bmm(h, h.transpose(1, 2))
+        h = h @ x
+        return x + 0.001 * F.gelu(x) + self.proj(h) * 1e-4
+"""
+
+RESIDUAL = """
+import torch
+import torch.nn as nn
+
+
+class Nearly(nn.Module):  # fuselens: input=(4, 32) float32
+    def __init__(self):
+        super().__init__()
+        self.branch = nn.Linear(32, 32)
+        self.full = nn.Linear(32, 32)
+        with torch.no_grad():
+            self.branch.weight.mul_(1e-3)
+            self.branch.bias.zero_()
+
+    def forward(self, x):
+        x = x + self.branch(x)
+        return x + self.full(x)
+"""
+
+
+def test_every_gemm_op_is_a_site_at_its_line(tmp_path):
+    from fuselens.pipeline.probe import probe_file
+
+    path = tmp_path / "mixed.py"
+    path.write_text(OPS)
+    report = probe_file(str(path), AnalyzeOptions(), ProbeOptions(batches=2, device="cpu"))
+    (probed,) = report.models
+    assert probed.problem == ""
+    text = OPS.splitlines()
+    found = {(s.op, text[s.line - 1].strip().split(" = ")[-1][:12]) for s in probed.sites}
+    assert found == {
+        ("conv1d", "self.conv(x)"),
+        ("einsum", "torch.einsum"),
+        ("bmm", "torch.bmm(h,"),
+        ("matmul", "h @ x"),
+        ("linear", "return x + 0"),
+    }
+
+
+def test_a_residual_branch_that_barely_moves_the_stream_is_near_the_identity(tmp_path):
+    from fuselens.pipeline.probe import probe_file
+
+    path = tmp_path / "nearly.py"
+    path.write_text(RESIDUAL)
+    report = probe_file(str(path), AnalyzeOptions(), ProbeOptions(batches=2, device="cpu"))
+    sites = {RESIDUAL.splitlines()[s.line - 1].strip(): s for s in report.models[0].sites}
+    branch, full = sites["x = x + self.branch(x)"], sites["return x + self.full(x)"]
+    assert [o.kind for o in branch.opportunities] == ["near-identity"]
+    assert branch.residual_ratio is not None and branch.residual_ratio < 0.01
+    assert full.residual_ratio is not None and full.residual_ratio > 0.1 and full.opportunities == []
