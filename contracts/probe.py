@@ -91,7 +91,7 @@ class ProbeSite:
     layers: int  # distinct weights the site was called with (1 for a plain line)
     flops_per_call: int
     bytes_per_call: int
-    distinct_inputs: int  # estimated distinct input batches among the sampled calls
+    distinct_inputs: int  # estimated distinct inputs (each with the weight it met) among the sampled calls
     roles: list[RoleSketch] = field(default_factory=list)
     residual_ratio: float | None = None  # ‖output‖ / ‖residual‖ where a residual add takes the output
     opportunities: list[Opportunity] = field(default_factory=list)

@@ -23,9 +23,9 @@ def fingerprint(x: torch.Tensor) -> bytes:
     weights = torch.linspace(-1.0, 1.0, flat.numel(), device=flat.device)
     sums = torch.stack(
         [
-            flat.sum(dtype=torch.float64),
-            flat.square().sum(dtype=torch.float64),
-            (flat * weights).sum(dtype=torch.float64),
+            flat.sum().double(),
+            flat.square().sum().double(),
+            (flat * weights).sum().double(),
         ]
     )
     return repr((tuple(x.shape), str(x.dtype), sums.tolist())).encode()

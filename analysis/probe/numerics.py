@@ -43,17 +43,16 @@ def _scale(absmax: torch.Tensor, largest: float) -> torch.Tensor:
     return absmax.clamp_min(TINY) / largest
 
 
-def int8(x: torch.Tensor, per_channel: bool) -> torch.Tensor:
-    """`x` through symmetric int8 and back, one scale for the tensor or one per channel (the last dim)."""
-    absmax = x.abs().amax(dim=tuple(range(x.dim() - 1))) if per_channel else x.abs().amax()
+def int8(x: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """`x` through symmetric int8 and back, scaled by `absmax`: a scalar (one scale for the tensor) or
+    one per channel (the last dim)."""
     scale = _scale(absmax, INT8_MAX)
     return (x / scale).round().clamp(-INT8_MAX, INT8_MAX) * scale
 
 
-def fp8(x: torch.Tensor, per_channel: bool) -> torch.Tensor:
-    """`x` through float8 e4m3 and back, scaled so that its abs max (the tensor's or each channel's) is
+def fp8(x: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """`x` through float8 e4m3 and back, scaled so that `absmax` (the tensor's, or each channel's) is
     the format's largest value; where torch has no float8, e4m3's 3 mantissa bits are rounded to."""
-    absmax = x.abs().amax(dim=tuple(range(x.dim() - 1))) if per_channel else x.abs().amax()
     scale = _scale(absmax, FP8_MAX)
     scaled = (x / scale).clamp(-FP8_MAX, FP8_MAX)
     if hasattr(torch, "float8_e4m3fn"):
@@ -64,9 +63,12 @@ def fp8(x: torch.Tensor, per_channel: bool) -> torch.Tensor:
 
 def effective_rank(weight: torch.Tensor) -> int:
     """The number of singular values of `weight` (as a matrix: its first dim against the rest) that hold
-    `ENERGY` of its squared Frobenius norm."""
+    `ENERGY` of its squared Frobenius norm: from the eigenvalues of its Gram matrix (the squared singular
+    values), a fraction of an SVD's time."""
     matrix = weight.detach().float().reshape(weight.shape[0], -1)
-    energy = torch.linalg.svdvals(matrix).square()
+    if matrix.shape[0] > matrix.shape[1]:
+        matrix = matrix.T
+    energy = torch.linalg.eigvalsh(matrix @ matrix.T).clamp_min(0).flip(0)
     total = float(energy.sum())
     if total <= 0:
         return 0
@@ -74,8 +76,16 @@ def effective_rank(weight: torch.Tensor) -> int:
     return int((held < ENERGY).sum()) + 1
 
 
-def low_rank(weight: torch.Tensor, rank: int) -> torch.Tensor:
-    """`weight`'s best approximation of `rank` (truncated SVD), in its own shape."""
-    matrix = weight.detach().float().reshape(weight.shape[0], -1)
-    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
-    return ((u[:, :rank] * s[:rank]) @ vh[:rank]).reshape(weight.shape)
+def low_rank_factors(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` (as a matrix) ≈ left @ right, of `rank`: its leading singular triplets."""
+    u, s, v = _leading(weight.detach().float().reshape(weight.shape[0], -1), rank)
+    return (u[:, :rank] * s[:rank]).contiguous(), v[:, :rank].T.contiguous()
+
+
+def _leading(matrix: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The leading `count` singular triplets of `matrix` (and a few more), by a randomized SVD whose
+    draws are the same every run and leave the caller's random state as it was."""
+    devices = [matrix.device] if matrix.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        return torch.svd_lowrank(matrix, q=min(count + 8, min(matrix.shape)), niter=3)

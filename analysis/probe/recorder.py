@@ -32,7 +32,9 @@ from .distinct import EXACT, DistinctCounter, fingerprint
 from .gemms import GemmCall, gemm_call, with_operands
 from .sketch import OUTLIER_FACTOR, RoleState, last, quantized
 
-MAX_RANK_ELEMENTS = 1 << 23  # a larger weight's rank is not computed (an SVD of it takes too long)
+# A larger weight's rank is not computed (its Gram matrix's eigenvalues take too long): on a CPU, a
+# 2048 × 4096 weight's; on a GPU, a 16384 × 16384 one's.
+MAX_RANK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 28}
 SPARSE_CANDIDATE = 0.8  # 2:4 fraction so far above which a pruned call is run to measure its error
 LOW_RANK_SHARE = 0.25  # a weight of effective rank up to this share of its smaller dim is a low-rank candidate
 QUANT_SCHEMES = ("fp8", "fp8_channel", "int8", "int8_channel")
@@ -138,21 +140,21 @@ class ProbeMode(TorchFunctionMode):
             if parameter:
                 site.weights.add(id(call.b))
                 self._rank(site, call.b)
-        site.distinct.add(fingerprint(call.a))
+        # A repeat is the same input meeting the same weight: one input into two layers' weights is not one.
+        weight_key = repr(("parameter", id(call.b))).encode() if parameter else fingerprint(call.b)
+        site.distinct.add(fingerprint(call.a) + weight_key)
         self._measure_changes(site, call, out, again)
 
     def _rank(self, site: SiteState, weight: torch.Tensor) -> None:
-        if weight.dim() < 2 or weight.numel() > MAX_RANK_ELEMENTS:
+        if weight.dim() < 2 or weight.numel() > MAX_RANK_ELEMENTS.get(weight.device.type, MAX_RANK_ELEMENTS["cpu"]):
             return
-        rank = numerics.effective_rank(weight)
         role = site.roles["weight"]
         smaller = min(weight.shape[0], weight[0].numel())
-        role.rank = max(role.rank or 0, rank)
+        rank = numerics.effective_rank(weight)
         role.rank_of = smaller
+        role.rank = max(role.rank or 0, rank)
         if rank <= LOW_RANK_SHARE * smaller:
-            matrix = weight.detach().float().reshape(weight.shape[0], -1)
-            u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
-            site.factors[id(weight)] = ((u[:, :rank] * s[:rank]).contiguous(), vh[:rank].contiguous())
+            site.factors[id(weight)] = numerics.low_rank_factors(weight, rank)
 
     def _measure_changes(self, site: SiteState, call: GemmCall, out: torch.Tensor, again: Callable) -> None:
         """The call run again with each change its sketches make a candidate, and the error kept."""
@@ -173,9 +175,7 @@ class ProbeMode(TorchFunctionMode):
         reference = out.detach().float()
         for change, (changed_a, changed_b) in changes.items():
             changed = again(changed_a, changed_b).detach().float()
-            sums = torch.stack(
-                [(changed - reference).square().sum(dtype=torch.float64), reference.square().sum(dtype=torch.float64)]
-            )
+            sums = torch.stack([(changed - reference).square().sum().double(), reference.square().sum().double()])
             site.errors[change] = site.errors[change] + sums if change in site.errors else sums
 
     def _residual(self, args: tuple) -> None:
@@ -191,8 +191,8 @@ class ProbeMode(TorchFunctionMode):
                 return
             site = held[1]
             sums = torch.stack(
-                [mine.detach().float().square().sum(dtype=torch.float64),
-                 other.detach().float().square().sum(dtype=torch.float64)]
+                [mine.detach().float().square().sum().double(),
+                 other.detach().float().square().sum().double()]
             )  # fmt: skip
             site.residual = sums if site.residual is None else site.residual + sums
             return

@@ -16,6 +16,7 @@ from . import numerics
 OUTLIER_FACTOR = 6.0  # a channel whose abs max is this many times the median channel's is an outlier
 MAX_OUTLIERS = 32  # the outlier channels named, largest first
 SCHEMES = ("int8", "int8_channel", "fp8", "fp8_channel")
+MAX_SKETCHED = 1 << 16  # elements of a call's tensor its sums are taken over
 
 
 def last(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -23,10 +24,20 @@ def last(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.detach().float().movedim(dim, -1)
 
 
-def quantized(x: torch.Tensor, scheme: str) -> torch.Tensor:
-    """`x` (channels last) through `scheme`, one of SCHEMES."""
-    per_channel = scheme.endswith("_channel")
-    return numerics.fp8(x, per_channel) if scheme.startswith("fp8") else numerics.int8(x, per_channel)
+def quantized(x: torch.Tensor, scheme: str, channel_max: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` (channels last) through `scheme`, one of SCHEMES, scaled by `channel_max` (each channel's abs
+    max; by default `x`'s own)."""
+    if channel_max is None:
+        channel_max = x.abs().reshape(-1, x.shape[-1]).amax(0)
+    absmax = channel_max if scheme.endswith("_channel") else channel_max.max()
+    return numerics.fp8(x, absmax) if scheme.startswith("fp8") else numerics.int8(x, absmax)
+
+
+def spread_rows(rows: torch.Tensor) -> torch.Tensor:
+    """At most `MAX_SKETCHED` elements of `rows` (2-D), as whole rows evenly spread through it (a view)."""
+    keep = max(1, MAX_SKETCHED // max(rows.shape[1], 1))
+    step = -(-rows.shape[0] // keep)
+    return rows[::step] if step > 1 else rows
 
 
 class RoleState:
@@ -38,6 +49,7 @@ class RoleState:
         self.channel_dim = channel_dim
         self.shape: list[int] = []
         self.elements = 0
+        self.sketched = 0  # the elements the sums were taken over
         self.groups = 0
         self.folds = 0
         self._sums: torch.Tensor | None = None  # zeros, 2:4 groups, ‖x‖², then each scheme's ‖q(x) − x‖²
@@ -47,26 +59,34 @@ class RoleState:
         self.rank_of: int | None = None
 
     def fold(self, x: torch.Tensor) -> None:
+        """Fold one call's tensor: channel maxima over all of it; the sums over rows spread evenly
+        through it, at most `MAX_SKETCHED` elements (the scales a quantizer would use are the whole
+        tensor's, from its channel maxima)."""
         if not self.shape:
             self.shape = list(x.shape)
-        by_channel = last(x, self.channel_dim)
-        by_reduction = by_channel if self.reduction_dim == self.channel_dim else last(x, self.reduction_dim)
+        channels = x.detach().movedim(self.channel_dim, -1)
+        channel_max = channels.abs().reshape(-1, channels.shape[-1]).amax(0).float()
+        by_channel = spread_rows(channels.reshape(-1, channels.shape[-1])).float()
+        if self.reduction_dim == self.channel_dim:
+            by_reduction = by_channel
+        else:
+            reduced = x.detach().movedim(self.reduction_dim, -1)
+            by_reduction = spread_rows(reduced.reshape(-1, reduced.shape[-1])).float()
         sparse, groups = numerics.sparse_24_groups(by_reduction)
-        signal = by_channel.square().sum(dtype=torch.float64)
-        errors = [(quantized(by_channel, s) - by_channel).square().sum(dtype=torch.float64) for s in SCHEMES]
-        sums = torch.stack([(by_channel == 0).sum().double(), sparse.double(), signal, *errors])
-        channel_max = by_channel.abs().reshape(-1, by_channel.shape[-1]).amax(0)
+        signal = by_channel.square().sum()
+        errors = [(quantized(by_channel, s, channel_max) - by_channel).square().sum() for s in SCHEMES]
+        zeros = (by_channel == 0).sum()
+        sums = torch.stack([zeros.float(), sparse.float(), signal, *errors]).double()
         histogram = _log2_histogram(by_channel)
         if self._sums is None or self._channel_max is None or self._histogram is None:
             self._sums, self._channel_max, self._histogram = sums, channel_max, histogram
         else:
             self._sums += sums
-            if (
-                channel_max.shape == self._channel_max.shape
-            ):  # (a site whose calls differ in channels keeps the first's)
+            if channel_max.shape == self._channel_max.shape:  # (calls that differ in channels: the first's kept)
                 self._channel_max = torch.maximum(self._channel_max, channel_max)
             self._histogram += histogram
         self.elements += x.numel()
+        self.sketched += by_channel.numel()
         self.groups += groups
         self.folds += 1
 
@@ -104,7 +124,7 @@ class RoleState:
             role=self.role,  # type: ignore[arg-type]
             shape=self.shape,
             elements=self.elements,
-            zero_fraction=round(zeros / self.elements, 6) if self.elements else 0.0,
+            zero_fraction=round(zeros / self.sketched, 6) if self.sketched else 0.0,
             sparse_24_fraction=round(self.sparse_24_fraction(), 6),
             channel_dim=self.channel_dim,
             channels=channels,

@@ -1,0 +1,233 @@
+"""What the probe's opportunities are worth on a GPU: a Llama-style MLP at DRAM size (8192 tokens,
+4096 → 11008, bf16), its two GEMM sites (the up and gate projections; the down projection) run dense,
+in fp8 and 2:4 sparse, timed, with the relative output error on the probe's batches.
+
+    python benchmarks/probe_gemm.py [--tokens 8192] [--hidden 4096] [--intermediate 11008] [--batches 2] [--out DIR]
+    python benchmarks/probe_gemm.py --dry-run   # the probe's part at a small size, on the CPU
+
+The probe runs the MLP on its batches first (`fuselens.analysis.probe`): its sketches of each site are
+printed beside the timings (2:4 fraction, outlier channels, fp8 error).  Then, per site:
+
+- dense: `F.linear` in bf16;
+- fp8: both operands in float8 e4m3, `torch._scaled_mm` with a scale per row of the input and per
+  output channel of the weight where this torch takes them, else one scale each;
+- 2:4: the weight pruned to 2:4 (the two largest of every four along the reduction dim) and made
+  `torch.sparse.to_sparse_semi_structured`, then `F.linear`.
+
+Times are `triton.testing.do_bench`'s (CUDA events) where Triton is installed, else CUDA events around
+repeated calls; no CUDA graphs.  Without CUDA the timings are skipped, saying so, and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(h)
+
+
+def probe_sites(mlp: LlamaMLP, batches: list[torch.Tensor], device: str) -> dict[str, dict]:
+    """The probe's sketches of the MLP's up and down sites, by site name."""
+    from fuselens.analysis.capture import UserCode
+    from fuselens.analysis.probe.data import BatchSource
+    from fuselens.analysis.probe.run import probe_model
+
+    source = BatchSource("the benchmark's batches", lambda: iter([(b,) for b in batches]))
+    probed = probe_model(mlp, source, len(batches), 1, device, UserCode(roots=(os.path.dirname(__file__),)))
+    found = {}
+    for site in probed.sites:
+        weight = next(r for r in site.roles if r.role == "weight")
+        inputs = next(r for r in site.roles if r.role == "input")
+        down = inputs.shape[-1] == mlp.down_proj.in_features and weight.shape[0] == mlp.down_proj.out_features
+        name = "down" if down else "up"  # (the gate and up projections are one site's shape: folded as "up")
+        found.setdefault(name, {})
+        found[name] |= {
+            "line": site.line,
+            "input 2:4": inputs.sparse_24_fraction,
+            "weight 2:4": weight.sparse_24_fraction,
+            "input outliers": inputs.outlier_channels[:8],
+            "fp8 error (input, per-channel)": inputs.fp8_channel_error,
+            "opportunities": [o.kind for o in site.opportunities],
+        }
+    return found
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((out.float() - reference.float()).norm() / reference.float().norm().clamp_min(1e-30))
+
+
+def fp8_linear() -> tuple[str, object]:
+    """A function (x, weight) -> x @ weight.T through fp8 `_scaled_mm`, and the scaling it uses."""
+    e4m3 = torch.float8_e4m3fn
+    largest = torch.finfo(e4m3).max
+
+    def quantize(t: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        absmax = t.abs().amax(dim=dim, keepdim=True) if dim is not None else t.abs().amax()
+        scale = absmax.float().clamp_min(1e-12) / largest
+        return (t.float() / scale).clamp(-largest, largest).to(e4m3), scale
+
+    def rowwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize(x, -1)  # (tokens, 1)
+        wq, ws = quantize(weight, -1)  # (out, 1)
+        return torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws.T, out_dtype=torch.bfloat16)
+
+    def tensorwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize(x, None)
+        wq, ws = quantize(weight, None)
+        return torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+
+    try:
+        probe = torch.randn(32, 32, device="cuda", dtype=torch.bfloat16)
+        rowwise(probe, probe)
+        return "per-row × per-column scales", rowwise
+    except (RuntimeError, TypeError):
+        return "per-tensor scales", tensorwise
+
+
+def sparse_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` pruned to 2:4 along its reduction (last) dim, as a semi-structured sparse tensor."""
+    from fuselens.analysis.probe.numerics import prune_24
+
+    pruned = prune_24(weight.float()).to(weight.dtype)
+    return torch.sparse.to_sparse_semi_structured(pruned)
+
+
+def timed_ms(function) -> float:
+    try:
+        from triton.testing import do_bench
+
+        return float(do_bench(function, warmup=25, rep=100))
+    except ImportError:
+        for _ in range(5):
+            function()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            function()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 20
+
+
+def site_operands(mlp: LlamaMLP, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    with torch.no_grad():
+        h = F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)
+    return {"up": (x, mlp.up_proj.weight), "down": (h, mlp.down_proj.weight)}
+
+
+def measure(mlp: LlamaMLP, batches: list[torch.Tensor]) -> dict[str, dict]:
+    scaling, fp8 = fp8_linear()
+    results: dict[str, dict] = {}
+    for name in ("up", "down"):
+        weight = site_operands(mlp, batches[0])[name][1]
+        sparse = sparse_weight(weight)
+        errors: dict[str, list[float]] = {"fp8": [], "2:4": []}
+        for batch in batches:
+            x, _ = site_operands(mlp, batch)[name]
+            with torch.no_grad():
+                dense = F.linear(x, weight)
+                errors["fp8"].append(relative_error(fp8(x, weight), dense))
+                errors["2:4"].append(relative_error(F.linear(x, sparse), dense))
+        x, _ = site_operands(mlp, batches[0])[name]
+        flops = 2 * x.shape[0] * weight.shape[0] * weight.shape[1]
+        with torch.no_grad():
+            times = {
+                "dense": timed_ms(lambda x=x, w=weight: F.linear(x, w)),
+                "fp8": timed_ms(lambda x=x, w=weight: fp8(x, w)),
+                "2:4": timed_ms(lambda x=x, s=sparse: F.linear(x, s)),
+            }
+        results[name] = {
+            "shape": f"{tuple(x.shape)} × {tuple(weight.shape)}ᵀ",
+            "ms": times,
+            "tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in times.items()},
+            "speedup": {k: times["dense"] / v for k, v in times.items()},
+            "relative error": {k: max(v) for k, v in errors.items()},
+            "fp8 scaling": scaling,
+        }
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--intermediate", type=int, default=11008)
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--dry-run", action="store_true", help="the probe's part only, small, on the CPU")
+    parser.add_argument("--out", help="write probe_gemm.json and .md here")
+    args = parser.parse_args()
+    if args.dry_run:
+        args.tokens, args.hidden, args.intermediate = 64, 64, 128
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    if device == "cpu" and not args.dry_run:
+        print("probe_gemm: no CUDA device here: skipped (fp8 and 2:4 GEMMs need one; --dry-run runs the probe's part)")
+        return 0
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    mlp = LlamaMLP(args.hidden, args.intermediate).to(device=device, dtype=dtype).eval()
+    generator = torch.Generator(device=device).manual_seed(0)
+    batches = [
+        torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, generator=generator)
+        for _ in range(args.batches)
+    ]
+    sketches = probe_sites(mlp, batches, device)
+    print(json.dumps({"probe": sketches}, indent=1))
+    if device == "cpu":
+        return 0
+    results = measure(mlp, batches)
+    table = _table(results, sketches, args)
+    print(table)
+    if args.out:
+        from written import write_results
+
+        measured = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "sites": results,
+            "probe": sketches,
+            "size": vars(args),
+        }
+        write_results(args.out, "probe_gemm", measured, table)
+    return 0
+
+
+def _table(results: dict, sketches: dict, args: argparse.Namespace) -> str:
+    lines = [
+        f"Llama MLP, {args.tokens} tokens, {args.hidden} → {args.intermediate}, bf16, on {torch.cuda.get_device_name()}",
+        "",
+        "| site | shape | dense ms | fp8 ms (×) | fp8 error | 2:4 ms (×) | 2:4 error | probe: weight 2:4, opportunities |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in results.items():
+        s = sketches.get(name, {})
+        lines.append(
+            f"| {name} | {r['shape']} | {r['ms']['dense']:.3f} | {r['ms']['fp8']:.3f} ({r['speedup']['fp8']:.2f}×) | "
+            f"{r['relative error']['fp8']:.2%} | {r['ms']['2:4']:.3f} ({r['speedup']['2:4']:.2f}×) | "
+            f"{r['relative error']['2:4']:.2%} | {s.get('weight 2:4', 0):.1%}, {', '.join(s.get('opportunities', [])) or 'none'} |"
+        )
+    lines.append("")
+    lines.append(f"fp8 with {next(iter(results.values()))['fp8 scaling']}; errors are the largest over the batches.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
