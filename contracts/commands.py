@@ -11,6 +11,7 @@ ANALYZE = "fuselens.analyze"
 VALIDATE_KERNEL = "fuselens.validateKernel"
 VALIDATE_ALL = "fuselens.validateAll"
 PROFILE = "fuselens.profile"
+PROBE = "fuselens.probe"  # run the models on data and sketch each GEMM site (`fuselens probe`)
 VALIDATION_RESULTS = "fuselens.validationResults"  # the results view of a file's last validation
 SHOW_KERNEL = "fuselens.showKernel"
 SHOW_INDUCTOR_KERNEL = "fuselens.showInductorKernel"
@@ -21,6 +22,7 @@ SERVER_COMMANDS = (
     VALIDATE_KERNEL,
     VALIDATE_ALL,
     PROFILE,
+    PROBE,
     VALIDATION_RESULTS,
     SHOW_KERNEL,
     SHOW_INDUCTOR_KERNEL,

@@ -27,12 +27,13 @@ from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts import commands as command_ids
 from fuselens.contracts.options import ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
+from fuselens.contracts.probe import ProbeOptions, ProbeReport
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.report import Report
 from fuselens.contracts.results_view import results_view, view_markdown
 from fuselens.contracts.validation import ValidationReport, step_errors
-from fuselens.worker.protocol import Limits, ProfileJob, ValidateJob
+from fuselens.worker.protocol import Limits, ProbeJob, ProfileJob, ValidateJob
 
 from . import history, views
 from .editor import Progress
@@ -118,6 +119,11 @@ def register_commands(server: LanguageServer, services: Services) -> None:
     def profile(*args):
         uri, model = _args(args, [("uri", str, True), ("model", str, False)])
         return _profile(services, state.snapshot(uri), model)
+
+    @command(command_ids.PROBE)
+    def probe(*args):
+        uri, model = _args(args, [("uri", str, True), ("model", str, False)])
+        return _probe(services, state.snapshot(uri), model)
 
     @command(command_ids.VALIDATION_RESULTS)
     def validation_results(*args):
@@ -279,6 +285,51 @@ async def _profile(services: Services, snapshot: Snapshot, model: str | None) ->
         "results_view": to_plain(view),
         "results_markdown": view_markdown(view),
     }
+
+
+async def _probe(services: Services, snapshot: Snapshot, model: str | None) -> dict[str, Any]:
+    """Run the file's models on data in the worker with every GEMM site sketched (`fuselens probe`), and
+    keep the probe for the hover and the lens."""
+    path = _open_document_path(snapshot)
+    folders, log, settings = services.state.folders, services.log, snapshot.settings
+    if not folders.trusted(path):
+        return {"error": "untrusted", "message": folders.untrusted(path)}
+    analysis = _analysis_for(snapshot)
+    options = settings.analyze_options(analysis.text)
+    if model is not None:
+        options.model_class = model
+    name = os.path.basename(path)
+    what = model or name
+    log.line(f"probing {model or 'the models'} of {name}")
+    w = settings.worker
+    progress = await services.editor.progress(snapshot.client, f"fuselens: probing {what}")
+    try:
+        async with services.admission.turn():
+            report: ProbeReport = await services.worker.run(
+                ProbeJob(path, options, ProbeOptions()),
+                Limits(w.validate_timeout_seconds, w.memory_mb),
+                on_progress=lambda message, fraction: progress.report(message, fraction),
+            )
+    except JobFailed as exc:
+        log.line(f"probe of {what} did not finish: {exc}")
+        log.tell(f"fuselens: probing {what} did not finish: {exc}", lsp.MessageType.Error)
+        return {"error": exc.kind, "message": str(exc)}
+    finally:
+        progress.end()
+    problems = [*report.problems, *(f"{m.name}: {m.problem}" for m in report.models if m.problem)]
+    if problems:
+        log.line(f"probe of {name} did not run: {problems[0]}")
+        log.tell(f"fuselens: probing {what} did not run: {problems[0]}", lsp.MessageType.Error)
+        return {"error": "problem", "message": problems[0], "probe": report.to_dict()}
+    services.state.probes.keep(path, analysis.report.source_sha256, report)
+    services.analyzer.refresh_views()
+    found = sum(len(s.opportunities) for m in report.models for s in m.sites)
+    sites = sum(len(m.sites) for m in report.models)
+    source = f" ({report.models[0].data_source})" if report.models else ""
+    summary = f"probed {what}: {found} opportunities in {sites} GEMM sites{source}"
+    log.line(summary)
+    log.tell(f"fuselens: {summary}", lsp.MessageType.Info)
+    return {"probe": report.to_dict()}
 
 
 NO_GPU_PROFILE_HINT = "Set fuselens.remoteProfiler to profile it on a GPU machine."

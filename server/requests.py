@@ -30,7 +30,7 @@ def hover(snapshot: Snapshot, position: lsp.Position) -> lsp.Hover | None:
     analysis = snapshot.analysis
     if analysis is None or snapshot.path is None:
         return None
-    return hover_text(analysis.report, snapshot.path, position.line + 1, snapshot.uri, snapshot.profile)
+    return hover_text(analysis.report, snapshot.path, position.line + 1, snapshot.uri, snapshot.profile, snapshot.probe)
 
 
 def inlay_hints(snapshot: Snapshot, where: lsp.Range) -> list[lsp.InlayHint]:
@@ -45,7 +45,8 @@ def code_lenses(snapshot: Snapshot) -> list[lsp.CodeLens]:
     analysis = snapshot.analysis
     if analysis is None or snapshot.path is None or not snapshot.settings.code_lens:
         return []
-    return lenses(analysis.report, snapshot.path, snapshot.uri, analysis.text.splitlines(), snapshot.profile)
+    lines = analysis.text.splitlines()
+    return lenses(analysis.report, snapshot.path, snapshot.uri, lines, snapshot.profile, snapshot.probe)
 
 
 def code_actions(snapshot: Snapshot, where: lsp.Range, root: str | None) -> list[lsp.CodeAction]:

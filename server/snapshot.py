@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fuselens.contracts.probe import ProbeReport
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.training import MeasuredTraining
 
@@ -32,6 +33,7 @@ class Snapshot:
     profile: Profile | None  # the file's last profile, when it measured the text `analysis` is of
     # What the file's validations measured of its clusters' training (its history), which a fix's title tells.
     measured: tuple[MeasuredTraining, ...] = ()
+    probe: ProbeReport | None = None  # the file's last probe, when it ran the text `analysis` is of
 
     @property
     def analysis(self) -> Analysis | None:

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 from lsprotocol import types as lsp
 from pygls.workspace import TextDocument
 
+from fuselens.contracts.probe import ProbeReport
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.training import MeasuredTraining
 
@@ -85,6 +86,20 @@ class Profiles:
         return kept[1] if kept is not None and kept[0] == analysis.report.source_sha256 else None
 
 
+class Probes:
+    """The last probe of each file, with the digest of the text it ran: shown while it lines up."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, tuple[str, ProbeReport]] = {}
+
+    def keep(self, path: str, source_sha256: str, probe: ProbeReport) -> None:
+        self._by_path[path] = (source_sha256, probe)
+
+    def of(self, path: str, analysis: Analysis) -> ProbeReport | None:
+        kept = self._by_path.get(path)
+        return kept[1] if kept is not None and kept[0] == analysis.report.source_sha256 else None
+
+
 class Folders:
     """The workspace folders, their trust, and the editor's name (messages speak its words): set by
     `initialize`, never changed after."""
@@ -143,6 +158,7 @@ class ServerState:
         self.client = ClientFeatures()  # (set by `initialize`)
         self.folders = folders
         self.profiles = Profiles()
+        self.probes = Probes()
         self.always_interpret = False  # the user chose, once, to validate in the interpreter where there is no GPU
         self._joined = joined
         self._measured = measured  # a file -> what its validation history measured of its training
@@ -168,4 +184,6 @@ class ServerState:
         if path is None or analysis is None:
             return snapshot
         measured = tuple(self._measured(path))
-        return dataclasses.replace(snapshot, profile=self.profiles.of(path, analysis), measured=measured)
+        return dataclasses.replace(
+            snapshot, profile=self.profiles.of(path, analysis), measured=measured, probe=self.probes.of(path, analysis)
+        )

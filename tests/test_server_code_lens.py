@@ -21,17 +21,19 @@ async def test_lenses_on_the_model_class_line(client: Client):
         "Validate all",
         "Show kernels",
         "Profile",
+        "Probe",
     ]
     line = example_text().split("\n")[MODEL_LINE - 1]
     for lens in lenses:
         assert lens.range == lsp.Range(lsp.Position(MODEL_LINE - 1, 0), lsp.Position(MODEL_LINE - 1, len(line)))
-    summary, validate, show, profile = (lens.command for lens in lenses)
+    summary, validate, show, profile, probe = (lens.command for lens in lenses)
     assert (validate.command, list(validate.arguments)) == ("fuselens.validateAll", [uri, "ExampleNet"])
     assert (show.command, list(show.arguments)) == ("fuselens.showKernel", [uri, "ExampleNet"])
     assert (profile.command, list(profile.arguments)) == ("fuselens.profile", [uri, "ExampleNet"])
+    assert (probe.command, list(probe.arguments)) == ("fuselens.probe", [uri, "ExampleNet"])
     assert summary.command == "fuselens.showKernel"
     # The lens commands are the server's own.
-    assert {c.command for c in (summary, validate, show, profile)} <= set(
+    assert {c.command for c in (summary, validate, show, profile, probe)} <= set(
         client.init_result.capabilities.execute_command_provider.commands
     )
     result = await client.command(show.command, *show.arguments)
@@ -54,12 +56,14 @@ async def test_one_set_of_lenses_per_model(client: Client):
         (MODEL_LINE - 1, "Validate all"),
         (MODEL_LINE - 1, "Show kernels"),
         (MODEL_LINE - 1, "Profile"),
+        (MODEL_LINE - 1, "Probe"),
         (other, "3 fusable clusters · 144 MB of 218 MB avoidable · 3 applicable"),
         (other, "Validate all"),
         (other, "Show kernels"),
         (other, "Profile"),
+        (other, "Probe"),
     ]
-    assert [list(lens.command.arguments)[1] for lens in lenses] == ["ExampleNet"] * 4 + ["OtherNet"] * 4
+    assert [list(lens.command.arguments)[1] for lens in lenses] == ["ExampleNet"] * 5 + ["OtherNet"] * 5
 
 
 async def test_a_model_without_inputs_has_no_lens_but_a_hint(client: Client):
@@ -81,7 +85,7 @@ async def test_a_model_with_nothing_to_fuse_says_so(client: Client):
     )
     uri = client.open("lens_nothing_to_fuse.py", text)
     await client.diagnostics_of(uri, 1)
-    lens, profile = await client.code_lenses(uri)  # nothing to validate or show, but time to measure
-    assert profile.command.title == "Profile"
+    lens, profile, probe = await client.code_lenses(uri)  # nothing to validate or show, but time to measure
+    assert profile.command.title == "Profile" and probe.command.title == "Probe"
     assert lens.command.title.startswith("no fusable clusters · forward() moves "), lens.command.title
     assert lens.range.start.line == 3

@@ -51,7 +51,7 @@ async def test_workspace_configuration_is_asked_for_and_used(client: Client):
     assert "[dram-bound]" in diags[0].message  # the default device (h200): "tpu" was ignored
     assert await client.inlay_hints(uri) == []  # "inlayHints": false
     titles = [lens.command.title for lens in await client.code_lenses(uri)]
-    assert titles[1:] == ["Validate all", "Show kernels", "Profile"]  # "codeLens" left on
+    assert titles[1:] == ["Validate all", "Show kernels", "Profile", "Probe"]  # "codeLens" left on
 
 
 async def test_worker_timeout_from_workspace_configuration(client: Client):

@@ -18,12 +18,14 @@ import urllib.parse
 from lsprotocol import types as lsp
 
 from fuselens.contracts.inductor import InductorComparison
+from fuselens.contracts.probe import ProbeReport
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Cluster, Library, Model, Pattern, Report
 from fuselens.contracts.units import bytes_label, in_library, library_path
 from fuselens.contracts.validation import ORIGINAL_CODE
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
+from .probed import describe_site, sites_at
 from .text import same_file, shown_at
 
 
@@ -262,7 +264,14 @@ def describe_pattern(model: Model, p: Pattern, device: str) -> str:
     return "\n\n".join(parts)
 
 
-def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile | None = None) -> lsp.Hover | None:
+def hover(
+    report: Report,
+    path: str,
+    line: int,
+    uri: str = "",
+    profile: Profile | None = None,
+    probe: ProbeReport | None = None,
+) -> lsp.Hover | None:
     hits = ranked(clusters_at(report, path, line), path, line, profile)
     parts = []
     device = report.device.name if report.device is not None else ""
@@ -278,6 +287,8 @@ def hover(report: Report, path: str, line: int, uri: str = "", profile: Profile 
             f"◔ **line {line}: {time_label(measure.us)} per forward** ({measure.share:.1%}{via}; "
             f"{where_measured(profile)}): {ran}"
         )
+    if probe is not None:
+        parts += [describe_site(site) for site in sites_at(probe, path, line)]
     if not parts:
         return None
     text = _bounded("\n\n---\n\n".join(parts), [c for _, c in hits[1:]], report.libraries, uri)

@@ -6,16 +6,23 @@ from __future__ import annotations
 from lsprotocol import types as lsp
 
 from fuselens.contracts import commands as command_ids
+from fuselens.contracts.probe import ProbeReport
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.report import Report, Totals
 from fuselens.contracts.units import bytes_label
 
 from .measured import model_profile, time_label
+from .probed import probe_title
 from .text import lines_range, same_file
 
 
 def code_lenses(
-    report: Report, path: str, uri: str, lines: list[str], profile: Profile | None = None
+    report: Report,
+    path: str,
+    uri: str,
+    lines: list[str],
+    profile: Profile | None = None,
+    probe: ProbeReport | None = None,
 ) -> list[lsp.CodeLens]:
     lenses = []
     for model in report.models:
@@ -65,6 +72,14 @@ def code_lenses(
         lenses.append(
             lsp.CodeLens(
                 range=rng, command=lsp.Command(title=title, command=command_ids.PROFILE, arguments=[uri, model.name])
+            )
+        )
+        lenses.append(
+            lsp.CodeLens(
+                range=rng,
+                command=lsp.Command(
+                    title=probe_title(probe, model.name), command=command_ids.PROBE, arguments=[uri, model.name]
+                ),
             )
         )
     return lenses

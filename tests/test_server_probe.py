@@ -1,0 +1,53 @@
+"""Language server, probe: the "Probe" lens runs the models on data in the worker, and the hover of a
+GEMM line then shows its sketches and opportunities, and the lens how many there are."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsp_helpers import Client, example_text, server_fixture
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+client = server_fixture()
+
+PLANTED = example_text("probe_planted.py")
+
+
+def _line(snippet: str) -> int:
+    return next(number for number, text in enumerate(PLANTED.split("\n"), 1) if snippet in text)
+
+
+async def test_the_probe_lens_sketches_each_gemm_line_and_its_hover_shows_them(client: Client):
+    uri = client.open("probe_planted.py")
+    await client.diagnostics_of(uri, 1)
+    (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
+    assert lens.command.title == "Probe" and list(lens.command.arguments) == [uri, "Planted"]
+    assert lens.range.start.line == _line("class Planted") - 1
+
+    result = await client.command(lens.command.command, *lens.command.arguments)
+    (model,) = result["probe"]["models"]
+    assert model["data_source"].startswith("probe_batches()") and model["problem"] == ""
+    assert any("4 opportunities in 5 GEMM sites" in m.message for m in client.messages_matching("fuselens: probed"))
+
+    (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
+    assert lens.command.title == "◇ 4 opportunities in 5 GEMM sites · Probe again"
+    text = (await client.hover(uri, _line("self.outlier("))).contents.value
+    assert "◇ **probe: `linear`**, 8 calls" in text and "outlier channels [" in text and "**quantize**" in text
+    assert "17" in text.split("outlier channels [")[1].split("]")[0]
+    text = (await client.hover(uri, _line("self.plain("))).contents.value
+    assert "no structure to exploit in these values" in text
+
+
+async def test_an_edit_hides_a_probe_of_the_text_before_it(client: Client):
+    uri = client.open("probe_stale.py", PLANTED)
+    await client.diagnostics_of(uri, 1)
+    (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
+    await client.command(lens.command.command, *lens.command.arguments)
+    version = client.change(uri, PLANTED.replace("50.0", "40.0"))
+    client.save(uri)
+    await client.diagnostics_of(uri, version)
+    titles = [lens.command.title for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
+    assert titles == ["Probe"]
+    hovered = await client.hover(uri, _line("self.outlier("))
+    assert hovered is None or "probe" not in hovered.contents.value
