@@ -55,6 +55,7 @@ const DOING: Record<string, string> = {
   "fuselens.validateAll": "validating",
   "fuselens.validateKernel": "validating",
   "fuselens.profile": "profiling",
+  "fuselens.probe": "probing",
 };
 
 function codeOf(d: DiagnosticLike): string {

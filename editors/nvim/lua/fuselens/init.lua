@@ -64,6 +64,7 @@ local DOING = {
   ["fuselens.validateAll"] = "validating",
   ["fuselens.validateKernel"] = "validating",
   ["fuselens.profile"] = "profiling",
+  ["fuselens.probe"] = "probing",
 }
 
 local function server_cmd(cfg)
@@ -219,7 +220,7 @@ local function client_commands()
   local function show_kernel(command, ctx)
     show_kernel_view(vim.lsp.get_client_by_id(ctx.client_id), ctx.bufnr, command.arguments or {})
   end
-  -- The Profile lens: its result is the buffer's to show, and its lens then gives the measured time.
+  -- The Profile and Probe lenses: the lens then gives what was measured.
   local function profile(command, ctx)
     execute(vim.lsp.get_client_by_id(ctx.client_id), ctx.bufnr, command.command, command.arguments or {}, function()
       refresh_lenses(ctx.bufnr)
@@ -230,6 +231,7 @@ local function client_commands()
     ["fuselens.validateKernel"] = validate,
     ["fuselens.showKernel"] = show_kernel,
     ["fuselens.profile"] = profile,
+    ["fuselens.probe"] = profile,
   }
 end
 
