@@ -1,6 +1,7 @@
 """What the probe's opportunities are worth on a GPU: a Llama-style MLP at DRAM size (8192 tokens,
 4096 → 11008, bf16), its two GEMM sites (the up and gate projections; the down projection) run dense,
-in fp8 and 2:4 sparse, timed, with the relative output error on the probe's batches.
+in fp8 and 2:4 sparse, timed, with the relative output error on the probe's batches; once with the weights as
+initialised, once with them pruned to 2:4 (where the probe names the 2:4 opportunity).
 
     python benchmarks/probe_gemm.py [--tokens 8192] [--hidden 4096] [--intermediate 11008] [--batches 2] [--out DIR]
     python benchmarks/probe_gemm.py --dry-run   # the probe's part at a small size, on the CPU
@@ -182,37 +183,52 @@ def main() -> int:
         print("probe_gemm: no CUDA device here: skipped (fp8 and 2:4 GEMMs need one; --dry-run runs the probe's part)")
         return 0
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    mlp = LlamaMLP(args.hidden, args.intermediate).to(device=device, dtype=dtype).eval()
     generator = torch.Generator(device=device).manual_seed(0)
     batches = [
         torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, generator=generator)
         for _ in range(args.batches)
     ]
-    sketches = probe_sites(mlp, batches, device)
-    print(json.dumps({"probe": sketches}, indent=1))
-    if device == "cpu":
-        return 0
-    results = measure(mlp, batches)
-    table = _table(results, sketches, args)
-    print(table)
-    if args.out:
+    measured: dict = {"torch": torch.__version__, "size": vars(args), "variants": {}}
+    tables = []
+    for variant in VARIANTS:
+        mlp = mlp_of(variant, args, device, dtype)
+        sketches = probe_sites(mlp, batches, device)
+        print(json.dumps({variant: {"probe": sketches}}, indent=1))
+        if device == "cpu":
+            continue
+        results = measure(mlp, batches)
+        tables.append(_table(variant, results, sketches, args))
+        print(tables[-1])
+        measured["variants"][variant] = {"sites": results, "probe": sketches}
+    if args.out and tables:
         from written import write_results
 
-        measured = {
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "sites": results,
-            "probe": sketches,
-            "size": vars(args),
-        }
-        write_results(args.out, "probe_gemm", measured, table)
+        measured["device"] = torch.cuda.get_device_name()
+        write_results(args.out, "probe_gemm", measured, "\n".join(tables))
     return 0
 
 
-def _table(results: dict, sketches: dict, args: argparse.Namespace) -> str:
+# The weights as initialised, and the same pruned to 2:4 (as a 2:4-sparse checkpoint is): the probe
+# names 2:4 only for the second, and its error there is the sparse kernel's own (none from pruning).
+VARIANTS = ("dense weights", "2:4-pruned weights")
+
+
+def mlp_of(variant: str, args: argparse.Namespace, device: str, dtype: torch.dtype) -> LlamaMLP:
+    from fuselens.analysis.probe.numerics import prune_24
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP(args.hidden, args.intermediate).to(device=device, dtype=dtype).eval()
+    if variant == "2:4-pruned weights":
+        with torch.no_grad():
+            for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                linear.weight.copy_(prune_24(linear.weight.float()).to(dtype))
+    return mlp
+
+
+def _table(variant: str, results: dict, sketches: dict, args: argparse.Namespace) -> str:
     lines = [
-        f"Llama MLP, {args.tokens} tokens, {args.hidden} → {args.intermediate}, bf16, on {torch.cuda.get_device_name()}",
+        f"Llama MLP ({variant}), {args.tokens} tokens, {args.hidden} → {args.intermediate}, bf16, "
+        f"on {torch.cuda.get_device_name()}",
         "",
         "| site | shape | dense ms | fp8 ms (×) | fp8 error | 2:4 ms (×) | 2:4 error | probe: weight 2:4, opportunities |",
         "|---|---|---:|---:|---:|---:|---:|---|",
