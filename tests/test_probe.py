@@ -169,7 +169,7 @@ def test_a_data_module_that_does_not_exist_is_named(tmp_path):
     assert done.returncode == 1 and "cannot import no_such_pkg.data" in done.stderr
 
 
-def test_settings_name_the_data_function(tmp_path):
+def test_settings_name_the_data_function_and_the_sampling(tmp_path):
     _data_module(tmp_path, """
         import torch
 
@@ -177,7 +177,8 @@ def test_settings_name_the_data_function(tmp_path):
             for i in range(3):
                 yield torch.randn(32, 64), torch.zeros(8, 64)
     """)  # fmt: skip
-    (tmp_path / "pyproject.toml").write_text('[tool.fuselens]\nprobe-data = "probe_data:batches"\n')
+    settings = '[tool.fuselens]\nprobe-data = "probe_data:batches"\nprobe-sample-every = 3\n'
+    (tmp_path / "pyproject.toml").write_text(settings)
     model = tmp_path / "model.py"
     with open(PLANTED, encoding="utf-8") as fh:
         model.write_text(fh.read())
@@ -185,6 +186,7 @@ def test_settings_name_the_data_function(tmp_path):
     assert done.returncode == 0, done.stderr
     (probed,) = data["models"]
     assert "[tool.fuselens] probe-data" in probed["data_source"] and probed["batches"] == 3
+    assert data["sample_every"] == 3 and all(site["sampled"] == 1 for site in probed["sites"])
 
 
 def test_the_engine_runs_synthetic_inputs_of_the_declared_shapes_without_data(tmp_path):
