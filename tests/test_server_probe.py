@@ -50,4 +50,4 @@ async def test_an_edit_hides_a_probe_of_the_text_before_it(client: Client):
     titles = [lens.command.title for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
     assert titles == ["Probe"]
     hovered = await client.hover(uri, _line("self.outlier("))
-    assert hovered is None or "probe" not in hovered.contents.value
+    assert hovered is None or "◇ **probe:" not in hovered.contents.value
