@@ -12,6 +12,12 @@ first:
 | `# fuselens:` comment on the class line  | whole list      | key by key   | —           |
 | `example_inputs()` (user code)           | whole list (2)  | —            | —           |
 
+Dynamic sizes (`dims`) merge key by key like `init`: `--dim` first, then the editor's, the
+pyproject table's and the comment's.  Every size the chosen inputs name must be declared by
+one of them, and every declared size must be named by an input; the inputs are then bound
+to the middle of each size's corpus (`DimRange.binding`), so the analysis runs at concrete
+shapes and the dynamic answers (`pipeline/dynamic.py`) come on top.
+
 (1) for the class `--model-class` names, or for the file's outermost classes without it;
 `--dtype` alone re-types the inputs another source gave.  (2) called only when no other
 source gives inputs.  Inputs are a list that belongs together, so one source gives all of
@@ -22,17 +28,20 @@ Nothing here imports torch or runs user code: `example_inputs()` comes in as a c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fuselens.contracts.config import (
     INTEGER_DTYPES,
+    ConfigError,
     InputSpec,
     ModelConfig,
     ModelSettings,
     canonical_dtype,
     cli_dtypes,
+    dims_from_cli,
     from_cli,
     from_comment,
     from_pyproject,
@@ -72,6 +81,8 @@ def sources_for(
     cli_inputs = from_cli(options.input_shapes, options.dtypes)
     if cli_inputs is not None and targeted_by_cli(model, options):
         sources.append(Source("--input-shape", ModelSettings(inputs=cli_inputs)))
+    if options.dims and targeted_by_cli(model, options):
+        sources.append(Source("--dim", ModelSettings(dims=dims_from_cli(options.dims))))
     if options.param_dtype:
         sources.append(Source("--param-dtype", _cli_param_dtype(options.param_dtype)))
     names = (model.name, *model.aliases)
@@ -123,11 +134,48 @@ def resolve(
     if retype and config.inputs:
         dtypes = cli_dtypes(retype, len(config.inputs))
         config.inputs = [
-            InputSpec(list(spec.shape), dtype, high=spec.high if dtype in INTEGER_DTYPES else None)
+            InputSpec(
+                list(spec.shape), dtype, high=spec.high if dtype in INTEGER_DTYPES else None, symbols=spec.symbols
+            )
             for spec, dtype in zip(config.inputs, dtypes, strict=True)
         ]
         config.inputs_source += " with --dtype"
+    for source in reversed(sources):
+        for name, dim in source.settings.dims.items():
+            config.dims[name] = dim
+            config.dims_sources[name] = source.where
+    bind_symbols(config)
     return config
+
+
+def bind_symbols(config: ModelConfig) -> None:
+    """Check that the inputs' named sizes and the declared ones are the same, and give each named size
+    of the inputs its analysis binding (ConfigError, naming the source, where they differ)."""
+    named = {n for spec in config.inputs or [] for n in spec.named}
+    for name in sorted(set(config.dims) - named):
+        where = config.dims_sources[name]
+        if where != "--dim" and not config.inputs_source.startswith(where):
+            # Declared beside other inputs than those chosen (`--input-shape 4,128,1024` over a pyproject
+            # table that names `seq`): a range for shapes not analyzed.
+            del config.dims[name], config.dims_sources[name]
+            continue
+        shapes = f"the inputs name {', '.join(sorted(named))}" if named else "the inputs name no size"
+        raise ConfigError(
+            f"{where}: unknown symbol {name!r}: no input shape names it ({shapes}; from {config.inputs_source})"
+        )
+    for name in sorted(named - set(config.dims)):
+        raise ConfigError(
+            f"{config.inputs_source}: the input shape names {name!r}, whose range is not declared: declare it, "
+            f"as in dims = {{ {name} = {{ min = 1, max = 8192 }} }}, dims={name}:1..8192 or --dim {name}=1..8192"
+        )
+    config.inputs = [
+        dataclasses.replace(
+            spec, shape=[config.dims[n].binding if n else d for d, n in zip(spec.shape, spec.symbols, strict=True)]
+        )
+        if spec.symbols
+        else spec
+        for spec in config.inputs or []
+    ] or config.inputs
 
 
 def resolve_model(

@@ -46,6 +46,13 @@ def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DTYPE",
         help="input dtype (float32, bfloat16, int64, ...): one for all inputs or one per input",
     )
+    parser.add_argument(
+        "--dim",
+        action="append",
+        metavar="NAME=MIN..MAX[@SIZES]",
+        help="the range of a size the input shapes name, e.g. --input-shape 4,seq,1024 --dim seq=1..8192@1,128,2048 "
+        "(sizes: where per-shape answers are given; default: the ends and a few powers of two between)",
+    )
     parser.add_argument("--param-dtype", help="cast the model's parameters, e.g. bfloat16")
     parser.add_argument(
         "--device",
@@ -185,6 +192,7 @@ def _options(args: argparse.Namespace) -> AnalyzeOptions:
         model_class=args.model_class,
         input_shapes=args.input_shape,
         dtypes=args.dtype,
+        dims=args.dim,
         param_dtype=args.param_dtype,
         device=args.device,
         peak_gbps=args.peak_gbps,

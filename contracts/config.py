@@ -1,14 +1,16 @@
 """What a user tells fuselens about a model, and how each place they can say it is read.
 
 A model's configuration is its example inputs (shapes and dtypes), its constructor arguments
-(`init`) and the dtype to cast its weights to (`param_dtype`).  A user can give them in four
+(`init`), the dtype to cast its weights to (`param_dtype`) and the ranges of the sizes its
+input shapes name (`dims`: `dims.py`).  A user can give them in four
 places; each is parsed here into the same `ModelSettings`, as plain data (nothing is
 evaluated, no torch):
 
-- the command line: `--input-shape 2,128 --dtype int64 --param-dtype bfloat16`;
-- the editor's settings: `fuselens.models.<Class>` = `{inputs, dtype, init, param_dtype}`;
+- the command line: `--input-shape 2,128 --dtype int64 --param-dtype bfloat16 --dim seq=1..8192`;
+- the editor's settings: `fuselens.models.<Class>` = `{inputs, dtype, init, param_dtype, dims}`;
 - `[tool.fuselens.models.<Class>]` in the nearest `pyproject.toml`, with the same keys;
-- a comment on the class line: `# fuselens: input=(16384, 1024) float32 init=(dim=64)`.
+- a comment on the class line: `# fuselens: input=(16384, 1024) float32 init=(dim=64)`, or with a
+  dynamic size `# fuselens: input=(4, seq, 1024) dims=seq:1..8192@1,128,2048,8192`.
 
 A fifth, `example_inputs()` on the model or in its module, is user code: the loader calls it
 in the worker.  Which source wins is decided in one place, `analysis/config.py`, and the
@@ -24,6 +26,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dims import DimError, DimRange, dims_table, parse_dims
 from .reading import read_text
 
 MAX_PYPROJECT_BYTES = 1 << 20  # far above any project's pyproject.toml; a larger one is not read
@@ -47,7 +50,7 @@ DTYPES = {
 }
 _CANONICAL = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32"}
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
-SETTINGS_KEYS = ("inputs", "dtype", "init", "param_dtype")
+SETTINGS_KEYS = ("inputs", "dtype", "init", "param_dtype", "dims")
 
 
 class ConfigError(ValueError):
@@ -65,10 +68,22 @@ class InputSpec:
     # that lookups read rows all over the table, as a real batch's do.  None: [0, 16), which any
     # table accepts.
     high: int | None = None
+    # The size each dimension is declared as (`"seq"`), None for a fixed one; [] when every one is
+    # fixed.  `shape` holds the analysis binding of each named size once it is bound (`bind_symbols`).
+    symbols: list[str | None] = field(default_factory=list)
 
     def describe(self) -> str:
         values = f" in [0, {self.high})" if self.high is not None else ""
-        return f"({', '.join(map(str, self.shape))}) {self.dtype}{values}"
+        dims = [
+            f"{n}={d}" if n else str(d)
+            for d, n in zip(self.shape, self.symbols or [None] * len(self.shape), strict=True)
+        ]
+        return f"({', '.join(dims)}) {self.dtype}{values}"
+
+    @property
+    def named(self) -> set[str]:
+        """The sizes this input's shape names."""
+        return {n for n in self.symbols if n}
 
 
 @dataclass
@@ -78,6 +93,7 @@ class ModelSettings:
     inputs: list[InputSpec] | None = None
     init: dict[str, Any] = field(default_factory=dict)
     param_dtype: str | None = None
+    dims: dict[str, DimRange] = field(default_factory=dict)  # the ranges of named sizes, by name
 
 
 @dataclass
@@ -90,6 +106,8 @@ class ModelConfig:
     init_sources: dict[str, str] = field(default_factory=dict)  # constructor argument -> where it came from
     param_dtype: str | None = None  # cast the model's parameters (e.g. "bfloat16")
     param_dtype_source: str = ""
+    dims: dict[str, DimRange] = field(default_factory=dict)  # the inputs' named sizes, every one declared
+    dims_sources: dict[str, str] = field(default_factory=dict)  # size name -> where its range came from
 
 
 def canonical_dtype(name: str, where: str) -> str:
@@ -100,14 +118,32 @@ def canonical_dtype(name: str, where: str) -> str:
 
 
 def parse_shape(text: str, where: str) -> list[int]:
+    shape, symbols = parse_symbolic_shape(text, where)
+    if symbols:
+        raise ConfigError(f"{where}: shape {text!r} must be integers like 16384,1024")
+    return shape
+
+
+def parse_symbolic_shape(text: str, where: str) -> tuple[list[int], list[str | None]]:
+    """`16384,1024` or `4,seq,1024`: the sizes (0 for a named one, until bound) and the names ([]: none)."""
     parts = [p for p in re.split(r"[,\s]+|(?<=\d)[x×](?=\d)", text.strip().strip("()[]")) if p]
-    try:
-        shape = [int(p) for p in parts]
-    except ValueError:
-        raise ConfigError(f"{where}: shape {text!r} must be integers like 16384,1024") from None
+    shape: list[int] = []
+    symbols: list[str | None] = []
+    for part in parts:
+        if part.isidentifier():
+            shape.append(0)
+            symbols.append(part)
+            continue
+        try:
+            shape.append(int(part))
+        except ValueError:
+            raise ConfigError(
+                f"{where}: shape {text!r} must be integers like 16384,1024, or name a dynamic size: 4,seq,1024"
+            ) from None
+        symbols.append(None)
     if any(d < 0 for d in shape):
         raise ConfigError(f"{where}: shape {text!r} has a negative size")
-    return shape
+    return shape, symbols if any(symbols) else []
 
 
 # ---- the command line ----------------------------------------------------------------------
@@ -117,10 +153,26 @@ def from_cli(shapes: list[str] | None, dtypes: list[str] | None) -> list[InputSp
     """`--input-shape` values with their `--dtype`s (one for all, or one per shape)."""
     if not shapes:
         return None
-    return [
-        InputSpec(parse_shape(s, "--input-shape"), d, dtype_given=bool(dtypes))
-        for s, d in zip(shapes, cli_dtypes(dtypes, len(shapes)), strict=True)
-    ]
+    specs = []
+    for text, dtype in zip(shapes, cli_dtypes(dtypes, len(shapes)), strict=True):
+        shape, symbols = parse_symbolic_shape(text, "--input-shape")
+        specs.append(InputSpec(shape, dtype, dtype_given=bool(dtypes), symbols=symbols))
+    return specs
+
+
+def dims_from_cli(values: list[str] | None) -> dict[str, DimRange]:
+    """`--dim seq=1..8192@1,128,2048,8192` values, by name."""
+    out: dict[str, DimRange] = {}
+    for text in values or []:
+        out.update(_checked_dims(text, "--dim", "="))
+    return out
+
+
+def _checked_dims(text: str, where: str, separator: str) -> dict[str, DimRange]:
+    try:
+        return parse_dims(text, where, separator)
+    except DimError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def cli_dtypes(dtypes: list[str] | None, count: int) -> list[str]:
@@ -157,6 +209,11 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
         if not isinstance(entry["init"], dict):
             raise ConfigError(f"{where}.init must be a table of constructor keyword arguments")
         settings.init = dict(entry["init"])
+    if "dims" in entry:
+        try:
+            settings.dims = dims_table(entry["dims"], where)
+        except DimError as exc:
+            raise ConfigError(str(exc)) from None
     if entry.get("param_dtype") is not None:
         if not isinstance(entry["param_dtype"], str):
             raise ConfigError(f'{where}.param_dtype must be a dtype name such as "bfloat16"')
@@ -167,7 +224,7 @@ def model_settings(entry: Any, where: str) -> ModelSettings:
 def _inputs(value: Any, default_dtype: str | None, where: str) -> list[InputSpec]:
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{where}.inputs must be a list of shapes, e.g. [[16384, 1024]]")
-    if all(isinstance(v, int) for v in value):  # a single shape written flat
+    if all(isinstance(v, (int, str)) for v in value):  # a single shape written flat
         value = [value]
     specs = []
     for i, item in enumerate(value):
@@ -179,22 +236,22 @@ def _inputs(value: Any, default_dtype: str | None, where: str) -> list[InputSpec
             if unknown:
                 raise ConfigError(f"{here}: unknown key {unknown[0]!r} (known: shape, dtype, high)")
             dtype = item.get("dtype", default_dtype)
-            spec = _spec(_int_list(item["shape"], here), None if dtype is None else str(dtype), here)
+            spec = _spec(*_shape_list(item["shape"], here), None if dtype is None else str(dtype), here)
             if "high" in item:
                 spec.high = _high(item["high"], spec, here)
             specs.append(spec)
         elif isinstance(item, list):
-            specs.append(_spec(_int_list(item, here), default_dtype, where))
+            specs.append(_spec(*_shape_list(item, here), default_dtype, where))
         else:
             raise ConfigError(f'{here} must be a shape list or {{shape = [...], dtype = "..."}}')
     return specs
 
 
-def _spec(shape: list[int], dtype: str | None, where: str) -> InputSpec:
+def _spec(shape: list[int], symbols: list[str | None], dtype: str | None, where: str) -> InputSpec:
     """A shape and its dtype; with no dtype, float32 until the model says it takes token ids."""
     if dtype is None:
-        return InputSpec(shape, "float32", dtype_given=False)
-    return InputSpec(shape, canonical_dtype(dtype, where))
+        return InputSpec(shape, "float32", dtype_given=False, symbols=symbols)
+    return InputSpec(shape, canonical_dtype(dtype, where), symbols=symbols)
 
 
 def _high(value: Any, spec: InputSpec, where: str) -> int:
@@ -206,10 +263,15 @@ def _high(value: Any, spec: InputSpec, where: str) -> int:
     return value
 
 
-def _int_list(value: list[Any], where: str) -> list[int]:
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise ConfigError(f"{where}: shape must be a list of non-negative integers")
-    return list(value)
+def _shape_list(value: list[Any], where: str) -> tuple[list[int], list[str | None]]:
+    """A shape list of sizes and size names (`["batch", "seq", 4096]`): (sizes, names) as `InputSpec`'s."""
+    for v in value:
+        if isinstance(v, str) and not v.isidentifier():
+            raise ConfigError(f'{where}: {v!r} is not a size name (letters, digits, _), as in ["batch", "seq", 4096]')
+        if not isinstance(v, str) and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise ConfigError(f"{where}: shape must be a list of non-negative integers and size names")
+    symbols: list[str | None] = [v if isinstance(v, str) else None for v in value]
+    return [0 if isinstance(v, str) else v for v in value], symbols if any(symbols) else []
 
 
 # ---- pyproject.toml --------------------------------------------------------------------------
@@ -268,11 +330,14 @@ def from_pyproject(table: dict[str, Any], class_name: str, pyproject: str) -> Mo
 _INLINE = re.compile(r"#\s*fuselens:\s*(?P<body>.*)$")
 _INPUT = re.compile(r"input\s*=\s*\(\s*(?P<shape>[^)]*)\)\s*(?P<dtype>[A-Za-z_.][\w.]*)?")
 _INIT = re.compile(r"init\s*=\s*\(")
+_DIMS = re.compile(r"dims\s*=\s*(?P<value>\S+)")
 _SHAPE = re.compile(r"\(\s*\d[^)]*\)\s*[\w.]*")
 
 
 def from_comment(line: str, where: str) -> ModelSettings | None:
-    """Parse `# fuselens: input=(16384, 1024) float32, input=(1024,) int64 init=(d=64)`; None without one."""
+    """Parse `# fuselens: input=(16384, 1024) float32, input=(1024,) int64 init=(d=64)`, and dynamic sizes
+    `input=(4, seq, 1024) dims=seq:1..8192@1,128,2048,8192` (several: `dims=batch:1..64;seq:1..8192`);
+    None without one."""
     match = _INLINE.search(line)
     if not match:
         return None
@@ -285,9 +350,15 @@ def from_comment(line: str, where: str) -> ModelSettings | None:
             raise ConfigError(f"{where}: init=( has no closing parenthesis")
         settings.init = _literal_kwargs(body[init.end() : end], where)
         body = body[: init.start()] + body[end + 1 :]
+    for dims in _DIMS.finditer(body):
+        for name, dim in _checked_dims(dims.group("value"), where, ":").items():
+            if name in settings.dims:
+                raise ConfigError(f"{where}: {name} is declared twice")
+            settings.dims[name] = dim
+    body = _DIMS.sub("", body)
     specs = []
     for m in _INPUT.finditer(body):
-        specs.append(_spec(parse_shape(m.group("shape"), where), m.group("dtype"), where))
+        specs.append(_spec(*parse_symbolic_shape(m.group("shape"), where), m.group("dtype"), where))
     stray = _SHAPE.search(_INPUT.sub("", body))
     if stray:  # `input=(8, 64), (8, 64)`: a shape without its `input=` would be dropped
         raise ConfigError(

@@ -29,6 +29,7 @@ class AnalyzeOptions:
     model_class: str | None = None  # analyze only this class
     input_shapes: list[str] | None = None  # --input-shape values
     dtypes: list[str] | None = None  # --dtype values
+    dims: list[str] | None = None  # --dim values: the ranges of sizes the input shapes name
     param_dtype: str | None = None  # --param-dtype
     device: str | None = None  # device profile for regimes: one of DEVICE_PROFILES
     peak_gbps: float | None = None

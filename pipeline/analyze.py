@@ -379,7 +379,7 @@ def _settle_dtypes(model: R.Model, config: ModelConfig, built: torch.nn.Module) 
     ids = [not s.dtype_given and len(s.shape) <= 2 for s in inputs]
     if loader.takes_token_ids(built) and any(ids):
         config.inputs = inputs = [
-            InputSpec(list(s.shape), "int64") if i else s for s, i in zip(inputs, ids, strict=True)
+            InputSpec(list(s.shape), "int64", symbols=s.symbols) if i else s for s, i in zip(inputs, ids, strict=True)
         ]
         model.notes.append("no dtype was given for the inputs: int64 token ids, as the model looks them up first")
     model.inputs = [R.TensorInfo(s.shape, s.dtype, high=s.high) for s in inputs]

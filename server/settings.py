@@ -63,7 +63,7 @@ class Settings:
     inlay_hints: bool = True
     code_lens: bool = True
     compare_inductor: bool = True  # run torch.compile in the background and compare its fusions
-    models: dict[str, ModelSettings] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype}
+    models: dict[str, ModelSettings] = field(default_factory=dict)  # class -> {inputs, dtype, init, param_dtype, dims}
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     remote_runner: str | None = None  # e.g. "ssh gpu fuselens validate {file} --json {json}"
     remote_profiler: str | None = None  # e.g. "ssh gpu fuselens profile {file} --json {json}"
@@ -152,7 +152,7 @@ def _value(s: Settings, key: str, value: Any) -> Any:
         return value
     if key == "models":
         if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-            raise ValueError("must map class names to {inputs, dtype, init, param_dtype}")
+            raise ValueError("must map class names to {inputs, dtype, init, param_dtype, dims}")
         try:
             parsed = {name: model_settings(entry, f"models.{name}") for name, entry in value.items()}
         except ConfigError as exc:
