@@ -21,6 +21,7 @@ The regime says how to read the ratio on a given device:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fuselens.contracts.report import Regime
 
@@ -40,7 +41,7 @@ class DeviceProfile:
     gemm_tflops: float = 0.0
     gemm_tflops_fp32: float = 0.0
 
-    def dram_us(self, nbytes: int) -> float:
+    def dram_us(self, nbytes: float) -> float:
         return nbytes / (self.peak_gbps * 1e3)
 
     def gemm_us(self, flop: int, dtype: str) -> float:
@@ -122,7 +123,7 @@ def cluster_bytes(graph: Graph, compute: list[int], inputs: list[int], outputs: 
     for root, views in by_root.items():
         total = sum(value_bytes(graph[v]) for v in views)
         root_bytes = value_bytes(graph[root])
-        reads += min(total, root_bytes, _looked_up(graph, compute, views)) if root_bytes else total
+        reads += _least(total, root_bytes, _looked_up(graph, compute, views)) if root_bytes else total
     writes = sum(value_bytes(graph[o]) for o in outputs)
     return unfused, reads + writes
 
@@ -136,14 +137,28 @@ def _looked_up(graph: Graph, compute: list[int], views: list[int]) -> int:
     return sum(value_bytes(graph[v]) for v in views)
 
 
+def _least(*sizes: Any) -> Any:
+    """The smallest of byte counts: numbers, or expressions in dynamic sizes (`analysis/symbolic.py`)."""
+    if all(isinstance(s, int) for s in sizes):
+        return min(sizes)
+    import sympy  # (only expressions reach here: a concrete analysis never imports it)
+
+    return sympy.Min(*sizes)
+
+
 def regime(graph: Graph, compute: list[int], fused: int, device: DeviceProfile) -> Regime:
-    multiply = gemm_us(graph, compute, device)
-    if max(device.dram_us(fused), multiply) < device.launch_us:
-        return "launch-bound"
-    if multiply > device.dram_us(fused):
-        return "compute-bound"
     largest = max((op_bytes(graph, graph[i]) for i in compute), default=0)
-    if largest <= device.l2_bytes:
+    return regime_of(fused, largest, device, gemm_us(graph, compute, device))
+
+
+def regime_of(fused: float, largest_op: float, device: DeviceProfile, multiply_us: float = 0.0) -> Regime:
+    """The regime of a kernel that moves `fused` bytes in place of ops the largest of which moves
+    `largest_op`, and multiplies for `multiply_us` at the device's GEMM throughput."""
+    if max(device.dram_us(fused), multiply_us) < device.launch_us:
+        return "launch-bound"
+    if multiply_us > device.dram_us(fused):
+        return "compute-bound"
+    if largest_op <= device.l2_bytes:
         return "l2-resident"
     return "dram-bound"
 
@@ -157,3 +172,11 @@ def gemm_us(graph: Graph, compute: list[int], device: DeviceProfile) -> float:
         if form is not None and node.meta is not None:
             total += device.gemm_us(flops(graph, form), node.meta.dtype)
     return total
+
+
+def expected_speedup(unfused: float, fused: float, launches: int, device: DeviceProfile) -> float | None:
+    """Unfused over fused time, each the longer of its launches and its DRAM traffic: the traffic ratio
+    where both are DRAM-bound, less where launches dominate."""
+    unfused_us = max(launches * device.launch_us, device.dram_us(unfused))
+    fused_us = max(device.launch_us, device.dram_us(fused))
+    return round(unfused_us / fused_us, 2) if fused_us else None

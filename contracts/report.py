@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .dynamic import DynamicShapes
 from .inductor import InductorComparison
 from .plain import ContractError, from_plain, to_plain
 from .profile import Profile
@@ -27,7 +28,8 @@ from .profile import Profile
 # report names, wherever they are installed; 11: the `view` rejection reason; 13: a pattern's source
 # rewrite (`Rewrite`), or why it has none; 14: a pattern's activation memory in training (`ActivationMemory`);
 # 15: clusters that start with a GEMM (kind "gemm-epilogue") and the `compute-bound` regime
-SCHEMA_VERSION = 15
+# 16: a model's costs over declared ranges of its sizes (`Model.dynamic`, `dynamic.py`)
+SCHEMA_VERSION = 16
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
@@ -436,6 +438,8 @@ class Model:
     inductor_error: str = ""  # why the comparison is missing, when it was asked for
     paths: list[list[bool]] = field(default_factory=list)  # each trace's decision at each data-dependent branch
     partial: str = ""  # when part of the model could not be analyzed: which part, and why
+    # Its costs over the declared ranges of the sizes its inputs name (None: every size is fixed).
+    dynamic: DynamicShapes | None = None
 
 
 @dataclass

@@ -30,12 +30,14 @@ import torch
 from fuselens.analysis import attention, capture, cost, discover, loader, packages, sourcemap
 from fuselens.analysis.config import ModelClass, resolve_model
 from fuselens.analysis.ops import OpClass
+from fuselens.analysis.symbolic import SymbolicShapes
 from fuselens.codegen.source_file import SourceError, read_source
 from fuselens.contracts import report as R
 from fuselens.contracts.config import ConfigError, InputSpec, ModelConfig, find_pyproject, read_tool_table
 from fuselens.contracts.options import AnalyzeOptions
 from fuselens.contracts.version import TOOL_VERSION
 
+from . import dynamic
 from .findings import Found, findings
 from .kernels import generate_kernels
 
@@ -111,6 +113,7 @@ def _analyze(path: str, options: AnalyzeOptions, code: bool) -> AnalyzedFile:
         found.append(model_found)
     _note_parents(report, candidates.classes)
     generate_kernels(report, found, source, options.out_dir, code, options.training)
+    dynamic.name_clusters(report)
     report.libraries = packages.libraries(_files_named(report), path)
     return analyzed
 
@@ -237,22 +240,44 @@ def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Mo
         # Building on meta runs Python init kernels that would import torch._dynamo (over a second)
         # for nothing; the user's module was imported without the stand-in, exactly as Python would.
         with capture.without_dynamo_import():
-            paths = _trace_paths(model, source, config, file, started)
+            paths, traced = _trace_paths(model, source, config, file, started)
     except loader.LoadError as exc:
         return _failed(model, load_problem(exc, file.path)), []
     except capture.CaptureError as exc:
         return _failed(model, _trace_problem(exc, config, file.path)), []
+    sizes = _follow_sizes(model, config, paths[0][0], traced, file) if config.dims else None
+    refused = dynamic.refusal(sizes, config, file.path) if sizes is not None else None
+    if refused is not None:
+        return _failed(model, refused), []
     file.analyzed.sources[source.name] = source
     file.analyzed.configs[source.name] = config
     started = time.perf_counter()
     found = findings(model, paths, file.source, file.profile)
+    model.timings_ms["analyze"] = _ms(started)
+    if config.dims and traced is not None:
+        started = time.perf_counter()
+        names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
+        again = dynamic.reanalysis(traced, config, names, file.analyzed.user_code, file.source, file.profile)
+        model.dynamic = dynamic.dynamic_section(model, found, sizes, config, file.profile, again)
+        model.timings_ms["dynamic"] = _ms(started)
     main = paths[0][0].graph
     model.graph_breaks = _folded(main.breaks)
     model.paths = [list(trace.branches) for trace, _ in paths]
     model.ops_total = sum(1 for n in main if n.cls is not OpClass.SOURCE and n.op != "output")
     model.totals.bytes_total = cost.model_bytes(main)
-    model.timings_ms["analyze"] = _ms(started)
     return model, found
+
+
+def _follow_sizes(
+    model: R.Model, config: ModelConfig, main: capture.Trace, traced: torch.nn.Module | None, file: _FileContext
+) -> SymbolicShapes:
+    """The declared sizes followed as symbols through the main trace (`dynamic.py`)."""
+    if traced is None:
+        return SymbolicShapes(None, error="the model was traced on real values past a data-dependent op")
+    started = time.perf_counter()
+    shapes = dynamic.follow_sizes(traced, config, main, file.analyzed.user_code)
+    model.timings_ms["symbolic"] = _ms(started)
+    return shapes
 
 
 def _folded(breaks: list[R.GraphBreak]) -> list[R.GraphBreak]:
@@ -275,8 +300,9 @@ def _failed(model: R.Model, problem: R.Problem) -> R.Model:
 
 def _trace_paths(
     model: R.Model, source: loader.ModelSource, config: ModelConfig, file: _FileContext, started: float
-) -> list[tuple[capture.Trace, str]]:
-    """Build the model and trace it: the main path, then each data-dependent branch the other way."""
+) -> tuple[list[tuple[capture.Trace, str]], torch.nn.Module | None]:
+    """Build the model and trace it: the main path, then each data-dependent branch the other way; and
+    the model as traced on meta tensors (None: it was traced on real values)."""
     user_code = file.analyzed.user_code
     # Built without values (a trace needs none): `_real_run` has them made where it needs them.
     built = loader.build_source(source, config.init, user_code, config.param_dtype, values=False)
@@ -314,7 +340,7 @@ def _trace_paths(
     for trace, _ in paths:
         trace.graph.triangles = masks
     model.timings_ms["trace"] = _ms(started)
-    return paths
+    return paths, None if real else traced_model
 
 
 class _Masks(Mapping[str, str]):
