@@ -19,6 +19,7 @@ from fuselens.contracts.report import PASS_THROUGH_BACKWARD, TORCH_BACKWARD, Clu
 from fuselens.contracts.units import bytes_label
 
 from .output import console_for_output
+from .render_dynamic import render_dynamic
 
 
 def render_report(
@@ -92,6 +93,7 @@ def _render_findings(console: Console, report: Report, model: Model, explain: bo
         console.print(f"  [yellow]partly analyzed[/]: {_literal(model.partial)}")
     _render_graph_breaks(console, model)
     _render_clusters(console, model)
+    render_dynamic(console, model)
     _render_patterns(console, model)
     _render_rejections(console, model, explain)
     _render_comparison(console, model)
