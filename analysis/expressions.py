@@ -42,8 +42,30 @@ class NotExpressible(ValueError):
 
 
 def canonical(expr: Any) -> sympy.Basic:
-    expr = sympy.sympify(expr)
+    """`expr` expanded, with each exact integer division written as its quotient."""
+    expr = sympy.sympify(expr).replace(_is_division, _exact_quotient)
     return expr if isinstance(expr, (sympy.logic.boolalg.Boolean, sympy.Rel)) else sympy.expand(expr)
+
+
+def _is_division(expr: sympy.Basic) -> bool:
+    return type(expr).__name__ in ("FloorDiv", "CleanDiv")
+
+
+def _exact_quotient(expr: sympy.Basic) -> sympy.Basic:
+    """`(res**2) // res` is `res`: a view's inferred size divides exactly whenever the numerator is a
+    multiple of the divisor for every value of the sizes (a polynomial quotient with integer coefficients)."""
+    numerator, divisor = expr.args
+    quotient = sympy.cancel(numerator / divisor)
+    _, denominator = sympy.fraction(quotient)
+    if denominator != 1:
+        return expr
+    if quotient.is_Integer:
+        return quotient
+    try:
+        exact = all(c.is_integer for c in sympy.Poly(quotient).coeffs())
+    except sympy.PolynomialError:  # (not a polynomial in the sizes: left as the division it is)
+        return expr
+    return quotient if exact else expr
 
 
 def expression(expr: Any) -> Expression:

@@ -257,7 +257,9 @@ def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Mo
     if config.dims and traced is not None:
         started = time.perf_counter()
         names = [i.name or f"input{k}" for k, i in enumerate(model.inputs)]
-        again = dynamic.reanalysis(traced, config, names, file.analyzed.user_code, file.source, file.profile)
+        again = dynamic.reanalysis(
+            traced, config, names, file.analyzed.user_code, file.source, file.profile, file.options.branch_paths
+        )
         model.dynamic = dynamic.dynamic_section(model, found, sizes, config, file.profile, again)
         model.timings_ms["dynamic"] = _ms(started)
     main = paths[0][0].graph

@@ -381,16 +381,26 @@ def reanalysis(
     user_code: capture.UserCode,
     source: sourcemap.SourceIndex,
     profile: cost.DeviceProfile,
+    branch_paths: int,
 ) -> Reanalysis:
-    """Analyze the model concretely at a binding: its clusters and patterns there."""
+    """Analyze the model concretely at a binding, on each branch path as the analysis does: its clusters
+    and patterns there."""
 
     def at(binding: dict[str, int]) -> R.Model:
         scratch = R.Model("", "", 0, "analyzed")
+        inputs = loader.meta_inputs(bound_specs(config, binding))
         try:
-            trace = capture.trace(model, loader.meta_inputs(bound_specs(config, binding)), names, user_code)
+            main = capture.trace(model, inputs, names, user_code)
         except capture.CaptureError:
             return scratch
-        findings(scratch, [(trace, "")], source, profile)
+        paths = [(main, "")]
+        for i in range(min(len(main.branches), branch_paths)):
+            decisions = [*main.branches[:i], not main.branches[i]]
+            try:
+                paths.append((capture.trace(model, inputs, names, user_code, decisions), f"branch {i}"))
+            except capture.CaptureError:
+                continue
+        findings(scratch, paths, source, profile)
         return scratch
 
     return at
