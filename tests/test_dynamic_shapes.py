@@ -7,11 +7,27 @@ declared sizes, the guards the model puts on them, and per-size rows.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from fuselens.analysis.config import Source, resolve
 from fuselens.contracts.config import ConfigError, from_comment, model_settings
 from fuselens.contracts.dims import default_corpus
+from fuselens.contracts.dynamic import ExpressionError, evaluate
+from fuselens.contracts.options import AnalyzeOptions
+from fuselens.contracts.plain import ContractError
+from fuselens.contracts.report import SCHEMA_VERSION, Report
+from fuselens.contracts.schema import validate_report
+from fuselens.pipeline.analyze import analyze_file
+
+from conftest import example
 
 
 def _resolved(entry: dict, where: str = "pyproject.toml [tool.fuselens.models.Block]"):
@@ -82,3 +98,218 @@ def test_dims_declared_for_other_inputs_than_those_analyzed_are_left_aside():
     config = resolve([cli, table])
     assert config.inputs is not None and config.inputs[0].shape == [4, 64]
     assert config.dims == {}
+
+
+# ---- a Llama-style block with a dynamic sequence length, through the command line ------------------------
+
+LLAMA_TABLE = """
+[tool.fuselens.models.LlamaBlock]
+inputs = [[2, "seq", 256]]
+dims = {{ seq = {{ min = 1, max = {max_seq}, corpus = {corpus} }} }}
+dtype = "bfloat16"
+param_dtype = "bfloat16"
+init = {{ dim = 256, n_heads = 4, hidden = 512, max_len = 2048 }}
+"""
+
+
+def fuselens(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env=env,
+    )
+
+
+def llama_project(folder: Path, max_seq: int = 2048, corpus: str = "[1, 128, 1024, 2048]") -> Path:
+    """The Llama-style example block, with a RoPE cache of 2048 rows, and its sequence length declared dynamic."""
+    path = folder / "llama.py"
+    shutil.copy(example("llama_block.py"), path)
+    (folder / "pyproject.toml").write_text(LLAMA_TABLE.format(max_seq=max_seq, corpus=corpus))
+    return path
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_llama_block_costs_are_expressions_of_seq_in_the_json(tmp_path):
+    path = llama_project(tmp_path)
+    out = tmp_path / "report.json"
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    validate_report(data)
+    (model,) = data["models"]
+    dynamic = model["dynamic"]
+    assert dynamic["symbolic"] and dynamic["binding"] == {"seq": 1024}
+    assert [p["seq"] for p in dynamic["points"]] == [1, 128, 1024, 2048]
+    by_id = {c["id"]: c for c in model["clusters"]}
+    for entry in dynamic["clusters"]:
+        assert entry["symbolic"], entry["note"]
+        cluster = by_id[entry["cluster"]]
+        # Expressions in the declared size, kept as trees, that give the concrete analysis at its binding.
+        assert "seq" in entry["bytes_unfused"]["text"] and "seq" in json.dumps(entry["bytes_fused"]["tree"])
+        assert evaluate(entry["bytes_unfused"]["tree"], {"seq": 1024}) == cluster["bytes_unfused"]
+        assert evaluate(entry["bytes_fused"]["tree"], {"seq": 1024}) == cluster["bytes_fused"]
+        for point in entry["points"]:
+            assert point["bytes_fused"] == evaluate(entry["bytes_fused"]["tree"], point["binding"])
+    softmax = next(
+        e for e in dynamic["clusters"] if any(op["target"] == "softmax" for op in by_id[e["cluster"]]["ops"])
+    )
+    assert softmax["bytes_fused"]["tree"] == ["*", 32, ["**", "seq", 2]]  # 2 × 4 heads × seq² × bf16, in and out
+    # The attention scores' softmax is launch-bound at short sequences and DRAM-bound at long ones: said where.
+    assert softmax["points"][0]["regime"] == "launch-bound"
+    assert softmax["points"][-1]["regime"] == "dram-bound"
+    assert any(c["below"] == "launch-bound" and 128 < c["at"] <= 1024 for c in softmax["changes"])
+    patterns = {p["name"]: p for p in dynamic["patterns"]}
+    assert patterns["attention"]["symbolic"] and "seq**2" in patterns["attention"]["bytes_before"]["text"]
+
+
+def test_llama_block_table_has_a_row_per_sequence_length_and_the_rope_guard_at_its_line(tmp_path):
+    path = llama_project(tmp_path)
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "dynamic sizes: seq = 1..2048 at 1, 128, 1024, 2048 (analyzed at seq = 1024)" in out
+    rope = line_of(path, "cos = self.cos_cached[:s]")
+    assert f"guard seq <= 2048 (llama.py:{rope}: cos = self.cos_cached[:s])" in out
+    table = out[out.index("per shape") :]
+    rows = [line for line in table.splitlines() if ("→" in line and "launch-bound" in line) or "dram-bound" in line]
+    assert len(rows) >= 4
+    assert "c3 bytes: 192*seq**2 → 32*seq**2" in out
+    assert "c3 is launch-bound below seq = " in out
+
+
+def test_a_range_beyond_the_rope_cache_is_refused_at_the_slicing_line(tmp_path):
+    path = llama_project(tmp_path, max_seq=8192, corpus="[1, 128, 2048, 8192]")
+    out = tmp_path / "report.json"
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", "--json", str(out))
+    assert done.returncode == 1
+    rope = line_of(path, "cos = self.cos_cached[:s]")
+    assert f"llama.py:{rope}" in done.stdout
+    assert "seq = 1..8192" in done.stdout and "goes beyond what the model allows: seq <= 2048" in done.stdout
+    assert "the model runs at seq = 1..2048" in done.stdout
+    (model,) = json.loads(out.read_text())["models"]
+    assert model["status"] == "error" and model["problem"]["line"] == rope
+    # The same range from the command line is refused the same way, naming where it came from.
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", "--dim", "seq=1..4096")
+    assert done.returncode == 1 and "seq = 1..4096 (--dim)" in done.stdout and f"llama.py:{rope}" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dim", "sq=1..64"], "--dim: unknown symbol 'sq'"),
+        (["--dim", "seq=64..8"], "--dim: seq has min 64 > max 8"),
+        (["--dim", "seq=1..64@1,128"], "--dim: seq.corpus has 128 outside its range 1..64"),
+        (["--dim", "seq=1-64"], "needs a range min..max"),
+        (["--input-shape", "2,len,256"], "the input shape names 'len', whose range is not declared"),
+    ],
+)
+def test_bad_declarations_on_the_command_line_are_refused_clearly(tmp_path, args, message):
+    path = llama_project(tmp_path)
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", *args)
+    assert done.returncode != 0
+    assert message in done.stdout + done.stderr
+
+
+# ---- through the engine --------------------------------------------------------------------------------
+
+VISION = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int = 32, emb_dim: int = 64, groups: int = 8):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, channels)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.emb = nn.Linear(emb_dim, channels)
+        self.norm2 = nn.GroupNorm(groups, channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x, t):
+        h = F.silu(self.norm1(x))
+        h = self.conv1(h)
+        e = self.emb(F.silu(t))
+        h = h + e[:, :, None, None]
+        h = F.silu(self.norm2(h))
+        h = self.conv2(h)
+        return (x + h) * 0.7071
+"""
+
+
+def test_a_vision_block_with_a_dynamic_resolution_costs_in_res_squared(tmp_path):
+    path = tmp_path / "vision.py"
+    path.write_text(VISION)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fuselens.models.ResBlock]\ninputs = [[2, 32, "res", "res"], [2, 64]]\n'
+        "dims = { res = { min = 8, max = 256 } }\n"
+    )
+    report = analyze_file(str(path))
+    (model,) = report.models
+    dynamic = model.dynamic
+    assert dynamic is not None and dynamic.symbolic
+    assert [s.used_by for s in dynamic.sizes] == [["x[2]", "x[3]"]]
+    assert [p["res"] for p in dynamic.points] == default_corpus(8, 256) == [8, 16, 64, 128, 256]
+    assert model.inputs[0].shape == [2, 32, 64, 64]  # the analysis binding: the middle of the corpus
+    for entry, cluster in zip(dynamic.clusters, model.clusters, strict=True):
+        assert entry.cluster == cluster.id and entry.symbolic
+        assert entry.bytes_unfused is not None and entry.bytes_fused is not None
+        # A GroupNorm's view regroups H×W: the sizes stay a polynomial in res, no division left.
+        assert "res**2" in entry.bytes_fused.text and "//" not in entry.bytes_fused.text
+        assert entry.bytes_fused.at({"res": 64}) == cluster.bytes_fused
+        assert [p.bytes_fused for p in entry.points] == [entry.bytes_fused.at(p) for p in dynamic.points]
+    first = dynamic.clusters[0]
+    assert first.points[0].regime == "launch-bound" and first.points[-1].regime != "launch-bound"
+    assert first.changes and first.changes[0].size == "res"
+    assert Report.from_dict(report.to_dict()).models[0].dynamic == dynamic
+
+
+def test_a_model_whose_sizes_cannot_be_followed_is_analyzed_again_at_each_point(tmp_path):
+    path = tmp_path / "gated.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            import torch.nn as nn
+
+
+            class Gated(nn.Module):  # fuselens: input=(4, n) dims=n:16..4096@16,256,4096
+                def forward(self, x):
+                    if x.mean() > 0:
+                        x = x * 2
+                    return torch.relu(x) + 1
+            """
+        )
+    )
+    (model,) = analyze_file(str(path)).models
+    dynamic = model.dynamic
+    assert dynamic is not None and not dynamic.symbolic
+    assert "reads a value" in dynamic.note and "gated.py:7" in dynamic.note
+    assert dynamic.clusters
+    for entry in dynamic.clusters:
+        assert not entry.symbolic and "the analysis at each point" in entry.note
+        assert entry.bytes_fused is None
+        fused = [p.bytes_fused for p in entry.points]
+        assert None not in fused and fused[1] == 16 * fused[0] and fused[2] == 16 * fused[1]
+
+
+def test_a_static_model_has_no_dynamic_section_and_older_reports_are_refused_by_version():
+    report = analyze_file(example("example_net.py"), AnalyzeOptions(input_shapes=["64,32"]))
+    assert all(m.dynamic is None for m in report.models)
+    older = {**report.to_dict(), "schema_version": SCHEMA_VERSION - 1}
+    with pytest.raises(ContractError, match=f"schema_version {SCHEMA_VERSION - 1} is not {SCHEMA_VERSION}"):
+        Report.from_dict(older)
+
+
+def test_expression_trees_evaluate_without_parsing_text():
+    assert evaluate(["+", ["*", 2, "seq"], ["//", ["**", "res", 2], "res"]], {"seq": 3, "res": 5}) == 11
+    assert evaluate(["<=", "seq", 2048], {"seq": 4096}) is False
+    with pytest.raises(ExpressionError):
+        evaluate(["+", "seq", "len"], {"seq": 1})
