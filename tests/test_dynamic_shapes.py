@@ -28,6 +28,7 @@ from fuselens.contracts.schema import validate_report
 from fuselens.pipeline.analyze import analyze_file
 
 from conftest import example
+from lsp_helpers import Client, server_fixture
 
 
 def _resolved(entry: dict, where: str = "pyproject.toml [tool.fuselens.models.Block]"):
@@ -313,3 +314,43 @@ def test_expression_trees_evaluate_without_parsing_text():
     assert evaluate(["<=", "seq", 2048], {"seq": 4096}) is False
     with pytest.raises(ExpressionError):
         evaluate(["+", "seq", "len"], {"seq": 1})
+
+
+# ---- the editor: sizes declared in its settings, the range in the diagnostic and the hover ---------------
+
+WIDE = """\
+import torch
+import torch.nn as nn
+
+
+class Wide(nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2) + 1
+"""
+
+editor = server_fixture(
+    configuration={
+        "fuselens": {
+            "models": {
+                "Wide": {"inputs": [[4, "n"]], "dims": {"n": {"min": 16, "max": 4096, "corpus": [16, 256, 4096]}}}
+            }
+        }
+    }
+)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_editor_speaks_of_the_declared_range(editor: Client):
+    uri = editor.open("wide.py", WIDE)
+    (diagnostic,) = [d for d in await editor.diagnostics_of(uri) if d.code == "elementwise"]
+    # Three float32 [4, n] ops, each a read and a write (96n bytes), against one read and one write (32n):
+    # 1 KB saved at n = 16, 256 KB at n = 4096.
+    assert diagnostic.message.startswith("fusable: mul → relu → add, 24 KB → 8 KB")  # at n = 256
+    assert diagnostic.message.endswith("; saves 1 KB–256 KB over n 16..4096"), diagnostic.message
+    hover = await editor.hover(uri, 7)
+    assert hover is not None
+    text = hover.contents.value
+    assert "**over n 16..4096**: `96*n` → `32*n` bytes" in text
+    assert "| n | unfused → fused | regime | speedup |" in text
+    for row in ("| 16 | 1.5 KB → 512 B | launch-bound | 3.00× |", "| 4096 | 384 KB → 128 KB | launch-bound | 3.00× |"):
+        assert row in text, text

@@ -21,6 +21,7 @@ from fuselens.contracts.report import (
 from fuselens.contracts.units import bytes_label, library_path
 from fuselens.worker.protocol import Failure
 
+from .ranges import dynamic_entry, saved_over_range
 from .text import lines_range, path_to_uri, same_file, shown_at
 
 SOURCE = "fuselens"
@@ -32,13 +33,16 @@ SEVERITY = {
 }
 
 
-def cluster_message(c: Cluster, libraries: list[Library]) -> str:
+def cluster_message(c: Cluster, libraries: list[Library], model: Model | None = None) -> str:
     saved = ""
     if c.bytes_unfused and c.bytes_fused is not None:
         saved = f" (−{100 * (c.bytes_unfused - c.bytes_fused) / c.bytes_unfused:.0f}% DRAM traffic)"
     text = f"fusable: {c.op_chain}, {bytes_label(c.bytes_unfused)} → {bytes_label(c.bytes_fused)}{saved}"
     if c.regime:
         text += f" [{c.regime}]"
+    ranged = dynamic_entry(model, c.id) if model is not None else None
+    if ranged is not None:
+        text += saved_over_range(*ranged)
     if c.multiplicity > 1:
         text += f" ×{c.multiplicity} ({bytes_label(c.total_bytes_unfused)} → {bytes_label(c.total_bytes_fused)} in all)"
     if c.branch:
@@ -208,7 +212,7 @@ def _cluster(
         severity=severity,
         source=SOURCE,
         code=c.kind,
-        message=cluster_message(c, libraries),
+        message=cluster_message(c, libraries, model),
         related_information=related,
         data={"cluster": c.id},
     )

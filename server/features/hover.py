@@ -26,6 +26,7 @@ from fuselens.contracts.validation import ORIGINAL_CODE
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
 from .probed import describe_site, sites_at
+from .ranges import dynamic_entry, hover_section
 from .text import same_file, shown_at
 
 
@@ -86,6 +87,9 @@ def describe(model: Model, c: Cluster, libraries: list[Library], uri: str = "", 
                 for p in patterns
             )
         )
+    ranged = dynamic_entry(model, c.id)
+    if ranged is not None:
+        parts.append(hover_section(*ranged))
     if model.inductor is not None:
         parts.append(_inductor_section(model.inductor, c))
     return "\n\n".join(parts)
