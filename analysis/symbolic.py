@@ -27,6 +27,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch._guards import GuardSource, Source
 from torch.overrides import TorchFunctionMode
 
 from fuselens.contracts.config import InputSpec
@@ -85,7 +86,6 @@ def symbolic_shapes(
     user_code: UserCode,
 ) -> SymbolicShapes:
     """Trace `model` with the declared sizes as symbols; `main` is the concrete trace at their bindings."""
-    from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -93,7 +93,7 @@ def symbolic_shapes(
     names: dict[sympy.Symbol, sympy.Symbol] = {}
     ints: dict[str, Any] = {}
     for name, dim in dims.items():
-        symbol = env.create_symbol(dim.binding, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        symbol = env.create_symbol(dim.binding, _DeclaredSize(name), dynamic_dim=DimDynamic.DYNAMIC)
         # No upper bound: what the model allows is then a guard, found and placed at its line whatever
         # range was declared, and the declared range is checked against it (`pipeline/dynamic.py`).
         env.constrain_symbol_range(symbol, compiler_min=dim.min, compiler_max=_UNBOUNDED)
@@ -116,6 +116,22 @@ def symbolic_shapes(
         return SymbolicShapes(None, recorder.guards, error=f"{type(exc).__name__}: {exc}{where}".strip())
     graph, unmapped = _expressed(main, recorder, inputs)
     return SymbolicShapes(graph, recorder.guards, unmapped)
+
+
+@dataclass(frozen=True)
+class _DeclaredSize(Source):
+    """Where a symbol's value comes from, for the environment: a declared size, by name.  (As dynamo's
+    `ConstantSource`, whose import, all of torch._dynamo, takes seconds.)"""
+
+    size: str
+
+    @property
+    def guard_source(self) -> GuardSource:
+        return GuardSource.CONSTANT
+
+    @property
+    def _name_template(self) -> str:
+        return self.size
 
 
 def _dims_of(spec: InputSpec) -> list[tuple[int, str | None]]:

@@ -5,7 +5,7 @@ seconds of CPU) afresh, on every save; the host imports what the server names he
 (`worker/preload.py`), and the jobs forked after that start with it.  Before a file's job the server
 names the file's own imports (`file_imports`, from its syntax tree: nothing of the file runs here),
 so that its first job starts with them; after it, the modules its analysis found the model's code
-in (`library_modules`).
+in, and torch's symbolic-shape modules for a model with dynamic sizes (`library_modules`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,18 @@ MAX_IMPORTS = 64  # the most import statements of one file the host is asked to 
 MAX_SOURCE_CHARS = 1 << 20  # a longer buffer is no model's file: its imports are not read
 ALWAYS_IMPORTED = frozenset({"torch"})  # what the worker host imports as it starts
 
+# What following a model's declared sizes as symbols imports (`analysis/symbolic.py`): torch's shape
+# environment, which imports all of torch._dynamo (seconds of CPU) the first time it is made.
+SYMBOLIC_SHAPE_MODULES = ("torch._dynamo", "torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor")
+
 
 def library_modules(report: Report) -> list[str]:
     """The import names of the installed libraries' files that hold the report's clusters' ops, in
-    the order they come ("transformers.models.llama.modeling_llama")."""
+    the order they come ("transformers.models.llama.modeling_llama"), and torch's symbolic-shape
+    modules when a model of the report has dynamic sizes."""
     found: dict[str, None] = {}
+    if any(model.dynamic is not None for model in report.models):
+        found.update(dict.fromkeys(SYMBOLIC_SHAPE_MODULES))
     for _, cluster in report.clusters():
         for file in [cluster.file, *(op.file for op in cluster.ops)]:
             name = _module_name(report, file)

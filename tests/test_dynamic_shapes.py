@@ -354,3 +354,11 @@ async def test_the_editor_speaks_of_the_declared_range(editor: Client):
     assert "| n | unfused → fused | regime | speedup |" in text
     for row in ("| 16 | 1.5 KB → 512 B | launch-bound | 3.00× |", "| 4096 | 384 KB → 128 KB | launch-bound | 3.00× |"):
         assert row in text, text
+    # Following sizes as symbols imports torch._dynamo: the worker host keeps it for the next saves' jobs.
+    await editor.wait_until(
+        lambda: any("keeping torch._dynamo loaded for the jobs" in m.message for m in editor.log_messages),
+        "the worker to keep the symbolic-shape modules loaded",
+    )
+    version = editor.save_text(uri, editor.texts[uri] + "\n")
+    (again,) = [d for d in await editor.diagnostics_of(uri, version) if d.code == "elementwise"]
+    assert again.message == diagnostic.message
