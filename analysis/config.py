@@ -168,6 +168,8 @@ def bind_symbols(config: ModelConfig) -> None:
             f"{config.inputs_source}: the input shape names {name!r}, whose range is not declared: declare it, "
             f"as in dims = {{ {name} = {{ min = 1, max = 8192 }} }}, dims={name}:1..8192 or --dim {name}=1..8192"
         )
+    order = list(dict.fromkeys(n for spec in config.inputs or [] for n in spec.symbols if n))
+    config.dims = {n: config.dims[n] for n in order}  # as the shapes name them
     config.inputs = [
         dataclasses.replace(
             spec, shape=[config.dims[n].binding if n else d for d, n in zip(spec.shape, spec.symbols, strict=True)]

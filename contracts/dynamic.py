@@ -110,8 +110,7 @@ class Guard:
     condition: Expression  # true at every size the model runs at as traced
     file: str
     line: int
-    code: str = ""  # the line's text
-    holds: bool = True  # it holds over every declared range (False: the model was refused)
+    code: str = ""  # the line's text (a declared range it fails on refuses the model, at this line)
 
 
 @dataclass

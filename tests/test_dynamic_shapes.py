@@ -91,6 +91,28 @@ def test_bad_declarations_say_what_is_wrong_and_where(entry, message):
     assert "pyproject.toml" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("comment", "message"),
+    [
+        ("input=(4, n) dims=n:1..x", "'x' in 'n:1..x' is not an integer"),
+        ("input=(4, n) dims=n=1..8", "must look like seq:1..8192@1,128,2048,8192"),
+        ("input=(4, n) dims=n:1..8;n:2..4", "n is declared twice"),
+    ],
+)
+def test_bad_declarations_in_a_comment_name_the_line(comment, message):
+    with pytest.raises(ConfigError) as caught:
+        from_comment(f"class Block(nn.Module):  # fuselens: {comment}", "the inline comment on line 5")
+    assert str(caught.value).startswith("the inline comment on line 5: ") and message in str(caught.value)
+
+
+def test_sizes_are_listed_as_the_shapes_name_them():
+    sources = [
+        Source("--dim", model_settings({"dims": {"batch": {"min": 1, "max": 64}}}, "--dim")),
+        Source("p", model_settings({"inputs": [["seq", "batch", 8]], "dims": {"seq": {"min": 1, "max": 8}}}, "p")),
+    ]
+    assert list(resolve(sources).dims) == ["seq", "batch"]
+
+
 def test_dims_declared_for_other_inputs_than_those_analyzed_are_left_aside():
     table = Source(
         "pyproject.toml", model_settings({"inputs": [["seq", 64]], "dims": {"seq": {"min": 1, "max": 8}}}, "p")
