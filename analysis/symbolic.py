@@ -114,6 +114,10 @@ def symbolic_shapes(
     except Exception as exc:  # a trace that runs concretely can still fail on symbols; say why, answer concretely
         where = recorder.where()
         return SymbolicShapes(None, recorder.guards, error=f"{type(exc).__name__}: {exc}{where}".strip())
+    pinned = next((g for g in recorder.guards if isinstance(g.condition, sympy.Eq)), None)
+    if pinned is not None:  # the code made a size a number (`int(seq)`): shapes past it are that number's
+        where = f" ({pinned.file}:{pinned.line}: {pinned.code})" if pinned.file else ""
+        return SymbolicShapes(None, recorder.guards, error=f"the model's code fixes {pinned.condition}{where}")
     graph, unmapped = _expressed(main, recorder, inputs)
     return SymbolicShapes(graph, recorder.guards, unmapped)
 
@@ -191,7 +195,9 @@ class _ShapeRecorder(TorchFunctionMode):
             return
         file, line = self._user_line()
         for guard in new:
-            condition = self.expression(guard.expr)
+            # As the code asked it: simplified, a guard that pins a size (`Eq(s0, 256)`) is `True` once the
+            # environment replaces the size by its number.
+            condition = sympy.sympify(guard.expr).xreplace(self.names)
             if condition.free_symbols and condition is not sympy.true:
                 code = linecache.getline(file, line).strip() if file else ""
                 self.guards.append(FoundGuard(condition, file, line, code))

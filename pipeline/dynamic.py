@@ -46,9 +46,17 @@ def follow_sizes(
     return symbolic_shapes(model, config.inputs or [], config.dims, main, user_code)
 
 
+_BOUNDS = (sympy.LessThan, sympy.StrictLessThan, sympy.GreaterThan, sympy.StrictGreaterThan)
+
+
 def refusal(shapes: SymbolicShapes, config: ModelConfig, path: str) -> R.Problem | None:
-    """A declared range the model's guards do not hold over: refused at the guard's line."""
+    """A declared range that goes past a bound the model's code puts on a size (`seq <= 2048`): refused at
+    the bound's line.  Only bounds refuse: a guard that a size is not some value (`Ne(seq, 1024)`, where
+    slicing a cache of 1024 rows takes all of it) says the trace took the path of the other sizes, which
+    moves the same bytes, not that the model cannot run there."""
     for guard in shapes.guards:
+        if not isinstance(guard.condition, _BOUNDS):
+            continue
         for name in sorted(s.name for s in guard.condition.free_symbols):
             dim = config.dims.get(name)
             if dim is None:

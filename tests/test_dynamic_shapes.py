@@ -384,3 +384,43 @@ async def test_the_editor_speaks_of_the_declared_range(editor: Client):
     version = editor.save_text(uri, editor.texts[uri] + "\n")
     (again,) = [d for d in await editor.diagnostics_of(uri, version) if d.code == "elementwise"]
     assert again.message == diagnostic.message
+
+
+def test_a_mask_buffer_bounds_seq_but_its_whole_length_is_allowed():
+    """nanoGPT slices a causal mask of 1024 rows by the sequence length: `seq <= 1024` bounds the range,
+    while the trace's `Ne(seq, 1024)` (the slice takes all of the buffer there) refuses nothing."""
+    options = AnalyzeOptions(model_class="Block", input_shapes=["2,seq,768"], dims=["seq=1..1024"])
+    (model,) = analyze_file(example("nanogpt_attention.py"), options).models
+    assert model.status == "analyzed" and model.dynamic is not None
+    conditions = {g.condition.text for g in model.dynamic.guards}
+    assert {"seq <= 1024", "Ne(seq, 1024)"} <= conditions
+    options = AnalyzeOptions(model_class="Block", input_shapes=["2,seq,768"], dims=["seq=1..2048"])
+    (model,) = analyze_file(example("nanogpt_attention.py"), options).models
+    assert model.status == "error" and model.problem is not None
+    assert "goes beyond what the model allows: seq <= 1024" in model.problem.message
+    assert "the model runs at seq = 1..1024" in model.problem.message
+
+
+def test_a_size_the_code_makes_a_number_is_answered_by_analyzing_each_point(tmp_path):
+    path = tmp_path / "pinned.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            import torch.nn as nn
+
+
+            class Pinned(nn.Module):  # fuselens: input=(4, n) dims=n:16..4096@16,256,4096
+                def forward(self, x):
+                    width = int(x.shape[1])
+                    return torch.relu(x.reshape(4, width) * 2) + 1
+            """
+        )
+    )
+    (model,) = analyze_file(str(path)).models
+    dynamic = model.dynamic
+    assert dynamic is not None and not dynamic.symbolic
+    assert "the model's code fixes Eq(n, 256)" in dynamic.note, dynamic.note
+    (entry,) = dynamic.clusters
+    assert entry.bytes_fused is None  # no expression that would claim n = 256 everywhere
+    assert [p.bytes_fused for p in entry.points] == [2 * 4 * n * 4 for n in (16, 256, 4096)]
