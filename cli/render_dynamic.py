@@ -28,7 +28,7 @@ def render_dynamic(console: Console, model: Model) -> None:
         console.print(f"  [dim]guard {escape(guard.condition.text)} ({escape(where)}{escape(code)})[/]")
     if dynamic.note:
         console.print(f"  [yellow]{escape(dynamic.note)}[/]")
-    if dynamic.clusters:
+    if any(entry.points for entry in dynamic.clusters):
         console.print(_point_table(dynamic))
     for entry in dynamic.clusters:
         _render_cluster_lines(console, entry)

@@ -262,6 +262,8 @@ def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Mo
         )
         model.dynamic = dynamic.dynamic_section(model, found, sizes, config, file.profile, again)
         model.timings_ms["dynamic"] = _ms(started)
+    elif config.dims:
+        model.dynamic = dynamic.unanswered(model, config, sizes)
     main = paths[0][0].graph
     model.graph_breaks = _folded(main.breaks)
     model.paths = [list(trace.branches) for trace, _ in paths]

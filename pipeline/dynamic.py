@@ -121,6 +121,26 @@ class _Context:
         return self._concrete[key]
 
 
+def unanswered(model: R.Model, config: ModelConfig, shapes: SymbolicShapes | None) -> D.DynamicShapes:
+    """The sizes of a model traced on real values past a data-dependent op: its costs are the binding's only."""
+    section = _sizes_section(model, config)
+    section.symbolic = False
+    section.note = f"costs are given at the analysis binding only: {shapes.error if shapes else 'not traced'}"
+    section.clusters = [D.DynamicCluster(c.id, symbolic=False, note=section.note) for c in model.clusters]
+    return section
+
+
+def _sizes_section(model: R.Model, config: ModelConfig) -> D.DynamicShapes:
+    return D.DynamicShapes(
+        sizes=[
+            D.Size.of(dim, config.dims_sources.get(name, ""), _used_by(model, config, name))
+            for name, dim in config.dims.items()
+        ],
+        binding={name: dim.binding for name, dim in config.dims.items()},
+        points=_points(config),
+    )
+
+
 def dynamic_section(
     model: R.Model,
     found: list[Found],
@@ -129,15 +149,8 @@ def dynamic_section(
     profile: cost.DeviceProfile,
     reanalyze: Reanalysis,
 ) -> D.DynamicShapes:
-    binding = {name: dim.binding for name, dim in config.dims.items()}
-    section = D.DynamicShapes(
-        sizes=[
-            D.Size.of(dim, config.dims_sources.get(name, ""), _used_by(model, config, name))
-            for name, dim in config.dims.items()
-        ],
-        binding=binding,
-        points=_points(config),
-    )
+    section = _sizes_section(model, config)
+    binding = section.binding
     if shapes is not None:
         section.guards = [_guard(g) for g in shapes.guards]
     graph = shapes.graph if shapes is not None else None

@@ -424,3 +424,25 @@ def test_a_size_the_code_makes_a_number_is_answered_by_analyzing_each_point(tmp_
     (entry,) = dynamic.clusters
     assert entry.bytes_fused is None  # no expression that would claim n = 256 everywhere
     assert [p.bytes_fused for p in entry.points] == [2 * 4 * n * 4 for n in (16, 256, 4096)]
+
+
+def test_a_model_traced_on_real_values_says_its_costs_are_the_bindings_only(tmp_path):
+    path = tmp_path / "counted.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            import torch.nn as nn
+
+
+            class Counted(nn.Module):  # fuselens: input=(4, n) dims=n:16..256
+                def forward(self, x):
+                    k = int(x.abs().sum().item()) % 3 + 1
+                    return torch.relu(x * k) + 1
+            """
+        )
+    )
+    done = fuselens("analyze", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "costs are given at the analysis binding only: the model was traced on real values" in done.stdout
+    assert "per shape" not in done.stdout
