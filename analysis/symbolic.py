@@ -86,6 +86,35 @@ def symbolic_shapes(
     user_code: UserCode,
 ) -> SymbolicShapes:
     """Trace `model` with the declared sizes as symbols; `main` is the concrete trace at their bindings."""
+    recorder, inputs, error = _run(model, specs, dims, user_code, {n: d.binding for n, d in dims.items()})
+    if error:
+        return SymbolicShapes(None, recorder.guards, error=error)
+    pinned = next((g for g in recorder.guards if isinstance(g.condition, sympy.Eq)), None)
+    if pinned is not None:  # the code made a size a number (`int(seq)`): shapes past it are that number's
+        where = f" ({pinned.file}:{pinned.line}: {pinned.code})" if pinned.file else ""
+        return SymbolicShapes(None, recorder.guards, error=f"the model's code fixes {pinned.condition}{where}")
+    graph, unmapped = _expressed(main, recorder, inputs)
+    return SymbolicShapes(graph, recorder.guards, unmapped)
+
+
+def guards_at_small_sizes(
+    model: torch.nn.Module, specs: Sequence[InputSpec], dims: dict[str, DimRange], user_code: UserCode
+) -> list[FoundGuard]:
+    """The guards of a trace with each size near its minimum (2 at least: torch takes sizes 0 and 1 for
+    numbers): where the analysis binding fails (past a cache's rows), the bound it went past."""
+    hints = {n: min(max(d.min, 2), d.max) for n, d in dims.items()}
+    return _run(model, specs, dims, user_code, hints)[0].guards
+
+
+def _run(
+    model: torch.nn.Module,
+    specs: Sequence[InputSpec],
+    dims: dict[str, DimRange],
+    user_code: UserCode,
+    hints: dict[str, int],
+) -> tuple[_ShapeRecorder, list[torch.Tensor], str]:
+    """The forward on fake inputs whose declared sizes are symbols with these hints: the recorder, the
+    inputs, and why the forward did not reach its end ("" when it did)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -93,14 +122,15 @@ def symbolic_shapes(
     names: dict[sympy.Symbol, sympy.Symbol] = {}
     ints: dict[str, Any] = {}
     for name, dim in dims.items():
-        symbol = env.create_symbol(dim.binding, _DeclaredSize(name), dynamic_dim=DimDynamic.DYNAMIC)
+        symbol = env.create_symbol(hints[name], _DeclaredSize(name), dynamic_dim=DimDynamic.DYNAMIC)
         # No upper bound: what the model allows is then a guard, found and placed at its line whatever
         # range was declared, and the declared range is checked against it (`pipeline/dynamic.py`).
         env.constrain_symbol_range(symbol, compiler_min=dim.min, compiler_max=_UNBOUNDED)
         names[symbol] = size_symbol(name)
-        ints[name] = env.create_symintnode(symbol, hint=dim.binding)
+        ints[name] = env.create_symintnode(symbol, hint=hints[name])
     recorder = _ShapeRecorder(env, names, user_code)
     fake = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    inputs: list[torch.Tensor] = []
     try:
         with fake, torch.device("meta"):
             inputs = [
@@ -110,16 +140,10 @@ def symbolic_shapes(
             with as_torch_compile_traces(), torch.no_grad(), recorder:
                 model(*inputs)
     except _Unfollowable as exc:
-        return SymbolicShapes(None, recorder.guards, error=str(exc))
+        return recorder, inputs, str(exc)
     except Exception as exc:  # a trace that runs concretely can still fail on symbols; say why, answer concretely
-        where = recorder.where()
-        return SymbolicShapes(None, recorder.guards, error=f"{type(exc).__name__}: {exc}{where}".strip())
-    pinned = next((g for g in recorder.guards if isinstance(g.condition, sympy.Eq)), None)
-    if pinned is not None:  # the code made a size a number (`int(seq)`): shapes past it are that number's
-        where = f" ({pinned.file}:{pinned.line}: {pinned.code})" if pinned.file else ""
-        return SymbolicShapes(None, recorder.guards, error=f"the model's code fixes {pinned.condition}{where}")
-    graph, unmapped = _expressed(main, recorder, inputs)
-    return SymbolicShapes(graph, recorder.guards, unmapped)
+        return recorder, inputs, f"{type(exc).__name__}: {exc}{recorder.where()}".strip()
+    return recorder, inputs, ""
 
 
 @dataclass(frozen=True)

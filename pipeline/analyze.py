@@ -244,7 +244,7 @@ def _analyze_model(source: loader.ModelSource, file: _FileContext) -> tuple[R.Mo
     except loader.LoadError as exc:
         return _failed(model, load_problem(exc, file.path)), []
     except capture.CaptureError as exc:
-        return _failed(model, _trace_problem(exc, config, file.path)), []
+        return _failed(model, _bound_problem(source, config, file) or _trace_problem(exc, config, file.path)), []
     sizes = _follow_sizes(model, config, paths[0][0], traced, file) if config.dims else None
     refused = dynamic.refusal(sizes, config, file.path) if sizes is not None else None
     if refused is not None:
@@ -282,6 +282,20 @@ def _follow_sizes(
     shapes = dynamic.follow_sizes(traced, config, main, file.analyzed.user_code)
     model.timings_ms["symbolic"] = _ms(started)
     return shapes
+
+
+def _bound_problem(source: loader.ModelSource, config: ModelConfig, file: _FileContext) -> R.Problem | None:
+    """For a model with declared sizes whose trace failed: the bound on a size its analysis binding went
+    past (a cache of 2048 rows sliced at 4096), as the refusal of the declared range; None otherwise."""
+    if not config.dims:
+        return None
+    user_code = file.analyzed.user_code
+    try:
+        with capture.without_dynamo_import():
+            built = loader.build_source(source, config.init, user_code, config.param_dtype, values=False)
+    except loader.LoadError:
+        return None
+    return dynamic.refusal_of_failed_binding(built.model, config, user_code, file.path)
 
 
 def _folded(breaks: list[R.GraphBreak]) -> list[R.GraphBreak]:

@@ -28,7 +28,7 @@ from fuselens.analysis import capture, cost, loader, sourcemap
 from fuselens.analysis import patterns as patterns_mod
 from fuselens.analysis.expressions import NotExpressible, expression
 from fuselens.analysis.graph import Graph
-from fuselens.analysis.symbolic import SymbolicShapes, symbolic_shapes
+from fuselens.analysis.symbolic import SymbolicShapes, guards_at_small_sizes, symbolic_shapes
 from fuselens.codegen.plan import returned_outputs
 from fuselens.contracts import dynamic as D
 from fuselens.contracts import report as R
@@ -44,6 +44,15 @@ def follow_sizes(
 ) -> SymbolicShapes:
     """The main trace's values as expressions of the declared sizes, and the guards on them."""
     return symbolic_shapes(model, config.inputs or [], config.dims, main, user_code)
+
+
+def refusal_of_failed_binding(
+    model: torch.nn.Module, config: ModelConfig, user_code: capture.UserCode, path: str
+) -> R.Problem | None:
+    """Where the trace at the analysis binding failed: the bound the binding went past, found by a trace
+    at small sizes, as the refusal of the declared range (None: the failure is another)."""
+    guards = guards_at_small_sizes(model, config.inputs or [], config.dims, user_code)
+    return refusal(SymbolicShapes(None, guards), config, path)
 
 
 _BOUNDS = (sympy.LessThan, sympy.StrictLessThan, sympy.GreaterThan, sympy.StrictGreaterThan)
@@ -87,9 +96,9 @@ def _holds(condition: sympy.Basic, config: ModelConfig, at: dict[str, int]) -> b
 
 
 def _largest_allowed(condition: sympy.Basic, config: ModelConfig, name: str) -> int | None:
-    """The largest size from the binding up at which `condition` holds (it holds at the binding)."""
+    """The largest size from the minimum up at which `condition` holds (None: not even there)."""
     dim = config.dims[name]
-    low, high = dim.binding, dim.max
+    low, high = dim.min, dim.max
     if not _holds(condition, config, {name: low}):
         return None
     while low < high:  # the last size it holds at, as it stops holding once

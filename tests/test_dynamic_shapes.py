@@ -221,6 +221,12 @@ def test_a_range_beyond_the_rope_cache_is_refused_at_the_slicing_line(tmp_path):
     # The same range from the command line is refused the same way, naming where it came from.
     done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", "--dim", "seq=1..4096")
     assert done.returncode == 1 and "seq = 1..4096 (--dim)" in done.stdout and f"llama.py:{rope}" in done.stdout
+    # Analyzed at a size past the cache (the corpus's middle, 4096), the trace itself fails: the refusal
+    # is still the bound's, found by a trace at small sizes, not the shape mismatch it leads to.
+    done = fuselens("analyze", str(path), "--model-class", "LlamaBlock", "--dim", "seq=1..8192@1,128,4096,8192")
+    assert done.returncode == 1
+    assert f"llama.py:{rope} seq = 1..8192 (--dim) goes beyond what the model allows: seq <= 2048" in done.stdout
+    assert "must match" not in done.stdout
 
 
 @pytest.mark.parametrize(
