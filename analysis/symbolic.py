@@ -86,6 +86,10 @@ def symbolic_shapes(
     user_code: UserCode,
 ) -> SymbolicShapes:
     """Trace `model` with the declared sizes as symbols; `main` is the concrete trace at their bindings."""
+    fixed = [n for n, d in dims.items() if d.binding < 2 < d.max + 1]
+    if fixed:  # torch takes a size of 0 or 1 for that number, not a symbol: no expression would follow it
+        name = fixed[0]
+        return SymbolicShapes(None, error=f"{name} is analyzed at {dims[name].binding}, which torch takes as a number")
     recorder, inputs, error = _run(model, specs, dims, user_code, {n: d.binding for n, d in dims.items()})
     if error:
         return SymbolicShapes(None, recorder.guards, error=error)

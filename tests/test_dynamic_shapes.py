@@ -452,3 +452,16 @@ def test_a_model_traced_on_real_values_says_its_costs_are_the_bindings_only(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     assert "costs are given at the analysis binding only: the model was traced on real values" in done.stdout
     assert "per shape" not in done.stdout
+
+
+def test_a_size_analyzed_at_one_is_not_taken_for_a_number_over_its_range(tmp_path):
+    path = tmp_path / "at_one.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "class AtOne(nn.Module):  # fuselens: input=(4, n) dims=n:1..64@1\n"
+        "    def forward(self, x):\n        return torch.relu(x * 2) + 1\n"
+    )
+    (model,) = analyze_file(str(path)).models
+    assert model.dynamic is not None and not model.dynamic.symbolic
+    assert "n is analyzed at 1, which torch takes as a number" in model.dynamic.note
+    assert all(entry.bytes_fused is None and not entry.changes for entry in model.dynamic.clusters)
