@@ -100,6 +100,9 @@ CASES = {
         lambda g: _tokens_and_targets(g, vocab=512, shape=(2, 16)),
         init={"vocab": 512, "max_len": 64},
     ),
+    "probe_planted.py": Case(
+        "probe_planted.py", "Planted", lambda g: [torch.randn(32, 64, generator=g), torch.randn(8, 64, generator=g)]
+    ),
     "nanogpt_attention.py": Case("nanogpt_attention.py", "Block", lambda g: [torch.randn(2, 16, 768, generator=g)]),
     "encoder_attention.py": Case(
         "encoder_attention.py",
