@@ -202,6 +202,21 @@ def _display(func: Callable, name: str) -> str:
     return f"{module}.{name}" if module else name
 
 
+def conv_then_bias(mode: TorchFunctionMode, func, types, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+    """A convolution with a bias, recorded as the convolution without it and then the add of the
+    bias over the channels: on a GPU, torch adds cuDNN's bias in a kernel of its own, so that add
+    is memory traffic the kernel after the convolution can take in."""
+    bias = _conv_bias(args, kwargs)
+    if len(args) > 2:
+        args = (*args[:2], None, *args[3:])
+    else:
+        kwargs = {**kwargs, "bias": None}
+    out = mode.__torch_function__(func, types, args, kwargs)
+    spatial = (slice(None),) + (None,) * _CONVS[name]
+    channels = mode.__torch_function__(torch.Tensor.__getitem__, types, (bias, spatial))
+    return mode.__torch_function__(torch.Tensor.add, types, (out, channels))
+
+
 class Recorder(TorchFunctionMode):
     """Records torch calls into a `Graph` while the user's forward runs."""
 
@@ -305,19 +320,7 @@ class Recorder(TorchFunctionMode):
             self.call_nodes[number] = range(first, len(self.graph.nodes))
         return out
 
-    def _conv_then_bias(self, func, types, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
-        """A convolution with a bias, recorded as the convolution without it and then the add of the
-        bias over the channels: on a GPU, torch adds cuDNN's bias in a kernel of its own, so that add
-        is memory traffic the kernel after the convolution can take in."""
-        bias = _conv_bias(args, kwargs)
-        if len(args) > 2:
-            args = (*args[:2], None, *args[3:])
-        else:
-            kwargs = {**kwargs, "bias": None}
-        out = self.__torch_function__(func, types, args, kwargs)
-        spatial = (slice(None),) + (None,) * _CONVS[name]
-        channels = self.__torch_function__(torch.Tensor.__getitem__, types, (bias, spatial))
-        return self.__torch_function__(torch.Tensor.add, types, (out, channels))
+    _conv_then_bias = conv_then_bias
 
     def _tagged(self, func, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         alias = ALIASES.get(name, name)

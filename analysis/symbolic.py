@@ -41,6 +41,7 @@ from .capture import (
     _callable_name,
     _conv_bias,
     as_torch_compile_traces,
+    conv_then_bias,
     tensors_in,
 )
 from .graph import Graph, Node, TensorMeta
@@ -205,16 +206,7 @@ class _ShapeRecorder(TorchFunctionMode):
         self._take_guards()
         return out
 
-    def _conv_then_bias(self, func, types, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
-        bias = _conv_bias(args, kwargs)
-        if len(args) > 2:
-            args = (*args[:2], None, *args[3:])
-        else:
-            kwargs = {**kwargs, "bias": None}
-        out = self.__torch_function__(func, types, args, kwargs)
-        spatial = (slice(None),) + (None,) * _CONVS[name]
-        channels = self.__torch_function__(torch.Tensor.__getitem__, types, (bias, spatial))
-        return self.__torch_function__(torch.Tensor.add, types, (out, channels))
+    _conv_then_bias = conv_then_bias
 
     def _take_guards(self) -> None:
         new = self.env.guards[self._seen_guards :]

@@ -25,7 +25,7 @@ from fuselens.codegen import edits as edits_mod
 from fuselens.codegen import files
 from fuselens.codegen import rewrites as rewrites_mod
 from fuselens.contracts import commands as command_ids
-from fuselens.contracts.options import ProfileOptions, ValidateOptions
+from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
 from fuselens.contracts.probe import ProbeOptions, ProbeReport
 from fuselens.contracts.profile import Profile
@@ -161,6 +161,20 @@ def _analysis_for(snapshot: Snapshot) -> Analysis:
     return analysis
 
 
+def _untrusted(services: Services, path: str) -> dict[str, Any] | None:
+    """A command's answer for a file outside the trusted folders (None for one inside)."""
+    folders = services.state.folders
+    return None if folders.trusted(path) else {"error": "untrusted", "message": folders.untrusted(path)}
+
+
+def _job_options(snapshot: Snapshot, model: str | None) -> AnalyzeOptions:
+    """The options a job that runs the file's models (or only `model`) takes: its analysis's."""
+    options = snapshot.settings.analyze_options(_analysis_for(snapshot).text)
+    if model is not None:
+        options.model_class = model
+    return options
+
+
 async def _validate(
     services: Services, snapshot: Snapshot, clusters: list[str] | None, model: str | None, options: dict[str, Any]
 ) -> dict[str, Any]:
@@ -219,13 +233,10 @@ async def _profile(services: Services, snapshot: Snapshot, model: str | None) ->
     """Run the file's forwards under the profiler in the worker (on CUDA where the worker has it, else
     on the CPU) and keep the profile for the hover, the inlay hints and the lenses."""
     path = _open_document_path(snapshot)
-    folders, log, settings = services.state.folders, services.log, snapshot.settings
-    if not folders.trusted(path):
-        return {"error": "untrusted", "message": folders.untrusted(path)}
-    analysis = _analysis_for(snapshot)
-    options = settings.analyze_options(analysis.text)
-    if model is not None:
-        options.model_class = model
+    log, settings = services.log, snapshot.settings
+    if refused := _untrusted(services, path):
+        return refused
+    options = _job_options(snapshot, model)
     name = os.path.basename(path)
     what = model or name
     log.line(f"profiling {model or 'the models'} of {name}")
@@ -291,13 +302,11 @@ async def _probe(services: Services, snapshot: Snapshot, model: str | None) -> d
     """Run the file's models on data in the worker with every GEMM site sketched (`fuselens probe`), and
     keep the probe for the hover and the lens."""
     path = _open_document_path(snapshot)
-    folders, log, settings = services.state.folders, services.log, snapshot.settings
-    if not folders.trusted(path):
-        return {"error": "untrusted", "message": folders.untrusted(path)}
+    log, settings = services.log, snapshot.settings
+    if refused := _untrusted(services, path):
+        return refused
     analysis = _analysis_for(snapshot)
-    options = settings.analyze_options(analysis.text)
-    if model is not None:
-        options.model_class = model
+    options = _job_options(snapshot, model)
     name = os.path.basename(path)
     what = model or name
     log.line(f"probing {model or 'the models'} of {name}")
