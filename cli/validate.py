@@ -12,11 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fuselens.contracts.dynamic import describe_binding
 from fuselens.contracts.options import AnalyzeOptions, ValidateOptions
 from fuselens.contracts.results_view import ResultsView, results_view, view_markdown
 from fuselens.contracts.validation import (
     RESULT_COLUMNS,
     BackwardCheck,
+    ModelValidation,
     ValidationReport,
     timing_cells,
     training_cells,
@@ -79,6 +81,37 @@ def _backward_cell(check: BackwardCheck | None) -> str:
     return f"[{style}]{escape(check.status)}[/] {_err(check.max_abs)}"
 
 
+def _kernels_cell(model: ModelValidation) -> str:
+    """How many of the kernels reached at a binding computed what their lines do."""
+    reached = [c for c in model.clusters if c.status != "not-reached"]
+    verified = [c for c in reached if c.status == "verified"]
+    style = "green" if len(verified) == len(reached) else "bold red"
+    unreached = len(model.clusters) - len(reached)
+    return f"[{style}]{len(verified)}/{len(reached)} verified[/]" + (f", {unreached} not reached" if unreached else "")
+
+
+def render_bindings(name: str, models: list[ModelValidation], console: Console) -> None:
+    """One row per binding of a model's declared sizes: its kernels' and whole model's checks."""
+    console.print(f"[bold]{escape(name)}[/] over its declared sizes")
+    table = Table(show_edge=True, header_style="bold")
+    for col in ("sizes", "inputs", "kernels", "worst |err|", "whole model", "patched speedup"):
+        table.add_column(col)
+    for m in models:
+        errors = [c.max_abs for c in m.clusters if c.max_abs is not None]
+        whole = m.model
+        style = {"matches": "green", "skipped": "yellow"}.get(whole.status, "bold red") if whole else ""
+        table.add_row(
+            escape(describe_binding(m.binding)),
+            escape(", ".join(f"({', '.join(map(str, s))})" for s in m.inputs)),
+            _kernels_cell(m),
+            _err(max(errors) if errors else None),
+            f"[{style}]{escape(whole.status)}[/]" if whole else "—",
+            f"{whole.speedup:.2f}×" if whole and whole.speedup else "—",
+        )
+    console.print(table)
+    console.print()
+
+
 def render_validation(report: ValidationReport, console: Console) -> None:
     # Messages, names and devices are data, not markup: escaped, so that "[...]" in them prints as written.
     for problem in report.problems:
@@ -86,7 +119,8 @@ def render_validation(report: ValidationReport, console: Console) -> None:
     where = "Triton interpreter on CPU" if report.mode == "interpret" else report.device
     for model in report.models:
         shapes = ", ".join(f"({', '.join(map(str, s))}) {d}" for s, d in zip(model.inputs, model.dtypes, strict=True))
-        console.print(f"[bold]{escape(model.name)}[/] validated at {escape(shapes)} · {escape(where)}")
+        at = f" ({describe_binding(model.binding)})" if model.binding else ""
+        console.print(f"[bold]{escape(model.name)}[/]{escape(at)} validated at {escape(shapes)} · {escape(where)}")
         table = Table(show_edge=True, header_style="bold")
         for col in (
             "cluster",
@@ -136,5 +170,7 @@ def render_validation(report: ValidationReport, console: Console) -> None:
             if m.speedup:
                 console.print(f"  whole-model speedup: {m.speedup:.2f}×")
         console.print()
+    for name in dict.fromkeys(m.name for m in report.models if m.binding):
+        render_bindings(name, [m for m in report.models if m.name == name], console)
     if not report.models and not report.problems:
         console.print(f"nothing to validate: {escape(os.path.relpath(report.file))} has no fusable cluster")

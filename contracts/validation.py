@@ -128,6 +128,9 @@ class ModelValidation:
     dtypes: list[str]
     clusters: list[ClusterCheck] = field(default_factory=list)
     model: ModelCheck | None = None
+    # The declared dynamic sizes' values at these shapes ({"seq": 13}); {} for a model without them,
+    # validated at one shape.  A model with them has one validation per binding.
+    binding: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

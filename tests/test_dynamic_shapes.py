@@ -465,3 +465,75 @@ def test_a_size_analyzed_at_one_is_not_taken_for_a_number_over_its_range(tmp_pat
     assert model.dynamic is not None and not model.dynamic.symbolic
     assert "n is analyzed at 1, which torch takes as a number" in model.dynamic.note
     assert all(entry.bytes_fused is None and not entry.changes for entry in model.dynamic.clusters)
+
+
+# ---- validating at every size of the declared range ----------------------------------------------------
+
+SMALL_LLAMA_TABLE = """
+[tool.fuselens.models.LlamaBlock]
+inputs = [[2, "seq", 64]]
+dims = { seq = { min = 1, max = 32, corpus = [1, 8, 32] } }
+init = { dim = 64, n_heads = 2, hidden = 128, max_len = 32 }
+"""
+
+
+def validated_bindings(done: subprocess.CompletedProcess, out: Path) -> list[dict]:
+    """Each binding's validation from `validate --json`, after checking the run passed."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())["models"]
+
+
+def assert_kernels_ran_everywhere(models: list[dict]) -> None:
+    """Every kernel computed what its lines do at each binding, and the patched model ran them all (as many
+    launches as at the analysis binding): a kernel that took a size for a constant would have fallen back."""
+    launches = {m["model"]["kernel_launches"] for m in models}
+    assert len(launches) == 1 and launches.pop() > 0, [m["model"] for m in models]
+    for m in models:
+        assert m["clusters"] and all(c["status"] == "verified" for c in m["clusters"]), m
+        assert m["model"]["status"] == "matches", m["model"]
+        assert m["model"]["training"] is None or m["model"]["training"]["status"] == "matches"
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_validate_checks_the_llama_block_at_every_corpus_point_and_the_edges_of_seq(tmp_path):
+    path = tmp_path / "llama.py"
+    shutil.copy(example("llama_block.py"), path)
+    (tmp_path / "pyproject.toml").write_text(SMALL_LLAMA_TABLE)
+    out = tmp_path / "validation.json"
+    done = fuselens("validate", str(path), "--interpret", "--json", str(out))
+    models = validated_bindings(done, out)
+    # The corpus, then the range's ends, 1, an odd size (17) and a prime (31).
+    assert [m["binding"] for m in models] == [{"seq": s} for s in (1, 8, 32, 17, 31)]
+    assert [m["inputs"] for m in models] == [[[2, s, 64]] for s in (1, 8, 32, 17, 31)]
+    assert_kernels_ran_everywhere(models)
+    # One row per binding in the printed summary.
+    summary = done.stdout[done.stdout.index("LlamaBlock over its declared sizes") :]
+    for s in (1, 8, 32, 17, 31):
+        assert f"seq={s} " in summary and f"(2, {s}, 64)" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_validate_checks_the_vision_block_at_every_resolution_of_its_range(tmp_path):
+    path = tmp_path / "vision.py"
+    path.write_text(VISION)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fuselens.models.ResBlock]\ninputs = [[2, 32, "res", "res"], [2, 64]]\n'
+        "dims = { res = { min = 4, max = 16, corpus = [4, 8, 16] } }\n"
+    )
+    out = tmp_path / "validation.json"
+    models = validated_bindings(fuselens("validate", str(path), "--interpret", "--json", str(out)), out)
+    # No 1 in a range from 4; an odd 11 and the prime 13 beside the corpus.
+    assert [m["binding"]["res"] for m in models] == [4, 8, 16, 11, 13]
+    assert [m["inputs"][0] for m in models] == [[2, 32, r, r] for r in (4, 8, 16, 11, 13)]
+    assert_kernels_ran_everywhere(models)
+
+
+def test_validation_sizes_cover_the_ends_one_an_odd_size_and_a_prime():
+    from fuselens.contracts.dynamic import Size
+    from fuselens.validate.bindings import edge_sizes
+
+    assert edge_sizes(Size("seq", 1, 8192, [1, 8192], 2048)) == [1, 4097, 8191, 8192]
+    assert edge_sizes(Size("res", 8, 256, [8, 256], 64)) == [8, 133, 251, 256]
+    assert edge_sizes(Size("n", 5, 5, [5], 5)) == [5]

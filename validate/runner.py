@@ -22,7 +22,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -36,10 +36,12 @@ from fuselens.codegen import edits as edits_mod
 from fuselens.codegen.module import module_for_report
 from fuselens.codegen.plan import KernelPlan, check, plan_cluster, returned_outputs
 from fuselens.contracts.config import InputSpec
+from fuselens.contracts.dynamic import describe_binding
 from fuselens.contracts.options import Progress, ValidateOptions
 from fuselens.contracts.report import Cluster, Kernel, Model, Report
 from fuselens.contracts.validation import NO_CUDA, ClusterCheck, ModelCheck, ModelValidation, Timing, ValidationReport
 
+from .bindings import specs_at, validation_bindings
 from .gemms import compare_paths
 from .gradients import check_gradients, time_training
 from .interpreter import imported_problem, interpreting, loop_problem
@@ -135,7 +137,7 @@ def validate_report(
         for index, model in enumerate(models):
             progress(f"validating {model.name}", index / len(models))
             run = _ModelRun(analysis, text, model, subjects[model.name], user_code, kernels, options, device, tmp)
-            result.models.append(_validate_model(run, _model_part(progress, index, len(models))))
+            result.models += _validate_at_each_binding(run, _model_part(progress, index, len(models)))
     progress("done", 1.0)
     return result
 
@@ -176,6 +178,26 @@ def load_kernel_module(report: Report, module_path: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _validate_at_each_binding(run: _ModelRun, progress: Progress) -> list[ModelValidation]:
+    """The model's validation; for a model with declared dynamic sizes (and no shapes asked for), one at
+    each of its bindings (`bindings.validation_bindings`): the kernels were made at one size and must
+    compute what the lines do at every size of the range."""
+    dynamic = run.model.dynamic
+    if dynamic is None or run.options.shapes:
+        return [_validate_model(run, progress)]
+    specs = [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in run.model.inputs]
+    points = validation_bindings(dynamic)
+    out = []
+    for k, binding in enumerate(points):
+        progress(f"{run.model.name} at {describe_binding(binding)}", k / len(points))
+        shapes = specs_at(specs, input_names(run.model), dynamic, binding)
+        at = replace(run, options=replace(run.options, shapes=shapes))
+        validation = _validate_model(at, _model_part(progress, k, len(points)))
+        validation.binding = binding
+        out.append(validation)
+    return out
 
 
 def _validate_model(run: _ModelRun, progress: Progress) -> ModelValidation:
