@@ -537,3 +537,22 @@ def test_validation_sizes_cover_the_ends_one_an_odd_size_and_a_prime():
     assert edge_sizes(Size("seq", 1, 8192, [1, 8192], 2048)) == [1, 4097, 8191, 8192]
     assert edge_sizes(Size("res", 8, 256, [8, 256], 64)) == [8, 133, 251, 256]
     assert edge_sizes(Size("n", 5, 5, [5], 5)) == [5]
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_the_dynamic_shapes_benchmark_runs_small_on_a_cpu(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "dynamic_shapes.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--only", "vision", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads((tmp_path / "dynamic_shapes.json").read_text())["rows"]
+    assert row["applied"] and [p["res"] for p in row["points"]] == [4, 7, 16]
+    for point in row["points"]:
+        assert point["applied_recompiles"] == 0 and point["max_abs"] < 1e-4
+    table = (tmp_path / "dynamic_shapes.md").read_text()
+    assert "| vision | res = 7 |" in table and "applied vs best compile" in table
