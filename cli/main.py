@@ -6,7 +6,7 @@
     fuselens restore FILE [--kernel cluster0 ...] [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
     fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--full-size]
-                              [--json OUT] [--html OUT]
+                              [--json OUT] [--html OUT] [--save-corpus]
     fuselens probe FILE [--model NAME] [--data pkg.mod:fn] [--synthetic normal|heavy|sparse] [--batches 8]
                         [--sample-every N] [--on cuda|cpu] [--json OUT]
     fuselens serve [--stdio]
@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         "memory and time, with the same clusters)",
     )
     profile.add_argument("--top", type=positive_int, default=12, help="lines to list (default 12)")
+    profile.add_argument(
+        "--save-corpus",
+        action="store_true",
+        help="print the sizes each model with declared dynamic sizes was called at as its dims' corpus, "
+        "the pyproject.toml table to put in place of its own",
+    )
 
     probe = sub.add_parser("probe", help="run the models on data and sketch what flows through each GEMM")
     _analysis_arguments(probe)

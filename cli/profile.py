@@ -20,6 +20,7 @@ from fuselens.pipeline.unanalyzed import unanalyzed_models
 
 from . import results_page
 from .output import console_for_output
+from .save_corpus import print_corpora
 
 
 def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
@@ -54,6 +55,8 @@ def run_profile(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> in
         if args.html:
             results_page.write_page(args.html, view)
     render_profile(report, console, args.top)
+    if args.save_corpus:
+        print_corpora(report, console)
     unprofiled = [] if report.problems else unanalyzed_models(report)
     for line in unprofiled:
         console.print(f"[red]not profiled[/]: {escape(line)}", highlight=False)
@@ -81,6 +84,9 @@ def _render_model(console: Console, report: Report, profile: Profile, model: Mod
     smaller = _smaller_inputs(report, model)
     if smaller:
         console.print(f"  [yellow]{escape(smaller)}[/]", highlight=False)
+    if model.sizes_seen:
+        seen = "; ".join(f"{size} = {', '.join(map(str, values))}" for size, values in model.sizes_seen.items())
+        console.print(f"  sizes seen: {escape(seen)}", highlight=False)
     attributed = model.attributed_us / model.forward_us if model.forward_us else 0.0
     wall = f" · {_ms(model.wall_us)} wall, timed alone" if model.wall_us is not None else ""
     training = profile.step != "forward"

@@ -92,6 +92,9 @@ class ModelProfile:
     # same clusters, so that a forward moves at most `cpu_budget_bytes` (`--full-size`: the analyzed ones).
     inputs: list[list[int]] = field(default_factory=list)
     cpu_budget_bytes: int | None = None  # the bound the shapes were brought under, when they were
+    # For a model with declared dynamic sizes: each size's values at every call of a module of its class
+    # in the profiled forwards (its own, and where another profiled model calls it), smallest first.
+    sizes_seen: dict[str, list[int]] = field(default_factory=dict)
     # The fuselens kernels the code calls (an applied file), by name: µs per forward, their reference's
     # where it ran instead.  Their calls' time is on the lines that call them.
     kernels: dict[str, float] = field(default_factory=dict)

@@ -34,6 +34,7 @@ from fuselens.validate.runner import Subject
 
 from .analyze import AnalyzedFile, analyze
 from .profile_shapes import CPU_FORWARD_BYTES, TooLarge, cpu_shapes
+from .profile_sizes import Seen, recording_sizes
 
 ANALYZED = 0.1  # the fraction of a profile's progress its analysis stands for
 
@@ -75,9 +76,16 @@ def profile_file(
     # file, for its profile before apply): the fraction moves with every forward.
     parts = max(len(models), 1) * (2 if before is not None else 1)
     part = (1.0 - ANALYZED) / parts
+    dynamic = {analyzed.sources[m.name].cls: m for m in models if m.dynamic is not None}
+    seen: Seen = {}
     for index, model in enumerate(models):
         within = _within(progress, f"{model.name}: ", ANALYZED + index * part, part)
-        profile.models.append(_profile_model(analyzed, model, device, options, kernel_module, progress=within))
+        recorder = (dynamic, seen)
+        profile.models.append(
+            _profile_model(analyzed, model, device, options, kernel_module, progress=within, recorder=recorder)
+        )
+    for profiled in profile.models:
+        profiled.sizes_seen = {size: sorted(values) for size, values in seen.get(profiled.name, {}).items()}
     if before is not None:
         start = ANALYZED + len(models) * part
         progress("analyzing the code before apply", start)
@@ -111,9 +119,11 @@ def _profile_model(
     kernel_module: str,
     shapes: tuple[list[list[int]], int | None] | None = None,
     progress: Progress = no_progress,
+    recorder: tuple[dict[type, Model], Seen] | None = None,
 ) -> ModelProfile:
     """`model` profiled at its analyzed inputs, or at `shapes` (the input shapes, and the CPU's budget
-    they were chosen for), or on a CPU by default at smaller ones (`profile_shapes.py`)."""
+    they were chosen for), or on a CPU by default at smaller ones (`profile_shapes.py`); with `recorder`
+    (the models with dynamic sizes by class, and what was seen), the sizes their calls see are recorded."""
     config = analyzed.configs[model.name]
     subject = Subject(analyzed.sources[model.name], config.init, config.param_dtype)
     specs = [InputSpec(list(i.shape or []), i.dtype, high=i.high) for i in model.inputs]
@@ -135,7 +145,8 @@ def _profile_model(
             real.train()
         inputs = loader.random_inputs(specs, device, options.seed)
         decisions = model.paths[0] if model.paths else []
-        with _refusals(kernel_module) as refused:
+        recording = recording_sizes(real, *recorder) if recorder else contextlib.nullcontext()
+        with _refusals(kernel_module) as refused, recording:
             measured = measure(
                 real,
                 inputs,

@@ -325,3 +325,52 @@ def test_a_model_too_large_for_a_cpu_is_refused_before_its_weights_are_made(writ
     assert "its forward moves 6.0 GB even at (2, 32768), the smallest inputs that keep its clusters" in said, said
     assert "pass --full-size to profile it here anyway" in said
     assert peak < 2**30  # the 6 GiB of weights were never made
+
+
+NESTED = """
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):  # fuselens: input=(2, seq, 32) dims=seq:1..64
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return F.gelu(self.norm(x)) * 2.0
+
+
+class Outer(nn.Module):  # fuselens: input=(2, 16, 32)
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x[:, :7]).sum(1) + self.block(x).sum(1)
+"""
+
+
+def test_the_sizes_a_profile_sees_are_printed_as_the_corpus_to_save(tmp_path):
+    path = tmp_path / "nested.py"
+    path.write_text(NESTED)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("# the project's own settings\n[tool.black]\nline-length = 100\n")
+    before = pyproject.read_bytes()
+    out = tmp_path / "profile.json"
+    args = ["profile", str(path), "--on", "cpu", "--full-size", "--iterations", "1", "--warmup", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "fuselens.cli.main", *args, "--save-corpus", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {m["name"]: m["sizes_seen"] for m in json.loads(out.read_text())["profile"]["models"]}
+    # The block at its own binding (the middle of its default corpus), and at the two sizes Outer calls it at.
+    assert seen == {"Block": {"seq": [7, 8, 16]}, "Outer": {}}
+    assert "sizes seen: seq = 7, 8, 16" in done.stdout
+    assert "[tool.fuselens.models.Block]\ndims = { seq = { min = 1, max = 64, corpus = [7, 8, 16] } }" in done.stdout
+    assert "pyproject.toml was not changed" in done.stdout and pyproject.read_bytes() == before
