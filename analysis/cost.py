@@ -165,13 +165,18 @@ def regime_of(fused: float, largest_op: float, device: DeviceProfile, multiply_u
 
 def gemm_us(graph: Graph, compute: list[int], device: DeviceProfile) -> float:
     """The time the GEMMs among `compute` take at the device's GEMM throughput (0 without any)."""
-    total = 0.0
+    return sum((device.gemm_us(flop, dtype) for flop, dtype in gemm_work(graph, compute)), 0.0)
+
+
+def gemm_work(graph: Graph, compute: list[int]) -> list[tuple[Any, str]]:
+    """(FLOPs, dtype) of each GEMM among `compute`: numbers, or expressions in dynamic sizes."""
+    work = []
     for i in compute:
         node = graph[i]
         form = gemm_form(graph, node) if node.op in GEMM_OPS and not node.cls.absorbable else None
         if form is not None and node.meta is not None:
-            total += device.gemm_us(flops(graph, form), node.meta.dtype)
-    return total
+            work.append((flops(graph, form), node.meta.dtype))
+    return work
 
 
 def expected_speedup(unfused: float, fused: float, launches: int, device: DeviceProfile) -> float | None:

@@ -145,6 +145,10 @@ class DynamicCluster:
     bytes_unfused: Expression | None = None
     bytes_fused: Expression | None = None
     largest_op: Expression | None = None  # the largest unfused op's traffic (whether it stays in L2)
+    # The FLOPs of the GEMM a cluster starts with (its time against its traffic: whether it is
+    # compute-bound), and their dtype (which throughput); None without one.
+    gemm_flop: Expression | None = None
+    gemm_dtype: str = ""
     launches: int = 0  # the kernels its ops run unfused
     points: list[PointCost] = field(default_factory=list)
     changes: list[RegimeChange] = field(default_factory=list)

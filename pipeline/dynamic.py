@@ -231,9 +231,12 @@ def _cluster(
     outputs = [o.node for o in returned_outputs(instance.plan)]
     unfused, fused = cost.cluster_bytes(graph, instance.plan.compute, inputs, outputs)
     largest = sympy.Max(0, *(cost.op_bytes(graph, graph[i]) for i in instance.plan.compute))
+    work = cost.gemm_work(graph, instance.plan.compute)
     try:
         entry.bytes_unfused, entry.bytes_fused = expression(unfused), expression(fused)
         entry.largest_op = expression(largest)
+        if work:
+            entry.gemm_flop, entry.gemm_dtype = expression(sympy.Add(*(f for f, _ in work))), work[0][1]
     except NotExpressible as exc:
         entry.note = f"its size has a function the report cannot write ({exc}): its costs are those of the analysis at each point"
         entry.points = [_concrete_point(cluster, p, launches, context) for p in context.points]
@@ -243,7 +246,7 @@ def _cluster(
         cluster.bytes_fused,
     ):  # (never expected: the expressions are the concrete counts' own, in symbols)
         entry.note = "its expressions disagree with the analysis at the binding: its costs are those of the analysis at each point"
-        entry.bytes_unfused = entry.bytes_fused = entry.largest_op = None
+        entry.bytes_unfused = entry.bytes_fused = entry.largest_op = entry.gemm_flop = None
         entry.points = [_concrete_point(cluster, p, launches, context) for p in context.points]
         return entry
     entry.symbolic = True
@@ -276,11 +279,12 @@ def _symbolic_point(entry: D.DynamicCluster, binding: dict[str, int], profile: c
     assert entry.bytes_unfused is not None and entry.bytes_fused is not None and entry.largest_op is not None
     unfused, fused = int(entry.bytes_unfused.at(binding)), int(entry.bytes_fused.at(binding))
     largest = entry.largest_op.at(binding)
+    multiply = profile.gemm_us(int(entry.gemm_flop.at(binding)), entry.gemm_dtype) if entry.gemm_flop else 0.0
     return D.PointCost(
         dict(binding),
         unfused,
         fused,
-        cost.regime_of(fused, largest, profile),
+        cost.regime_of(fused, largest, profile, multiply),
         cost.expected_speedup(unfused, fused, entry.launches, profile),
     )
 

@@ -556,3 +556,23 @@ def test_the_dynamic_shapes_benchmark_runs_small_on_a_cpu(tmp_path):
         assert point["applied_recompiles"] == 0 and point["max_abs"] < 1e-4
     table = (tmp_path / "dynamic_shapes.md").read_text()
     assert "| vision | res = 7 |" in table and "applied vs best compile" in table
+
+
+def test_each_clusters_regime_at_the_analysis_binding_is_the_reports_own_gemm_epilogues_too(tmp_path):
+    path = tmp_path / "llama.py"
+    shutil.copy(example("llama_block.py"), path)
+    (tmp_path / "pyproject.toml").write_text(
+        LLAMA_TABLE.replace("dim = 256, n_heads = 4, hidden = 512", "dim = 1024, n_heads = 8, hidden = 2816")
+        .replace("[2, \"seq\", 256]", "[2, \"seq\", 1024]")
+        .format(max_seq=2048, corpus="[1, 1024, 2048]")
+    )
+    report = analyze_file(str(path))
+    (model,) = [m for m in report.models if m.status == "analyzed"]
+    assert model.dynamic is not None and model.dynamic.binding == {"seq": 1024}
+    regimes = {c.id: c.regime for c in model.clusters}
+    # The GEMM + SwiGLU epilogue multiplies for longer than it moves its bytes at the binding.
+    assert "compute-bound" in regimes.values()
+    for entry in model.dynamic.clusters:
+        assert entry.symbolic, entry.note
+        (at_binding,) = [p for p in entry.points if p.binding == model.dynamic.binding]
+        assert at_binding.regime == regimes[entry.cluster], entry.cluster
