@@ -382,6 +382,12 @@ async def test_the_editor_speaks_of_the_declared_range(editor: Client):
     assert "| n | unfused → fused | regime | speedup |" in text
     for row in ("| 16 | 1.5 KB → 512 B | launch-bound | 3.00× |", "| 4096 | 384 KB → 128 KB | launch-bound | 3.00× |"):
         assert row in text, text
+    # The inlay hint and the code lens give the binding's saving, and say it is the binding's, of which range.
+    (hint,) = await editor.inlay_hints(uri)
+    assert hint.label == "⚡ −16 KB at n=256 of 16..4096"
+    assert isinstance(hint.tooltip, str) and "saves 1 KB–256 KB over n 16..4096" in hint.tooltip
+    titles = [lens.command.title for lens in await editor.code_lenses(uri) if lens.command is not None]
+    assert "1 fusable cluster · 16 KB of 24 KB avoidable at n=256 of 16..4096 · 1 applicable" in titles, titles
     # Following sizes as symbols imports torch._dynamo: the worker host keeps it for the next saves' jobs.
     await editor.wait_until(
         lambda: any("keeping torch._dynamo loaded for the jobs" in m.message for m in editor.log_messages),
@@ -563,7 +569,7 @@ def test_each_clusters_regime_at_the_analysis_binding_is_the_reports_own_gemm_ep
     shutil.copy(example("llama_block.py"), path)
     (tmp_path / "pyproject.toml").write_text(
         LLAMA_TABLE.replace("dim = 256, n_heads = 4, hidden = 512", "dim = 1024, n_heads = 8, hidden = 2816")
-        .replace("[2, \"seq\", 256]", "[2, \"seq\", 1024]")
+        .replace('[2, "seq", 256]', '[2, "seq", 1024]')
         .format(max_seq=2048, corpus="[1, 1024, 2048]")
     )
     report = analyze_file(str(path))

@@ -13,6 +13,7 @@ from fuselens.contracts.units import bytes_label
 
 from .measured import model_profile, time_label
 from .probed import probe_title
+from .ranges import analyzed_at
 from .text import lines_range, same_file
 
 
@@ -32,6 +33,8 @@ def code_lenses(
         clusters = [c for c in model.clusters if not c.branch]
         traffic = sum((c.bytes_unfused or 0) * c.multiplicity for c in clusters)
         title = _summary(model.totals, len(model.clusters), traffic)
+        if model.dynamic is not None:  # the traffic is the analysis binding's
+            title += f" {analyzed_at(model.dynamic)}"
         exact = sum(1 for c in model.clusters if c.mapping == "exact")
         if exact:
             title += f" · {exact} applicable"

@@ -1,7 +1,8 @@
-"""What the diagnostic and the hover say of a cluster over the declared ranges of its model's sizes.
+"""What the editor says of a cluster over the declared ranges of its model's sizes.
 
 Read from the report's dynamic section (`contracts/dynamic.py`): the diagnostic's range of the
-traffic a cluster saves across the corpus, and the hover's expressions, per-shape table and
+traffic a cluster saves across the corpus, the inlay hint's range of sizes and the tooltip's saving
+and regime changes, the model's code lens's range, and the hover's expressions, per-shape table and
 regime changes.  Plain text from plain data; nothing here evaluates more than the report holds."""
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ def over(dynamic: DynamicShapes) -> str:
 
 def saved_over_range(dynamic: DynamicShapes, entry: DynamicCluster) -> str:
     """`; saves 8 KB–16 MB over seq 1..8192` ("" where no point has a count)."""
+    saved = saved_range(entry)
+    return f"; saves {saved} over {over(dynamic)}" if saved else ""
+
+
+def analyzed_at(dynamic: DynamicShapes) -> str:
+    """`at seq=1024 of 1..8192`: the binding the report's own numbers are at, and each size's range."""
+    return "at " + ", ".join(
+        f"{s.name}={dynamic.binding.get(s.name, s.binding)} of {s.min}..{s.max}" for s in dynamic.sizes
+    )
+
+
+def tooltip_lines(dynamic: DynamicShapes, entry: DynamicCluster) -> list[str]:
+    """The inlay hint's tooltip on a dynamic cluster: its saving over the range, where its regime changes."""
+    saved = saved_range(entry)
+    lines = [f"saves {saved} over {over(dynamic)}"] if saved else [f"over {over(dynamic)}"]
+    return lines + [f"{entry.cluster} is {c.text}" for c in entry.changes]
+
+
+def saved_range(entry: DynamicCluster) -> str:
+    """`8 KB–16 MB`: the least and most the cluster saves at the corpus's points ("" where none has a count)."""
     saved = [
         p.bytes_unfused - p.bytes_fused
         for p in entry.points
@@ -34,8 +55,7 @@ def saved_over_range(dynamic: DynamicShapes, entry: DynamicCluster) -> str:
     if not saved:
         return ""
     low, high = min(saved), max(saved)
-    amount = bytes_label(low) if low == high else f"{bytes_label(low)}–{bytes_label(high)}"
-    return f"; saves {amount} over {over(dynamic)}"
+    return bytes_label(low) if low == high else f"{bytes_label(low)}–{bytes_label(high)}"
 
 
 def hover_section(dynamic: DynamicShapes, entry: DynamicCluster) -> str:
