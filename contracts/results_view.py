@@ -71,7 +71,10 @@ def results_view(run: ValidationRun, earlier: Sequence[ValidationRun] = ()) -> R
     where = where_validated(report)
     models = []
     for model in report.models:
-        before = [(r, m) for r in earlier for m in r.report.models if m.name == model.name]
+        # The same model at the same sizes: a model with dynamic sizes has a validation per binding.
+        before = [
+            (r, m) for r in earlier for m in r.report.models if (m.name, m.binding) == (model.name, model.binding)
+        ]
         models.append(
             ModelResults(
                 name=model.name,

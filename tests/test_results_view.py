@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -592,3 +593,21 @@ def test_a_model_not_profiled_says_why_in_place_of_an_empty_chart():
     results_page = pytest.importorskip("fuselens.cli.results_page")
     page = results_page.page(view)
     assert "No data: Huge was not profiled" in page and "plotly" not in page.lower()
+
+
+def test_a_model_validated_at_each_of_its_sizes_compares_each_with_the_same_size_before():
+    def over_seq(fused: float) -> ValidationReport:
+        report = timed_report((fused, fused))
+        (model,) = report.models
+        report.models = [replace(model, inputs=[[seq, 1024]], binding={"seq": seq}) for seq in (1, 4096)]
+        report.models[0].clusters = [replace(c, timing=replace(c.timing, fused_us=fused / 8)) for c in model.clusters]
+        return report
+
+    earlier = ValidationRun("2025-01-30T09:00:00Z", "NVIDIA H200", over_seq(14.0))
+    view = results_view(ValidationRun("2025-01-31T09:00:00Z", "NVIDIA H200", over_seq(12.0)), [earlier])
+    short, long = view.models
+    assert short.heading.startswith("Net at 1×1024") and long.heading.startswith("Net at 4096×1024")
+    # Each size's chart has the one earlier run at that size: its fused times, not the other size's.
+    assert series(short.chart, "fused, 2025-01-30 09:00 UTC")["y"] == [14.0 / 8, 14.0 / 8]
+    assert series(long.chart, "fused, 2025-01-30 09:00 UTC")["y"] == [14.0, 14.0]
+    assert len(short.history.rows) == len(long.history.rows) == 2
