@@ -91,10 +91,12 @@ def _kernels_cell(model: ModelValidation) -> str:
 
 
 def render_bindings(name: str, models: list[ModelValidation], console: Console) -> None:
-    """One row per binding of a model's declared sizes: its kernels' and whole model's checks."""
+    """One row per binding of a model's declared sizes: its kernels' and whole model's checks, and the
+    kernels the patched model launched (fewer at one size than at another: a kernel's `fits` said no
+    there, and its lines ran)."""
     console.print(f"[bold]{escape(name)}[/] over its declared sizes")
     table = Table(show_edge=True, header_style="bold")
-    for col in ("sizes", "inputs", "kernels", "worst |err|", "whole model", "patched speedup"):
+    for col in ("sizes", "inputs", "kernels", "worst |err|", "whole model", "kernel launches", "patched speedup"):
         table.add_column(col)
     for m in models:
         errors = [c.max_abs for c in m.clusters if c.max_abs is not None]
@@ -106,6 +108,7 @@ def render_bindings(name: str, models: list[ModelValidation], console: Console) 
             _kernels_cell(m),
             _err(max(errors) if errors else None),
             f"[{style}]{escape(whole.status)}[/]" if whole else "—",
+            str(whole.kernel_launches) if whole and whole.kernel_launches is not None else "—",
             f"{whole.speedup:.2f}×" if whole and whole.speedup else "—",
         )
     console.print(table)

@@ -515,6 +515,7 @@ def test_validate_checks_the_llama_block_at_every_corpus_point_and_the_edges_of_
     assert_kernels_ran_everywhere(models)
     # One row per binding in the printed summary.
     summary = done.stdout[done.stdout.index("LlamaBlock over its declared sizes") :]
+    assert "kernel launches" in summary
     for s in (1, 8, 32, 17, 31):
         assert f"seq={s} " in summary and f"(2, {s}, 64)" in summary
 
