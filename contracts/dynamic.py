@@ -21,7 +21,7 @@ from typing import Any
 
 from .dims import DimRange
 
-DYNAMIC_VERSION = 1
+DYNAMIC_VERSION = 2  # 2: a cluster's GEMM FLOPs (`DynamicCluster.gemm_flop`, `gemm_dtype`)
 
 Tree = Any  # int | str | list: see the module's docstring
 

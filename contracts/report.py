@@ -28,8 +28,9 @@ from .profile import Profile
 # report names, wherever they are installed; 11: the `view` rejection reason; 13: a pattern's source
 # rewrite (`Rewrite`), or why it has none; 14: a pattern's activation memory in training (`ActivationMemory`);
 # 15: clusters that start with a GEMM (kind "gemm-epilogue") and the `compute-bound` regime
-# 16: a model's costs over declared ranges of its sizes (`Model.dynamic`, `dynamic.py`)
-SCHEMA_VERSION = 16
+# 16: a model's costs over declared ranges of its sizes (`Model.dynamic`, `dynamic.py`);
+# 17: the sizes a profile saw (`ModelProfile.sizes_seen`), a dynamic cluster's GEMM FLOPs (`gemm_flop`)
+SCHEMA_VERSION = 17
 
 # Stable reason codes for ops that could have been fused but were not.
 REJECTION_REASONS = {
