@@ -1,27 +1,62 @@
 """`fuselens profile --save-corpus`: the sizes a profile saw, as the corpus of each model's declared sizes.
 
-The corpus belongs in pyproject.toml's `[tool.fuselens.models.<Class>]` table, beside whatever else the
-file says; rewriting it without losing the file's comments and layout takes a TOML editor that keeps
-them, which is not installed with fuselens, so the table is printed to paste in its place."""
+Where the nearest pyproject.toml declares the model's sizes (`[tool.fuselens.models.<Class>]` `dims`),
+each size's `corpus` there is set to what was seen, through a TOML editor that keeps the rest of the
+file as it was, comments and layout included (tomlkit); the file is replaced whole, never left half
+written.  Sizes declared elsewhere (the class-line comment, the command line, the editor's settings)
+get the table printed, to paste: fuselens never rewrites a model's source."""
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 from rich.console import Console
 from rich.markup import escape
 
+from fuselens.contracts.config import find_pyproject
 from fuselens.contracts.dynamic import Size
 from fuselens.contracts.report import Report
 
 
+def corpora(sizes: list[Size], seen: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Each size's corpus: the values seen within its range (a size not seen keeps its corpus)."""
+    return {
+        size.name: [v for v in seen.get(size.name, []) if size.min <= v <= size.max] or size.corpus for size in sizes
+    }
+
+
 def corpus_table(name: str, sizes: list[Size], seen: dict[str, list[int]]) -> str:
-    """The model's `[tool.fuselens.models.<name>]` dims, each size's corpus the values seen within its range
-    (a size not seen keeps its corpus)."""
-    entries = []
-    for size in sizes:
-        values = [v for v in seen.get(size.name, []) if size.min <= v <= size.max] or size.corpus
-        corpus = ", ".join(map(str, values))
-        entries.append(f"{size.name} = {{ min = {size.min}, max = {size.max}, corpus = [{corpus}] }}")
+    """The model's `[tool.fuselens.models.<name>]` dims, each size's corpus what `corpora` says."""
+    corpus = corpora(sizes, seen)
+    entries = [
+        f"{size.name} = {{ min = {size.min}, max = {size.max}, corpus = [{', '.join(map(str, corpus[size.name]))}] }}"
+        for size in sizes
+    ]
     return f"[tool.fuselens.models.{name}]\ndims = {{ {', '.join(entries)} }}\n"
+
+
+def write_corpus(pyproject: str, name: str, corpus: dict[str, list[int]]) -> bool:
+    """Set the corpus of each size the model's table in `pyproject` declares; False (the file untouched)
+    where the table declares none of them, or the TOML editor is not installed."""
+    try:
+        import tomlkit  # (a dependency; a bare install without it prints the table instead)
+    except ImportError:
+        return False
+    with open(pyproject, encoding="utf-8") as fh:
+        document = tomlkit.parse(fh.read())
+    table = document.get("tool", {}).get("fuselens", {}).get("models", {}).get(name, {})
+    dims = table.get("dims") if hasattr(table, "get") else None
+    declared = [size for size in corpus if hasattr(dims, "get") and hasattr(dims.get(size), "get")]
+    if not declared:
+        return False
+    for size in declared:
+        dims[size]["corpus"] = corpus[size]
+    folder = os.path.dirname(os.path.abspath(pyproject))
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix=".pyproject-", delete=False) as fh:
+        fh.write(tomlkit.dumps(document))
+    os.replace(fh.name, pyproject)
+    return True
 
 
 def outside_ranges(sizes: list[Size], seen: dict[str, list[int]]) -> list[str]:
@@ -35,16 +70,26 @@ def outside_ranges(sizes: list[Size], seen: dict[str, list[int]]) -> list[str]:
 
 
 def print_corpora(report: Report, console: Console) -> int:
-    """Print each profiled model's corpus table; the number of models that had one."""
+    """Save (or, where the sizes are not declared in pyproject.toml, print) each profiled model's corpus;
+    the number of models that had one."""
     profiled = {m.name: m for m in report.profile.models} if report.profile else {}
+    pyproject = find_pyproject(report.file)
     printed = 0
     for model in report.models:
         found = profiled.get(model.name)
         if model.dynamic is None or found is None or not found.sizes_seen:
             continue
-        console.print(f"corpus seen for {escape(model.name)}; in pyproject.toml:", highlight=False)
-        console.print(escape(corpus_table(model.name, model.dynamic.sizes, found.sizes_seen)), highlight=False)
-        for line in outside_ranges(model.dynamic.sizes, found.sizes_seen):
+        sizes, seen = model.dynamic.sizes, found.sizes_seen
+        if pyproject is not None and write_corpus(pyproject, model.name, corpora(sizes, seen)):
+            console.print(f"corpus seen for {escape(model.name)} saved in {escape(pyproject)}:", highlight=False)
+        else:
+            console.print(
+                f"corpus seen for {escape(model.name)}; its sizes are not declared in a pyproject.toml "
+                "(fuselens does not rewrite the model's source): put these dims in one:",
+                highlight=False,
+            )
+        console.print(escape(corpus_table(model.name, sizes, seen)), highlight=False)
+        for line in outside_ranges(sizes, seen):
             console.print(f"  [yellow]{escape(line)}[/]: left out of the corpus", highlight=False)
         if found.cpu_budget_bytes is not None:
             console.print(
@@ -52,12 +97,6 @@ def print_corpora(report: Report, console: Console) -> int:
                 highlight=False,
             )
         printed += 1
-    if printed:
-        console.print(
-            "pyproject.toml was not changed: no TOML editor that keeps the file's comments is installed; "
-            "put the dims above in place of the model's own",
-            highlight=False,
-        )
-    else:
+    if not printed:
         console.print("no model with declared dynamic sizes was profiled: no corpus to save", highlight=False)
     return printed

@@ -351,12 +351,9 @@ class Outer(nn.Module):  # fuselens: input=(2, 16, 32)
 """
 
 
-def test_the_sizes_a_profile_sees_are_printed_as_the_corpus_to_save(tmp_path):
+def _profile_saving_corpus(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, dict]:
     path = tmp_path / "nested.py"
-    path.write_text(NESTED)
-    pyproject = tmp_path / "pyproject.toml"
-    pyproject.write_text("# the project's own settings\n[tool.black]\nline-length = 100\n")
-    before = pyproject.read_bytes()
+    path.write_text(source)
     out = tmp_path / "profile.json"
     args = ["profile", str(path), "--on", "cpu", "--full-size", "--iterations", "1", "--warmup", "0"]
     done = subprocess.run(
@@ -368,9 +365,40 @@ def test_the_sizes_a_profile_sees_are_printed_as_the_corpus_to_save(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    seen = {m["name"]: m["sizes_seen"] for m in json.loads(out.read_text())["profile"]["models"]}
+    return done, {m["name"]: m["sizes_seen"] for m in json.loads(out.read_text())["profile"]["models"]}
+
+
+def test_the_sizes_a_profile_sees_are_printed_as_the_corpus_where_the_source_declares_them(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("# the project's own settings\n[tool.black]\nline-length = 100\n")
+    before = pyproject.read_bytes()
+    done, seen = _profile_saving_corpus(tmp_path, NESTED)
     # The block at its own binding (the middle of its default corpus), and at the two sizes Outer calls it at.
     assert seen == {"Block": {"seq": [7, 8, 16]}, "Outer": {}}
     assert "sizes seen: seq = 7, 8, 16" in done.stdout
     assert "[tool.fuselens.models.Block]\ndims = { seq = { min = 1, max = 64, corpus = [7, 8, 16] } }" in done.stdout
-    assert "pyproject.toml was not changed" in done.stdout and pyproject.read_bytes() == before
+    assert "its sizes are not declared in a pyproject.toml" in " ".join(done.stdout.split())
+    assert pyproject.read_bytes() == before  # the model's source and an unrelated pyproject are left as they were
+
+
+PYPROJECT_DIMS = """# the project's own settings
+[tool.black]
+line-length = 100  # as the team agreed
+
+[tool.fuselens.models.Block]
+inputs = [[2, "seq", 32]]
+dims = { seq = { min = 1, max = 64, corpus = [1, 64] } }  # the lengths we serve
+"""
+
+
+def test_the_sizes_a_profile_sees_become_the_corpus_in_the_pyproject_that_declares_them(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(PYPROJECT_DIMS)
+    done, seen = _profile_saving_corpus(
+        tmp_path, NESTED.replace(" dims=seq:1..64", "").replace("input=(2, seq, 32) ", "")
+    )
+    assert seen["Block"] == {"seq": [7, 16, 64]}  # (its binding now the middle of the corpus declared: 64)
+    assert f"corpus seen for Block saved in {pyproject}" in " ".join(done.stdout.split())
+    # Only the corpus changed: the comments, the other tables and the layout are the user's.
+    assert pyproject.read_text() == PYPROJECT_DIMS.replace("corpus = [1, 64]", "corpus = [7, 16, 64]")
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".pyproject-")]  # nothing half written left
