@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -43,19 +45,18 @@ def write_corpus(pyproject: str, name: str, corpus: dict[str, list[int]]) -> boo
         import tomlkit  # (a dependency; a bare install without it prints the table instead)
     except ImportError:
         return False
-    with open(pyproject, encoding="utf-8") as fh:
-        document = tomlkit.parse(fh.read())
-    table = document.get("tool", {}).get("fuselens", {}).get("models", {}).get(name, {})
-    dims = table.get("dims") if hasattr(table, "get") else None
-    declared = [size for size in corpus if hasattr(dims, "get") and hasattr(dims.get(size), "get")]
-    if not declared:
+    with open(pyproject, encoding="utf-8") as source:
+        document = tomlkit.parse(source.read())
+    dims = _table(_table(_table(_table(_table(document, "tool"), "fuselens"), "models"), name), "dims")
+    declared = [size for size in corpus if _table(dims, size)]
+    if dims is None or not declared:
         return False
     for size in declared:
         dims[size]["corpus"] = corpus[size]
     folder = os.path.dirname(os.path.abspath(pyproject))
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix=".pyproject-", delete=False) as fh:
-        fh.write(tomlkit.dumps(document))
-    os.replace(fh.name, pyproject)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix=".pyproject-", delete=False) as out:
+        out.write(tomlkit.dumps(document))
+    os.replace(out.name, pyproject)
     return True
 
 
@@ -67,6 +68,12 @@ def outside_ranges(sizes: list[Size], seen: dict[str, list[int]]) -> list[str]:
         for v in seen.get(size.name, [])
         if not size.min <= v <= size.max
     ]
+
+
+def _table(container: Any, key: str) -> Any:
+    """`container[key]` where both are tables (TOML's, or inline ones), else None."""
+    value = container.get(key) if isinstance(container, Mapping) else None
+    return value if isinstance(value, Mapping) else None
 
 
 def print_corpora(report: Report, console: Console) -> int:
