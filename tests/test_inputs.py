@@ -109,7 +109,7 @@ def test_models_are_put_in_eval_mode(write_model, tmp_path, analyze):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("# fuselens: input=(4, x) float32", "must be integers"),
+        ("# fuselens: input=(4, 2.5) float32", "must be integers like 16384,1024, or name a dynamic size"),
         ("# fuselens: input=(4, 8) float33", "unknown dtype 'float33'"),
         ("# fuselens: init=(width=open('f'))", "must be a literal"),
         ("# fuselens: input=(8, 64), (8, 64) float32", "float32` has no `input=`"),

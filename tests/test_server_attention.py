@@ -136,9 +136,9 @@ async def test_fusing_all_of_a_model_rewrites_its_attention_in_place_of_the_soft
     uri = client.open("fuse_all_attention.py", example("llama_block.py"))
     await client.diagnostics_of(uri, 1, timeout=180)
     (everything,) = [a for a in await client.code_actions(uri, 62) if a.title.startswith("Fuse all")]
-    # The softmax's cluster (c3) is the attention's: the five others, and the rewrite.
-    assert everything.title == "Fuse all 5 applicable clusters and apply 1 rewrite in LlamaBlock"
-    assert list(everything.command.arguments)[2] == ["c0", "c1", "c2", "c4", "c5", "r0"]
+    # The softmax's cluster (c3) is the attention's: the six others (c5 and c6 start at their GEMMs), and the rewrite.
+    assert everything.title == "Fuse all 6 applicable clusters and apply 1 rewrite in LlamaBlock"
+    assert list(everything.command.arguments)[2] == ["c0", "c1", "c2", "c4", "c5", "c6", "r0"]
     client.apply_workspace_edit(everything.edit)
     await client.command(everything.command.command, *everything.command.arguments)
     client.save(uri)
