@@ -11,12 +11,14 @@ printed beside the timings (2:4 fraction, outlier channels, fp8 error).  Then, p
 
 - dense: `F.linear` in bf16;
 - fp8: both operands in float8 e4m3, `torch._scaled_mm` with a scale per row of the input and per
-  output channel of the weight where this torch takes them, else one scale each;
+  output channel of the weight (the input's channels smoothed into the weight) where this torch takes
+  them, else one scale each;
 - 2:4: the weight pruned to 2:4 (the two largest of every four along the reduction dim) and made
   `torch.sparse.to_sparse_semi_structured`, then `F.linear`.
 
-Times are `triton.testing.do_bench`'s (CUDA events) where Triton is installed, else CUDA events around
-repeated calls; no CUDA graphs.  Without CUDA the timings are skipped, saying so, and the command exits 0.
+The GEMMs and their measuring are `fuselens validate --probe`'s (`validate/specialised_gemms.py`,
+`validate/specialisations.py`): times are medians of CUDA events over repeated calls, taken in turn;
+no CUDA graphs; errors are over all the batches.  Without CUDA the timings are skipped, saying so, and the command exits 0.
 """
 
 from __future__ import annotations
@@ -72,63 +74,6 @@ def probe_sites(mlp: LlamaMLP, batches: list[torch.Tensor], device: str) -> dict
     return found
 
 
-def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((out.float() - reference.float()).norm() / reference.float().norm().clamp_min(1e-30))
-
-
-def fp8_linear() -> tuple[str, object]:
-    """A function (x, weight) -> x @ weight.T through fp8 `_scaled_mm`, and the scaling it uses."""
-    e4m3 = torch.float8_e4m3fn
-    largest = torch.finfo(e4m3).max
-
-    def quantize(t: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        absmax = t.abs().amax(dim=dim, keepdim=True) if dim is not None else t.abs().amax()
-        scale = absmax.float().clamp_min(1e-12) / largest
-        return (t.float() / scale).clamp(-largest, largest).to(e4m3), scale
-
-    def rowwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xq, xs = quantize(x, -1)  # (tokens, 1)
-        wq, ws = quantize(weight, -1)  # (out, 1)
-        return torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws.T, out_dtype=torch.bfloat16)
-
-    def tensorwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xq, xs = quantize(x, None)
-        wq, ws = quantize(weight, None)
-        return torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
-
-    try:
-        probe = torch.randn(32, 32, device="cuda", dtype=torch.bfloat16)
-        rowwise(probe, probe)
-        return "per-row × per-column scales", rowwise
-    except (RuntimeError, TypeError):
-        return "per-tensor scales", tensorwise
-
-
-def sparse_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` pruned to 2:4 along its reduction (last) dim, as a semi-structured sparse tensor."""
-    from fuselens.analysis.probe.numerics import prune_24
-
-    pruned = prune_24(weight.float()).to(weight.dtype)
-    return torch.sparse.to_sparse_semi_structured(pruned)
-
-
-def timed_ms(function) -> float:
-    try:
-        from triton.testing import do_bench
-
-        return float(do_bench(function, warmup=25, rep=100))
-    except ImportError:
-        for _ in range(5):
-            function()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            function()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 20
-
-
 def site_operands(mlp: LlamaMLP, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     with torch.no_grad():
         h = F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)
@@ -136,33 +81,25 @@ def site_operands(mlp: LlamaMLP, x: torch.Tensor) -> dict[str, tuple[torch.Tenso
 
 
 def measure(mlp: LlamaMLP, batches: list[torch.Tensor]) -> dict[str, dict]:
-    scaling, fp8 = fp8_linear()
+    """Each site's fp8 and 2:4 GEMMs against the dense one, as `fuselens validate --probe` measures them."""
+    from fuselens.validate import specialisations, specialised_gemms
+
     results: dict[str, dict] = {}
     for name in ("up", "down"):
-        weight = site_operands(mlp, batches[0])[name][1]
-        sparse = sparse_weight(weight)
-        errors: dict[str, list[float]] = {"fp8": [], "2:4": []}
-        for batch in batches:
-            x, _ = site_operands(mlp, batch)[name]
-            with torch.no_grad():
-                dense = F.linear(x, weight)
-                errors["fp8"].append(relative_error(fp8(x, weight), dense))
-                errors["2:4"].append(relative_error(F.linear(x, sparse), dense))
-        x, _ = site_operands(mlp, batches[0])[name]
+        calls = [site_operands(mlp, batch)[name] for batch in batches]
+        channel_max = torch.stack([x.abs().amax(0) for x, _ in calls]).amax(0).float()
+        fp8 = specialisations.quantize("fp8", calls, channel_max)
+        sparse = specialisations.measure("sparse-2:4", calls, specialised_gemms.sparse_weight)
+        x, weight = calls[0]
         flops = 2 * x.shape[0] * weight.shape[0] * weight.shape[1]
-        with torch.no_grad():
-            times = {
-                "dense": timed_ms(lambda x=x, w=weight: F.linear(x, w)),
-                "fp8": timed_ms(lambda x=x, w=weight: fp8(x, w)),
-                "2:4": timed_ms(lambda x=x, s=sparse: F.linear(x, s)),
-            }
+        times = {"dense": fp8.dense_ms or 0.0, "fp8": fp8.specialised_ms or 0.0, "2:4": sparse.specialised_ms or 0.0}
         results[name] = {
             "shape": f"{tuple(x.shape)} × {tuple(weight.shape)}ᵀ",
             "ms": times,
             "tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in times.items()},
             "speedup": {k: times["dense"] / v for k, v in times.items()},
-            "relative error": {k: max(v) for k, v in errors.items()},
-            "fp8 scaling": scaling,
+            "relative error": {"fp8": fp8.error, "2:4": sparse.error},
+            "fp8 scaling": fp8.implementation + (f" ({fp8.note})" if fp8.note else ""),
         }
     return results
 
@@ -241,7 +178,7 @@ def _table(variant: str, results: dict, sketches: dict, args: argparse.Namespace
             f"{r['relative error']['2:4']:.2%} | {s.get('weight 2:4', 0):.1%}, {', '.join(s.get('opportunities', [])) or 'none'} |"
         )
     lines.append("")
-    lines.append(f"fp8 with {next(iter(results.values()))['fp8 scaling']}; errors are the largest over the batches.")
+    lines.append(f"fp8 with {next(iter(results.values()))['fp8 scaling']}; errors are over all the batches.")
     return "\n".join(lines) + "\n"
 
 

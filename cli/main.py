@@ -5,6 +5,7 @@
     fuselens apply FILE ... [--yes]
     fuselens restore FILE [--kernel cluster0 ...] [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
+    fuselens validate FILE --probe [--data pkg.mod:fn] [--batches 8] [--on cuda|cpu] [--json OUT]
     fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--full-size]
                               [--json OUT] [--html OUT] [--save-corpus]
     fuselens probe FILE [--model NAME] [--data pkg.mod:fn] [--synthetic normal|heavy|sparse] [--batches 8]
@@ -29,6 +30,30 @@ from fuselens.contracts.probe import DISTRIBUTIONS
 from fuselens.contracts.report import Report
 
 from .option_values import device_name, non_negative_int, positive_int, positive_number
+
+
+def _probe_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a probe's batches come from, how many, how sampled, and where it runs."""
+    parser.add_argument(
+        "--data",
+        metavar="PKG.MOD:FN",
+        help="a function (no arguments) returning or yielding batches: a tensor or a tuple of tensors, the "
+        "forward's positional inputs (default: [tool.fuselens] probe-data, the file's probe_batches(), "
+        "synthetic inputs of the declared shapes)",
+    )
+    parser.add_argument(
+        "--synthetic",
+        choices=list(DISTRIBUTIONS),
+        default="normal",
+        help="the distribution of synthetic inputs, when no data is given (default normal)",
+    )
+    parser.add_argument("--batches", type=positive_int, default=8, help="batches to run (default 8)")
+    parser.add_argument(
+        "--sample-every",
+        type=positive_int,
+        help="sketch one call in N of each site (default: [tool.fuselens] probe-sample-every, else 1)",
+    )
+    parser.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
 
 
 def _analysis_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--no-benchmark", action="store_true", help="on a GPU, check numerics only (by default kernels are also timed)"
     )
+    validate.add_argument(
+        "--probe",
+        action="store_true",
+        help="probe the models on data (as `fuselens probe`) and measure each opportunity it names with "
+        "PyTorch's kernels against the dense GEMM: the output error anywhere, the time on a GPU",
+    )
+    _probe_arguments(validate)
 
     profile = sub.add_parser("profile", help="measure where the forward's time goes, by line and by cluster")
     _analysis_arguments(profile)
@@ -165,26 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe = sub.add_parser("probe", help="run the models on data and sketch what flows through each GEMM")
     _analysis_arguments(probe)
     probe.add_argument("--model", dest="model_class", help="probe only this model (as --model-class)")
-    probe.add_argument(
-        "--data",
-        metavar="PKG.MOD:FN",
-        help="a function (no arguments) returning or yielding batches: a tensor or a tuple of tensors, the "
-        "forward's positional inputs (default: [tool.fuselens] probe-data, the file's probe_batches(), "
-        "synthetic inputs of the declared shapes)",
-    )
-    probe.add_argument(
-        "--synthetic",
-        choices=list(DISTRIBUTIONS),
-        default="normal",
-        help="the distribution of synthetic inputs, when no data is given (default normal)",
-    )
-    probe.add_argument("--batches", type=positive_int, default=8, help="batches to run (default 8)")
-    probe.add_argument(
-        "--sample-every",
-        type=positive_int,
-        help="sketch one call in N of each site (default: [tool.fuselens] probe-sample-every, else 1)",
-    )
-    probe.add_argument("--on", choices=["cuda", "cpu"], help="where to run (default: CUDA where there is one)")
+    _probe_arguments(probe)
     probe.add_argument("--json", metavar="OUT", help="write the probe report as JSON to OUT ('-' for stdout)")
 
     serve = sub.add_parser("serve", help="run the language server")
@@ -236,6 +249,10 @@ def _run(args: argparse.Namespace) -> int:
         from fuselens.cli.restore import run_restore
 
         return run_restore(args)
+    if args.command == "validate" and args.probe:
+        from fuselens.cli.probe import run_probe
+
+        return run_probe(args, _options(args), measure=True)
     if args.command == "validate":
         from fuselens.cli.validate import run_validate
 

@@ -17,7 +17,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuselens.contracts.options import AnalyzeOptions
-from fuselens.contracts.probe import ModelProbe, Opportunity, ProbeOptions, ProbeReport, ProbeSite, RoleSketch
+from fuselens.contracts.probe import (
+    MeasuredSpecialisation,
+    ModelProbe,
+    Opportunity,
+    ProbeOptions,
+    ProbeReport,
+    ProbeSite,
+    RoleSketch,
+)
 from fuselens.contracts.units import bytes_label
 from fuselens.server.probe_job import probe_in_worker
 from fuselens.server.workers import JobFailed
@@ -25,7 +33,9 @@ from fuselens.server.workers import JobFailed
 from .output import console_for_output
 
 
-def run_probe(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
+def run_probe(args: argparse.Namespace, analyze_options: AnalyzeOptions, measure: bool = False) -> int:
+    """`fuselens probe`; with `measure` (`fuselens validate --probe`), each opportunity is also made with
+    PyTorch's kernels and measured against the dense GEMM."""
     console = console_for_output()
     options = ProbeOptions(
         data=args.data or "",
@@ -34,6 +44,7 @@ def run_probe(args: argparse.Namespace, analyze_options: AnalyzeOptions) -> int:
         sample_every=args.sample_every or 0,
         device=args.on or "",
         working_directory=os.getcwd(),
+        measure=measure,
     )
 
     def progress(message: str, fraction: float | None = None) -> None:
@@ -91,6 +102,32 @@ def _render_model(console: Console, report: ProbeReport, model: ModelProbe) -> N
             _opportunities_cell(site.opportunities),
         )
     console.print(table)
+    measured = [(site, m) for site in model.sites for m in site.measured]
+    if measured:
+        console.print(_measured_table(report, measured))
+
+
+def _measured_table(report: ProbeReport, measured: list[tuple[ProbeSite, MeasuredSpecialisation]]) -> Table:
+    table = Table(
+        title=f"Opportunities made with PyTorch's kernels, on {report.measured_on}",
+        title_justify="left",
+        header_style="bold",
+    )
+    for column in ("line", "opportunity", "made with", "error", "per-tensor error", "dense ms", "made ms", "note"):
+        table.add_column(column, justify="left")
+    for site, m in measured:
+        speedup = f" ({m.speedup:.2f}×)" if m.speedup else ""
+        table.add_row(
+            _where(site, report.file),
+            escape(m.kind),
+            escape(m.implementation or "—"),
+            "—" if m.error is None else f"{m.error:.2%}",
+            "—" if m.per_tensor_error is None else f"{m.per_tensor_error:.2%}",
+            "—" if m.dense_ms is None else f"{m.dense_ms:.4f}",
+            "—" if m.specialised_ms is None else f"{m.specialised_ms:.4f}{speedup}",
+            escape(m.note),
+        )
+    return table
 
 
 def _where(site: ProbeSite, home: str) -> str:

@@ -7,8 +7,13 @@ and outlier channels, quantization error at int8 and fp8, the weight's effective
 distinct inputs it saw, a histogram of log2|x|.  From them come opportunities, each with the saving
 its shape gives and the error measured on the data.
 
+`fuselens validate --probe` (and the server's validate command with `probe`) goes on to make each
+opportunity with PyTorch's kernels at its site and measure it against the dense GEMM: the output
+error on the probe's batches anywhere, the time on a CUDA device (`MeasuredSpecialisation`).
+
 The probe is its own versioned contract, apart from the analysis report: `ProbeReport.from_dict`
-reads every version up to `PROBE_VERSION`, filling what an older one lacks with its default.
+reads every version up to `PROBE_VERSION`, filling what an older one lacks with its default
+(version 2 added the measured specialisations).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Literal
 
 from .plain import ContractError, from_plain, to_plain
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 Distribution = Literal["normal", "heavy", "sparse"]
 DISTRIBUTIONS: tuple[str, ...] = Distribution.__args__  # type: ignore[attr-defined]
@@ -42,6 +47,7 @@ class ProbeOptions:
     device: str = ""  # "cuda" or "cpu"; "": CUDA where there is one
     seed: int = 0
     working_directory: str = ""  # where `data` is imported from besides the file's folder (the caller's cwd)
+    measure: bool = False  # make each opportunity with PyTorch's kernels and measure it against the dense GEMM
 
 
 @dataclass
@@ -76,6 +82,32 @@ class Opportunity:
     bytes_saved: int  # per forward, from the shapes
     error: float | None  # the relative output error measured on the data with the change (None: exact)
     risk: str  # what the error means
+    role: str = ""  # sparse-2:4: the operand that is sparse ("input" or "weight")
+    scheme: str = ""  # quantize: the scheme named ("int8", "int8_channel", "fp8", "fp8_channel")
+
+
+MeasureStatus = Literal["timed", "error-only", "not-measured"]
+
+
+@dataclass
+class MeasuredSpecialisation:
+    """One opportunity made at its site with PyTorch's kernels, against the dense GEMM on the same calls."""
+
+    kind: OpportunityKind
+    implementation: str  # the PyTorch path that made it, in words
+    status: MeasureStatus  # timed (a CUDA device), error-only (elsewhere), not-measured (note says why)
+    calls: int = 0  # the probe's calls the error was measured on
+    error: float | None = None  # relative output error ‖y' − y‖ / ‖y‖ over those calls
+    per_tensor_error: float | None = None  # quantize: the same format with one scale per tensor
+    dense_ms: float | None = None  # median of CUDA-event times over repeated calls, on the first call's operands
+    specialised_ms: float | None = None
+    note: str = ""  # why it was not timed or not measured; what a hit rate or a cost left out was
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.dense_ms or not self.specialised_ms:
+            return None
+        return self.dense_ms / self.specialised_ms
 
 
 @dataclass
@@ -96,6 +128,7 @@ class ProbeSite:
     residual_ratio: float | None = None  # ‖output‖ / ‖residual‖ where a residual add takes the output
     opportunities: list[Opportunity] = field(default_factory=list)
     library: bool = False  # a line of an installed library's code, not the user's
+    measured: list[MeasuredSpecialisation] = field(default_factory=list)  # with ProbeOptions.measure
 
 
 @dataclass
@@ -115,6 +148,7 @@ class ProbeReport:
     models: list[ModelProbe] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the file could not be loaded or analyzed
     versions: dict[str, str] = field(default_factory=dict)
+    measured_on: str = ""  # with ProbeOptions.measure: the device the specialisations were measured on
     probe_version: int = PROBE_VERSION
 
     def to_dict(self) -> dict[str, Any]:

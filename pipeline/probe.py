@@ -20,6 +20,7 @@ from fuselens.contracts.options import AnalyzeOptions, Progress, no_progress
 from fuselens.contracts.probe import ModelProbe, ProbeOptions, ProbeReport
 from fuselens.contracts.report import Model
 from fuselens.validate.runner import Subject
+from fuselens.validate.specialisations import measure_site
 
 from .analyze import AnalyzedFile, analyze
 from .unanalyzed import unanalyzed_models
@@ -44,6 +45,7 @@ def probe_file(
         report.problems.append(str(exc))
         return report
     report.sample_every = sample_every
+    report.measured_on = device if options.measure else ""
     progress("analyzing", 0.0)
     analyzed = analyze(path, analyze_options)
     for problem in analyzed.report.problems:
@@ -109,7 +111,11 @@ def _probe(
     subject = Subject(analyzed.sources[model.name], config.init, config.param_dtype)
     try:
         real = subject.real(options.seed, analyzed.user_code).to(device)
-        probed = probe_model(real, source, options.batches, sample_every, device, analyzed.user_code)
+        keep = options.batches if options.measure else 0
+        probed = probe_model(real, source, options.batches, sample_every, device, analyzed.user_code, keep)
     except (data.DataError, ForwardError) as exc:
         return ModelProbe(model.name, source.description, 0, problem=str(exc))
+    if options.measure:
+        for site, state in zip(probed.sites, probed.states, strict=True):
+            site.measured = measure_site(site, state.kept, state.channel_max)
     return ModelProbe(model.name, source.description, probed.batches, probed.sites)

@@ -113,6 +113,8 @@ def register_commands(server: LanguageServer, services: Services) -> None:
     @command(command_ids.VALIDATE_ALL)
     def validate_all(*args):
         uri, model, options = _args(args, [("uri", str, True), ("model", str, False), ("options", dict, False)])
+        if (options or {}).get("probe"):  # the opportunities a probe names, measured (`fuselens validate --probe`)
+            return _probe(services, state.snapshot(uri), model, measure=True)
         return _validate(services, state.snapshot(uri), None, model, options or {})
 
     @command(command_ids.PROFILE)
@@ -298,9 +300,10 @@ async def _profile(services: Services, snapshot: Snapshot, model: str | None) ->
     }
 
 
-async def _probe(services: Services, snapshot: Snapshot, model: str | None) -> dict[str, Any]:
+async def _probe(services: Services, snapshot: Snapshot, model: str | None, measure: bool = False) -> dict[str, Any]:
     """Run the file's models on data in the worker with every GEMM site sketched (`fuselens probe`), and
-    keep the probe for the hover and the lens."""
+    keep the probe for the hover and the lens; with `measure`, each opportunity is also made with
+    PyTorch's kernels and measured against the dense GEMM (`fuselens validate --probe`)."""
     path = _open_document_path(snapshot)
     log, settings = services.log, snapshot.settings
     if refused := _untrusted(services, path):
@@ -309,13 +312,14 @@ async def _probe(services: Services, snapshot: Snapshot, model: str | None) -> d
     options = _job_options(snapshot, model)
     name = os.path.basename(path)
     what = model or name
-    log.line(f"probing {model or 'the models'} of {name}")
+    doing = "measuring the opportunities of" if measure else "probing"
+    log.line(f"{doing} {model or 'the models'} of {name}")
     w = settings.worker
-    progress = await services.editor.progress(snapshot.client, f"fuselens: probing {what}")
+    progress = await services.editor.progress(snapshot.client, f"fuselens: {doing} {what}")
     try:
         async with services.admission.turn():
             report: ProbeReport = await services.worker.run(
-                ProbeJob(path, options, ProbeOptions()),
+                ProbeJob(path, options, ProbeOptions(measure=measure)),
                 Limits(w.validate_timeout_seconds, w.memory_mb),
                 on_progress=lambda message, fraction: progress.report(message, fraction),
             )
@@ -336,9 +340,22 @@ async def _probe(services: Services, snapshot: Snapshot, model: str | None) -> d
     sites = sum(len(m.sites) for m in report.models)
     source = f" ({report.models[0].data_source})" if report.models else ""
     summary = f"probed {what}: {found} opportunities in {sites} GEMM sites{source}"
+    if measure:
+        summary += f"; {_measured_summary(report)}"
     log.line(summary)
     log.tell(f"fuselens: {summary}", lsp.MessageType.Info)
     return {"probe": report.to_dict()}
+
+
+def _measured_summary(report: ProbeReport) -> str:
+    measured = [m for model in report.models for site in model.sites for m in site.measured]
+    timed = sum(m.status == "timed" for m in measured)
+    errors = sum(m.error is not None for m in measured)
+    if not measured:
+        return "nothing to measure"
+    if timed:
+        return f"{timed} of {len(measured)} measured on {report.measured_on}, timed against the dense GEMM"
+    return f"the output error of {errors} of {len(measured)} measured on {report.measured_on} (timing needs a CUDA GPU)"
 
 
 NO_GPU_PROFILE_HINT = "Set fuselens.remoteProfiler to profile it on a GPU machine."

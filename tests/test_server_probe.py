@@ -51,3 +51,17 @@ async def test_an_edit_hides_a_probe_of_the_text_before_it(client: Client):
     assert titles == ["Probe"]
     hovered = await client.hover(uri, _line("self.outlier("))
     assert hovered is None or "◇ **probe:" not in hovered.contents.value
+
+
+async def test_validate_with_probe_measures_each_opportunity_in_the_worker_and_the_hover_shows_it(client: Client):
+    uri = client.open("probe_measured.py", PLANTED)
+    await client.diagnostics_of(uri, 1)
+    result = await client.command("fuselens.validateAll", uri, "Planted", {"probe": True})
+    (model,) = result["probe"]["models"]
+    measured = {site["line"]: site["measured"] for site in model["sites"]}
+    assert [m["kind"] for m in measured[_line("self.low_rank(")]] == ["low-rank"]
+    told = [m.message for m in client.messages_matching("probed Planted")]
+    assert any("5 opportunities" not in m and "of 5 measured on" in m for m in told), told
+    text = (await client.hover(uri, _line("self.outlier("))).contents.value
+    assert "measured **quantize** (torch._scaled_mm (float8 e4m3)" in text and "with per-tensor scales)" in text
+    assert "timing needs a CUDA GPU" in text or " ms against the dense " in text

@@ -88,6 +88,7 @@ def _sparse(state: SiteState, roles: dict[str, RoleSketch], errors: dict[str, fl
             bytes_saved=round(_operand_bytes(state, role) * (0.5 - SPARSE_METADATA) * per_forward),
             error=error,
             risk=_risk(error, f"pruning the {role}'s other groups to 2:4"),
+            role=role,
         )
 
 
@@ -124,6 +125,7 @@ def _quantize(state: SiteState, roles: dict[str, RoleSketch], errors: dict[str, 
             bytes_saved=round(operands * (1 - 1 / max(state.element_bytes, 1)) * per_forward),
             error=errors[scheme],
             risk=_risk(errors[scheme], label.split(" GEMM")[0]),
+            scheme=scheme,
         )
         return
 

@@ -10,6 +10,10 @@ Where the sketches so far make a change look possible (2:4 groups, outlier chann
 the sampled call is run again with the change made to its operands, and the error that makes in its
 output is kept: the risk each opportunity states is measured on the data, not guessed.
 
+With `keep_calls`, the operands of a site's first sampled calls are kept in the form `x @ weight.T`
+(a linear, or a matmul by a 2-D matrix), the input copied and the weight referenced: what measuring
+a specialisation against the dense GEMM on the probe's own batches runs on.
+
 A residual add that takes a site's output (`x = x + self.proj(h)`) keeps ‖output‖² and ‖residual‖²
 at that site: a block whose output barely moves the residual stream is near the identity.
 """
@@ -61,6 +65,8 @@ class SiteState:
     errors: dict[str, torch.Tensor] = field(default_factory=dict)  # change -> (‖Δout‖², ‖out‖²)
     residual: torch.Tensor | None = None  # (‖output‖², ‖residual‖²) where a residual add takes the output
     factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # low-rank weights
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (x, weight): x @ weight.T
+    channel_max: torch.Tensor | None = None  # of the kept inputs' channels (K), over every kept call
 
     def state_bytes(self) -> int:
         """What the site holds besides the weights' low-rank factors: bounded by its channels, not its calls."""
@@ -70,10 +76,13 @@ class SiteState:
 
 
 class ProbeMode(TorchFunctionMode):
-    def __init__(self, user_code: UserCode, sample_every: int = 1, stop_at: types.CodeType | None = None):
+    def __init__(
+        self, user_code: UserCode, sample_every: int = 1, stop_at: types.CodeType | None = None, keep_calls: int = 0
+    ):
         super().__init__()
         self.user_code = user_code
         self.sample_every = max(1, sample_every)
+        self.keep_calls = keep_calls
         self.stop_at = stop_at
         self.sites: dict[tuple[str, int, str], SiteState] = {}
         self._outputs: dict[int, tuple[weakref.ref, SiteState]] = {}
@@ -144,6 +153,8 @@ class ProbeMode(TorchFunctionMode):
         weight_key = repr(("parameter", id(call.b))).encode() if parameter else fingerprint(call.b)
         site.distinct.add(fingerprint(call.a) + weight_key)
         self._measure_changes(site, call, out, again)
+        if len(site.kept) < self.keep_calls:
+            _keep(site, call)
 
     def _rank(self, site: SiteState, weight: torch.Tensor) -> None:
         if weight.dim() < 2 or weight.numel() > MAX_RANK_ELEMENTS.get(weight.device.type, MAX_RANK_ELEMENTS["cpu"]):
@@ -196,6 +207,20 @@ class ProbeMode(TorchFunctionMode):
             )  # fmt: skip
             site.residual = sums if site.residual is None else site.residual + sums
             return
+
+
+def _keep(site: SiteState, call: GemmCall) -> None:
+    """Keep the call's operands as (x, weight) with the output x @ weight.T, where it is one."""
+    if call.op == "linear" and call.b.dim() == 2:
+        weight = call.b.detach()
+    elif call.op in ("matmul", "mm", "addmm") and call.b.dim() == 2 and call.b_reduction in (0, -2):
+        weight = call.b.detach().T
+    else:
+        return
+    x = call.a.detach().clone()
+    channel_max = x.abs().reshape(-1, x.shape[-1]).amax(0).float()
+    site.channel_max = channel_max if site.channel_max is None else torch.maximum(site.channel_max, channel_max)
+    site.kept.append((x, weight))
 
 
 def _through(scheme: str) -> Callable[[torch.Tensor], torch.Tensor]:

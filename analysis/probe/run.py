@@ -26,10 +26,17 @@ class Probed:
 
 
 def probe_model(
-    model: torch.nn.Module, source: BatchSource, batches: int, sample_every: int, device: str, user_code: UserCode
+    model: torch.nn.Module,
+    source: BatchSource,
+    batches: int,
+    sample_every: int,
+    device: str,
+    user_code: UserCode,
+    keep_calls: int = 0,
 ) -> Probed:
+    """The sites' sketches; with `keep_calls`, each site keeps that many sampled calls' operands."""
     model.eval()
-    mode = ProbeMode(user_code, sample_every, stop_at=_forward.__code__)
+    mode = ProbeMode(user_code, sample_every, stop_at=_forward.__code__, keep_calls=keep_calls)
     run = 0
     iterator = source.batches()
     with torch.no_grad():

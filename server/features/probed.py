@@ -3,7 +3,7 @@ opportunities in its hover, the count of opportunities in the model's lens."""
 
 from __future__ import annotations
 
-from fuselens.contracts.probe import Opportunity, ProbeReport, ProbeSite, RoleSketch
+from fuselens.contracts.probe import MeasuredSpecialisation, Opportunity, ProbeReport, ProbeSite, RoleSketch
 
 from .text import same_file
 
@@ -31,6 +31,7 @@ def describe_site(site: ProbeSite) -> str:
     ]
     parts += [f"- {_role(r)}" for r in site.roles]
     parts += [_opportunity(o) for o in site.opportunities] or ["no structure to exploit in these values"]
+    parts += [_measured(m) for m in site.measured]
     return "\n".join(parts)
 
 
@@ -50,3 +51,15 @@ def _role(r: RoleSketch) -> str:
 def _opportunity(o: Opportunity) -> str:
     error = "exact" if o.error is None else f"output error {o.error:.2%}"
     return f"\n**{o.kind}**: {o.summary}. {o.evidence}; {error}."
+
+
+def _measured(m: MeasuredSpecialisation) -> str:
+    """One opportunity made with PyTorch's kernels: its error, its time against the dense GEMM's."""
+    if m.status == "not-measured":
+        return f"- measured **{m.kind}**: not measured: {m.note}"
+    text = f"- measured **{m.kind}** ({m.implementation}): output error {m.error:.2%}"
+    if m.per_tensor_error is not None:
+        text += f" ({m.per_tensor_error:.2%} with per-tensor scales)"
+    if m.dense_ms is not None and m.specialised_ms is not None:
+        text += f"; {m.specialised_ms:.4f} ms against the dense {m.dense_ms:.4f} ms ({m.speedup or 0:.2f}×)"
+    return text + (f"; {m.note}" if m.note else "")
