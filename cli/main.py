@@ -5,11 +5,11 @@
     fuselens apply FILE ... [--yes]
     fuselens restore FILE [--kernel cluster0 ...] [--yes]
     fuselens validate FILE ... [--interpret] [--json OUT] [--markdown OUT] [--html OUT]
-    fuselens validate FILE --probe [--data pkg.mod:fn] [--batches 8] [--on cuda|cpu] [--json OUT]
+    fuselens validate FILE --probe [--data pkg.mod:fn] [--batches 8] [--on cuda|cpu] [--json OUT] [--html OUT]
     fuselens profile FILE ... [--iterations 10] [--warmup 3] [--on cuda|cpu] [--train] [--full-size]
                               [--json OUT] [--html OUT] [--save-corpus]
     fuselens probe FILE [--model NAME] [--data pkg.mod:fn] [--synthetic normal|heavy|sparse] [--batches 8]
-                        [--sample-every N] [--on cuda|cpu] [--json OUT]
+                        [--sample-every N] [--on cuda|cpu] [--json OUT] [--markdown OUT] [--html OUT]
     fuselens serve [--stdio]
 
 Each exits non-zero, with a line that says why, when it could not do what was asked.
@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--model", dest="model_class", help="probe only this model (as --model-class)")
     _probe_arguments(probe)
     probe.add_argument("--json", metavar="OUT", help="write the probe report as JSON to OUT ('-' for stdout)")
+    probe.add_argument("--markdown", metavar="OUT", help="write the results view's tables (as the editors show them)")
+    probe.add_argument(
+        "--html", metavar="OUT", help="write the results view (each site's value distribution charted) as a page"
+    )
 
     serve = sub.add_parser("serve", help="run the language server")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")

@@ -26,16 +26,23 @@ from fuselens.contracts.probe import (
     ProbeSite,
     RoleSketch,
 )
+from fuselens.contracts.probe_view import probe_view
+from fuselens.contracts.results_view import view_markdown
 from fuselens.contracts.units import bytes_label
 from fuselens.server.probe_job import probe_in_worker
 from fuselens.server.workers import JobFailed
 
+from . import results_page
 from .output import console_for_output
 
 
 def run_probe(args: argparse.Namespace, analyze_options: AnalyzeOptions, measure: bool = False) -> int:
     """`fuselens probe`; with `measure` (`fuselens validate --probe`), each opportunity is also made with
     PyTorch's kernels and measured against the dense GEMM."""
+    missing = results_page.plotly_missing() if args.html else ""
+    if missing:  # said before the probe runs, not after
+        print(missing, file=sys.stderr)
+        return 2
     console = console_for_output()
     options = ProbeOptions(
         data=args.data or "",
@@ -63,6 +70,12 @@ def run_probe(args: argparse.Namespace, analyze_options: AnalyzeOptions, measure
         else:
             with open(args.json, "w", encoding="utf-8") as fh:
                 fh.write(text + "\n")
+    view = probe_view(report)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(view_markdown(view))
+    if args.html:
+        results_page.write_page(args.html, view)
     if args.json != "-":
         render_probe(report, console)
     else:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .probe import HISTOGRAM_WIDTH, histogram_edges
 from .profile import ModelProfile
 from .validation import COMPILE_MODE, ClusterCheck, ModelValidation, Timing
 
@@ -279,4 +280,34 @@ def profile_figure(model: ModelProfile, step: str, where: str) -> Figure:
         f"{_text(model.name)}: measured time per {step} {where},<br>by cluster and by op outside them", "ms"
     )
     layout["xaxis"] = {"title": {"text": "cluster, or op outside the clusters"}, "type": "category"}
+    return {"data": data, "layout": layout}
+
+
+# ---- a probe: the values through each GEMM site ----------------------------------------------------
+
+
+def probe_figure(sites: Sequence[tuple[str, list[int]]], title: str) -> Figure:
+    """Each site's histogram of log2|x| (`sites`: its label and its counts), as the share of the values
+    in each bin: one step line per site, so that sites of any size share one axis."""
+    edges = histogram_edges()
+    bins = [f"2^{int(e)}..2^{int(e) + HISTOGRAM_WIDTH}" for e in edges]
+    bins[0], bins[-1] = f"< 2^{int(edges[1])}", f"≥ 2^{int(edges[-1])}"
+    data = []
+    for label, counts in sites:
+        total = sum(counts)
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "line": {"shape": "hvh"},
+                "name": _text(label),
+                "x": bins,
+                "y": [c / total if total else 0.0 for c in counts],
+                "customdata": counts,
+                "hovertemplate": f"{_text(label)}: %{{y:.1%}} of the values in %{{x}} (%{{customdata}})<extra></extra>",
+            }
+        )
+    layout = _layout(title, "share of the nonzero values")
+    layout["xaxis"] = {"title": {"text": "|x|"}, "type": "category"}
+    layout["yaxis"]["tickformat"] = ".0%"
     return {"data": data, "layout": layout}

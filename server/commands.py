@@ -28,6 +28,7 @@ from fuselens.contracts import commands as command_ids
 from fuselens.contracts.options import AnalyzeOptions, ProfileOptions, ValidateOptions
 from fuselens.contracts.plain import to_plain
 from fuselens.contracts.probe import ProbeOptions, ProbeReport
+from fuselens.contracts.probe_view import probe_view
 from fuselens.contracts.profile import Profile
 from fuselens.contracts.profile_view import profile_view
 from fuselens.contracts.report import Report
@@ -344,7 +345,8 @@ async def _probe(services: Services, snapshot: Snapshot, model: str | None, meas
         summary += f"; {_measured_summary(report)}"
     log.line(summary)
     log.tell(f"fuselens: {summary}", lsp.MessageType.Info)
-    return {"probe": report.to_dict()}
+    view = probe_view(report, analysis.report.libraries)
+    return {"probe": report.to_dict(), "results_view": to_plain(view), "results_markdown": view_markdown(view)}
 
 
 def _measured_summary(report: ProbeReport) -> str:

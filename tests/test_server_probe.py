@@ -60,6 +60,9 @@ async def test_validate_with_probe_measures_each_opportunity_in_the_worker_and_t
     (model,) = result["probe"]["models"]
     measured = {site["line"]: site["measured"] for site in model["sites"]}
     assert [m["kind"] for m in measured[_line("self.low_rank(")]] == ["low-rank"]
+    view = result["results_view"]  # what the editors open: each site's values charted
+    assert view["kind"] == "probe" and len(view["models"][0]["chart"]["data"]) == 5
+    assert "low-rank: 0.00% error" in result["results_markdown"]
     told = [m.message for m in client.messages_matching("probed Planted")]
     assert any("5 opportunities" not in m and "of 5 measured on" in m for m in told), told
     text = (await client.hover(uri, _line("self.outlier("))).contents.value
