@@ -13,7 +13,7 @@ error on the probe's batches anywhere, the time on a CUDA device (`MeasuredSpeci
 
 The probe is its own versioned contract, apart from the analysis report: `ProbeReport.from_dict`
 reads every version up to `PROBE_VERSION`, filling what an older one lacks with its default
-(version 2 added the measured specialisations).
+(version 2 added the measured specialisations and each site's line of code).
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ class ProbeSite:
     opportunities: list[Opportunity] = field(default_factory=list)
     library: bool = False  # a line of an installed library's code, not the user's
     measured: list[MeasuredSpecialisation] = field(default_factory=list)  # with ProbeOptions.measure
+    code: str = ""  # the site's line as it reads (a library's line is shown where the user's line reaches it)
 
 
 @dataclass

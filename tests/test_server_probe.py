@@ -68,3 +68,36 @@ async def test_validate_with_probe_measures_each_opportunity_in_the_worker_and_t
     text = (await client.hover(uri, _line("self.outlier("))).contents.value
     assert "measured **quantize** (torch._scaled_mm (float8 e4m3)" in text and "with per-tensor scales)" in text
     assert "timing needs a CUDA GPU" in text or " ms against the dense " in text
+
+
+LLAMA = """\
+from transformers import LlamaConfig, LlamaForCausalLM
+
+config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+model = LlamaForCausalLM(config)  # fuselens: input=(2, 16) int64
+"""
+
+
+@pytest.mark.slow
+async def test_a_transformers_llama_is_probed_from_its_lens_and_its_line_shows_the_library_sites(client: Client):
+    pytest.importorskip("transformers")
+    uri = client.open("llama_probed.py", LLAMA)
+    await client.diagnostics_of(uri, 1)
+    (lens,) = [lens for lens in await client.code_lenses(uri) if lens.command.command == "fuselens.probe"]
+    result = await client.command(lens.command.command, *lens.command.arguments)
+    (model,) = result["probe"]["models"]
+    assert model["problem"] == "" and model["data_source"].startswith("synthetic normal inputs")
+    (query,) = [s for s in model["sites"] if s["library"] and "self.q_proj(" in s["code"]]
+    assert query["layers"] == 2  # one line of the library's code, called by both layers
+
+    # The sites are lines of transformers' code, which this file cannot show: the line whose model runs
+    # that code lists them, each with its line as it reads there and its sketches in brief.
+    text = (await client.hover(uri, 5)).contents.value
+    assert f"◇ **probe of `model`**: {len(model['sites'])} GEMM sites in the code it runs" in text
+    assert "`transformers/models/llama/modeling_llama.py`" in text
+    (listed,) = [line for line in text.split("\n") if f"`{query['code']}`" in line]
+    assert f"modeling_llama.py:{query['line']}`" in listed and "over 2 layers" in listed
+    assert "input 2:4 " in listed and "max/median channel " in listed and "weight rank " in listed
+    hovered = await client.hover(uri, 3)  # the config's line runs nothing
+    assert hovered is None or "◇ **probe" not in hovered.contents.value

@@ -5,6 +5,8 @@ quantized somewhat, so quantization is named where the data decide the scheme (o
 
 from __future__ import annotations
 
+import linecache
+
 from fuselens.contracts.probe import Opportunity, ProbeSite, RoleSketch
 
 from .recorder import LOW_RANK_SHARE, SiteState
@@ -39,6 +41,7 @@ def site_summary(state: SiteState, batches: int) -> ProbeSite:
         roles=roles,
         residual_ratio=residual,
         library=state.library,
+        code=linecache.getline(state.file, state.line).strip(),
     )
     site.opportunities = opportunities(state, site, batches)
     return site

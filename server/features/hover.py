@@ -25,7 +25,7 @@ from fuselens.contracts.units import bytes_label, in_library, library_path
 from fuselens.contracts.validation import ORIGINAL_CODE
 
 from .measured import cluster_time, measured_lines, time_label, where_measured
-from .probed import describe_site, sites_at
+from .probed import describe_reached, describe_site, reached_sites, sites_at
 from .ranges import dynamic_entry, hover_section
 from .text import same_file, shown_at
 
@@ -293,6 +293,7 @@ def hover(
         )
     if probe is not None:
         parts += [describe_site(site) for site in sites_at(probe, path, line)]
+        parts += [describe_reached(m, sites, report.libraries) for m, sites in reached_sites(probe, report, path, line)]
     if not parts:
         return None
     text = _bounded("\n\n---\n\n".join(parts), [c for _, c in hits[1:]], report.libraries, uri)

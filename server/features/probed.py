@@ -4,6 +4,8 @@ opportunities in its hover, the count of opportunities in the model's lens."""
 from __future__ import annotations
 
 from fuselens.contracts.probe import MeasuredSpecialisation, Opportunity, ProbeReport, ProbeSite, RoleSketch
+from fuselens.contracts.report import Library, Report
+from fuselens.contracts.units import library_path
 
 from .text import same_file
 
@@ -18,6 +20,58 @@ def probe_title(probe: ProbeReport | None, model: str) -> str:
 
 def sites_at(probe: ProbeReport, path: str, line: int) -> list[ProbeSite]:
     return [s for m in probe.models for s in m.sites if s.line == line and same_file(s.file, path)]
+
+
+MAX_REACHED = 8  # the sites of code elsewhere listed in the hover of the line that reaches them
+
+
+def reached_sites(probe: ProbeReport, report: Report, path: str, line: int) -> list[tuple[str, list[ProbeSite]]]:
+    """For each model defined at `line` (`model = LlamaForCausalLM(config)`), its probed sites in code
+    other than this file (a library's), which no line of this file can show: (the model, its sites)."""
+    found = []
+    for model in report.models:
+        if model.line != line or not same_file(model.file, path):
+            continue
+        probed = next((m for m in probe.models if m.name == model.name and not m.problem), None)
+        elsewhere = [s for s in probed.sites if not same_file(s.file, path)] if probed is not None else []
+        if elsewhere:
+            found.append((model.name, elsewhere))
+    return found
+
+
+def describe_reached(model: str, sites: list[ProbeSite], libraries: list[Library]) -> str:
+    """The hover of a line whose model runs library code: each GEMM site there, its line as it reads,
+    its sketches in brief and its opportunities; the sites with opportunities first, then the most called."""
+    found = sum(len(s.opportunities) for s in sites)
+    files = sorted({library_path(s.file, libraries) for s in sites})
+    shown = sorted(sites, key=lambda s: (not s.opportunities, -s.calls))[:MAX_REACHED]
+    parts = [
+        f"◇ **probe of `{model}`**: {len(sites)} GEMM sites in the code it runs ({', '.join(f'`{f}`' for f in files)}), "
+        f"{found} opportunit{'y' if found == 1 else 'ies'}"
+    ]
+    for site in shown:
+        where = f"`{library_path(site.file, libraries).rsplit('/', 1)[-1]}:{site.line}`"
+        layers = f" over {site.layers} layers" if site.layers > 1 else ""
+        kinds = ", ".join(f"**{o.kind}**" for o in site.opportunities) or "no structure to exploit"
+        parts.append(f"- {where} `{site.code or site.op}`: {site.calls} calls{layers}; {_brief(site)}; {kinds}")
+    if len(sites) > len(shown):
+        parts.append(f"- _… {len(sites) - len(shown)} more sites (fuselens probe lists them all)_")
+    return "\n".join(parts)
+
+
+def _brief(site: ProbeSite) -> str:
+    """A site's sketches in a few figures: the input's 2:4 share and channel spread, the weight's rank."""
+    roles = {r.role: r for r in site.roles}
+    text = []
+    if (inputs := roles.get("input")) is not None:
+        text.append(
+            f"input 2:4 {inputs.sparse_24_fraction:.0%}, max/median channel {inputs.channel_max_to_median:.1f}, "
+            f"fp8 {inputs.fp8_error:.1%}"
+        )
+    weight = roles.get("weight")
+    if weight is not None and weight.effective_rank is not None:
+        text.append(f"weight rank {weight.effective_rank} of {weight.rank_of}")
+    return ", ".join(text) or site.op
 
 
 def describe_site(site: ProbeSite) -> str:
