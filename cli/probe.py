@@ -25,6 +25,7 @@ from fuselens.contracts.probe import (
     ProbeReport,
     ProbeSite,
     RoleSketch,
+    rank_text,
 )
 from fuselens.contracts.probe_view import probe_view
 from fuselens.contracts.results_view import view_markdown
@@ -173,7 +174,7 @@ def _role_cell(sketch: RoleSketch | None) -> str:
     if sketch.outlier_channels:
         lines.append(f"outliers {sketch.outlier_channels[:8]}")
     if sketch.effective_rank is not None:
-        lines.append(f"rank {sketch.effective_rank} of {sketch.rank_of}")
+        lines.append(f"rank {rank_text(sketch)} of {sketch.rank_of}")
     return escape("\n".join(lines))
 
 

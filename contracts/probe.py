@@ -71,6 +71,10 @@ class RoleSketch:
     histogram: list[int]  # HISTOGRAM_BINS counts of log2|x| for the nonzeros
     effective_rank: int | None = None  # weight only: singular values holding 99% of the energy (largest over layers)
     rank_of: int | None = None  # min(rows, cols) of the weight the rank is of
+    # The effective rank lies in [rank_low, rank_high]: equal to it where found from every singular value
+    # (a weight whose smaller dim is at most 256), a range where a randomized range finder found it.
+    rank_low: int | None = None
+    rank_high: int | None = None
 
 
 @dataclass
@@ -170,3 +174,11 @@ class ProbeReport:
 def histogram_edges() -> list[float]:
     """The lower edge (log2|x|) of each histogram bin; the first and last take what lies beyond."""
     return [float(HISTOGRAM_LOW + HISTOGRAM_WIDTH * i) for i in range(HISTOGRAM_BINS)]
+
+
+def rank_text(sketch: RoleSketch) -> str:
+    """A weight's effective rank as people read it: "16", or "≈596 (478–753)" where it is a range."""
+    low, high = sketch.rank_low, sketch.rank_high
+    if low is None or high is None or low == high:
+        return str(sketch.effective_rank)
+    return f"≈{sketch.effective_rank} ({low}–{high})"

@@ -36,8 +36,8 @@ from .distinct import EXACT, DistinctCounter, fingerprint
 from .gemms import GemmCall, gemm_call, with_operands
 from .sketch import OUTLIER_FACTOR, RoleState, last, quantized
 
-# A larger weight's rank is not computed (its Gram matrix's eigenvalues take too long): on a CPU, a
-# 2048 × 4096 weight's; on a GPU, a 16384 × 16384 one's.
+# A larger weight's rank is not computed (its Gram matrix takes too long): on a CPU, a 2048 × 4096
+# weight's; on a GPU, a 16384 × 16384 one's.
 MAX_RANK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 28}
 SPARSE_CANDIDATE = 0.8  # 2:4 fraction so far above which a pruned call is run to measure its error
 LOW_RANK_SHARE = 0.25  # a weight of effective rank up to this share of its smaller dim is a low-rank candidate
@@ -161,11 +161,13 @@ class ProbeMode(TorchFunctionMode):
             return
         role = site.roles["weight"]
         smaller = min(weight.shape[0], weight[0].numel())
-        rank = numerics.effective_rank(weight)
-        role.rank_of = smaller
-        role.rank = max(role.rank or 0, rank)
-        if rank <= LOW_RANK_SHARE * smaller:
-            site.factors[id(weight)] = numerics.low_rank_factors(weight, rank)
+        found = numerics.effective_rank(weight, LOW_RANK_SHARE)
+        role.rank_of = smaller  # (the largest over the layers lies within the largest of their bounds)
+        role.rank = max(role.rank or 0, found.rank)
+        role.rank_low = max(role.rank_low or 0, found.low)
+        role.rank_high = max(role.rank_high or 0, found.high)
+        if found.high <= LOW_RANK_SHARE * smaller:
+            site.factors[id(weight)] = numerics.low_rank_factors(weight, found.high)
 
     def _measure_changes(self, site: SiteState, call: GemmCall, out: torch.Tensor, again: Callable) -> None:
         """The call run again with each change its sketches make a candidate, and the error kept."""

@@ -57,6 +57,8 @@ class RoleState:
         self._histogram: torch.Tensor | None = None
         self.rank: int | None = None
         self.rank_of: int | None = None
+        self.rank_low: int | None = None
+        self.rank_high: int | None = None
 
     def fold(self, x: torch.Tensor) -> None:
         """Fold one call's tensor: channel maxima over all of it; the sums over rows spread evenly
@@ -138,6 +140,8 @@ class RoleState:
             histogram=[int(c) for c in histogram],
             effective_rank=self.rank,
             rank_of=self.rank_of,
+            rank_low=self.rank_low,
+            rank_high=self.rank_high,
         )
 
     def state_bytes(self) -> int:

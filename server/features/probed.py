@@ -3,7 +3,7 @@ opportunities in its hover, the count of opportunities in the model's lens."""
 
 from __future__ import annotations
 
-from fuselens.contracts.probe import MeasuredSpecialisation, Opportunity, ProbeReport, ProbeSite, RoleSketch
+from fuselens.contracts.probe import MeasuredSpecialisation, Opportunity, ProbeReport, ProbeSite, RoleSketch, rank_text
 from fuselens.contracts.report import Library, Report
 from fuselens.contracts.units import library_path
 
@@ -70,7 +70,7 @@ def _brief(site: ProbeSite) -> str:
         )
     weight = roles.get("weight")
     if weight is not None and weight.effective_rank is not None:
-        text.append(f"weight rank {weight.effective_rank} of {weight.rank_of}")
+        text.append(f"weight rank {rank_text(weight)} of {weight.rank_of}")
     return ", ".join(text) or site.op
 
 
@@ -98,7 +98,7 @@ def _role(r: RoleSketch) -> str:
     if r.outlier_channels:
         text += f", outlier channels {r.outlier_channels[:8]}"
     if r.effective_rank is not None:
-        text += f", rank {r.effective_rank} of {r.rank_of}"
+        text += f", rank {rank_text(r)} of {r.rank_of}"
     return text
 
 
