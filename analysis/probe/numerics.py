@@ -6,7 +6,9 @@ channel dim for per-channel scales) and runs on the tensor's own device.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +94,8 @@ def effective_rank(weight: torch.Tensor, share: float = 0.25) -> Rank:
         return Rank(0, 0, 0)
     smaller = gram.shape[0]
     if smaller <= EXACT_RANK_DIM:
-        energy = torch.linalg.eigvalsh(gram.double()).clamp_min(0).flip(0)
+        with _one_thread(gram.device):
+            energy = torch.linalg.eigvalsh(gram.double()).clamp_min(0).flip(0)
         held = energy.cumsum(0) / float(energy.sum())
         rank = int((held < ENERGY).sum()) + 1
         return Rank(rank, rank, rank)
@@ -106,6 +109,28 @@ OVERSAMPLE = 16  # the random subspace's dims beyond the ranks it decides
 POWER_ITERATIONS = 1
 
 
+@contextlib.contextmanager
+def _one_thread(device: torch.device) -> Iterator[None]:
+    """On a CPU, torch's ops on one thread for a while: a QR or an eigendecomposition of a few hundred
+    dims is a chain of small steps, each waiting on every thread, where a machine busy with other work
+    keeps one of them waiting (a 768-dim eigendecomposition took
+    197 ms on 2 threads of a busy 2-core machine, 35 ms on one)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _orthonormal(columns: torch.Tensor) -> torch.Tensor:
+    with _one_thread(columns.device):
+        return torch.linalg.qr(columns).Q
+
+
 def _ritz_values(gram: torch.Tensor, sketch: int) -> tuple[torch.Tensor, float]:
     """G's eigenvalues on a `sketch`-dim subspace found by a randomized range finder with power
     iterations (draws of their own generator, the same every run), largest first: each is at most the
@@ -114,11 +139,12 @@ def _ritz_values(gram: torch.Tensor, sketch: int) -> tuple[torch.Tensor, float]:
     generator = torch.Generator(device=gram.device).manual_seed(0)
     basis = gram @ torch.randn(gram.shape[0], sketch, device=gram.device, generator=generator)
     for _ in range(POWER_ITERATIONS):
-        basis = gram @ torch.linalg.qr(basis).Q
-    basis = torch.linalg.qr(basis).Q
+        basis = gram @ _orthonormal(basis)
+    basis = _orthonormal(basis)
     projected = basis.T @ gram
     inside = projected @ basis
-    captured = torch.linalg.eigvalsh(inside.double()).clamp_min(0).flip(0)
+    with _one_thread(gram.device):
+        captured = torch.linalg.eigvalsh(inside.double()).clamp_min(0).flip(0)
     squares = [float(t.double().square().sum()) for t in (gram, projected, inside)]
     return captured, max(squares[0] - 2 * squares[1] + squares[2], 0.0)
 
