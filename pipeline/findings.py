@@ -212,29 +212,41 @@ def _gemms_on_lines_of_their_own(
     placed: list[tuple[Group, tuple[KernelPlan, sourcemap.Mapping]] | None] = [
         (group, _planned(plans, group, source)) for group in detection.clusters
     ]
+
+    def strip(k: int, group: Group) -> None:
+        epilogue = _without_the_gemm(graph, group, detection)
+        placed[k] = None if epilogue is None else (epilogue, _planned(plans, epilogue, source))
+
+    def gemm_groups() -> list[tuple[int, Group, sourcemap.Mapping]]:
+        return [(k, e[0], e[1][1]) for k, e in enumerate(placed) if e is not None and e[0].gemm is not None]
+
     changed = True
     while changed:
         changed = False
-        for k, entry in enumerate(placed):
-            if entry is None or entry[0].gemm is None:
-                continue
-            group, (_, mapping) = entry
-            if mapping.region is not None and not _shares_lines(placed, k) and not _needed_as_written(graph, placed, k):
-                continue
-            epilogue = _without_the_gemm(graph, group, detection)
-            placed[k] = None if epilogue is None else (epilogue, _planned(plans, epilogue, source))
+        for k, group, mapping in gemm_groups():  # no region, or a region on another group's lines
+            if placed[k] is not None and (mapping.region is None or _shares_lines(placed, k)):
+                strip(k, group)
+                changed = True
+        if changed:
+            continue
+        # Then those whose region another call needs as written: worked out over every region at once,
+        # so one group at a time, each leaving out its GEMM changing what the others' calls need.
+        needed = _needed_as_written(graph, placed)
+        first = next(((k, group) for k, group, mapping in gemm_groups() if id(mapping) in needed), None)
+        if first is not None:
+            strip(*first)
             changed = True
     return placed
 
 
-def _needed_as_written(graph: Graph, placed: list, k: int) -> bool:
-    """Whether another call of the lines of group `k`'s region computes something else there (a helper
-    defined inside them, run in a call of its own), so that its region would be refused."""
+def _needed_as_written(graph: Graph, placed: list) -> set[int]:
+    """The mappings (their ids) whose region another call of its lines needs as written: it computes
+    something else there (a helper defined inside them, run in a call of its own), so that the region
+    would be refused."""
     found = [
         Found(graph, plan, mapping, None, None, "", []) for entry in placed if entry for plan, mapping in [entry[1]]
     ]
-    mine = placed[k][1][1]
-    return any(f.mapping is mine for group, _ in _regions_other_calls_need(found) for f in group)
+    return {id(f.mapping) for group, _ in _regions_other_calls_need(found) for f in group}
 
 
 def _shares_lines(placed: list, k: int) -> bool:
