@@ -1,6 +1,6 @@
 """`fuselens serve`'s first step: the worker host starts before the language server is even imported.
 
-A file's first analysis waits for the worker host to import torch and warm up (seconds on a laptop),
+A file's first analysis waits for the worker host to import torch (a second or more on a laptop),
 and the server's own start (pygls and lsprotocol: half a second) and the editor's handshake come
 before the file is even opened.  So the host is launched first, with the server's own interpreter,
 and both go on at once, on two cores.  Nothing of the workspace runs in it until the workspace is

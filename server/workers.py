@@ -183,7 +183,7 @@ class WorkerClient:
             raise JobFailed(
                 Failure("unavailable", f"the analysis worker ({self.python}) did not start.{hint}\n{tail}")
             ) from exc
-        self.log(f"worker ready: pid {info.pid}, torch {info.torch}, warm-up {info.warmup_ms} ms")
+        self.log(f"worker ready: pid {info.pid}, torch {info.torch}, started in {info.startup_ms} ms")
 
     async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Future) -> None:
         assert proc.stdout

@@ -11,6 +11,7 @@ process that imports it, and the model's files write down what their job found i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import textwrap
 
@@ -181,6 +182,28 @@ async def test_a_library_whose_import_crashes_the_host_costs_it_once(worker, sit
         assert "SIGSEGV" in error.message
     assert worker.starts == starts + 1
     assert file_imports(text)[-1] == ModuleImport("crashlib", ["Block"])  # (what the host was asked first)
+
+
+@pytest.mark.asyncio
+async def test_a_job_sent_as_the_host_is_ready_runs_before_its_warm_up(site, tmp_path):
+    """A file opened as the server starts does not wait for the host's warm-up (an analysis of its own
+    model, over half a second on a laptop): its job runs first, and the host warms up once idle."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(site.values()))
+        fresh = WorkerClient()
+        try:
+            await fresh.ensure_started()
+            report = await analyze(fresh, tmp_path / "models" / "net.py", model("instlib"))
+            assert chains(only_model(report)) == ["mul → relu → add"]
+            assert not [line for line in fresh.stderr_tail if "warmed up" in line], fresh.stderr_tail
+            async with asyncio.timeout(60):
+                while not [line for line in fresh.stderr_tail if "warmed up in" in line]:
+                    await asyncio.sleep(0.05)  # (polling the host's log for the line, not a wait in its place)
+            report = await analyze(fresh, tmp_path / "models" / "again.py", model("instlib"))
+            assert chains(only_model(report)) == ["mul → relu → add"]
+            assert fresh.starts == 1
+        finally:
+            await fresh.stop()
 
 
 # ---- which imports a file names ---------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
     python -m fuselens.worker.host
 
-Started by the language server with the user's interpreter.  It imports torch and runs
-one analysis to warm every lazy path, then forks a child per job: a fork of a warm
+Started by the language server with the user's interpreter.  It imports torch, says it is ready,
+and once no request has come for a moment runs one analysis to warm every lazy path (a file opened
+as the server starts has its job, and its library's import, first: the job warms what it uses
+itself, and the warm-up after it serves the jobs that follow).  It forks a child per job: a fork of a warm
 process costs milliseconds, the child imports the user's module afresh (so edits are
 always seen), and whatever the user's code does (loop forever, allocate 50 GB, chdir,
 sys.exit, fork, print megabytes) stays in the child.  Between jobs it imports the installed
@@ -88,6 +90,9 @@ from fuselens.worker.protocol import (
 
 DUMP_GRACE = 0.3  # seconds a timed-out child's watchdog gets to write its stack before it is killed
 EXIT_POLL = 0.05  # seconds between checks for a child's exit, where the kernel cannot signal it
+# Seconds without a request before the host warms up: the server sends a waiting file's imports and
+# job within milliseconds of hearing that the host is ready, and those go first.
+WARM_UP_IDLE = 0.2
 READS_PER_WAKE = 16  # chunks read from one child before the loop looks at the others and the clock
 PROGRESS_CHARS = 1000  # the longest progress note relayed to the server (and on to the editor)
 DUMP_TAIL = 1 << 20  # bytes of a stack dump read back: a stack is far shorter, what else is there is not read
@@ -127,6 +132,7 @@ class Host:
         self.children: dict[int, Child] = {}  # by pid
         self.requests = Lines()
         self.running = True
+        self.warmed = False
 
     def send(self, message: Event) -> None:
         with contextlib.suppress(OSError):  # the server went away: reading its pipe says so
@@ -138,7 +144,10 @@ class Host:
         self.selector.register(self.channel.requests, selectors.EVENT_READ, ("requests", None))
         try:
             while self.running or self.children:
-                for key, _ in self.selector.select(self._next_timeout()):
+                events = self.selector.select(self._next_timeout())
+                if not events and self._idle():
+                    self._warm_up()
+                for key, _ in events:
                     what, child = key.data
                     if what == "requests":
                         self._read_requests()
@@ -155,7 +164,25 @@ class Host:
                 self._end(child, Failure("cancelled", "the worker is shutting down"))
             _kill_strays(spared=())
 
+    def _idle(self) -> bool:
+        return self.running and not self.children and not self.warmed
+
+    def _warm_up(self) -> None:
+        """Exercise every lazy import and first-call path once, so that later jobs start hot."""
+        from fuselens.worker.jobs import warm_up
+
+        self.warmed = True
+        started = time.perf_counter()
+        try:
+            warm_up()
+        except Exception as exc:  # a failed warm-up only costs speed
+            print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
+            return
+        print(f"fuselens worker: warmed up in {round((time.perf_counter() - started) * 1000)} ms", file=sys.stderr)
+
     def _next_timeout(self) -> float | None:
+        if self._idle():
+            return WARM_UP_IDLE
         if not self.children:
             return None
         now = time.monotonic()
@@ -665,12 +692,6 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from fuselens.worker.jobs import warm_up
-
-    try:
-        warm_up()
-    except Exception as exc:  # a failed warm-up only costs speed
-        print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
     host = Host(channel)
     host.send(
         Ready(os.getpid(), sys.version.split()[0], torch.__version__, round((time.perf_counter() - started) * 1000))

@@ -7,7 +7,7 @@ the dataclasses below in its plain form (`contracts/plain.py`), told apart by it
 
     server -> host    Run(id, job, limits) | Cancel(id) | Shutdown | Preload(modules)
                       | PreloadImports(path, imports)
-    host -> server    Ready(pid, python, torch, warmup_ms) | Progress(id, message, fraction)
+    host -> server    Ready(pid, python, torch, startup_ms) | Progress(id, message, fraction)
                       | Done(id, result) | Failed(id, error)
 
 A job is what to run (`AnalyzeJob`, `GenerateJob`, `ValidateJob`, `CompareJob`, `ProfileJob`, `ProbeJob`,
@@ -226,7 +226,7 @@ class Ready:
     pid: int
     python: str
     torch: str
-    warmup_ms: int
+    startup_ms: int  # from the host's start to torch imported (its warm-up comes once it is idle)
     event: Literal["ready"] = "ready"
 
 
