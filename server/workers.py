@@ -128,10 +128,12 @@ class WorkerClient:
 
     async def ensure_started(self) -> None:
         async with self._lock:
-            if self._ready_now():
+            if self._ready_now() and self.info is not None:
                 return
-            if not self._starting():
+            if not self._ready_now() and not self._starting():
                 await self._spawn()
+            # (a host launched with the server may have said it is ready before anyone asked: its
+            # answer is taken, and logged, here all the same)
             await self._wait_ready()
 
     def _ready_now(self) -> bool:
@@ -143,6 +145,7 @@ class WorkerClient:
 
     async def _spawn(self) -> None:
         self.starts += 1
+        self.info = None  # (the last host's, until this one says it is ready)
         self._kept = set()  # (a new host has none: the next analyses name them again)
         self._imports.new_host()
         self._ready = asyncio.get_running_loop().create_future()

@@ -209,3 +209,20 @@ async def test_a_host_ended_for_an_untrusted_workspace_makes_way_for_a_fresh_one
         assert worker.info is not None and worker.info.pid != launched and worker.starts == 2
     finally:
         await worker.stop()
+
+
+async def test_a_host_that_said_it_is_ready_before_anyone_asked_is_the_one_used():
+    """The host launched with the server can be ready (torch imported; its warm-up waits for a quiet
+    moment) before `initialized` asks for it: the first request takes that host as it is, says in the
+    log that it is ready, and starts no other."""
+    said: list[str] = []
+    worker = WorkerClient(log=said.append)
+    try:
+        await worker.launch()
+        await eventually(lambda: worker._ready is not None and worker._ready.done(), "the host to say it is ready")
+        await worker.ensure_started()
+        assert worker.info is not None and worker.starts == 1
+        assert [line for line in said if line.startswith(f"worker ready: pid {worker.info.pid},")], said
+        assert await worker.run(PingJob(), Limits(60.0, 2048)) == Pong()
+    finally:
+        await worker.stop()
