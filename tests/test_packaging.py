@@ -5,6 +5,7 @@ folders that map to `fuselens.*` packages, and the package data the code reads. 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -34,15 +35,25 @@ def source_modules() -> set[str]:
     return modules
 
 
+def clean_copy(to: str) -> str:
+    """The tree without what builds and installs leave in it (a stale `build/` would fill the wheel)."""
+    left = shutil.ignore_patterns(
+        ".git", ".venv", ".whl", ".gl", "build", "*.egg-info", "node_modules", "__pycache__", ".*cache"
+    )
+    return shutil.copytree(ROOT, to, ignore=left)
+
+
 def test_the_wheel_holds_every_module_of_the_source_tree(tmp_path):
+    source = clean_copy(str(tmp_path / "src"))
+    wheels = tmp_path / "wheels"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), source],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = tmp_path.glob("fuselens-*.whl")
+    (wheel,) = wheels.glob("fuselens-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = sorted(source_modules() - names)
     assert missing == [], f"left out of the wheel (add their packages to [tool.setuptools] packages): {missing}"
