@@ -127,7 +127,17 @@ def _measured_table(report: ProbeReport, measured: list[tuple[ProbeSite, Measure
         title_justify="left",
         header_style="bold",
     )
-    for column in ("line", "opportunity", "made with", "error", "per-tensor error", "dense ms", "made ms", "note"):
+    for column in (
+        "line",
+        "opportunity",
+        "made with",
+        "error",
+        "per-tensor error",
+        "dense ms",
+        "made ms",
+        "kernel alone ms",
+        "note",
+    ):
         table.add_column(column, justify="left")
     for site, m in measured:
         speedup = f" ({m.speedup:.2f}×)" if m.speedup else ""
@@ -139,6 +149,7 @@ def _measured_table(report: ProbeReport, measured: list[tuple[ProbeSite, Measure
             "—" if m.per_tensor_error is None else f"{m.per_tensor_error:.2%}",
             "—" if m.dense_ms is None else f"{m.dense_ms:.4f}",
             "—" if m.specialised_ms is None else f"{m.specialised_ms:.4f}{speedup}",
+            "—" if m.kernel_ms is None or not m.dense_ms else f"{m.kernel_ms:.4f} ({m.dense_ms / m.kernel_ms:.2f}×)",
             escape(m.note),
         )
     return table

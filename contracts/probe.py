@@ -13,7 +13,8 @@ error on the probe's batches anywhere, the time on a CUDA device (`MeasuredSpeci
 
 The probe is its own versioned contract, apart from the analysis report: `ProbeReport.from_dict`
 reads every version up to `PROBE_VERSION`, filling what an older one lacks with its default
-(version 2 added the measured specialisations and each site's line of code).
+(version 2 added the measured specialisations and each site's line of code; version 3 the time of a
+quantized GEMM's kernel alone).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from .plain import ContractError, from_plain, to_plain
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 Distribution = Literal["normal", "heavy", "sparse"]
 DISTRIBUTIONS: tuple[str, ...] = Distribution.__args__  # type: ignore[attr-defined]
@@ -104,7 +105,9 @@ class MeasuredSpecialisation:
     error: float | None = None  # relative output error ‖y' − y‖ / ‖y‖ over those calls
     per_tensor_error: float | None = None  # quantize: the same format with one scale per tensor
     dense_ms: float | None = None  # median of CUDA-event times over repeated calls, on the first call's operands
-    specialised_ms: float | None = None
+    specialised_ms: float | None = None  # the input's quantization per call included, where there is one
+    # quantize: the low-precision GEMM alone on an input quantized ahead, as a fused producer leaves it
+    kernel_ms: float | None = None
     note: str = ""  # why it was not timed or not measured; what a hit rate or a cost left out was
 
     @property

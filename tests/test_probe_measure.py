@@ -134,4 +134,24 @@ def test_fp8_and_2_4_run_on_pytorch_kernels_at_a_gpu_size():
     for m in (fp8, sparse):
         assert m.status == "timed" and m.dense_ms and m.specialised_ms
     assert "_scaled_mm" in fp8.implementation and fp8.error is not None and fp8.error < 0.1
+    assert fp8.kernel_ms and sparse.kernel_ms is None  # (the fp8 kernel alone, its input quantized ahead)
     assert "to_sparse_semi_structured" in sparse.implementation
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_a_quantized_gemms_kernel_alone_computes_what_the_whole_call_does(fmt):
+    """What `kernel_ms` times (the kernel on an input quantized ahead) is the same GEMM as the call
+    timed with its quantization: only where the input's quantization runs differs."""
+    import torch
+
+    from fuselens.validate import specialised_gemms as made
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=generator)
+    x = torch.randn(3, 5, 64, generator=generator)
+    _, gemm = made.quantized(weight, fmt, True, x.abs().amax((0, 1)))
+    whole = gemm(x)
+    alone = gemm.kernel_on(x)()
+    assert whole.shape == (3, 5, 48)
+    assert torch.equal(alone.reshape(whole.shape), whole)
+    assert (whole - x @ weight.T).norm() / (x @ weight.T).norm() < 0.1

@@ -95,7 +95,7 @@ def _measure(kind, calls: Calls, maker: Maker, said: Callable[[], str]) -> Measu
     if x.device.type != "cuda":
         result.note = "; ".join(n for n in (note, NO_GPU) if n)
         return result
-    result.dense_ms, result.specialised_ms = _timed(made.dense(weight), gemm, x)
+    result.dense_ms, result.specialised_ms, result.kernel_ms = _timed(made.dense(weight), gemm, x)
     result.status = "timed"
     result.note = "; ".join(n for n in (note, "timed on a hit" if kind == "memoize" else "") if n)
     return result
@@ -106,12 +106,17 @@ def _storage(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
 
 
-def _timed(dense: made.Gemm, specialised: made.Gemm, x: torch.Tensor) -> tuple[float, float]:
-    """The median ms per call of each, by CUDA events over repeated calls, sampled in turn."""
+def _timed(dense: made.Gemm, specialised: made.Gemm, x: torch.Tensor) -> tuple[float, float, float | None]:
+    """The median ms per call of each, by CUDA events over repeated calls, sampled in turn; and of a
+    quantized GEMM's kernel alone, its input quantized ahead."""
     from .gpu import time_launches_us
 
-    times = time_launches_us({"dense": lambda: dense(x), "specialised": lambda: specialised(x)})
-    return round(times["dense"] / 1000, 6), round(times["specialised"] / 1000, 6)
+    calls = {"dense": lambda: dense(x), "specialised": lambda: specialised(x)}
+    if isinstance(specialised, made.QuantizedGemm):
+        calls["kernel"] = specialised.kernel_on(x)
+    times = time_launches_us(calls)
+    kernel = round(times["kernel"] / 1000, 6) if "kernel" in times else None
+    return round(times["dense"] / 1000, 6), round(times["specialised"] / 1000, 6), kernel
 
 
 def quantize(fmt: str, calls: Calls, channel_max: torch.Tensor | None) -> MeasuredSpecialisation:

@@ -41,37 +41,55 @@ def smoothing(weight: torch.Tensor, input_channel_max: torch.Tensor) -> torch.Te
     return factor.clamp_min(1e-6)
 
 
+class QuantizedGemm:
+    """A GEMM in fp8 or int8 on a prepared weight: called on an input, it quantizes the input first
+    (per call, in PyTorch ops of their own) and runs the low-precision kernel; `kernel_on(x)` gives a
+    call of the kernel alone on `x` quantized ahead, what it costs where the op before it leaves its
+    output quantized (a fused producer)."""
+
+    def __init__(self, weight: torch.Tensor, fmt: str, per_channel: bool, input_channel_max: torch.Tensor | None):
+        self.fmt, self.out_features = fmt, weight.shape[0]
+        self.smooth = smoothing(weight, input_channel_max) if per_channel and input_channel_max is not None else None
+        w = weight.float() * self.smooth if self.smooth is not None else weight.float()
+        self.dim = -1 if per_channel else None
+        self.largest = FP8_MAX if fmt == "fp8" else INT8_MAX
+        self.w_scale = _absmax(w, self.dim).clamp_min(numerics.TINY) / self.largest
+        self.wq = _cast(w / self.w_scale, fmt)
+        self.cuda = weight.device.type == "cuda"
+
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        if self.smooth is not None:
+            rows = rows / self.smooth
+        x_scale = _absmax(rows, self.dim).clamp_min(numerics.TINY) / self.largest
+        return _cast(rows / x_scale, self.fmt), x_scale
+
+    def kernel(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.cuda:
+            return _device_gemm(self.fmt, xq, self.wq, x_scale, self.w_scale, dtype)
+        return (xq.float() * x_scale) @ (self.wq.float() * self.w_scale).T
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xq, x_scale = self.quantize_input(x)
+        out = self.kernel(xq, x_scale, x.dtype)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_on(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        xq, x_scale = self.quantize_input(x)
+        return lambda: self.kernel(xq, x_scale, x.dtype)
+
+
 def quantized(
     weight: torch.Tensor, fmt: str, per_channel: bool, input_channel_max: torch.Tensor | None = None
-) -> tuple[str, Gemm]:
+) -> tuple[str, QuantizedGemm]:
     """The GEMM in `fmt` ("fp8" or "int8") with one scale per tensor, or (`per_channel`) the input's
     channels smoothed into the weight and one scale per row of the input and per output channel of the
     weight; its description and the function."""
-    smooth = smoothing(weight, input_channel_max) if per_channel and input_channel_max is not None else None
-    w = weight.float() * smooth if smooth is not None else weight.float()
-    dim = -1 if per_channel else None
-    largest = FP8_MAX if fmt == "fp8" else INT8_MAX
-    w_scale = _absmax(w, dim).clamp_min(numerics.TINY) / largest
-    wq = _cast(w / w_scale, fmt)
-    cuda = weight.device.type == "cuda"
     scaling = "per-row × per-output-channel scales, input channels smoothed into the weight" if per_channel else (
         "per-tensor scales"
     )  # fmt: skip
-
-    def gemm(x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).float()
-        if smooth is not None:
-            rows = rows / smooth
-        x_scale = _absmax(rows, dim).clamp_min(numerics.TINY) / largest
-        xq = _cast(rows / x_scale, fmt)
-        if cuda:
-            out = _device_gemm(fmt, xq, wq, x_scale, w_scale, x.dtype)
-        else:
-            out = (xq.float() * x_scale) @ (wq.float() * w_scale).T
-        return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
-
     kernel = {"fp8": "torch._scaled_mm (float8 e4m3)", "int8": "torch._int_mm (int8)"}[fmt]
-    return f"{kernel}, {scaling}", gemm
+    return f"{kernel}, {scaling}", QuantizedGemm(weight, fmt, per_channel, input_channel_max)
 
 
 def _cast(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
