@@ -145,7 +145,7 @@ class Host:
         try:
             while self.running or self.children:
                 events = self.selector.select(self._next_timeout())
-                if not events and self._idle():
+                if not events and self._warm_up_due():
                     self._warm_up()
                 for key, _ in events:
                     what, child = key.data
@@ -164,7 +164,7 @@ class Host:
                 self._end(child, Failure("cancelled", "the worker is shutting down"))
             _kill_strays(spared=())
 
-    def _idle(self) -> bool:
+    def _warm_up_due(self) -> bool:
         return self.running and not self.children and not self.warmed
 
     def _warm_up(self) -> None:
@@ -181,7 +181,7 @@ class Host:
         print(f"fuselens worker: warmed up in {round((time.perf_counter() - started) * 1000)} ms", file=sys.stderr)
 
     def _next_timeout(self) -> float | None:
-        if self._idle():
+        if self._warm_up_due():
             return WARM_UP_IDLE
         if not self.children:
             return None
