@@ -149,7 +149,7 @@ def _measured_table(report: ProbeReport, measured: list[tuple[ProbeSite, Measure
             "—" if m.per_tensor_error is None else f"{m.per_tensor_error:.2%}",
             "—" if m.dense_ms is None else f"{m.dense_ms:.4f}",
             "—" if m.specialised_ms is None else f"{m.specialised_ms:.4f}{speedup}",
-            "—" if m.kernel_ms is None or not m.dense_ms else f"{m.kernel_ms:.4f} ({m.dense_ms / m.kernel_ms:.2f}×)",
+            "—" if m.kernel_speedup is None else f"{m.kernel_ms:.4f} ({m.kernel_speedup:.2f}×)",
             escape(m.note),
         )
     return table

@@ -116,6 +116,12 @@ class MeasuredSpecialisation:
             return None
         return self.dense_ms / self.specialised_ms
 
+    @property
+    def kernel_speedup(self) -> float | None:
+        if not self.dense_ms or not self.kernel_ms:
+            return None
+        return self.dense_ms / self.kernel_ms
+
 
 @dataclass
 class ProbeSite:
