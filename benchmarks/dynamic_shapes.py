@@ -1,6 +1,6 @@
 """A model with a dynamic size, applied once, against eager and torch.compile at each size of its corpus.
 
-    python benchmarks/dynamic_shapes.py [--only llama|vision] [--dtype bfloat16] [--out DIR]
+    python benchmarks/dynamic_shapes.py [--only llama|vision] [--dtype bfloat16] [--profile] [--out DIR]
     python benchmarks/dynamic_shapes.py --tiny [--compile]     # a CPU smoke run, kernels interpreted
 
 Each case is an example with one size declared dynamic: a Llama-style block over `seq` (hidden 4096,
@@ -21,7 +21,9 @@ the corpus's middle); then at each point of the corpus, in one process with the 
 Times are CUDA-graph replays sampled in turn (`fuselens.validate.gpu`); on a CPU (`--tiny`), the
 median of plain calls.  Each row has the applied model's ratio against the better compile variant
 at that point and its largest difference from eager.  Writes dynamic_shapes.json and
-dynamic_shapes.md to --out, with the provenance header.
+dynamic_shapes.md to --out, with the provenance header.  With `--profile`, at every point where the
+applied model is slower than the better compile variant, the kernels one call of each launches, with
+their device time, go to dynamic_shapes_profile.txt.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+from kernel_table import top_kernels  # noqa: E402
 from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
@@ -169,7 +172,9 @@ def time_variants(fns: dict, cuda: bool) -> dict[str, float]:
     return {name: cpu_median_us(fn) for name, fn in fns.items()}
 
 
-def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool) -> dict:
+def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool, profile=None) -> dict:
+    """Every variant timed at every point of the corpus; `profile(title, text)` takes the kernel tables
+    of the points where the applied model loses to the better compile variant."""
     import torch
 
     device = "cuda" if cuda else "cpu"
@@ -211,6 +216,10 @@ def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool) -> d
             want, got = eager(*inputs), applied(*inputs)
             recompiles = dynamo_graphs() - graphs  # the applied model's first call at this size
             times = time_variants(fns, cuda)
+            best_compile = min(("compile_static", "compile_dynamic"), key=lambda k: times.get(k, float("inf")))
+            if profile is not None and cuda and times.get(best_compile, float("inf")) < times["applied"]:
+                for variant in ("applied", best_compile):
+                    profile(f"{name} at {case.size} = {value}, {variant}", top_kernels(fns[variant], rows=40))
         after = triton_specializations()
         point = {
             case.size: value,
@@ -228,6 +237,11 @@ def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool) -> d
     row["compiles_total"] = dict(compiles)
     torch._dynamo.reset()
     return row
+
+
+def _append_profile(path: str, title: str, table: str) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(f"--- {title}\n{table}\n")
 
 
 def _f(value, digits: int = 1, suffix: str = "") -> str:
@@ -271,6 +285,7 @@ def main() -> int:
     )
     parser.add_argument("--tiny", action="store_true", help="small sizes; runs on a CPU with kernels interpreted")
     parser.add_argument("--compile", action="store_true", help="with --tiny: time the torch.compile variants too")
+    parser.add_argument("--profile", action="store_true", help="kernel tables where the applied model loses to compile")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     import torch
@@ -289,8 +304,9 @@ def main() -> int:
     versions = provenance_line(measured_with)
     os.makedirs(args.out, exist_ok=True)
     rows = []
+    profile = functools.partial(_append_profile, os.path.join(args.out, "dynamic_shapes_profile.txt"))
     for name in args.only or list(cases):
-        rows.append(run_case(name, cases[name], dtype, compiled, cuda))
+        rows.append(run_case(name, cases[name], dtype, compiled, cuda, profile if args.profile else None))
         text = markdown(rows, device, versions)  # written after each case: a long run keeps what it measured
         with open(os.path.join(args.out, "dynamic_shapes.json"), "w", encoding="utf-8") as fh:
             json.dump({"device": device, "provenance": measured_with, "rows": rows}, fh, indent=1)
