@@ -3,6 +3,7 @@
 
     python benchmarks/attention.py                               # on the CUDA device, bf16
     python benchmarks/attention.py --only llama --dtype bfloat16 --out results/
+    python benchmarks/attention.py --only llama --profile       # and the kernels of one training step
     python benchmarks/attention.py --device cpu --tiny           # a smoke run of every step on a CPU
 
 The Llama-style block (`examples/llama_block.py` at dim 4096, 32 heads, 4×2048 tokens) and nanoGPT's
@@ -42,6 +43,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+from kernel_table import top_kernels  # noqa: E402
 from model_files import load_model_file  # noqa: E402
 from provenance import line as provenance_line  # noqa: E402
 from provenance import provenance  # noqa: E402
@@ -205,6 +207,10 @@ def measure(block: Block, args: argparse.Namespace) -> dict[str, Any]:
     for call in steps.values():
         call()  # compiled (the backward too) outside the timed region
     row["training_us"], row["training_timing"] = timed(steps, device, args.repeats)
+    if args.profile and device == "cuda":
+        for name in ("applied", "compile_max_autotune_no_cudagraphs", "compile_default"):
+            if name in steps:
+                print(f"--- {block.key}, {name}, one training step\n{top_kernels(steps[name], rows=40)}", flush=True)
     row["training_peak_bytes"] = {name: peak_bytes(call, device) for name, call in steps.items()}
     del parameters
     return row
@@ -249,6 +255,7 @@ def main() -> int:
     parser.add_argument("--dropout", type=float, default=0.0, help="nanoGPT's dropouts (default 0, as it pretrains)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--cpu-compile", action="store_true", help="on a CPU, torch.compile too")
+    parser.add_argument("--profile", action="store_true", help="print the kernels of one training step of each")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     import torch
