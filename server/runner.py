@@ -38,8 +38,8 @@ from fuselens.contracts.reading import read_bytes
 from fuselens.contracts.report import Report
 from fuselens.contracts.validation import ValidationReport
 
+from .host_process import scrubbed_environment
 from .runner_template import command_line, template_problem
-from .workers import scrubbed_environment
 
 REAPER = "fuselens.worker.reaper"
 OUTPUT_KEPT_BYTES = 1 << 20  # the runner's last output: its result (without {json}) and the failure message

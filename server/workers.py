@@ -1,9 +1,8 @@
 """The server's side of the worker host: start it, send it jobs, relay progress, restart it.
 
-The host (`fuselens.worker.host`) runs in the user's interpreter with a scrubbed
-environment: only variables a Python/CUDA program needs pass through, never tokens or
-credentials.  If it dies, every job in flight fails with a clear error and the next job
-starts a fresh host.
+The host (`fuselens.worker.host`, started by `host_process.py`) runs in the user's interpreter
+with a scrubbed environment.  If it dies, every job in flight fails with a clear error and the
+next job starts a fresh host.
 
 The host leads a session of its own.  It kills what its jobs start; when it cannot (it was
 killed, or stopped answering), the server kills whatever is left in that session.
@@ -14,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
@@ -48,40 +46,12 @@ from fuselens.worker.protocol import (
 )
 
 from .host_imports import ImportRequests
+from .host_process import start_host
 
 READY_TIMEOUT = 180.0  # importing torch on a cold disk can be slow
 HOST_GRACE = 10.0  # seconds past a job's time limit after which the host, which enforces it, is presumed wedged
 TERM_GRACE = 2.0  # seconds a host given up on gets to kill its jobs' processes itself
 LOG_LINE_BYTES = 1 << 16  # a longer line on the host's stderr is dropped, not logged
-
-_PASS_THROUGH = re.compile(
-    r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LC_\w+|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|PYTHONHOME|VIRTUAL_ENV|"
-    r"CONDA_\w+|LD_LIBRARY_PATH|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|TORCH_\w+|XDG_\w+|OMP_NUM_THREADS|"
-    r"MKL_NUM_THREADS|HF_HUB_OFFLINE)$"
-)
-# A name that says it holds a credential, in whatever family it came (XDG_SESSION_COOKIE, CONDA_*_TOKEN):
-# a token, secret, password, cookie, credential, private or auth anything, a session id, any key.
-_SECRET = re.compile(
-    r"TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|SIGNATURE|SESSION_?ID|KEY(S|FILE)?(_|$)", re.I
-)
-
-
-def scrubbed_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    environ = dict(os.environ if environ is None else environ)
-    env = {k: v for k, v in environ.items() if _PASS_THROUGH.match(k) and not _SECRET.search(k)}
-    for name in ("PYTHONPATH", "LD_LIBRARY_PATH"):
-        if name in env:
-            env[name] = _absolute_entries(env[name])
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _absolute_entries(search_path: str) -> str:
-    """A search path without its empty and relative entries: Python (and the dynamic loader) read those
-    from the working directory, where they would put whatever lies there ahead of the standard
-    library (`$PYTHONPATH:/x` with PYTHONPATH unset starts with one)."""
-    return os.pathsep.join(p for p in search_path.split(os.pathsep) if os.path.isabs(p))
 
 
 class JobFailed(Exception):
@@ -119,13 +89,6 @@ class WorkerClient:
         reading = self._reader is not None and not self._reader.done()
         return self._proc is not None and self._proc.returncode is None and reading
 
-    async def launch(self) -> None:
-        """Start a host, without waiting for it to be ready: the server's first step, so that the host
-        imports torch while the server itself starts and the editor says hello (`server/start.py`)."""
-        async with self._lock:
-            if not self.alive:
-                await self._spawn()
-
     async def ensure_started(self) -> None:
         async with self._lock:
             if self._ready_now() and self.info is not None:
@@ -140,35 +103,27 @@ class WorkerClient:
         return self.alive and self._ready is not None and self._ready.done() and not self._ready.exception()
 
     def _starting(self) -> bool:
-        """A host is spawned (by `launch`) that has not said yet that it is ready."""
+        """A host is started (and adopted: `server/start.py`) that has not said yet that it is ready."""
         return self.alive and self._ready is not None and not self._ready.done()
 
     async def _spawn(self) -> None:
+        try:
+            proc = await start_host(self.python)
+        except OSError as exc:
+            raise JobFailed(Failure("unavailable", f"cannot start {self.python}: {exc}")) from exc
+        self.adopt(proc)
+
+    def adopt(self, proc: asyncio.subprocess.Process) -> None:
+        """Take `proc`, a host just started (`host_process.start_host`), as this client's host."""
         self.starts += 1
         self.info = None  # (the last host's, until this one says it is ready)
         self._kept = set()  # (a new host has none: the next analyses name them again)
         self._imports.new_host()
         self._ready = asyncio.get_running_loop().create_future()
-        try:
-            # -P and a working directory nobody but root can write to: nothing in the folder the
-            # editor started the server from, nor in /tmp, can shadow the worker's own imports.
-            self._proc = await asyncio.create_subprocess_exec(
-                self.python,
-                "-P",
-                "-m",
-                "fuselens.worker.host",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=scrubbed_environment(),
-                cwd=os.path.abspath(os.sep),
-                start_new_session=True,  # a session of its own: what is left of it can be found and killed
-            )
-        except OSError as exc:
-            raise JobFailed(Failure("unavailable", f"cannot start {self.python}: {exc}")) from exc
+        self._proc = proc
         # Each reader holds its own process: a restart must never put two readers on one pipe.
-        self._reader = asyncio.create_task(self._read(self._proc, self._ready))
-        self._stderr = asyncio.create_task(self._drain_stderr(self._proc))
+        self._reader = asyncio.create_task(self._read(proc, self._ready))
+        self._stderr = asyncio.create_task(self._drain_stderr(proc))
 
     async def _wait_ready(self) -> None:
         """Wait for the host just spawned to say it is ready; a host that does not is stopped."""

@@ -16,7 +16,8 @@ import pytest
 import pytest_asyncio
 
 from fuselens.contracts.options import AnalyzeOptions
-from fuselens.server.workers import JobFailed, WorkerClient, scrubbed_environment
+from fuselens.server.host_process import scrubbed_environment
+from fuselens.server.workers import JobFailed, WorkerClient
 from fuselens.worker.protocol import AnalyzeJob, Limits
 
 from conftest import chains, only_model

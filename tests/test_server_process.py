@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 
 import pytest
 
+from fuselens.server.host_process import start_host
 from fuselens.server.workers import WorkerClient
 from fuselens.worker.protocol import Limits, PingJob, Pong
 
@@ -109,7 +111,7 @@ NEEDED = [
 
 
 def test_the_environment_filter_drops_every_credential_and_keeps_what_the_worker_needs():
-    from fuselens.server.workers import scrubbed_environment
+    from fuselens.server.host_process import scrubbed_environment
 
     env = scrubbed_environment({name: "x" for name in CREDENTIALS + NEEDED})
     assert sorted(set(CREDENTIALS) & set(env)) == []
@@ -202,7 +204,7 @@ async def test_a_host_ended_for_an_untrusted_workspace_makes_way_for_a_fresh_one
     its own (a link into a trusted folder) opened right after gets a fresh host, not the dying one."""
     worker = WorkerClient()
     try:
-        await worker.launch()
+        worker.adopt(await start_host(sys.executable))  # (as `fuselens serve` starts its first host)
         (launched,) = await eventually(lambda: hosts(os.getpid()), "the host to start")
         worker.discard()
         assert await worker.run(PingJob(), Limits(60.0, 2048)) == Pong()
@@ -218,7 +220,7 @@ async def test_a_host_that_said_it_is_ready_before_anyone_asked_is_the_one_used(
     said: list[str] = []
     worker = WorkerClient(log=said.append)
     try:
-        await worker.launch()
+        worker.adopt(await start_host(sys.executable))  # (as `fuselens serve` starts its first host)
         await eventually(lambda: worker._ready is not None and worker._ready.done(), "the host to say it is ready")
         await worker.ensure_started()
         assert worker.info is not None and worker.starts == 1
