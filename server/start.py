@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fuselens.worker import collector
 from fuselens.worker.confine import keep_descriptors_private
 
 from .host_process import start_host
@@ -57,12 +58,13 @@ def launch_host() -> None:
 def serve(log_file: str | None = None) -> int:
     launch_host()  # (done already where the command's entry saw `serve`)
     assert _launch is not None
-    from .workers import WorkerClient  # (the server's imports, while the host imports torch)
+    with collector.paused():  # (the server's imports, while the host imports torch; faster so)
+        from .app import run
+        from .workers import WorkerClient
 
     worker = WorkerClient()
     if _launch.host is not None:
         _launch.loop.run_until_complete(_adopt(worker, _launch.host))
-    from .app import run
 
     return run(log_file, loop=_launch.loop, worker=worker)
 

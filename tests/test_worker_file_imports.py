@@ -46,13 +46,17 @@ LIBRARY = """
             x = torch.{op}(x)
             return x + 1.0
     """
-# A user's file built from `module`'s Block; it writes down whether its job found `module` imported.
+# A user's file built from `module`'s Block; it writes down whether its job found `module` imported,
+# and whether Python's garbage collector was on as its code ran.
 MODEL = """
+    import gc
     import os
     import sys
 
     with open(os.path.join(os.path.dirname(os.path.realpath(__file__)), "found.txt"), "w") as fh:
         fh.write(str({module!r} in sys.modules))
+    with open(os.path.join(os.path.dirname(os.path.realpath(__file__)), "collector.txt"), "w") as fh:
+        fh.write(str(gc.isenabled()))
 
     import torch.nn as nn
 
@@ -187,7 +191,9 @@ async def test_a_library_whose_import_crashes_the_host_costs_it_once(worker, sit
 @pytest.mark.asyncio
 async def test_a_job_sent_as_the_host_is_ready_runs_before_its_warm_up(site, tmp_path):
     """A file opened as the server starts does not wait for the host's warm-up (an analysis of its own
-    model, over half a second on a laptop): its job runs first, and the host warms up once idle."""
+    model, over half a second on a laptop): its job runs first, and the host warms up once idle.  The
+    host imports with the garbage collector off until then (`worker/collector.py`); the model's code
+    runs with it on all the same, before the warm-up as after."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", os.pathsep.join(site.values()))
         fresh = WorkerClient()
@@ -196,11 +202,14 @@ async def test_a_job_sent_as_the_host_is_ready_runs_before_its_warm_up(site, tmp
             report = await analyze(fresh, tmp_path / "models" / "net.py", model("instlib"))
             assert chains(only_model(report)) == ["mul → relu → add"]
             assert not [line for line in fresh.stderr_tail if "warmed up" in line], fresh.stderr_tail
+            assert (tmp_path / "models" / "collector.txt").read_text() == "True"
             async with asyncio.timeout(60):
                 while not [line for line in fresh.stderr_tail if "warmed up in" in line]:
                     await asyncio.sleep(0.05)  # (polling the host's log for the line, not a wait in its place)
+            (tmp_path / "models" / "collector.txt").unlink()
             report = await analyze(fresh, tmp_path / "models" / "again.py", model("instlib"))
             assert chains(only_model(report)) == ["mul → relu → add"]
+            assert (tmp_path / "models" / "collector.txt").read_text() == "True"
             assert fresh.starts == 1
         finally:
             await fresh.stop()

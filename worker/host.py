@@ -42,6 +42,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import contextlib
 import faulthandler
+import gc
 import posix
 import re
 import resource
@@ -61,6 +62,7 @@ from types import FrameType
 from typing import NoReturn, TextIO
 
 from fuselens.contracts.plain import ContractError
+from fuselens.worker import collector
 from fuselens.worker.confine import keep_descriptors_private, prctl, renounce_ptrace
 from fuselens.worker.descendants import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG
 from fuselens.worker.descendants import kill_strays as _kill_strays
@@ -168,7 +170,8 @@ class Host:
         return self.running and not self.children and not self.warmed
 
     def _warm_up(self) -> None:
-        """Exercise every lazy import and first-call path once, so that later jobs start hot."""
+        """Exercise every lazy import and first-call path once, so that later jobs start hot; then
+        collect and freeze what the host holds, and collect from then on (`collector.py`)."""
         from fuselens.worker.jobs import warm_up
 
         self.warmed = True
@@ -178,6 +181,8 @@ class Host:
         except Exception as exc:  # a failed warm-up only costs speed
             print(f"fuselens worker: warm-up failed: {exc}", file=sys.stderr)
             return
+        finally:
+            collector.settle()
         print(f"fuselens worker: warmed up in {round((time.perf_counter() - started) * 1000)} ms", file=sys.stderr)
 
     def _next_timeout(self) -> float | None:
@@ -228,11 +233,12 @@ class Host:
             self._start(message.id, message.job, message.limits)
         elif isinstance(message, Preload | PreloadImports):
             # (between jobs: the loop waits meanwhile; the job that follows a file's imports needs them first)
-            said = (
-                preload(message.modules)
-                if isinstance(message, Preload)
-                else preload_imports(message.path, message.imports)
-            )
+            with collector.paused():
+                said = (
+                    preload(message.modules)
+                    if isinstance(message, Preload)
+                    else preload_imports(message.path, message.imports)
+                )
             for line in said:
                 print(f"fuselens worker: {line}", file=sys.stderr)
         elif isinstance(message, Cancel):
@@ -262,6 +268,7 @@ class Host:
         deadline = time.monotonic() + checked.seconds
         private = [*self._descriptors(), answers.fileno()]
         host_pid = os.getpid()
+        collector.before_fork()
         try:
             pid = os.fork()
         except OSError as exc:  # no processes left to the user (what a fork bomb left running, say)
@@ -502,6 +509,7 @@ def _child_main(
 ) -> NoReturn:
     code = 0
     try:
+        gc.enable()  # (off in a host not warmed up yet: the model's code runs as in any program)
         _contain(host_pid)
         _close_channels(private, pipes)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the host's handler is the host's
@@ -683,6 +691,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def main() -> int:
     started = time.perf_counter()
+    gc.disable()  # until warmed up: the imports go faster without it (`collector.py`)
     if not keep_descriptors_private():
         print("fuselens worker: cannot keep its pipes from the jobs (no PR_SET_DUMPABLE)", file=sys.stderr)
     channel = _take_channel()
