@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fuselens.worker import collector
+from fuselens.worker.collector import paused
 from fuselens.worker.confine import keep_descriptors_private
 
 from .host_process import start_host
@@ -58,7 +58,7 @@ def launch_host() -> None:
 def serve(log_file: str | None = None) -> int:
     launch_host()  # (done already where the command's entry saw `serve`)
     assert _launch is not None
-    with collector.paused():  # (the server's imports, while the host imports torch; faster so)
+    with paused():  # (the server's imports, while the host imports torch; faster so)
         from .app import run
         from .workers import WorkerClient
 

@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each package and the packages it may import, as docs/ARCHITECTURE.md draws them (top to bottom).
 ALLOWED = {
     "cli": {"server", "pipeline", "codegen", "contracts"},
-    "server": {"worker.protocol", "worker.confine", "codegen", "contracts"},  # never torch (test_server_process)
+    "server": {"worker.protocol", "worker.confine", "worker.collector", "codegen", "contracts"},  # no torch
     "worker": {"pipeline", "contracts"},
     "pipeline": {"profiling", "validate", "codegen", "analysis", "contracts"},
     "profiling": {"codegen", "analysis", "contracts"},
