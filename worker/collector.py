@@ -3,8 +3,8 @@ first diagnostics.
 
 Importing torch and a model library allocates millions of objects, and every few thousand the
 collector walks all that the process holds, finding nothing to free: an import's objects stay.  Off,
-the imports take less time (measured on a 2-core machine: torch 0.94-1.02 s -> 0.83-0.88 s,
-transformers' Llama 2.05-2.11 s -> 1.60-1.65 s; the language server's own 0.47 s -> 0.42 s).
+the imports take less time (`benchmarks/import_collector.py`, on a 2-core machine: torch a tenth
+less, transformers' Llama a fifth less, the language server's own imports a tenth less).
 
 So the worker host starts with it off and keeps it off while it imports (torch, each file's
 libraries); once it has warmed up, with nothing else to do, it collects once and freezes what it
