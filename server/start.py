@@ -9,7 +9,8 @@ fuselens's warm-up on a model of its own): if `initialize` says no folder is tru
 once (`handlers.py`); if the settings name another interpreter for the worker, it is replaced as any
 worker is (`worker_handle.py`).
 
-Only asyncio and the host's launch are imported here before the host starts.
+Only asyncio, the host's launch and two small policies of the worker (its confinement, its garbage
+collector) are imported here before the host starts.
 """
 
 from __future__ import annotations
