@@ -216,8 +216,9 @@ def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool, prof
             want, got = eager(*inputs), applied(*inputs)
             recompiles = dynamo_graphs() - graphs  # the applied model's first call at this size
             times = time_variants(fns, cuda)
-            best_compile = min(("compile_static", "compile_dynamic"), key=lambda k: times.get(k, float("inf")))
-            if profile is not None and cuda and times.get(best_compile, float("inf")) < times["applied"]:
+            compiled_here = [k for k in ("compile_static", "compile_dynamic") if k in times]
+            best_compile = min(compiled_here, key=times.__getitem__, default=None)
+            if profile is not None and cuda and best_compile and times[best_compile] < times["applied"]:
                 for variant in ("applied", best_compile):
                     profile(f"{name} at {case.size} = {value}, {variant}", top_kernels(fns[variant], rows=40))
         after = triton_specializations()
@@ -230,8 +231,7 @@ def run_case(name: str, case: Case, dtype: str, compiled: bool, cuda: bool, prof
             "triton_specializations": None if after is None or specialized is None else after - specialized,
             "max_abs": (got.float() - want.float()).abs().max().item(),
         }
-        best = min((times[k] for k in ("compile_static", "compile_dynamic") if k in times), default=None)
-        point["applied_vs_best_compile"] = None if best is None else best / times["applied"]
+        point["applied_vs_best_compile"] = None if best_compile is None else times[best_compile] / times["applied"]
         point["applied_vs_eager"] = times["eager"] / times["applied"]
         row["points"].append(point)
     row["compiles_total"] = dict(compiles)
