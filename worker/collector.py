@@ -23,6 +23,16 @@ import gc
 from collections.abc import Iterator
 
 
+def hold() -> None:
+    """The collector off in a host that has just started, until it has warmed up (`settle`)."""
+    gc.disable()
+
+
+def in_job() -> None:
+    """The collector on in a job, whatever the host it was forked from had it."""
+    gc.enable()
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """The collector off for the block (imports), as it was after."""

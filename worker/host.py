@@ -42,7 +42,6 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import contextlib
 import faulthandler
-import gc
 import posix
 import re
 import resource
@@ -509,7 +508,7 @@ def _child_main(
 ) -> NoReturn:
     code = 0
     try:
-        gc.enable()  # (off in a host not warmed up yet: the model's code runs as in any program)
+        collector.in_job()  # (off in a host not warmed up yet: the model's code runs as in any program)
         _contain(host_pid)
         _close_channels(private, pipes)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the host's handler is the host's
@@ -691,7 +690,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def main() -> int:
     started = time.perf_counter()
-    gc.disable()  # until warmed up: the imports go faster without it (`collector.py`)
+    collector.hold()  # until warmed up: the imports go faster without it
     if not keep_descriptors_private():
         print("fuselens worker: cannot keep its pipes from the jobs (no PR_SET_DUMPABLE)", file=sys.stderr)
     channel = _take_channel()
